@@ -1,0 +1,89 @@
+"""What a driver instance gets from the engine when it starts.
+
+A :class:`DriverContext` is handed to the ``start`` hook. Through it a driver
+learns its resource name and its own state folder, logs with the resource name
+attached, and pushes device changes (hot-plug, health) as they happen instead
+of waiting to be polled. Its push methods are thread-safe: a driver may call
+them from its own watcher threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, MutableMapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from devplug.types import Device
+
+__all__ = ["DeviceSink", "DriverContext"]
+
+
+class DeviceSink(Protocol):
+    """Where pushed device changes go: the engine's device table, or a test's recorder."""
+
+    def replace_devices(self, devices: list[Device]) -> None:
+        """Replace the whole device list (thread-safe)."""
+
+    def update_devices(self, changed: list[Device], removed: list[str]) -> None:
+        """Add or replace ``changed`` and drop the IDs in ``removed`` (thread-safe)."""
+
+    def request_relist(self) -> None:
+        """Ask for a fresh call of ``list_devices`` soon (thread-safe)."""
+
+
+class _ResourceLogAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes every message with the resource name and puts it in ``extra`` for JSON logs."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = dict(self.extra or {})
+        extra.update(kwargs.get("extra") or {})
+        kwargs["extra"] = extra
+        device = extra.get("device")
+        where = f"{extra['resource']}" + (f" {device}" if device else "")
+        return f"[{where}] {msg}", kwargs
+
+
+class DriverContext:
+    """The engine's side of one driver instance: identity, storage, logging, and device pushes."""
+
+    def __init__(self, resource_name: str, state_dir: Path, sink: DeviceSink) -> None:
+        self._resource_name = resource_name
+        self._state_dir = state_dir
+        self._sink = sink
+        self._log = _ResourceLogAdapter(logging.getLogger("devplug.driver"), {"resource": resource_name})
+
+    @property
+    def resource_name(self) -> str:
+        """The extended resource name this driver instance serves, e.g. ``example.com/mock``."""
+        return self._resource_name
+
+    @property
+    def state_dir(self) -> Path:
+        """A folder of this resource's own, kept across restarts and reboots, for the driver's durable files.
+
+        It exists when ``start`` is called. Write files in it atomically
+        (:func:`devplug.atomic.write_atomic`).
+        """
+        return self._state_dir
+
+    @property
+    def log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+        """A logger whose lines carry the resource name; pass ``extra={"device": id}`` to name a device."""
+        return self._log
+
+    def set_devices(self, devices: Iterable[Device]) -> None:
+        """Replace the resource's whole device list; the kubelet sees it at once."""
+        self._sink.replace_devices(list(devices))
+
+    def update_devices(self, changed: Iterable[Device] = (), removed: Iterable[str] = ()) -> None:
+        """Add or replace the ``changed`` devices and drop the ``removed`` IDs.
+
+        Cheaper than :meth:`set_devices` for large resources: only what
+        changed is encoded again.
+        """
+        self._sink.update_devices(list(changed), list(removed))
+
+    def request_relist(self) -> None:
+        """Ask the engine to call ``list_devices`` again soon (e.g. after an event the driver cannot decode)."""
+        self._sink.request_relist()

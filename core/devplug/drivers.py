@@ -1,0 +1,257 @@
+"""Finding drivers, and calling them.
+
+Drivers are classes published in the entry-point group ``devplug.drivers``;
+the entry-point name is the name operators write in the config. Loading order:
+the core's defaults (``trylast``), then the chosen driver, then
+``check_pending()`` so that a misspelt hook fails loudly. Set
+``DEVPLUG_DISABLE_DRIVERS=a,b`` to hide installed drivers, and
+``DEVPLUG_TRACE_HOOKS=1`` to log every hook call at debug level.
+
+The engine calls drivers only through :class:`DriverHooks`, one instance per
+resource, each with its own plugin manager, so a hook is never dispatched to
+another resource's driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from devplug import hookspecs
+from devplug.allocation import pack_numa
+from devplug.context import DriverContext
+from devplug.errors import (
+    AllocationConflictError,
+    DriverError,
+    DriverLoadError,
+    DriverNotFoundError,
+)
+from devplug.types import ContainerAllocation, Device, Health, merge_allocations
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "DriverHooks",
+    "DriverInfo",
+    "HOOK_NAMES",
+    "OPTIONAL_HOOKS",
+    "driver_hook_names",
+    "installed_drivers",
+    "load_driver_class",
+]
+
+ENTRY_POINT_GROUP = "devplug.drivers"
+DISABLE_ENV = "DEVPLUG_DISABLE_DRIVERS"
+TRACE_ENV = "DEVPLUG_TRACE_HOOKS"
+
+hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT_NAME)
+
+#: Every hook of the driver contract, in lifecycle order.
+HOOK_NAMES: tuple[str, ...] = (
+    "start",
+    "stop",
+    "list_devices",
+    "check_health",
+    "preferred_allocation",
+    "allocate",
+    "pre_start",
+    "post_stop",
+    "deallocate",
+)
+OPTIONAL_HOOKS = frozenset(HOOK_NAMES) - {"list_devices"}
+
+log = logging.getLogger("devplug.drivers")
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """An installed driver: its config name and the distribution that ships it."""
+
+    name: str
+    distribution: str
+    version: str
+    entry_point: metadata.EntryPoint
+
+    def load(self) -> type:
+        """Import the driver class; :class:`DriverLoadError` names the distribution on failure."""
+        try:
+            cls = self.entry_point.load()
+        except Exception as exc:
+            raise DriverLoadError(
+                f"driver {self.name!r} from {self.distribution} {self.version} failed to import "
+                f"({self.entry_point.value}): {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(cls, type):
+            raise DriverLoadError(
+                f"driver {self.name!r} from {self.distribution} {self.version}: entry point "
+                f"{self.entry_point.value} is not a class"
+            )
+        if "list_devices" not in driver_hook_names(cls):
+            raise DriverLoadError(
+                f"driver {self.name!r} from {self.distribution} {self.version}: class {cls.__qualname__} "
+                "does not implement the required hook list_devices"
+            )
+        return cls
+
+
+def _disabled() -> set[str]:
+    return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+
+
+def installed_drivers() -> dict[str, DriverInfo]:
+    """Every driver installed in this environment and not disabled, by name."""
+    found: dict[str, DriverInfo] = {}
+    blocked = _disabled()
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in blocked:
+            continue
+        dist = ep.dist
+        found[ep.name] = DriverInfo(
+            name=ep.name,
+            distribution=dist.name if dist is not None else "?",
+            version=dist.version if dist is not None else "?",
+            entry_point=ep,
+        )
+    return dict(sorted(found.items()))
+
+
+def load_driver_class(name: str, where: str = "") -> type:
+    """The driver class called ``name``; :class:`DriverNotFoundError` lists the installed ones."""
+    drivers = installed_drivers()
+    info = drivers.get(name)
+    if info is None:
+        installed = ", ".join(drivers) or "none"
+        prefix = f"{where}: " if where else ""
+        raise DriverNotFoundError(
+            f"{prefix}no driver named {name!r} is installed (installed: {installed}); "
+            f"not installed? pip install devplug-{name}"
+        )
+    return info.load()
+
+
+def driver_hook_names(cls: type) -> list[str]:
+    """The hooks a driver class implements, in lifecycle order."""
+    marker = f"{hookspecs.PROJECT_NAME}_impl"
+    return [name for name in HOOK_NAMES if hasattr(getattr(cls, name, None), marker)]
+
+
+class _CoreDefaults:
+    """The core's fallbacks, registered ``trylast`` in every resource's plugin manager."""
+
+    @hookimpl(trylast=True)
+    def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[str], size: int
+    ) -> Sequence[str]:
+        return pack_numa(available, must_include, size)
+
+
+class DriverHooks:
+    """A typed facade over one resource's plugin manager: one method per hook.
+
+    Results are checked here, so the engine only ever sees well-formed values.
+    """
+
+    def __init__(self, resource_name: str, driver: object, extra_plugins: Iterable[object] = ()) -> None:
+        self.resource_name = resource_name
+        self.driver = driver
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self._defaults = _CoreDefaults()
+        self.pm.register(self._defaults, name="devplug-core-defaults")
+        where = f"driver {type(driver).__module__}.{type(driver).__qualname__} for {resource_name}"
+        try:
+            self.pm.register(driver, name=f"driver:{resource_name}")
+            for i, plugin in enumerate(extra_plugins):
+                self.pm.register(plugin, name=f"extra:{resource_name}:{i}")
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise DriverLoadError(f"{where}: {exc}") from exc
+        if os.environ.get(TRACE_ENV):
+            self.pm.trace.root.setwriter(lambda msg: log.debug("[%s] hook %s", resource_name, msg.rstrip()))
+            self.pm.enable_tracing()
+
+    def implements(self, hook: str) -> bool:
+        """True when a plugin other than the core defaults implements ``hook``."""
+        caller = getattr(self.pm.hook, hook)
+        return any(impl.plugin is not self._defaults for impl in caller.get_hookimpls())
+
+    def implemented(self) -> list[str]:
+        """The hooks the driver (and any extra plugins) implement, in lifecycle order."""
+        return [name for name in HOOK_NAMES if self.implements(name)]
+
+    # --- lifecycle
+
+    def start(self, ctx: DriverContext) -> None:
+        self.pm.hook.start(ctx=ctx)
+
+    def stop(self) -> None:
+        self.pm.hook.stop()
+
+    # --- devices
+
+    def list_devices(self) -> list[Device]:
+        result = self.pm.hook.list_devices()
+        if result is None:
+            raise DriverError(f"{self.resource_name}: list_devices returned nothing (implement the hook)")
+        return check_device_list(self.resource_name, result)
+
+    def check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
+        result = self.pm.hook.check_health(devices=devices)
+        if result is None:
+            return {}
+        if not isinstance(result, Mapping):
+            raise DriverError(f"{self.resource_name}: check_health must return a mapping, got {result!r}")
+        return {str(k): v if isinstance(v, Health) else Health(v) for k, v in result.items()}
+
+    # --- allocation
+
+    def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        result = self.pm.hook.preferred_allocation(available=available, must_include=must_include, size=size)
+        if isinstance(result, str) or not isinstance(result, Sequence | set | frozenset):
+            raise DriverError(
+                f"{self.resource_name}: preferred_allocation must return a list of device IDs, got {result!r}"
+            )
+        return [str(i) for i in result]
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        parts = [p for p in self.pm.hook.allocate(device_ids=tuple(device_ids)) if p is not None]
+        for part in parts:
+            if not isinstance(part, ContainerAllocation):
+                raise DriverError(
+                    f"{self.resource_name}: allocate must return a ContainerAllocation, got {part!r}"
+                )
+        if not parts:
+            return ContainerAllocation()
+        try:
+            return merge_allocations(reversed(parts))  # registration order: the driver first
+        except AllocationConflictError as exc:
+            raise DriverError(f"{self.resource_name}: allocate contributions conflict: {exc}") from exc
+
+    def pre_start(self, device_ids: Sequence[str]) -> None:
+        self.pm.hook.pre_start(device_ids=tuple(device_ids))
+
+    def post_stop(self, device_ids: Sequence[str]) -> None:
+        self.pm.hook.post_stop(device_ids=tuple(device_ids))
+
+    def deallocate(self, device_ids: Sequence[str]) -> None:
+        self.pm.hook.deallocate(device_ids=tuple(device_ids))
+
+
+def check_device_list(resource_name: str, devices: Any) -> list[Device]:
+    """``devices`` as a list, or :class:`DriverError` if it holds a non-Device or a duplicate ID."""
+    out = list(devices)
+    seen: set[str] = set()
+    for dev in out:
+        if not isinstance(dev, Device):
+            raise DriverError(f"{resource_name}: list_devices returned {dev!r}, not a devplug.Device")
+        if dev.id in seen:
+            raise DriverError(f"{resource_name}: list_devices returned device ID {dev.id!r} twice")
+        seen.add(dev.id)
+    return out

@@ -1,0 +1,73 @@
+"""devplug's exceptions, one tree.
+
+::
+
+    DevplugError                      anything devplug raises on purpose
+    ├── ConfigError                   bad config file or driver options (names file, resource, key)
+    ├── DriverNotFoundError(ConfigError)  no installed driver by that name (lists the installed ones)
+    ├── DriverLoadError               a driver's distribution failed to import or is malformed
+    ├── DriverError                   a driver hook failed; drivers raise this for expected failures
+    │   └── HookTimeoutError          a driver hook did not return within its timeout
+    ├── RequestError                  a kubelet request that cannot be served (unknown, unhealthy
+    │                                 or duplicate device IDs); nothing was done
+    ├── AllocationConflictError       two contributions to one container allocation disagree
+    ├── StateError                    the daemon's own files (lock, ledger) cannot be used
+    │   └── AlreadyRunningError       another daemon holds the state dir's lock
+    └── KubeletError                  the dev kubelet refused or failed a request
+
+Expected errors (bad config, bad requests, a driver saying no) carry a message
+meant for the operator. Only ``devplug.cli`` turns them into exit codes.
+"""
+
+from __future__ import annotations
+
+
+class DevplugError(Exception):
+    """Base class of every error devplug raises on purpose."""
+
+
+class ConfigError(DevplugError):
+    """The config file or a driver's options are invalid.
+
+    The message names the file, the resource and the key, and gives a hint.
+    """
+
+
+class DriverNotFoundError(ConfigError):
+    """No installed driver has the requested name."""
+
+
+class DriverLoadError(DevplugError):
+    """An installed driver could not be loaded (import error, not a driver class)."""
+
+
+class DriverError(DevplugError):
+    """A driver hook failed.
+
+    Drivers raise it (or a subclass) for expected failures, with a message that
+    names the device; the engine reports the message to the kubelet and the log.
+    """
+
+
+class HookTimeoutError(DriverError):
+    """A driver hook did not return within its configured timeout."""
+
+
+class RequestError(DevplugError):
+    """A kubelet request names devices that cannot be served; nothing was done."""
+
+
+class AllocationConflictError(DevplugError):
+    """Two contributions to one container's allocation set the same env key or container path."""
+
+
+class StateError(DevplugError):
+    """The daemon's state directory, lock or ledger cannot be used."""
+
+
+class AlreadyRunningError(StateError):
+    """Another devplug daemon holds the lock on the state directory."""
+
+
+class KubeletError(DevplugError):
+    """The dev kubelet refused a request or a plugin call failed during it."""

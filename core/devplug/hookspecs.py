@@ -1,0 +1,166 @@
+"""The driver contract: every hook devplug calls on a driver, when, and what it returns.
+
+A driver is a class, published in the entry-point group ``devplug.drivers``
+under the name operators write in the config (``driver = "mock"``). For each
+configured resource the engine builds one instance, ``DriverClass(options)``,
+where ``options`` is an instance of the class attribute ``Options`` (a
+dataclass describing the driver's option schema; see :mod:`devplug.options`),
+and registers it in a plugin manager of that resource alone. Hooks are
+methods marked with :data:`devplug.hookimpl`; only ``list_devices`` is
+required. Which optional hooks a driver implements decides what the engine
+advertises to the kubelet (``pre_start_required``,
+``get_preferred_allocation_available``, and the KEP's ``post_stop_required``
+and ``deallocate_available``).
+
+How hooks are called:
+
+* Hooks are plain (blocking) functions. The engine runs them off its event
+  loop, in a thread of the resource's own, one hook at a time per driver
+  instance, each under the resource's ``hook_timeout``. A hook that exceeds it
+  is abandoned (its thread left to finish) and counts as failed.
+* A hook fails by raising; :class:`devplug.DriverError` carries an expected
+  failure whose message reaches the kubelet and the log. Anything else is
+  logged with its traceback.
+* Device IDs are the IDs the driver advertised. The engine validates every
+  kubelet request against the device table before a hook sees it, so
+  ``allocate`` never gets an unknown, unhealthy or duplicate ID.
+
+Phases, in the order a resource goes through them: start → list_devices →
+(check_health)* → per pod: preferred_allocation → allocate → pre_start* →
+post_stop → deallocate → … → stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pluggy
+
+from devplug.context import DriverContext
+from devplug.types import ContainerAllocation, Device, Health
+
+PROJECT_NAME = "devplug"
+
+_hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+# --- driver instance lifecycle ------------------------------------------------
+
+
+@_hookspec
+def start(ctx: DriverContext) -> None:
+    """Set the driver instance up before its resource is served.
+
+    Called once, when the daemon starts the resource and before the first
+    ``list_devices``. Check what the driver needs (kernel modules, sysfs
+    access, vendor tools), start watcher threads that push device changes
+    through ``ctx``, and keep ``ctx`` for later. Raise :class:`devplug.DriverError`
+    with a clear message if the driver cannot work: the resource is then not
+    registered, and the engine retries ``start`` with backoff.
+    """
+
+
+@_hookspec
+def stop() -> None:
+    """Tear the driver instance down.
+
+    Called once, when the daemon shuts down (SIGTERM/SIGINT) after the
+    resource stopped serving, and only if ``start`` succeeded. Stop watcher
+    threads and release handles; do not release devices held by pods, which
+    stay allocated across daemon restarts.
+    """
+
+
+# --- devices and health -----------------------------------------------------
+
+
+@_hookspec(firstresult=True)
+def list_devices() -> Sequence[Device]:
+    """Return every device of the resource, healthy or not. Required.
+
+    Called after ``start``, after the driver asks for it
+    (``ctx.request_relist()``), and when the engine recovers the resource after
+    a failed hook. The first non-``None`` result is used; it replaces the
+    device table. Device IDs must be unique.
+    """
+    raise NotImplementedError
+
+
+@_hookspec(firstresult=True)
+def check_health(devices: Sequence[Device]) -> Mapping[str, Health] | None:
+    """Probe the devices and return the health of those that changed, by device ID.
+
+    Called every ``health_interval`` seconds (resource config) with the
+    current device table, when the driver implements it. Drivers that learn
+    about health from events push it through ``ctx.update_devices`` instead.
+    IDs not in the table are ignored. The first non-``None`` result is used.
+    """
+
+
+# --- allocation ---------------------------------------------------------------
+
+
+@_hookspec(firstresult=True)
+def preferred_allocation(
+    available: Sequence[Device], must_include: Sequence[str], size: int
+) -> Sequence[str] | None:
+    """Choose ``size`` device IDs for one container from ``available``.
+
+    Called before each allocation, when the driver implements it (the engine
+    then advertises ``get_preferred_allocation_available``). ``available``
+    holds healthy devices the kubelet offers (it already includes those in
+    ``must_include``, which must all be chosen). Return the chosen IDs, or
+    ``None`` to let the core default pack the devices on as few NUMA nodes as
+    possible (:func:`devplug.allocation.pack_numa`). The first non-``None``
+    result is used; IDs outside ``available`` are dropped by the engine.
+    """
+
+
+@_hookspec
+def allocate(device_ids: Sequence[str]) -> ContainerAllocation | None:
+    """Prepare the devices for one container and say how the container gets them.
+
+    Called at pod admission, once per container that requests devices of
+    the resource, with that container's device IDs. Return the env vars,
+    mounts, device nodes, annotations and CDI device names the container
+    needs, or ``None`` to contribute nothing. Every implementation is called
+    and the results are merged; two that disagree on an env key or a
+    container path fail the allocation. If a later container of the same
+    request fails, the engine undoes this one through ``deallocate``.
+    """
+
+
+@_hookspec
+def pre_start(device_ids: Sequence[str]) -> None:
+    """Get the devices ready right before a container starts.
+
+    Called before every start of a container that holds the devices (restarts
+    included), when the driver implements it (the engine then advertises
+    ``pre_start_required``). The kubelet waits at most 30 s; raising fails the
+    container's start.
+    """
+
+
+# --- release (the KEP's half of the lifecycle) ----------------------------------
+
+
+@_hookspec
+def post_stop(device_ids: Sequence[str]) -> None:
+    """Clean the devices up after the container that used them stopped.
+
+    Called once per allocation, after the pod holding the devices is gone
+    (learned from PodResources on stock kubelets, from the KEP's
+    PostStopContainer on kubelets that call it), before ``deallocate``.
+    Deprogram, scrub, reset here. The devices may have vanished meanwhile.
+    """
+
+
+@_hookspec
+def deallocate(device_ids: Sequence[str]) -> None:
+    """Take the devices back: they are free for the next allocation once this returns.
+
+    Called once per allocation when no container uses the devices any more
+    (after ``post_stop``), and to undo an ``allocate`` whose request failed
+    part-way. Unbind drivers, free shared slots, switch modes here. The
+    devices may have vanished meanwhile; must be safe to call for devices
+    only partly prepared.
+    """

@@ -1,0 +1,139 @@
+"""Driver option schemas: a dataclass per driver, checked strictly against the config.
+
+A driver declares its options as a dataclass on its class::
+
+    @dataclass(frozen=True)
+    class Options:
+        directory: Path
+        count: int | None = None
+        mode: Literal["on-allocate", "at-start"] = "on-allocate"
+
+Supported field types: ``str``, ``int``, ``float`` (ints accepted), ``bool``,
+``pathlib.Path`` (from a string), ``Literal[...]``, ``X | None``,
+``list[X]``, ``tuple[X, ...]`` and ``dict[str, X]`` of those. A field without a
+default is required. Unknown keys, missing keys and wrong types are
+:class:`~devplug.errors.ConfigError` naming the file, the resource and the key;
+a ``ValueError`` raised by the dataclass's ``__post_init__`` becomes one too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+from devplug.errors import ConfigError
+
+__all__ = ["describe_type", "parse_options", "unknown_key_hint"]
+
+T = TypeVar("T")
+
+
+def unknown_key_hint(key: str, known: typing.Iterable[str]) -> str:
+    """A hint for a misspelt key: the closest known key, or the list of known keys."""
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"known keys: {', '.join(known)}" if known else "this table takes no keys"
+
+
+def describe_type(tp: Any) -> str:
+    """A type as an operator reads it in an error message."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is type(None):
+        return "nothing"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe_type(a) for a in args if a is not type(None))
+    if origin in (list, tuple):
+        return f"a list of {describe_type(args[0])}" if args else "a list"
+    if origin is dict:
+        return f"a table of {describe_type(args[1])}" if args else "a table"
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", Path: "a path"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arm in args:
+            if arm is type(None):
+                continue
+            try:
+                return _convert(value, arm, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{where}: expected {describe_type(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in args and type(value) in {type(a) for a in args}:
+            return value
+        raise ConfigError(f"{where}: expected {describe_type(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected {describe_type(tp)}, got {value!r}")
+        items = [_convert(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected {describe_type(tp)}, got {value!r}")
+        return {str(k): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is Path:
+        if isinstance(value, str) and value:
+            return Path(value)
+    elif tp is Any:
+        return value
+    else:
+        raise TypeError(f"unsupported option type {tp!r} at {where}")
+    raise ConfigError(f"{where}: expected {describe_type(tp)}, got {type(value).__name__} {value!r}")
+
+
+def parse_options(schema: type[T] | None, table: Mapping[str, Any], where: str) -> T | None:
+    """Build an instance of the dataclass ``schema`` from a TOML table.
+
+    ``where`` names the table for error messages, e.g.
+    ``config.toml: resources."example.com/mock".options``. A driver without a
+    schema (``None``) accepts no options and gets ``None``.
+    """
+    if schema is None:
+        if table:
+            key = next(iter(table))
+            raise ConfigError(f"{where}.{key}: unknown key; this driver takes no options")
+        return None
+    if not dataclasses.is_dataclass(schema):
+        raise TypeError(f"driver option schema {schema!r} is not a dataclass")
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    for key in table:
+        if key not in fields:
+            raise ConfigError(f"{where}.{key}: unknown key; {unknown_key_hint(key, fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, fld in fields.items():
+        if name in table:
+            kwargs[name] = _convert(table[name], hints[name], f"{where}.{name}")
+        elif fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{where}.{name}: missing required key ({describe_type(hints[name])})")
+    try:
+        return schema(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc

@@ -1,0 +1,237 @@
+"""The value types drivers receive and return.
+
+All are frozen dataclasses that check themselves when built, so a mistake in a
+driver shows up as a ``ValueError`` naming the field, at the line that made it,
+and never as a malformed message on the wire. The engine converts them to and
+from protobuf; drivers never see protobuf.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from devplug.errors import AllocationConflictError
+
+__all__ = [
+    "CDIDevice",
+    "ContainerAllocation",
+    "Device",
+    "DeviceSpec",
+    "Health",
+    "Mount",
+    "Topology",
+]
+
+_CDI_NAME = re.compile(
+    r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+"  # vendor: a domain
+    r"/[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?"  # class
+    r"=[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$"  # device name
+)
+
+
+class Health(str, enum.Enum):
+    """A device's health, with the exact strings the kubelet expects."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The NUMA nodes a device is attached to (empty: no NUMA affinity)."""
+
+    numa_nodes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        nodes = tuple(self.numa_nodes)
+        for node in nodes:
+            if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+                raise ValueError(f"Topology.numa_nodes: {node!r} is not a NUMA node number (int >= 0)")
+        object.__setattr__(self, "numa_nodes", nodes)
+
+
+NO_TOPOLOGY = Topology()
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device a resource advertises to the kubelet.
+
+    ``id`` is the kubelet's device ID: unique within the resource, stable across
+    restarts (pods hold devices by ID), printable, without whitespace.
+    """
+
+    id: str
+    health: Health = Health.HEALTHY
+    topology: Topology = NO_TOPOLOGY
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"Device.id must be a non-empty string, got {self.id!r}")
+        if not self.id.isprintable() or any(ch.isspace() for ch in self.id):
+            raise ValueError(f"Device.id {self.id!r} must be printable and contain no whitespace")
+        if not isinstance(self.health, Health):
+            object.__setattr__(self, "health", Health(self.health))
+        if not isinstance(self.topology, Topology):
+            raise ValueError(f"Device {self.id!r}: topology must be a Topology, got {self.topology!r}")
+
+    @property
+    def healthy(self) -> bool:
+        """True when the device may be offered and allocated."""
+        return self.health is Health.HEALTHY
+
+    def with_health(self, health: Health) -> Device:
+        """This device with another health."""
+        return Device(self.id, health, self.topology)
+
+
+def _absolute(kind: str, name: str, path: str) -> None:
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"{kind}.{name} must be an absolute path, got {path!r}")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path mounted into the container."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        _absolute("Mount", "container_path", self.container_path)
+        _absolute("Mount", "host_path", self.host_path)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A device node made available in the container.
+
+    ``permissions`` is any combination of ``r`` (read), ``w`` (write) and
+    ``m`` (mknod), as the container runtime's cgroup rules take it.
+    """
+
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+    def __post_init__(self) -> None:
+        _absolute("DeviceSpec", "container_path", self.container_path)
+        _absolute("DeviceSpec", "host_path", self.host_path)
+        perms = self.permissions
+        if not perms or set(perms) - set("rwm") or len(set(perms)) != len(perms):
+            raise ValueError(
+                f"DeviceSpec.permissions must be a non-empty combination of 'r', 'w', 'm', got {perms!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CDIDevice:
+    """A fully qualified Container Device Interface name, ``vendor.com/class=name``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _CDI_NAME.match(self.name):
+            raise ValueError(
+                f"CDIDevice.name must be a fully qualified CDI name like 'vendor.com/class=name', "
+                f"got {self.name!r}"
+            )
+
+
+def _frozen_str_map(kind: str, values: Mapping[str, str]) -> Mapping[str, str]:
+    copy = dict(values)
+    for key, value in copy.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"ContainerAllocation.{kind}: key {key!r} must be a non-empty string")
+        if not isinstance(value, str):
+            raise ValueError(f"ContainerAllocation.{kind}[{key!r}]: value must be a string, got {value!r}")
+    return MappingProxyType(copy)
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """What one container gets for its devices: the answer to Allocate for that container.
+
+    Several hook implementations may each return one; the engine merges them
+    with :meth:`merge`.
+    """
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    devices: tuple[DeviceSpec, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[CDIDevice, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "envs", _frozen_str_map("envs", self.envs))
+        object.__setattr__(self, "annotations", _frozen_str_map("annotations", self.annotations))
+        for name, kind in (("mounts", Mount), ("devices", DeviceSpec), ("cdi_devices", CDIDevice)):
+            items = tuple(getattr(self, name))
+            for item in items:
+                if not isinstance(item, kind):
+                    raise ValueError(f"ContainerAllocation.{name}: {item!r} is not a {kind.__name__}")
+            object.__setattr__(self, name, items)
+        _check_unique_paths((self,))
+
+    def merge(self, other: ContainerAllocation) -> ContainerAllocation:
+        """Both allocations in one.
+
+        Raises :class:`AllocationConflictError` when both set the same env key
+        or annotation to different values, or use the same container path for
+        different mounts or device nodes. Identical entries are kept once.
+        """
+        return merge_allocations((self, other))
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.envs.items())), self.mounts, self.devices, self.cdi_devices))
+
+
+def _check_unique_paths(parts: Iterable[ContainerAllocation]) -> None:
+    seen: dict[str, object] = {}
+    for part in parts:
+        for entry in (*part.mounts, *part.devices):
+            prior = seen.setdefault(entry.container_path, entry)
+            if prior != entry:
+                raise AllocationConflictError(
+                    f"container path {entry.container_path!r} is used twice: {prior!r} and {entry!r}"
+                )
+
+
+def _merge_map(kind: str, parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for part in parts:
+        for key, value in part.items():
+            if merged.setdefault(key, value) != value:
+                raise AllocationConflictError(
+                    f"{kind} {key!r} is set twice with different values: {merged[key]!r} and {value!r}"
+                )
+    return merged
+
+
+def _unique(items: Iterable[object]) -> tuple[object, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def merge_allocations(parts: Iterable[ContainerAllocation]) -> ContainerAllocation:
+    """Merge several contributions to one container's allocation (see :meth:`ContainerAllocation.merge`)."""
+    parts = tuple(parts)
+    if len(parts) == 1:
+        return parts[0]
+    envs = _merge_map("env", (p.envs for p in parts))
+    annotations = _merge_map("annotation", (p.annotations for p in parts))
+    _check_unique_paths(parts)
+    return ContainerAllocation(
+        envs=envs,
+        mounts=_unique(m for p in parts for m in p.mounts),  # type: ignore[arg-type]
+        devices=_unique(d for p in parts for d in p.devices),  # type: ignore[arg-type]
+        annotations=annotations,
+        cdi_devices=_unique(c for p in parts for c in p.cdi_devices),  # type: ignore[arg-type]
+    )
