@@ -1,0 +1,1 @@
+"""devplug's pytest plugin, loaded through the ``pytest11`` entry point."""
