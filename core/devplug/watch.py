@@ -1,0 +1,408 @@
+"""Directory watching for hot-plug: be told which entries of a folder changed.
+
+A driver whose devices appear as files (``/dev`` nodes, sysfs entries, a mock
+folder) starts a :class:`DirectoryWatcher` in its ``start`` hook and pushes what
+changed through the :class:`~devplug.DriverContext`::
+
+    self._watcher = DirectoryWatcher(folder, self._on_change)
+    self._watcher.start()
+    ...
+    def _on_change(self, names: frozenset[str]) -> None:
+        if not names:          # rescan everything
+            ctx.set_devices(self.list_devices())
+        else:
+            ...                # re-read only ``names``
+
+On Linux the watcher uses inotify and sleeps in ``poll(2)`` until the kernel
+reports a change: no wake-ups while idle. Everywhere else, or when the
+environment sets ``DEVPLUG_WATCH_POLL=1``, it compares ``os.scandir``
+snapshots every ``poll_interval`` seconds. Either way the callback runs in the
+watcher's own daemon thread, gets the names of the changed entries, and gets
+an empty set when it must rescan everything: the kernel's event queue
+overflowed, or the folder itself was deleted, moved or (re)created. A folder
+that is missing (at start or later) is looked for again every
+``poll_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import select
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["POLL_ENV", "DirectoryWatcher"]
+
+#: Set to ``1`` to make every watcher poll instead of using inotify.
+POLL_ENV = "DEVPLUG_WATCH_POLL"
+
+log = logging.getLogger("devplug.watch")
+
+# From <sys/inotify.h>.
+_IN_MODIFY = 0x00000002
+_IN_ATTRIB = 0x00000004
+_IN_CLOSE_WRITE = 0x00000008
+_IN_MOVED_FROM = 0x00000040
+_IN_MOVED_TO = 0x00000080
+_IN_CREATE = 0x00000100
+_IN_DELETE = 0x00000200
+_IN_DELETE_SELF = 0x00000400
+_IN_MOVE_SELF = 0x00000800
+_IN_UNMOUNT = 0x00002000
+_IN_Q_OVERFLOW = 0x00004000
+_IN_IGNORED = 0x00008000
+_IN_ONLYDIR = 0x01000000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = getattr(os, "O_CLOEXEC", 0o2000000)  # inotify takes the O_ flags' values
+
+_WATCH_MASK = (
+    _IN_CREATE
+    | _IN_DELETE
+    | _IN_MODIFY
+    | _IN_CLOSE_WRITE
+    | _IN_MOVED_FROM
+    | _IN_MOVED_TO
+    | _IN_ATTRIB
+    | _IN_DELETE_SELF
+    | _IN_MOVE_SELF
+    | _IN_ONLYDIR
+)
+# The watched folder is gone (or its watch was dropped): re-arm and rescan.
+_GONE = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_UNMOUNT | _IN_IGNORED
+
+_EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
+_READ_SIZE = 64 * 1024
+
+_Snapshot = dict[str, tuple[int, int, int]]
+
+
+class _Inotify:
+    """The three inotify calls, through ctypes; ``None`` from :meth:`load` when unavailable."""
+
+    def __init__(self, libc: ctypes.CDLL) -> None:
+        self._init1 = libc.inotify_init1
+        self._init1.argtypes = [ctypes.c_int]
+        self._init1.restype = ctypes.c_int
+        self._add = libc.inotify_add_watch
+        self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        self._add.restype = ctypes.c_int
+        self._rm = libc.inotify_rm_watch
+        self._rm.argtypes = [ctypes.c_int, ctypes.c_int]
+        self._rm.restype = ctypes.c_int
+
+    @staticmethod
+    def load() -> _Inotify | None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            return _Inotify(libc)
+        except (OSError, AttributeError):
+            return None
+
+    @staticmethod
+    def _check(result: int, what: str, path: Path | None = None) -> int:
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}", None if path is None else str(path))
+        return result
+
+    def init(self) -> int:
+        return self._check(self._init1(_IN_NONBLOCK | _IN_CLOEXEC), "inotify_init1")
+
+    def add_watch(self, fd: int, path: Path, mask: int) -> int:
+        return self._check(self._add(fd, os.fsencode(path), mask), "inotify_add_watch", path)
+
+    def rm_watch(self, fd: int, wd: int) -> None:
+        self._rm(fd, wd)  # fails with EINVAL when the kernel already dropped it: fine
+
+
+_inotify_lib: _Inotify | None = _Inotify.load()
+
+
+def _snapshot(directory: Path) -> _Snapshot | None:
+    """Name -> (inode, mtime_ns, size) of every entry, or ``None`` if the folder is missing."""
+    snap: _Snapshot = {}
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                snap[entry.name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return snap
+
+
+def _diff(old: _Snapshot, new: _Snapshot) -> frozenset[str]:
+    return frozenset(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+
+
+class DirectoryWatcher:
+    """Calls ``callback(names)`` from a background thread when entries of ``directory`` change.
+
+    ``names`` holds the names (not paths) of the entries created, deleted,
+    modified, renamed or whose attributes changed since the last call; an empty
+    set means "rescan everything". Changes reported by one read of the kernel's
+    queue (or one polling round) come in one call. The callback runs in the
+    watcher's thread, one call at a time; an exception it raises is logged and
+    the watcher goes on.
+
+    Use :meth:`start` and :meth:`close`, or the watcher as a context manager
+    (which starts it on entry and closes it on exit).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        callback: Callable[[frozenset[str]], None],
+        *,
+        poll_interval: float = 1.0,
+    ) -> None:
+        if poll_interval <= 0:
+            raise ValueError(f"DirectoryWatcher: poll_interval must be > 0 seconds, got {poll_interval!r}")
+        self.directory = Path(directory)
+        self.poll_interval = float(poll_interval)
+        self._callback = callback
+        #: True when the inotify path is active (decided for good by :meth:`start`).
+        self.uses_inotify: bool = _inotify_lib is not None and os.environ.get(POLL_ENV, "") not in {"1"}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._released = False
+        self._wake_r = -1
+        self._wake_w = -1
+        self._ifd = -1
+        self._wd: int | None = None
+        self._snap: _Snapshot | None = None
+
+    # --- public
+
+    def start(self) -> None:
+        """Arm the watch and start the watcher thread.
+
+        Returns once the watch is armed: a change made after ``start`` returns
+        is reported. A missing folder is not an error: the watcher looks for it
+        every ``poll_interval`` and reports an empty set when it appears.
+        Raises ``OSError`` when the path is not a folder or cannot be read, and
+        ``RuntimeError`` when started twice or after :meth:`close`.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("DirectoryWatcher.start: the watcher is closed")
+            if self._thread is not None:
+                raise RuntimeError("DirectoryWatcher.start: already started")
+            self._wake_r, self._wake_w = os.pipe()
+            try:
+                os.set_blocking(self._wake_w, False)
+                if self.uses_inotify:
+                    self._arm_inotify()
+                if not self.uses_inotify:
+                    self._snap = _snapshot(self.directory)
+                    if self._snap is None and self.directory.exists():
+                        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.directory))
+            except BaseException:
+                self._release_fds()
+                raise
+            self._thread = threading.Thread(
+                target=self._run, name=f"devplug-watch:{self.directory}", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the watcher thread and release its file descriptors.
+
+        Wakes the thread at once (no timeout to wait out) and returns once it
+        has ended, unless called from the callback itself, in which case the
+        thread ends when the callback returns. Safe to call more than once,
+        and before :meth:`start`.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            if thread is None:
+                return
+            with contextlib.suppress(BlockingIOError):  # pipe full: the thread is being woken anyway
+                os.write(self._wake_w, b"x")
+        if thread is not threading.current_thread():
+            thread.join()
+            with self._lock:
+                self._release_fds()
+
+    def __enter__(self) -> DirectoryWatcher:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        how = "inotify" if self.uses_inotify else f"polling every {self.poll_interval}s"
+        return f"<DirectoryWatcher {str(self.directory)!r} ({how})>"
+
+    # --- setup and teardown (called with self._lock held)
+
+    def _arm_inotify(self) -> None:
+        assert _inotify_lib is not None
+        try:
+            self._ifd = _inotify_lib.init()
+        except OSError as exc:  # e.g. EMFILE: fs.inotify.max_user_instances reached
+            log.warning(
+                "inotify unavailable for %s (%s); polling every %ss", self.directory, exc, self.poll_interval
+            )
+            self.uses_inotify = False
+            return
+        self._wd = self._try_add_watch()
+
+    def _release_fds(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        for fd in (self._ifd, self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._ifd = self._wake_r = self._wake_w = -1
+
+    # --- the thread
+
+    def _try_add_watch(self) -> int | None:
+        """The watch descriptor, or ``None`` when the folder does not exist (yet)."""
+        assert _inotify_lib is not None
+        try:
+            return _inotify_lib.add_watch(self._ifd, self.directory, _WATCH_MASK)
+        except FileNotFoundError:
+            return None
+
+    def _notify(self, names: frozenset[str]) -> None:
+        if self._closed:
+            return
+        try:
+            self._callback(names)
+        except Exception:
+            log.exception("callback of the watcher on %s failed with names %s", self.directory, sorted(names))
+
+    def _run(self) -> None:
+        try:
+            if self.uses_inotify:
+                self._run_inotify()
+            else:
+                self._run_polling()
+        except Exception:
+            log.exception("the watcher on %s stopped", self.directory)
+        finally:
+            with self._lock:
+                if self._closed:
+                    self._release_fds()
+
+    def _wait(self, poller: select.poll, timeout: float | None) -> list[int]:
+        """The ready file descriptors, or ``[]`` on timeout or when woken to close."""
+        ms = None if timeout is None else max(1, int(timeout * 1000))
+        while True:
+            try:
+                ready = [fd for fd, _ in poller.poll(ms)]
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries poll itself
+                continue
+        if self._wake_r in ready:
+            return []
+        return ready
+
+    def _run_polling(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._closed:
+            self._wait(poller, self.poll_interval)
+            if self._closed:
+                return
+            snap = _snapshot(self.directory)
+            old, self._snap = self._snap, snap
+            if old is None or snap is None:
+                if old is not snap:  # the folder appeared or vanished
+                    self._notify(frozenset())
+                continue
+            changed = _diff(old, snap)
+            if changed:
+                self._notify(changed)
+
+    def _run_inotify(self) -> None:
+        assert _inotify_lib is not None
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        poller.register(self._ifd, select.POLLIN)
+        while not self._closed:
+            if self._wd is None:
+                # The folder is missing: look for it again every poll_interval.
+                self._wait(poller, self.poll_interval)
+                if self._closed:
+                    return
+                self._drain()  # stale events of the old watch
+                self._wd = self._try_add_watch()
+                if self._wd is not None:
+                    log.info("watching %s again", self.directory)
+                    self._notify(frozenset())
+                continue
+            if not self._wait(poller, None) or self._closed:
+                continue
+            names, rescan, gone = self._read_events()
+            if gone:
+                _inotify_lib.rm_watch(self._ifd, self._wd)
+                self._wd = self._try_add_watch()
+                if self._wd is None:
+                    log.warning("%s is gone; looking for it every %ss", self.directory, self.poll_interval)
+            if rescan or gone:
+                self._notify(frozenset())
+            elif names:
+                self._notify(frozenset(names))
+
+    def _drain(self) -> bytes:
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(self._ifd, _READ_SIZE)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _read_events(self) -> tuple[set[str], bool, bool]:
+        """Everything queued: (changed names, queue overflowed, the folder itself is gone)."""
+        data = self._drain()
+        names: set[str] = set()
+        rescan = gone = False
+        offset = 0
+        while offset + _EVENT_HEADER.size <= len(data):
+            wd, mask, _cookie, length = _EVENT_HEADER.unpack_from(data, offset)
+            offset += _EVENT_HEADER.size
+            raw = data[offset : offset + length]
+            offset += length
+            if mask & _IN_Q_OVERFLOW:
+                rescan = True
+                continue
+            if wd != self._wd:
+                continue  # a watch dropped earlier
+            if mask & _GONE:
+                gone = True
+                continue
+            name = os.fsdecode(raw.split(b"\0", 1)[0])
+            if name:
+                names.add(name)
+        return names, rescan, gone
