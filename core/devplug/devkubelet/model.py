@@ -1,0 +1,213 @@
+"""The dev kubelet's value types: pods as asked for, pods as admitted, resources as seen, events.
+
+All are frozen dataclasses, so tests can keep them and compare them later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from devplug.types import ContainerAllocation, Health
+
+__all__ = [
+    "AdmittedContainer",
+    "AdmittedPod",
+    "ContainerSpec",
+    "DeviceInfo",
+    "EVENT_KINDS",
+    "KubeletEvent",
+    "PluginOptions",
+    "PodSpec",
+    "ResourceView",
+]
+
+#: Every ``KubeletEvent.kind`` the dev kubelet records.
+EVENT_KINDS = frozenset(
+    {
+        "register",
+        "register-refused",
+        "list-and-watch",
+        "preferred-allocation",
+        "allocate",
+        "pre-start",
+        "post-stop",
+        "deallocate",
+        "pod-admitted",
+        "pod-rejected",
+        "pod-removed",
+        "restart",
+        "stream-ended",
+        "resource-dropped",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container of a pod: its name and how many devices of each resource it requests.
+
+    ``init`` marks an init container: it runs to completion before the app
+    containers start, and its devices can be reused by them.
+    """
+
+    name: str
+    requests: Mapping[str, int] = field(default_factory=dict)
+    init: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ContainerSpec.name must be a non-empty string, got {self.name!r}")
+        requests = dict(self.requests)
+        for resource, count in requests.items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(
+                    f"container {self.name!r}: request for {resource!r} must be a device count (int >= 0), "
+                    f"got {count!r}"
+                )
+        object.__setattr__(self, "requests", MappingProxyType(requests))
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.requests.items())), self.init))
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """A pod to admit: a name, its containers (init containers run first, in the order listed)."""
+
+    name: str
+    containers: Sequence[ContainerSpec]
+    namespace: str = "default"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"PodSpec.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.namespace, str) or not self.namespace:
+            raise ValueError(f"PodSpec.namespace must be a non-empty string, got {self.namespace!r}")
+        containers = tuple(self.containers)
+        seen: set[str] = set()
+        for container in containers:
+            if not isinstance(container, ContainerSpec):
+                raise ValueError(f"pod {self.name!r}: {container!r} is not a ContainerSpec")
+            if container.name in seen:
+                raise ValueError(f"pod {self.name!r}: container name {container.name!r} is used twice")
+            seen.add(container.name)
+        object.__setattr__(self, "containers", containers)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``, how the dev kubelet identifies the pod."""
+        return (self.namespace, self.name)
+
+    def ordered_containers(self) -> tuple[ContainerSpec, ...]:
+        """The containers in the order the kubelet handles them: init containers first, each as listed."""
+        return tuple(c for c in self.containers if c.init) + tuple(c for c in self.containers if not c.init)
+
+
+@dataclass(frozen=True)
+class AdmittedContainer:
+    """What one container got: device IDs per resource and the plugin's Allocate answer per resource."""
+
+    name: str
+    devices: Mapping[str, tuple[str, ...]]
+    allocations: Mapping[str, ContainerAllocation]
+    init: bool = False
+
+
+@dataclass(frozen=True)
+class AdmittedPod:
+    """A pod the dev kubelet admitted, with its containers in the order they were handled."""
+
+    spec: PodSpec
+    containers: tuple[AdmittedContainer, ...]
+
+    def container(self, name: str) -> AdmittedContainer:
+        """The admitted container called ``name`` (``KeyError`` if there is none)."""
+        for container in self.containers:
+            if container.name == name:
+                return container
+        raise KeyError(f"pod {self.spec.namespace}/{self.spec.name} has no container {name!r}")
+
+
+@dataclass(frozen=True)
+class KubeletEvent:
+    """One call the dev kubelet made or received (``kind`` is one of :data:`EVENT_KINDS`)."""
+
+    time: float
+    kind: str
+    resource: str
+    detail: str
+    device_ids: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        ids = f" [{', '.join(self.device_ids)}]" if self.device_ids else ""
+        resource = self.resource or "-"
+        return f"{self.kind:<20} {resource:<28} {self.detail}{ids}"
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """The options a plugin answered to GetDevicePluginOptions, the four flags as bools."""
+
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = False
+    post_stop_required: bool = False
+    deallocate_available: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device as the kubelet last heard of it: ID, health string as sent, NUMA nodes."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        """True only for the exact health string ``"Healthy"`` (anything else is unhealthy)."""
+        return self.health == Health.HEALTHY.value
+
+
+@dataclass(frozen=True)
+class ResourceView:
+    """A snapshot of one extended resource as the dev kubelet sees it.
+
+    ``capacity`` counts every device, ``allocatable`` the healthy ones.
+    ``registered`` is False after a restart until the plugin registers again
+    (then every device shows as unhealthy); ``endpoint`` is the socket file
+    name of the latest registration. ``in_use`` holds the device IDs assigned
+    to admitted pods.
+    """
+
+    name: str
+    endpoint: str
+    options: PluginOptions
+    devices: tuple[DeviceInfo, ...]
+    stream_open: bool
+    registered: bool
+    registrations: int
+    in_use: frozenset[str] = frozenset()
+
+    @property
+    def capacity(self) -> int:
+        """How many devices the node has for this resource, healthy or not."""
+        return len(self.devices)
+
+    @property
+    def allocatable(self) -> int:
+        """How many devices are healthy (free or in use)."""
+        return sum(1 for d in self.devices if d.healthy)
+
+    @property
+    def healthy_ids(self) -> tuple[str, ...]:
+        """The IDs of the healthy devices, in the plugin's order."""
+        return tuple(d.id for d in self.devices if d.healthy)
+
+    def device(self, device_id: str) -> DeviceInfo | None:
+        """The device with this ID, or None."""
+        for device in self.devices:
+            if device.id == device_id:
+                return device
+        return None
