@@ -1,0 +1,22 @@
+"""devplug-mock: a devplug driver whose devices are files in a folder.
+
+Configure it with::
+
+    [resources."example.com/mock"]
+    driver = "mock"
+    options = { directory = "/var/run/devplug/mock", count = 4 }
+
+Each regular file in ``directory`` (not starting with ``.``) is a device named
+after the file; its lines can make it unhealthy, put it on a NUMA node, or
+make hooks fail or hang (:mod:`devplug_mock.devicefile`). Adding, removing or
+editing a file reaches the kubelet at once. Every allocation-related hook call
+is appended to ``<directory>/.calls.jsonl``; read it with :func:`read_calls`.
+"""
+
+from __future__ import annotations
+
+from devplug_mock.calllog import CALLS_FILE, read_calls
+from devplug_mock.devicefile import DIRECTIVE_HOOKS
+from devplug_mock.driver import MockDriver, MockOptions
+
+__all__ = ["CALLS_FILE", "DIRECTIVE_HOOKS", "MockDriver", "MockOptions", "read_calls"]

@@ -1,0 +1,170 @@
+"""One mock device file: which files are devices, and what their lines mean.
+
+A device is a regular file (symlinks are not followed) whose name does not
+start with ``.``; its name is the device ID. Each line of its content is one
+directive, surrounding whitespace ignored:
+
+``unhealthy``
+    the device is unhealthy;
+``numa=N`` (or ``numa=N,M``)
+    the device is attached to NUMA node ``N`` (and ``M``);
+``fail=<hook>[,<hook>...]``
+    those hooks raise :class:`devplug.DriverError` naming the device;
+``delay=<hook>:<seconds>``
+    that hook sleeps that long before doing anything.
+
+The hooks ``fail`` and ``delay`` take are those in :data:`DIRECTIVE_HOOKS`.
+Blank lines and lines starting with ``#`` are skipped. Any other line, or a
+directive with a bad value, is ignored and reported in
+:attr:`DeviceFile.problems`, which the driver logs with the file's name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from devplug import Device, Health, Topology
+
+__all__ = [
+    "DIRECTIVE_HOOKS",
+    "DeviceFile",
+    "is_device_name",
+    "natural_key",
+    "parse_device_file",
+    "read_device_file",
+]
+
+#: The hooks that ``fail=`` and ``delay=`` apply to.
+DIRECTIVE_HOOKS: tuple[str, ...] = (
+    "preferred_allocation",
+    "allocate",
+    "pre_start",
+    "post_stop",
+    "deallocate",
+)
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class DeviceFile:
+    """What one device file says: the device it describes and the test directives it carries."""
+
+    id: str
+    unhealthy: bool = False
+    numa_nodes: tuple[int, ...] = ()
+    fail: frozenset[str] = frozenset()
+    delays: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    problems: tuple[str, ...] = ()
+
+    @property
+    def device(self) -> Device:
+        """The device to advertise."""
+        return Device(
+            self.id,
+            Health.UNHEALTHY if self.unhealthy else Health.HEALTHY,
+            Topology(self.numa_nodes),
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.unhealthy, self.numa_nodes, self.fail, tuple(sorted(self.delays.items()))))
+
+
+def is_device_name(name: str) -> bool:
+    """True for names that may be devices: not hidden, and a valid device ID."""
+    if not name or name.startswith("."):
+        return False
+    return name.isprintable() and not any(c.isspace() for c in name)
+
+
+def natural_key(name: str) -> tuple[list[str | int], str]:
+    """Sort key putting ``mock2`` before ``mock10``."""
+    parts: list[str | int] = [int(p) if i % 2 else p for i, p in enumerate(_DIGITS.split(name))]
+    return parts, name
+
+
+def _parse_numa(value: str) -> tuple[int, ...]:
+    nodes = []
+    for item in (part.strip() for part in value.split(",")):
+        if not (item.isascii() and item.isdigit()):
+            raise ValueError(f"numa={value}: {item!r} is not a NUMA node number (an integer >= 0)")
+        nodes.append(int(item))
+    return tuple(dict.fromkeys(nodes))
+
+
+def _parse_hook(hook: str, line: str) -> str:
+    if hook not in DIRECTIVE_HOOKS:
+        raise ValueError(f"{line}: unknown hook {hook!r} (hooks: {', '.join(DIRECTIVE_HOOKS)})")
+    return hook
+
+
+def _parse_delay(value: str, line: str) -> tuple[str, float]:
+    hook, sep, seconds_text = value.partition(":")
+    if not sep:
+        raise ValueError(f"{line}: expected delay=<hook>:<seconds>")
+    hook = _parse_hook(hook.strip(), line)
+    try:
+        seconds = float(seconds_text)
+    except ValueError:
+        raise ValueError(f"{line}: {seconds_text.strip()!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{line}: the delay must be a finite number of seconds >= 0")
+    return hook, seconds
+
+
+def parse_device_file(device_id: str, text: str) -> DeviceFile:
+    """Parse the content of the device file named ``device_id``."""
+    unhealthy = False
+    numa: tuple[int, ...] = ()
+    fail: set[str] = set()
+    delays: dict[str, float] = {}
+    problems: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        try:
+            if line == "unhealthy":
+                unhealthy = True
+            elif sep and key == "numa":
+                numa = _parse_numa(value)
+            elif sep and key == "fail":
+                fail.update(_parse_hook(h.strip(), line) for h in value.split(","))
+            elif sep and key == "delay":
+                hook, seconds = _parse_delay(value, line)
+                delays[hook] = seconds
+            else:
+                problems.append(f"line {number}: unknown directive {line!r}, ignored")
+        except ValueError as exc:
+            problems.append(f"line {number}: {exc}; ignored")
+    return DeviceFile(
+        id=device_id,
+        unhealthy=unhealthy,
+        numa_nodes=numa,
+        fail=frozenset(fail),
+        delays=MappingProxyType(delays),
+        problems=tuple(problems),
+    )
+
+
+def read_device_file(directory: Path, name: str) -> DeviceFile | None:
+    """Read and parse ``directory/name``; ``None`` when it is not (or no longer) a device file."""
+    if not is_device_name(name):
+        return None
+    path = directory / name
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return parse_device_file(name, text)

@@ -1,0 +1,286 @@
+"""The mock driver: one device per file in a folder, every hook implemented.
+
+Operators and tests drive it by editing files (see :mod:`devplug_mock.devicefile`
+for what a device file may say), and read what the engine asked of it in the
+call log (:mod:`devplug_mock.calllog`). Files added, removed or edited reach
+the engine at once through the :class:`devplug.DriverContext`, by way of a
+:class:`devplug.watch.DirectoryWatcher` on the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from devplug import (
+    ContainerAllocation,
+    Device,
+    DeviceSpec,
+    DriverContext,
+    DriverError,
+    Health,
+    Mount,
+    hookimpl,
+)
+from devplug.watch import DirectoryWatcher
+
+from devplug_mock.calllog import CallLog
+from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
+
+__all__ = ["MockDriver", "MockOptions"]
+
+T = TypeVar("T")
+
+# Only used when no inotify is available: hot-plug must reach the engine within 100 ms.
+_POLL_INTERVAL = 0.05
+
+_module_log = logging.getLogger("devplug_mock")
+
+
+@dataclass(frozen=True)
+class MockOptions:
+    """The mock driver's options, from ``[resources."<name>".options]``.
+
+    ``directory``: the folder whose files are the devices (created at start).
+    ``count``: when set, ``start`` creates the empty files ``mock0`` ..
+    ``mock<count-1>`` that are missing.
+    """
+
+    directory: Path
+    count: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, Path):
+            if not isinstance(self.directory, str) or not self.directory:
+                raise ValueError(f"directory: expected a path, got {self.directory!r}")
+            object.__setattr__(self, "directory", Path(self.directory))
+        count = self.count
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            raise ValueError(f"count: must be an integer >= 0, got {count!r}")
+
+
+class MockDriver:
+    """A devplug driver whose devices are the regular files of a folder.
+
+    Implements every hook. ``preferred_allocation`` defers to the core's NUMA
+    packing; ``allocate`` gives each container ``MOCK_DEVICES`` (the IDs,
+    comma-separated), the device file as ``/dev/mock/<id>`` (rw) and mounted
+    read-only at ``/var/run/mock/<id>``. ``fail=`` and ``delay=`` lines in a
+    device file make the hooks that see the device fail or wait.
+    """
+
+    Options: ClassVar[type[MockOptions]] = MockOptions
+
+    def __init__(self, options: MockOptions) -> None:
+        self.options = options
+        self.directory = Path(options.directory).absolute()
+        self.calls = CallLog(self.directory)
+        self._ctx: DriverContext | None = None
+        self._watcher: DirectoryWatcher | None = None
+        self._lock = threading.Lock()
+        self._known: dict[str, DeviceFile] = {}  # what the engine was last told, by device ID
+        self._stopping = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<MockDriver {str(self.directory)!r}>"
+
+    @property
+    def _log(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+        return self._ctx.log if self._ctx is not None else _module_log
+
+    # --- lifecycle
+
+    @hookimpl
+    def start(self, ctx: DriverContext) -> None:
+        """Create the folder (and the ``count`` files), then watch it for hot-plug."""
+        self.stop()
+        self._stopping.clear()
+        self._ctx = ctx
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for i in range(self.options.count or 0):
+                self._create_empty(self.directory / f"mock{i}")
+        except OSError as exc:
+            raise DriverError(f"mock: cannot set up the device folder {self.directory}: {exc}") from exc
+        watcher = DirectoryWatcher(self.directory, self._on_change, poll_interval=_POLL_INTERVAL)
+        try:
+            watcher.start()
+        except OSError as exc:
+            raise DriverError(f"mock: cannot watch {self.directory}: {exc}") from exc
+        self._watcher = watcher
+        self._scan()  # what the watcher's first changes are compared with
+
+    @hookimpl
+    def stop(self) -> None:
+        """Stop watching the folder and cut short any ``delay=`` a hook is sleeping."""
+        self._stopping.set()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.close()
+
+    # --- devices and health
+
+    @hookimpl
+    def list_devices(self) -> list[Device]:
+        """Every device file in the folder, in natural order (``mock2`` before ``mock10``)."""
+        return [f.device for f in self._scan()]
+
+    @hookimpl
+    def check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
+        """Re-read the devices' files; the IDs whose health differs from ``devices``.
+
+        A device whose file is gone is reported unhealthy (hot-plug removes it
+        from the table soon after).
+        """
+        changed: dict[str, Health] = {}
+        for device in devices:
+            found = read_device_file(self.directory, device.id)
+            health = found.device.health if found is not None else Health.UNHEALTHY
+            if health is not device.health:
+                changed[device.id] = health
+        return changed
+
+    # --- allocation
+
+    @hookimpl
+    def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[str], size: int
+    ) -> list[str] | None:
+        """Defer to the core's NUMA packing (``None``), unless an available device says ``fail=``."""
+        return self._hook(
+            "preferred_allocation",
+            [d.id for d in available],
+            lambda: None,
+            extra={"must_include": list(must_include), "size": size},
+        )
+
+    @hookimpl
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        """``MOCK_DEVICES``, a device node and a read-only mount per device."""
+
+        def allocation() -> ContainerAllocation:
+            ids = list(device_ids)
+            return ContainerAllocation(
+                envs={"MOCK_DEVICES": ",".join(ids)},
+                devices=tuple(
+                    DeviceSpec(container_path=f"/dev/mock/{i}", host_path=str(self.directory / i), permissions="rw")
+                    for i in ids
+                ),
+                mounts=tuple(
+                    Mount(container_path=f"/var/run/mock/{i}", host_path=str(self.directory / i), read_only=True)
+                    for i in ids
+                ),
+            )
+
+        return self._hook("allocate", device_ids, allocation)
+
+    @hookimpl
+    def pre_start(self, device_ids: Sequence[str]) -> None:
+        """Record the call (and obey ``fail=``/``delay=``)."""
+        self._hook("pre_start", device_ids, lambda: None)
+
+    @hookimpl
+    def post_stop(self, device_ids: Sequence[str]) -> None:
+        """Record the call (and obey ``fail=``/``delay=``)."""
+        self._hook("post_stop", device_ids, lambda: None)
+
+    @hookimpl
+    def deallocate(self, device_ids: Sequence[str]) -> None:
+        """Record the call (and obey ``fail=``/``delay=``)."""
+        self._hook("deallocate", device_ids, lambda: None)
+
+    # --- internals
+
+    def _hook(
+        self,
+        hook: str,
+        device_ids: Sequence[str],
+        body: Callable[[], T],
+        extra: Mapping[str, Any] | None = None,
+    ) -> T:
+        """Run one hook: its devices' ``delay=`` (the longest), their ``fail=``, ``body``; then log the call.
+
+        Directives are read from the files at the call, so a test can edit a
+        file and call the hook at once.
+        """
+        ids = list(device_ids)
+        try:
+            files = [f for f in (read_device_file(self.directory, i) for i in ids) if f is not None]
+            delay = max((f.delays.get(hook, 0.0) for f in files), default=0.0)
+            if delay > 0:
+                self._stopping.wait(delay)
+            failing = [f.id for f in files if hook in f.fail]
+            if failing:
+                raise DriverError(
+                    f"mock: {hook} failed for device {', '.join(failing)} "
+                    f"(fail={hook} in {self.directory / failing[0]})"
+                )
+            result = body()
+        except Exception as exc:
+            self.calls.record(hook, ids, error=str(exc), extra=extra)
+            raise
+        self.calls.record(hook, ids, extra=extra)
+        return result
+
+    @staticmethod
+    def _create_empty(path: Path) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+
+    def _report(self, found: DeviceFile) -> None:
+        for problem in found.problems:
+            self._log.warning("device file %s: %s", self.directory / found.id, problem)
+
+    def _scan(self) -> list[DeviceFile]:
+        """Read every device file, remember them as what the engine knows, in natural order."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        files = [f for f in (read_device_file(self.directory, n) for n in names) if f is not None]
+        files.sort(key=lambda f: natural_key(f.id))
+        with self._lock:
+            fresh = [f for f in files if self._known.get(f.id) != f]
+            self._known = {f.id: f for f in files}
+        for found in fresh:
+            self._report(found)
+        return files
+
+    def _reread(self, names: Iterable[str]) -> tuple[list[Device], list[str]]:
+        """Re-read ``names``: the devices that changed for the engine and the IDs removed."""
+        changed: list[DeviceFile] = []
+        removed: list[str] = []
+        for name in sorted(names, key=natural_key):
+            if not is_device_name(name):
+                continue
+            found = read_device_file(self.directory, name)
+            with self._lock:
+                old = self._known.pop(name, None)
+                if found is not None:
+                    self._known[name] = found
+            if found is None:
+                if old is not None:
+                    removed.append(name)
+            elif found != old:
+                self._report(found)
+                if old is None or old.device != found.device:
+                    changed.append(found)
+        return [f.device for f in changed], removed
+
+    def _on_change(self, names: frozenset[str]) -> None:
+        """The watcher's callback: push what changed to the engine."""
+        ctx = self._ctx
+        if ctx is None or self._stopping.is_set():
+            return
+        if not names:
+            ctx.set_devices(f.device for f in self._scan())
+            return
+        changed, removed = self._reread(names)
+        if changed or removed:
+            ctx.update_devices(changed, removed)
