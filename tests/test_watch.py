@@ -247,9 +247,7 @@ def test_directory_moved_away_then_replaced(tmp_path: Path, mode: str, recorder:
     assert "ghost" not in recorder.seen()
 
 
-def test_missing_directory_at_start_is_watched_once_it_appears(
-    tmp_path: Path, mode: str, recorder: Recorder
-) -> None:
+def test_missing_directory_at_start_is_watched_once_it_appears(tmp_path: Path, mode: str, recorder: Recorder) -> None:
     folder = tmp_path / "later"
     with DirectoryWatcher(folder, recorder, poll_interval=POLL):
         folder.mkdir()
@@ -291,9 +289,7 @@ def test_a_raising_callback_is_logged_and_the_watcher_goes_on(
 
 
 @needs_inotify
-def test_queue_overflow_asks_for_a_rescan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorder: Recorder
-) -> None:
+def test_queue_overflow_asks_for_a_rescan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorder: Recorder) -> None:
     """More events than the kernel queues (fs.inotify.max_queued_events) while the callback is busy."""
     try:
         limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())

@@ -214,9 +214,7 @@ class DirectoryWatcher:
             except BaseException:
                 self._release_fds()
                 raise
-            self._thread = threading.Thread(
-                target=self._run, name=f"devplug-watch:{self.directory}", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name=f"devplug-watch:{self.directory}", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
@@ -264,9 +262,7 @@ class DirectoryWatcher:
         try:
             self._ifd = _inotify_lib.init()
         except OSError as exc:  # e.g. EMFILE: fs.inotify.max_user_instances reached
-            log.warning(
-                "inotify unavailable for %s (%s); polling every %ss", self.directory, exc, self.poll_interval
-            )
+            log.warning("inotify unavailable for %s (%s); polling every %ss", self.directory, exc, self.poll_interval)
             self.uses_inotify = False
             return
         self._wd = self._try_add_watch()
