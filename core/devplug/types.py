@@ -127,9 +127,7 @@ class DeviceSpec:
         _absolute("DeviceSpec", "host_path", self.host_path)
         perms = self.permissions
         if not perms or set(perms) - set("rwm") or len(set(perms)) != len(perms):
-            raise ValueError(
-                f"DeviceSpec.permissions must be a non-empty combination of 'r', 'w', 'm', got {perms!r}"
-            )
+            raise ValueError(f"DeviceSpec.permissions must be a non-empty combination of 'r', 'w', 'm', got {perms!r}")
 
 
 @dataclass(frozen=True)
@@ -141,8 +139,7 @@ class CDIDevice:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _CDI_NAME.match(self.name):
             raise ValueError(
-                f"CDIDevice.name must be a fully qualified CDI name like 'vendor.com/class=name', "
-                f"got {self.name!r}"
+                f"CDIDevice.name must be a fully qualified CDI name like 'vendor.com/class=name', got {self.name!r}"
             )
 
 
@@ -195,9 +192,10 @@ class ContainerAllocation:
 
 
 def _check_unique_paths(parts: Iterable[ContainerAllocation]) -> None:
-    seen: dict[str, object] = {}
+    seen: dict[str, Mount | DeviceSpec] = {}
     for part in parts:
-        for entry in (*part.mounts, *part.devices):
+        entries: tuple[Mount | DeviceSpec, ...] = (*part.mounts, *part.devices)
+        for entry in entries:
             prior = seen.setdefault(entry.container_path, entry)
             if prior != entry:
                 raise AllocationConflictError(

@@ -1,0 +1,278 @@
+"""A resource's device lifecycle: preferred allocation, allocate, pre-start, post-stop, deallocate, release.
+
+Every kubelet request is checked against the device table before a driver
+hook sees it, and every change of the ledger is written to disk before the
+kubelet gets an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from devplug.drivers import DriverHooks
+from devplug.engine.devicetable import DeviceTable
+from devplug.engine.hookrunner import HookRunner
+from devplug.engine.ledger import AllocationRecord, Ledger
+from devplug.errors import DriverError, RequestError
+from devplug.types import ContainerAllocation, Device
+
+__all__ = ["DeviceLifecycle", "Release", "StaleCheck"]
+
+StaleCheck = Callable[[Sequence[AllocationRecord]], Awaitable[list[AllocationRecord]]]
+
+log = logging.getLogger("devplug.engine")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One finished release, for the status report and the benchmarks."""
+
+    record_id: str
+    device_ids: tuple[str, ...]
+    reason: str
+    pod: str | None
+    finished_at: float
+    duration_s: float
+
+
+def _ids(ids: Sequence[str]) -> str:
+    return ", ".join(ids)
+
+
+class DeviceLifecycle:
+    """The operations the kubelet (or the reconciler) drives on one resource."""
+
+    def __init__(
+        self,
+        resource_name: str,
+        table: DeviceTable,
+        hooks: DriverHooks,
+        runner: HookRunner,
+        ledger: Ledger,
+        save: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.resource_name = resource_name
+        self.table = table
+        self.hooks = hooks
+        self.runner = runner
+        self.ledger = ledger
+        self._save = save
+        self.recent_releases: deque[Release] = deque(maxlen=50)
+        self.release_listeners: list[Callable[[Release], None]] = []
+        #: IDs of the records an Allocate in flight is filling; the reconciler leaves them alone.
+        self.allocating: set[str] = set()
+        #: Called after every successful Allocate (wakes the reconciler).
+        self.on_allocated: Callable[[], None] = lambda: None
+        #: Given the live records holding devices asked for again, returns those whose pod is gone.
+        self.stale_check: StaleCheck | None = None
+
+    # --- validation
+
+    def _check_servable(self, containers: Sequence[Sequence[str]]) -> None:
+        unknown: list[str] = []
+        unhealthy: list[str] = []
+        duplicate: list[str] = []
+        seen: set[str] = set()
+        for ids in containers:
+            for dev_id in ids:
+                if dev_id in seen:
+                    duplicate.append(dev_id)
+                seen.add(dev_id)
+                dev = self.table.advertised(dev_id)
+                if dev is None:
+                    unknown.append(dev_id)
+                elif not dev.healthy:
+                    unhealthy.append(dev_id)
+        problems = []
+        if unknown:
+            problems.append(f"unknown device IDs: {_ids(unknown)}")
+        if unhealthy:
+            problems.append(f"unhealthy device IDs: {_ids(unhealthy)}")
+        if duplicate:
+            problems.append(f"duplicate device IDs: {_ids(sorted(set(duplicate)))}")
+        if not seen and not problems:
+            problems.append("no device IDs requested")
+        if problems:
+            raise RequestError(f"{self.resource_name}: " + "; ".join(problems) + "; nothing was allocated")
+
+    # --- kubelet operations
+
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """The preferred devices for one container, always within ``available`` and ``must_include``."""
+        if size < 0:
+            raise RequestError(f"{self.resource_name}: allocation_size {size} is negative")
+        unknown = [i for i in (*available, *must_include) if i not in self.table]
+        if unknown:
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(sorted(set(unknown)))}")
+        offered: list[Device] = []
+        for dev_id in dict.fromkeys((*must_include, *available)):
+            dev = self.table.advertised(dev_id)
+            if dev is not None and (dev.healthy or dev_id in must_include):
+                offered.append(dev)
+        chosen = await self.runner.call(
+            "preferred_allocation", self.hooks.preferred_allocation, offered, tuple(must_include), size
+        )
+        allowed = {d.id for d in offered}
+        result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in allowed]
+        return result[: max(size, len(must_include))]
+
+    async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        """Allocate for every container of one request, all or nothing."""
+        self._check_servable(containers)
+        await self._release_stale_holders(containers)
+        self._check_servable(containers)
+        snapshot = self.ledger.snapshot()
+        held_before = self.ledger.held_devices()
+        now = time.time()
+        records: list[AllocationRecord] = []
+        for ids in containers:
+            records.append(self.ledger.begin(ids, now))
+        inflight = {r.id for r in records}
+        self.allocating |= inflight
+        try:
+            await self._save()
+            results: list[ContainerAllocation] = []
+            try:
+                for ids, record in zip(containers, records, strict=True):
+                    allocation = await self.runner.call("allocate", self.hooks.allocate, tuple(ids))
+                    self.ledger.confirm(record, allocation)
+                    results.append(allocation)
+            except DriverError as exc:
+                await self._undo(containers[: len(results) + 1], held_before)
+                self.ledger.restore(snapshot)
+                await self._save()
+                raise DriverError(f"{exc}; the allocation was rolled back") from exc
+            await self._save()
+        finally:
+            self.allocating -= inflight
+        self.on_allocated()
+        for ids in containers:
+            log.info("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
+        return results
+
+    async def _release_stale_holders(self, containers: Sequence[Sequence[str]]) -> None:
+        """Release allocations whose pod is gone but whose devices the kubelet hands out again."""
+        if self.stale_check is None:
+            return
+        holders = {r.id: r for ids in containers for i in ids for r in self.ledger.holders(i) if not r.releasing}
+        if not holders:
+            return
+        for record in await self.stale_check(list(holders.values())):
+            if record.id in self.ledger.records:
+                await self.release(record, f"pod {record.pod} is gone and the kubelet allocates its devices again")
+
+    async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> None:
+        for ids in reversed(containers):
+            fresh = [i for i in ids if i not in held_before]
+            if not fresh:
+                continue
+            try:
+                await self.runner.call("deallocate", self.hooks.deallocate, tuple(fresh))
+            except DriverError as exc:
+                log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
+
+    async def pre_start(self, device_ids: Sequence[str]) -> None:
+        unknown = [i for i in device_ids if i not in self.table and not self.ledger.holders(i)]
+        if unknown:
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(unknown)}")
+        await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
+
+    async def post_stop(self, device_ids: Sequence[str]) -> None:
+        """The KEP's PostStopContainer: clean up after one container."""
+        self._check_known(device_ids)
+        if self.hooks.implements("post_stop"):
+            await self.runner.call("post_stop", self.hooks.post_stop, tuple(device_ids))
+        touched = {r.id for i in device_ids for r in self.ledger.holders(i)}
+        for record_id in touched:
+            self.ledger.records[record_id].post_stop_done = True
+        if touched:
+            await self._save()
+
+    async def deallocate(self, device_ids: Sequence[str]) -> None:
+        """The KEP's Deallocate: the devices are free once the driver is done."""
+        self._check_known(device_ids)
+        start = time.monotonic()
+        records = {r.id: r for i in device_ids for r in self.ledger.holders(i)}
+        for record in records.values():
+            record.releasing = True
+        self._sync_withheld()
+        await self._save()
+        try:
+            if self.hooks.implements("deallocate"):
+                await self.runner.call("deallocate", self.hooks.deallocate, tuple(device_ids))
+        except DriverError:
+            for record in records.values():
+                record.releasing = False
+            self._sync_withheld()
+            await self._save()
+            raise
+        emptied = self.ledger.drop_devices(device_ids)
+        for record in records.values():
+            if record.id in self.ledger.records:
+                record.releasing = False
+        self._sync_withheld()
+        await self._save()
+        for record in emptied:
+            self._released(record, tuple(device_ids), "KEP Deallocate", start)
+
+    def _check_known(self, device_ids: Sequence[str]) -> None:
+        unknown = [i for i in device_ids if i not in self.table and not self.ledger.holders(i)]
+        if unknown:
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(unknown)}")
+
+    # --- releases found by the engine (reconciler, start-up)
+
+    async def release(self, record: AllocationRecord, reason: str) -> None:
+        """Release one allocation: post-stop (unless done), then deallocate; once.
+
+        The devices are advertised unhealthy from the first step until the
+        driver's deallocate returned, so the kubelet never offers a device the
+        driver still holds. A failing hook leaves the record releasing; the
+        caller retries later.
+        """
+        start = time.monotonic()
+        devices = tuple(record.devices)
+        owed = tuple(record.all_devices())
+        if not record.releasing:
+            record.releasing = True
+            self._sync_withheld()
+            await self._save()
+        log.info("[%s] releasing %s (%s)", self.resource_name, _ids(owed), reason, extra={"device": _ids(owed)})
+        if devices and not record.post_stop_done:
+            if self.hooks.implements("post_stop"):
+                await self.runner.call("post_stop", self.hooks.post_stop, devices)
+            record.post_stop_done = True
+            await self._save()
+        if owed and self.hooks.implements("deallocate"):
+            await self.runner.call("deallocate", self.hooks.deallocate, owed)
+        self.ledger.remove(record)
+        self._sync_withheld()
+        await self._save()
+        self._released(record, owed, reason, start)
+
+    def _released(self, record: AllocationRecord, devices: tuple[str, ...], reason: str, start: float) -> None:
+        release = Release(
+            record_id=record.id,
+            device_ids=devices,
+            reason=reason,
+            pod=record.pod,
+            finished_at=time.time(),
+            duration_s=time.monotonic() - start,
+        )
+        self.recent_releases.append(release)
+        log.info(
+            "[%s] released %s (%s)",
+            self.resource_name,
+            _ids(devices),
+            reason,
+            extra={"device": _ids(devices)},
+        )
+        for listener in self.release_listeners:
+            listener(release)
+
+    def _sync_withheld(self) -> None:
+        self.table.set_withheld(self.ledger.releasing_devices())

@@ -1,0 +1,47 @@
+"""Registering a resource with the kubelet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+
+__all__ = ["API_VERSION", "REGISTER_METHOD", "Backoff", "register"]
+
+API_VERSION = "v1beta1"
+REGISTER_METHOD = "/v1beta1.Registration/Register"
+
+
+async def register(kubelet_socket: Path, request: dp.RegisterRequest, timeout: float = 15.0) -> None:
+    """Call ``Registration/Register`` on ``kubelet_socket`` once; raises ``grpc.aio.AioRpcError`` on failure.
+
+    The kubelet dials the plugin back inside this call (up to 10 s), so the
+    plugin's server must already be serving; ``timeout`` covers that.
+    """
+    async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
+        call = channel.unary_unary(
+            REGISTER_METHOD,
+            request_serializer=dp.RegisterRequest.SerializeToString,
+            response_deserializer=dp.Empty.FromString,
+        )
+        await call(request, timeout=timeout)
+
+
+class Backoff:
+    """Capped exponential backoff: ``initial``, doubling, at most ``cap`` seconds."""
+
+    def __init__(self, initial: float = 0.05, cap: float = 5.0) -> None:
+        self.initial = initial
+        self.cap = cap
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.initial

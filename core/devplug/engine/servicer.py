@@ -1,0 +1,196 @@
+"""The ``v1beta1.DevicePlugin`` gRPC service of one resource, on grpc.aio.
+
+This module is the only place where the engine's errors become gRPC status
+codes: a request naming unknown, unhealthy or duplicate devices gets
+INVALID_ARGUMENT, a driver that fails gets INTERNAL (DEADLINE_EXCEEDED for a
+hook timeout), both with the message. ListAndWatch sends pre-encoded bytes
+from the device table (identity serializer), so a change never re-encodes the
+whole list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import grpc.aio
+
+from devplug.api.convert import allocation_to_pb
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.engine.devicetable import DeviceTable
+from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.errors import DevplugError, DriverError, HookTimeoutError, RequestError
+
+__all__ = ["SERVICE_NAME", "DevicePluginService", "StreamObserver"]
+
+SERVICE_NAME = "v1beta1.DevicePlugin"
+log = logging.getLogger("devplug.engine")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+class StreamObserver(Protocol):
+    """The resource's view of its ListAndWatch streams."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def stream_opened(self) -> None: ...
+
+    def stream_closed(self, by_peer: bool) -> None: ...
+
+    def note_hook_failure(self, exc: DriverError) -> None: ...
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class DevicePluginService:
+    """Serves one resource's DevicePlugin RPCs from its lifecycle and device table."""
+
+    def __init__(
+        self,
+        lifecycle: DeviceLifecycle,
+        table: DeviceTable,
+        options: dp.DevicePluginOptions,
+        observer: StreamObserver,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.table = table
+        self.options = options
+        self.observer = observer
+        self._closed = asyncio.Event()
+
+    def close(self) -> None:
+        """End this service's ListAndWatch streams (the resource moved to a fresh server or is stopping)."""
+        self._closed.set()
+
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The generic handler to add to a ``grpc.aio`` server."""
+        unary = grpc.unary_unary_rpc_method_handler
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "GetDevicePluginOptions": unary(
+                    self._guard(self.get_options),
+                    request_deserializer=dp.Empty.FromString,
+                    response_serializer=dp.DevicePluginOptions.SerializeToString,
+                ),
+                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                    self.list_and_watch,
+                    request_deserializer=dp.Empty.FromString,
+                    response_serializer=_identity,
+                ),
+                "GetPreferredAllocation": unary(
+                    self._guard(self.get_preferred_allocation),
+                    request_deserializer=dp.PreferredAllocationRequest.FromString,
+                    response_serializer=dp.PreferredAllocationResponse.SerializeToString,
+                ),
+                "Allocate": unary(
+                    self._guard(self.allocate),
+                    request_deserializer=dp.AllocateRequest.FromString,
+                    response_serializer=dp.AllocateResponse.SerializeToString,
+                ),
+                "PreStartContainer": unary(
+                    self._guard(self.pre_start_container),
+                    request_deserializer=dp.PreStartContainerRequest.FromString,
+                    response_serializer=dp.PreStartContainerResponse.SerializeToString,
+                ),
+                "PostStopContainer": unary(
+                    self._guard(self.post_stop_container),
+                    request_deserializer=dp.PostStopContainerRequest.FromString,
+                    response_serializer=dp.PostStopContainerResponse.SerializeToString,
+                ),
+                "Deallocate": unary(
+                    self._guard(self.deallocate),
+                    request_deserializer=dp.DeallocateRequest.FromString,
+                    response_serializer=dp.DeallocateResponse.SerializeToString,
+                ),
+            },
+        )
+
+    def _guard(
+        self, method: Callable[[Req], Awaitable[Resp]]
+    ) -> Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
+        name = method.__name__
+
+        async def call(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
+            try:
+                return await method(request)
+            except RequestError as exc:
+                log.warning("[%s] %s refused: %s", self.lifecycle.resource_name, name, exc)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except HookTimeoutError as exc:
+                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, exc)
+                self.observer.note_hook_failure(exc)
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+            except DriverError as exc:
+                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, exc)
+                self.observer.note_hook_failure(exc)
+                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            except DevplugError as exc:
+                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, exc)
+                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            raise AssertionError("unreachable: context.abort raises")
+
+        call.__name__ = name
+        return call
+
+    # --- RPCs
+
+    async def get_options(self, request: dp.Empty) -> dp.DevicePluginOptions:
+        return self.options
+
+    async def list_and_watch(
+        self, request: dp.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        """The whole list at once, then again on every change, until the peer or the daemon ends it."""
+        self.observer.stream_opened()
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            version = self.table.version
+            yield self.table.encoded()
+            while True:
+                changed = asyncio.ensure_future(self.table.wait_changed(version))
+                await asyncio.wait((changed, closed), return_when=asyncio.FIRST_COMPLETED)
+                if closed.done() or self.observer.stopping:
+                    changed.cancel()
+                    return
+                version = changed.result()
+                yield self.table.encoded()
+        finally:
+            closed.cancel()
+            by_peer = not (self._closed.is_set() or self.observer.stopping)
+            self.observer.stream_closed(by_peer)
+
+    async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        responses = []
+        for creq in request.container_requests:
+            chosen = await self.lifecycle.preferred(
+                list(creq.available_deviceIDs), list(creq.must_include_deviceIDs), int(creq.allocation_size)
+            )
+            responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return dp.PreferredAllocationResponse(container_responses=responses)
+
+    async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+        containers = [list(c.devices_ids) for c in request.container_requests]
+        if not containers:
+            raise RequestError(f"{self.lifecycle.resource_name}: Allocate without container requests")
+        allocations = await self.lifecycle.allocate(containers)
+        return dp.AllocateResponse(container_responses=[allocation_to_pb(a) for a in allocations])
+
+    async def pre_start_container(self, request: dp.PreStartContainerRequest) -> dp.PreStartContainerResponse:
+        await self.lifecycle.pre_start(list(request.devices_ids))
+        return dp.PreStartContainerResponse()
+
+    async def post_stop_container(self, request: dp.PostStopContainerRequest) -> dp.PostStopContainerResponse:
+        await self.lifecycle.post_stop(list(request.devices_ids))
+        return dp.PostStopContainerResponse()
+
+    async def deallocate(self, request: dp.DeallocateRequest) -> dp.DeallocateResponse:
+        await self.lifecycle.deallocate(list(request.devices_ids))
+        return dp.DeallocateResponse()

@@ -1,0 +1,101 @@
+"""The daemon's status file, ``<state dir>/status.json``, read by ``devplug status``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from devplug.engine.resource import Resource
+from devplug.errors import StateError
+
+__all__ = ["STATUS_FILE", "build_status", "read_status"]
+
+STATUS_FILE = "status.json"
+
+
+def _resource_status(resource: Resource) -> dict[str, Any]:
+    held = resource.ledger.held_devices()
+    releasing = resource.ledger.releasing_devices()
+    devices = []
+    for dev in resource.table.devices():
+        reported = resource.table.reported(dev.id)
+        devices.append(
+            {
+                "id": dev.id,
+                "health": dev.health.value,
+                "driver_health": reported.health.value if reported else None,
+                "numa_nodes": list(dev.topology.numa_nodes),
+                "allocated": dev.id in held,
+                "releasing": dev.id in releasing,
+            }
+        )
+    releases = []
+    if resource.lifecycle is not None:
+        releases = [
+            {
+                "devices": list(r.device_ids),
+                "reason": r.reason,
+                "pod": r.pod,
+                "finished_at": r.finished_at,
+                "duration_s": round(r.duration_s, 4),
+            }
+            for r in list(resource.lifecycle.recent_releases)[-10:]
+        ]
+    return {
+        "name": resource.name,
+        "driver": resource.config.driver,
+        "state": resource.state.value,
+        "socket": str(resource.socket_path),
+        "registrations": resource.registrations,
+        "registered_at": resource.registered_at,
+        "last_error": resource.last_error,
+        "degraded": resource.table.degraded,
+        "hooks": resource.hooks.implemented() if resource.hooks else [],
+        "counts": {
+            "devices": len(devices),
+            "healthy": sum(1 for d in devices if d["health"] == "Healthy"),
+            "unhealthy": sum(1 for d in devices if d["health"] != "Healthy"),
+            "allocated": len(held),
+            "releasing": len(releasing),
+        },
+        "devices": devices,
+        "recent_releases": releases,
+    }
+
+
+def build_status(resources: Iterable[Resource], started_at: float, config_path: str | None) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "started_at": started_at,
+        "written_at": time.time(),
+        "config": config_path,
+        "resources": [_resource_status(r) for r in resources],
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_status(state_dir: Path) -> dict[str, Any]:
+    """The running daemon's status; :class:`StateError` when no daemon is running for ``state_dir``."""
+    path = state_dir / STATUS_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise StateError(f"no devplug daemon status at {path}: is the daemon running with this state dir?") from None
+    except (OSError, ValueError) as exc:
+        raise StateError(f"{path}: unreadable status file: {exc}") from exc
+    pid = data.get("pid")
+    data["running"] = isinstance(pid, int) and _alive(pid) and not data.get("stopped")
+    return data

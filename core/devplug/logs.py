@@ -1,0 +1,53 @@
+"""Log output for the daemon: readable lines by default, one JSON object a line for machines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Literal
+
+__all__ = ["JsonFormatter", "setup_logging"]
+
+LogFormat = Literal["text", "json"]
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"time", "level", "logger", "message", ...extra}``; ``resource`` and ``device`` come as their own keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, object] = {
+            "time": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                data[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+class _TextFormatter(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        return f"{stamp}.{int(record.msecs):03d}"
+
+
+def setup_logging(level: str = "info", fmt: LogFormat = "text") -> None:
+    """Send devplug's logs to stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("grpc").setLevel(logging.WARNING)
+    logging.getLogger("asyncio").setLevel(logging.WARNING)

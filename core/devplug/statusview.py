@@ -1,0 +1,65 @@
+"""``devplug status`` as a readable table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["format_status"]
+
+
+def _ago(stamp: float | None) -> str:
+    if not stamp:
+        return "-"
+    seconds = max(0.0, time.time() - stamp)
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def format_status(data: dict[str, Any]) -> str:
+    """The status file's content as lines for a terminal."""
+    state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
+    lines = [f"devplug daemon pid {data.get('pid')}: {state}, config {data.get('config') or '-'}"]
+    release = data.get("release") or {}
+    if release:
+        err = release.get("last_error")
+        lines.append(
+            f"release detection: every {release.get('interval')}s, grace {release.get('grace_period')}s, "
+            f"PodResources {'ERROR ' + err if err else 'ok'} (last read {_ago(release.get('last_success'))})"
+        )
+    for res in data.get("resources", []):
+        counts = res.get("counts", {})
+        lines.append("")
+        lines.append(
+            f"{res['name']}  driver={res['driver']}  state={res['state']}  registrations={res.get('registrations', 0)}"
+        )
+        if res.get("degraded"):
+            lines.append(f"  DEGRADED: {res['degraded']}")
+        if res.get("last_error"):
+            lines.append(f"  last error: {res['last_error']}")
+        lines.append(
+            "  devices: {devices} ({healthy} healthy, {unhealthy} unhealthy), {allocated} allocated, "
+            "{releasing} releasing".format(
+                **{k: counts.get(k, 0) for k in ("devices", "healthy", "unhealthy", "allocated", "releasing")}
+            )
+        )
+        for dev in res.get("devices", []):
+            flags = []
+            if dev.get("allocated"):
+                flags.append("allocated")
+            if dev.get("releasing"):
+                flags.append("releasing")
+            numa = ",".join(str(n) for n in dev.get("numa_nodes", [])) or "-"
+            lines.append(f"    {dev['id']:<24} {dev['health']:<10} numa={numa:<4} {' '.join(flags)}")
+        releases = res.get("recent_releases", [])
+        if releases:
+            lines.append("  recent releases:")
+            for rel in releases:
+                lines.append(
+                    f"    {_ago(rel.get('finished_at')):>8}  {', '.join(rel['devices'])}  "
+                    f"({rel['reason']}; took {rel['duration_s'] * 1000:.0f} ms)"
+                )
+    return "\n".join(lines)
