@@ -57,8 +57,10 @@ def test_unhealthy_and_taken_devices_are_not_offered(plugin_dir: Path) -> None:
         async with running_kubelet(plugin_dir) as kubelet:
             plugin = await plugin_on(kubelet, [Dev("a"), Dev("b", "Unhealthy"), Dev("c"), Dev("d")])
             await kubelet.admit_pod(pod("first", app("main", 1)))
+            assert (gpu(kubelet).allocatable, gpu(kubelet).free) == (3, 2)  # allocatable counts held devices
             second = await kubelet.admit_pod(pod("second", app("main", 2)))
             assert second.containers[0].devices[GPU] == ("c", "d")
+            assert (gpu(kubelet).allocatable, gpu(kubelet).free) == (3, 0)
             with pytest.raises(KubeletError) as info:
                 await kubelet.admit_pod(pod("third", app("main", 1)))
             assert "requested number of devices unavailable for example.com/gpu. Requested: 1, Available: 0" in str(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 from pathlib import Path
 
 import grpc.aio
@@ -156,6 +157,12 @@ def test_threaded_wrapper(plugin_dir: Path) -> None:
 async def _serve_plugin(plugin_dir: Path, kubelet: DevKubeletThread) -> FakePlugin:
     plugin = FakePlugin(plugin_dir, GPU, devs("a", "b"))
     return await plugin.serve_and_register(kubelet.kubelet_socket)
+
+
+def test_threaded_wrapper_ends_its_thread_when_the_kubelet_cannot_be_built(plugin_dir: Path) -> None:
+    with pytest.raises(TypeError):
+        DevKubeletThread(plugin_dir, no_such_option=True)
+    assert not [t for t in threading.enumerate() if t.name == "devkubelet-loop"]
 
 
 def test_run_foreground_serves_and_logs_every_event(plugin_dir: Path) -> None:

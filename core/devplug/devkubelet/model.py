@@ -174,7 +174,8 @@ class DeviceInfo:
 class ResourceView:
     """A snapshot of one extended resource as the dev kubelet sees it.
 
-    ``capacity`` counts every device, ``allocatable`` the healthy ones.
+    ``capacity`` counts every device, ``allocatable`` the healthy ones (held by
+    a pod or not, as in the node's status), ``free`` the healthy ones no pod holds.
     ``registered`` is False after a restart until the plugin registers again
     (then every device shows as unhealthy); ``endpoint`` is the socket file
     name of the latest registration. ``in_use`` holds the device IDs assigned
@@ -199,6 +200,15 @@ class ResourceView:
     def allocatable(self) -> int:
         """How many devices are healthy (free or in use)."""
         return sum(1 for d in self.devices if d.healthy)
+
+    @property
+    def free(self) -> int:
+        """How many healthy devices no admitted pod holds (what the next pod can get).
+
+        Note that ``allocatable`` is the kubelet's figure: it counts healthy
+        devices whether or not a pod holds them.
+        """
+        return sum(1 for d in self.devices if d.healthy and d.id not in self.in_use)
 
     @property
     def healthy_ids(self) -> tuple[str, ...]:

@@ -37,7 +37,11 @@ class DevKubeletThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="devkubelet-loop", daemon=True)
         self._thread.start()
-        self._kubelet: DevKubelet = self._run(self._make(Path(device_plugin_dir), kwargs))
+        try:
+            self._kubelet: DevKubelet = self._run(self._make(Path(device_plugin_dir), kwargs))
+        except BaseException:
+            self._end_loop()
+            raise
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -91,10 +95,13 @@ class DevKubeletThread:
         try:
             self._run(self._kubelet.stop())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=_MARGIN)
-            if not self._thread.is_alive():
-                self._loop.close()
+            self._end_loop()
+
+    def _end_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=_MARGIN)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> DevKubeletThread:
         self.start()
