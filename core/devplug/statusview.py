@@ -49,7 +49,7 @@ def format_status(data: dict[str, Any]) -> str:
         for dev in res.get("devices", []):
             flags = []
             if dev.get("allocated"):
-                flags.append("allocated")
+                flags.append(f"allocated to {dev['pod']}" if dev.get("pod") else "allocated")
             if dev.get("releasing"):
                 flags.append("releasing")
             numa = ",".join(str(n) for n in dev.get("numa_nodes", [])) or "-"

@@ -20,6 +20,7 @@ STATUS_FILE = "status.json"
 def _resource_status(resource: Resource) -> dict[str, Any]:
     held = resource.ledger.held_devices()
     releasing = resource.ledger.releasing_devices()
+    pods = {d: r.pod for r in resource.ledger for d in r.all_devices()}
     devices = []
     for dev in resource.table.devices():
         reported = resource.table.reported(dev.id)
@@ -30,6 +31,7 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
                 "driver_health": reported.health.value if reported else None,
                 "numa_nodes": list(dev.topology.numa_nodes),
                 "allocated": dev.id in held,
+                "pod": pods.get(dev.id),
                 "releasing": dev.id in releasing,
             }
         )

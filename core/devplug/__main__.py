@@ -1,0 +1,5 @@
+"""``python -m devplug``: the same as the ``devplug`` command."""
+
+from devplug.cli import main
+
+main()
