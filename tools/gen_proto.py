@@ -52,9 +52,7 @@ def generate(out_dir: Path) -> list[Path]:
             rel = src.relative_to(raw)
             dst = out_dir / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            text = re.sub(
-                r"^from (deviceplugin|podresources)\.", rf"from {PACKAGE}.\1.", src.read_text(), flags=re.M
-            )
+            text = re.sub(r"^from (deviceplugin|podresources)\.", rf"from {PACKAGE}.\1.", src.read_text(), flags=re.M)
             dst.write_text(HEADER + text)
             written.append(dst)
         for pkg in [out_dir, *sorted({p.parent for p in written})]:

@@ -169,9 +169,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     )
     state_t = _table(data, "state", source)
     _check_keys(state_t, _STATE, source, "state")
-    state = StateConfig(
-        dir=_path(state_t.get("dir", str(StateConfig().dir)), base, _where(source, "state", "dir"))
-    )
+    state = StateConfig(dir=_path(state_t.get("dir", str(StateConfig().dir)), base, _where(source, "state", "dir")))
     release_t = _table(data, "release", source)
     _check_keys(release_t, _RELEASE, source, "release")
     rdef = ReleaseConfig()
@@ -188,12 +186,9 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     resources_t = _table(data, "resources", source)
     if not resources_t:
         raise ConfigError(
-            f"{source}: no resources configured; add a table like "
-            '[resources."example.com/mock"] with driver = "mock"'
+            f'{source}: no resources configured; add a table like [resources."example.com/mock"] with driver = "mock"'
         )
-    resources = tuple(
-        _parse_resource(name, table, source, base) for name, table in resources_t.items()
-    )
+    resources = tuple(_parse_resource(name, table, source, base) for name, table in resources_t.items())
     return Config(
         path=Path(source) if base is not None else None,
         kubelet=kubelet,

@@ -210,9 +210,7 @@ class DriverHooks:
 
     # --- allocation
 
-    def preferred_allocation(
-        self, available: Sequence[Device], must_include: Sequence[str], size: int
-    ) -> list[str]:
+    def preferred_allocation(self, available: Sequence[Device], must_include: Sequence[str], size: int) -> list[str]:
         result = self.pm.hook.preferred_allocation(available=available, must_include=must_include, size=size)
         if isinstance(result, str) or not isinstance(result, Sequence | set | frozenset):
             raise DriverError(
@@ -224,9 +222,7 @@ class DriverHooks:
         parts = [p for p in self.pm.hook.allocate(device_ids=tuple(device_ids)) if p is not None]
         for part in parts:
             if not isinstance(part, ContainerAllocation):
-                raise DriverError(
-                    f"{self.resource_name}: allocate must return a ContainerAllocation, got {part!r}"
-                )
+                raise DriverError(f"{self.resource_name}: allocate must return a ContainerAllocation, got {part!r}")
         if not parts:
             return ContainerAllocation()
         try:

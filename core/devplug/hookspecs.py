@@ -100,9 +100,7 @@ def check_health(devices: Sequence[Device]) -> Mapping[str, Health] | None:
 
 
 @_hookspec(firstresult=True)
-def preferred_allocation(
-    available: Sequence[Device], must_include: Sequence[str], size: int
-) -> Sequence[str] | None:
+def preferred_allocation(available: Sequence[Device], must_include: Sequence[str], size: int) -> Sequence[str] | None:
     """Choose ``size`` device IDs for one container from ``available``.
 
     Called before each allocation, when the driver implements it (the engine
