@@ -197,3 +197,24 @@ def test_plugin_exit_marks_devices_unhealthy_and_drop_after_drops_the_resource(p
 
 def _one(name: str, count: int) -> PodSpec:
     return PodSpec(name, [ContainerSpec("main", {"example.com/gpu": count})])
+
+
+def test_rolling_update_pitfall_old_stream_end_zeroes_the_new_registration(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir, rolling_update_pitfall=True) as kubelet:
+            old = await plugin_on(kubelet, devs("a", "b"), endpoint="old.sock")
+            new = await plugin_on(kubelet, devs("x", "y", "z"), endpoint="new.sock")
+            assert old.requests("ListAndWatch-ended") == []  # the old registration keeps streaming
+            old.update(devs("a"))  # and still feeds the resource, by name
+            await kubelet.wait_for(lambda k: gpu(k).capacity == 1)
+            old.end_streams()  # the old instance exits...
+            await kubelet.wait_for(lambda k: bool(k.events_of("stream-ended")))
+            view = gpu(kubelet)
+            assert (view.capacity, view.allocatable) == (1, 0)  # ...and the new one's resource drains
+            assert not view.registered
+            assert "current one was disconnected" in kubelet.events[-1].detail
+            await new.wait_calls("ListAndWatch-ended")
+            await old.stop()
+            await new.stop()
+
+    asyncio.run(body())

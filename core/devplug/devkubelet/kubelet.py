@@ -50,6 +50,7 @@ class _Resource:
     def __init__(self, name: str) -> None:
         self.name = name
         self.client: PluginClient | None = None
+        self.superseded: list[PluginClient] = []  # older registrations still streaming (rolling_update_pitfall)
         self.endpoint = ""
         self.options = PluginOptions()
         self.devices: tuple[DeviceInfo, ...] = ()
@@ -87,7 +88,12 @@ class DevKubelet:
     PodResources token bucket (calls per second, burst), None for no limit.
     ``drop_after`` drops a resource whose stream ended and that did not
     register again within that many seconds (the kubelet waits 5 minutes);
-    None (the default) never drops.
+    None (the default) never drops. ``rolling_update_pitfall`` reproduces the
+    kubelet's handling of a duplicate registration exactly: the old
+    registration is not closed, its stream keeps feeding the resource, and
+    when it ends the kubelet disconnects the resource's *current* registration
+    (the new plugin's devices go unhealthy). By default the old client is
+    closed at once and its end is ignored (newest wins cleanly).
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class DevKubelet:
         register_dial_timeout: float = 10.0,
         pod_resources_rate: tuple[float, int] | None = (100.0, 10),
         drop_after: float | None = None,
+        rolling_update_pitfall: bool = False,
     ) -> None:
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.pod_resources_socket = (
@@ -115,6 +122,7 @@ class DevKubelet:
         self._dial_timeout = register_dial_timeout
         self._pod_resources_rate = pod_resources_rate
         self._drop_after = drop_after
+        self._rolling_update_pitfall = rolling_update_pitfall
         self._resources: dict[str, _Resource] = {}
         self._listeners: list[Callable[[KubeletEvent], None]] = []
         self._waiters: set[asyncio.Future[None]] = set()
@@ -194,10 +202,12 @@ class DevKubelet:
         for server in servers:
             await server.stop(None)
         for resource in self._resources.values():
-            client, resource.client = resource.client, None
+            clients = [*resource.superseded, resource.client]
+            resource.client, resource.superseded = None, []
             resource.mark_unhealthy()
-            if client is not None:
-                await client.close()
+            for client in clients:
+                if client is not None:
+                    await client.close()
         for path in (self.kubelet_socket, self.pod_resources_socket):
             if _is_socket(path):
                 path.unlink(missing_ok=True)
@@ -425,7 +435,10 @@ class DevKubelet:
             detail += f", replaces endpoint {old.endpoint}"
         self._record("register", name, detail)
         if old is not None:
-            await old.close()
+            if self._rolling_update_pitfall:
+                res.superseded.append(old)
+            else:
+                await old.close()
         client.watch(
             on_opened=lambda: self._stream_opened(res, client),
             on_list=lambda devices: self._stream_list(res, client, devices),
@@ -438,7 +451,7 @@ class DevKubelet:
             self._changed()
 
     def _stream_list(self, res: _Resource, client: PluginClient, devices: tuple[DeviceInfo, ...]) -> None:
-        if res.client is not client:
+        if res.client is not client and client not in res.superseded:
             return
         res.devices = devices
         healthy = sum(1 for d in devices if d.healthy)
@@ -449,7 +462,16 @@ class DevKubelet:
         self._record("list-and-watch", res.name, detail, unhealthy)
 
     def _stream_ended(self, res: _Resource, client: PluginClient, reason: str) -> None:
-        if res.client is not client:
+        if client in res.superseded:
+            # the kubelet looks its client up by resource name: an old stream's end disconnects the new one
+            res.superseded.remove(client)
+            self._spawn(client.close())
+            current = res.client
+            if current is None:
+                return
+            reason = f"an older registration's stream ended ({reason}), so the current one was disconnected"
+            client = current
+        elif res.client is not client:
             return
         res.client = None
         res.mark_unhealthy()
