@@ -1,0 +1,461 @@
+"""A model of the Linux kernel's PCI sysfs, for testing drivers that bind and unbind devices.
+
+:class:`PciSysfsModel` lays out a tree of real files and symlinks in a
+folder, shaped like the kernel's (``bus/pci/devices/<addr>`` links to
+``devices/pci0000:00/<addr>``, which holds ``vendor``, ``device``, ``class``,
+``numa_node``, ``driver_override`` and the ``iommu_group`` and ``driver``
+links; ``bus/pci/drivers/<name>/{bind,unbind,new_id,remove_id}``;
+``bus/pci/drivers_probe``; ``kernel/iommu_groups/<n>/devices``; and a dev
+root with ``vfio/vfio`` and ``vfio/<group>``). It implements
+:class:`devplug.sysfs.SysfsAccess`: reads see the files, and every write is
+applied synchronously with the effect the kernel documents, after which the
+tree is redrawn. A driver under test gets the model where it would get a
+:class:`devplug.sysfs.HostSysfs`.
+
+What it models, and where the kernel says so (``sysfs-bus-pci`` is
+``Documentation/ABI/testing/sysfs-bus-pci``):
+
+* ``driver_override`` (sysfs-bus-pci, "driver_override"): when set, only the
+  driver of that name may bind the device; an empty write (or a lone newline)
+  clears it; it reads ``(null)`` when unset. Writing it never unbinds nor
+  probes by itself.
+* ``drivers/<name>/unbind`` (sysfs-bus-pci, ".../unbind"): writing a device's
+  address detaches it from that driver: its ``driver`` link and the driver's
+  link to it disappear. ``ENODEV`` when the device is not bound to that driver.
+* ``drivers/<name>/bind`` (sysfs-bus-pci, ".../bind"): the driver attempts to
+  bind the address. It must match the device (its ``driver_override``, or its
+  static or dynamic ID table): ``ENODEV`` otherwise; ``EBUSY`` when the device
+  already has a driver; a failing probe returns the probe's error.
+* ``drivers_probe`` (``drivers/base/bus.c``, ``drivers_probe_store``): writing
+  an address makes the driver core look for a driver for it, if it has none.
+  ``ENODEV`` for an unknown address. A probe that fails is *not* reported: the
+  write succeeds and no ``driver`` link appears, which is how a bind to
+  vfio-pci without an IOMMU looks on a real kernel.
+* ``drivers/<name>/new_id`` (sysfs-bus-pci, ".../new_id"): adds a dynamic
+  ``VVVV DDDD`` ID and probes unbound matching devices (modelled so tests can
+  see a driver that uses it; drivers should prefer ``driver_override``).
+* ``remove`` (sysfs-bus-pci, ".../remove") and :meth:`PciSysfsModel.remove_device`:
+  hot-removal; the device, its links and its group membership disappear.
+* ``numa_node`` (sysfs-bus-pci, ".../numa_node"): the node, ``-1`` when unknown.
+* IOMMU groups (``Documentation/ABI/testing/sysfs-kernel-iommu_groups``):
+  ``kernel/iommu_groups/<n>/devices`` links the group's devices, and each
+  device has an ``iommu_group`` link. Without an IOMMU the folder is empty and
+  the links are absent.
+* vfio-pci (``Documentation/driver-api/vfio.rst``; ``drivers/vfio/pci/vfio_pci.c``):
+  its ID table is empty, so it binds only through ``driver_override`` or
+  ``new_id``; its probe fails with ``EINVAL`` for a device without an IOMMU
+  group or that is not a normal (type 0 header) function, such as a bridge.
+  ``/dev/vfio/<group>`` exists while at least one device of the group is bound
+  to vfio-pci (the vfio group is created by the first device registered in
+  it; the group is only *usable* once every member is bound to vfio-pci or
+  left without a driver). ``/dev/vfio/vfio`` exists while vfio is loaded.
+* Busy devices: a real unbind of a device that user space holds open blocks
+  until it is released (vfio-pci asks the user to release it). A test cannot
+  wait forever, so :meth:`PciSysfsModel.set_busy` makes ``unbind`` fail with
+  ``EBUSY`` instead: a fault injection standing for that wait.
+
+SR-IOV (``sriov_numvfs``, ``virtfn<N>``, ``physfn``) is not modelled yet; a
+virtual function would be one more :class:`ModelDevice` with a ``physfn``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devplug.sysfs import HostSysfs
+
+__all__ = ["VFIO_PCI", "ModelDevice", "ModelDriver", "PciSysfsModel"]
+
+VFIO_PCI = "vfio-pci"
+_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_BRIDGE_CLASSES = (0x0604, 0x0609)  # PCI-to-PCI and semi-transparent bridges: type 1 headers
+_ROOT_BUS = "pci0000:00"
+
+
+@dataclass
+class ModelDriver:
+    """A kernel driver of the model: its name and the IDs it matches."""
+
+    name: str
+    ids: set[tuple[int, int]] = field(default_factory=set)
+    dynamic_ids: set[tuple[int, int]] = field(default_factory=set)
+
+    def matches_ids(self, dev: ModelDevice) -> bool:
+        """True when the device's vendor/device pair is in the static or dynamic ID table."""
+        pair = (dev.vendor, dev.device)
+        return pair in self.ids or pair in self.dynamic_ids
+
+
+@dataclass
+class ModelDevice:
+    """A PCI function of the model."""
+
+    address: str
+    vendor: int
+    device: int
+    class_: int
+    numa_node: int = -1
+    iommu_group: int | None = None
+    driver: str | None = None
+    driver_override: str | None = None
+    busy: bool = False
+
+    @property
+    def is_bridge(self) -> bool:
+        """True for bridges, which have a type 1 header and which vfio-pci refuses."""
+        return (self.class_ >> 8) in _BRIDGE_CLASSES
+
+
+class PciSysfsModel:
+    """The kernel's PCI sysfs, as files in a folder, changed by writes as the kernel would.
+
+    ``root`` gets ``sys/`` and ``dev/``; without one a temporary folder is
+    made (removed by :meth:`close`). ``iommu`` says whether the machine has an
+    IOMMU (groups exist); ``vfio`` whether vfio and vfio-pci are loaded.
+    """
+
+    def __init__(self, root: Path | None = None, *, iommu: bool = True, vfio: bool = True) -> None:
+        self._own_root = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="pcisysfs-")) if root is None else Path(root)
+        self._sys = self.root / "sys"
+        self._dev = self.root / "dev"
+        self._reader = HostSysfs(self._sys, self._dev)
+        self._lock = threading.RLock()
+        self.iommu = iommu
+        self.vfio_loaded = vfio
+        self.devices: dict[str, ModelDevice] = {}
+        self.drivers: dict[str, ModelDriver] = {}
+        #: Every write made through the model, as (path relative to the sysfs root, data).
+        self.writes: list[tuple[str, str]] = []
+        if vfio:
+            self.drivers[VFIO_PCI] = ModelDriver(VFIO_PCI)
+        self._render()
+
+    # --- SysfsAccess -------------------------------------------------------------
+
+    @property
+    def sysfs_root(self) -> Path:
+        """The model's sysfs mount point."""
+        return self._sys
+
+    @property
+    def dev_root(self) -> Path:
+        """The model's /dev."""
+        return self._dev
+
+    def read_text(self, path: Path) -> str:
+        """The attribute's content, stripped."""
+        with self._lock:
+            return self._reader.read_text(path)
+
+    def exists(self, path: Path) -> bool:
+        """True when the path exists."""
+        with self._lock:
+            return self._reader.exists(path)
+
+    def is_dir(self, path: Path) -> bool:
+        """True when the path is a folder."""
+        with self._lock:
+            return self._reader.is_dir(path)
+
+    def listdir(self, path: Path) -> list[str]:
+        """Sorted entry names."""
+        with self._lock:
+            return self._reader.listdir(path)
+
+    def link_name(self, path: Path) -> str | None:
+        """The symlink target's last component, or ``None``."""
+        with self._lock:
+            return self._reader.link_name(path)
+
+    def writable(self, path: Path) -> bool:
+        """True for the attributes the model accepts writes to (mode 0644, as sysfs shows them)."""
+        with self._lock:
+            try:
+                return bool(os.stat(path).st_mode & 0o222)
+            except OSError:
+                return False
+
+    def write_text(self, path: Path, data: str) -> None:
+        """Apply a write as the kernel would, then redraw the tree."""
+        with self._lock:
+            real = Path(os.path.realpath(path))
+            if not real.exists():
+                raise FileNotFoundError(errno.ENOENT, "open to write: No such file or directory", str(path))
+            try:
+                rel = real.relative_to(os.path.realpath(self._sys))
+            except ValueError:
+                raise PermissionError(errno.EACCES, "write outside the model's sysfs", str(path)) from None
+            self.writes.append((str(rel), data))
+            try:
+                self._apply(rel.parts, data, path)
+            finally:
+                self._render()
+
+    # --- building the machine ----------------------------------------------------
+
+    def add_device(
+        self,
+        address: str,
+        vendor: int,
+        device: int,
+        class_: int,
+        numa_node: int = -1,
+        iommu_group: int | None = None,
+        driver: str | None = None,
+    ) -> ModelDevice:
+        """Plug a device in (at set-up, or hot-plug later).
+
+        ``driver`` names the kernel driver whose ID table matches the device
+        (loaded if it is not yet); as in the kernel, a device added while a
+        matching driver is loaded is probed and bound at once.
+        """
+        if not _ADDRESS.match(address):
+            raise ValueError(f"{address!r} is not a PCI address like 0000:3b:00.0")
+        with self._lock:
+            if address in self.devices:
+                raise ValueError(f"device {address} already exists")
+            dev = ModelDevice(address, vendor, device, class_, numa_node, iommu_group)
+            self.devices[address] = dev
+            if driver is not None:
+                self.load_driver(driver, ids=[(vendor, device)])
+            self._attach(dev)
+            self._render()
+            return dev
+
+    def remove_device(self, address: str) -> None:
+        """Hot-unplug: the device and every link to it disappear (its driver is released first)."""
+        with self._lock:
+            self._device(address)
+            del self.devices[address]
+            self._render()
+
+    def load_driver(self, name: str, ids: Iterable[tuple[int, int]] = ()) -> ModelDriver:
+        """Load a driver (or add IDs to a loaded one); it then binds the unbound devices it matches."""
+        with self._lock:
+            drv = self.drivers.setdefault(name, ModelDriver(name))
+            drv.ids.update(ids)
+            for dev in self.devices.values():
+                if dev.driver is None and self._matches(drv, dev):
+                    self._probe(drv, dev)
+            self._render()
+            return drv
+
+    def unload_driver(self, name: str) -> None:
+        """Unload a driver (``rmmod``): its devices are unbound, its folder disappears."""
+        with self._lock:
+            if name not in self.drivers:
+                raise ValueError(f"driver {name} is not loaded")
+            for dev in self.devices.values():
+                if dev.driver == name:
+                    dev.driver = None
+            del self.drivers[name]
+            self._render()
+
+    def set_busy(self, address: str, busy: bool = True) -> None:
+        """Make ``unbind`` of the device fail with ``EBUSY`` (user space holds it)."""
+        with self._lock:
+            self._device(address).busy = busy
+
+    def set_iommu(self, enabled: bool) -> None:
+        """Switch the IOMMU on or off (as a reboot with or without ``intel_iommu=on`` would)."""
+        with self._lock:
+            self.iommu = enabled
+            self._render()
+
+    def grab(self, address: str, driver: str) -> None:
+        """Another agent binds ``driver`` to the device (by hand: unbind, bind), whatever the override."""
+        with self._lock:
+            dev = self._device(address)
+            self.drivers.setdefault(driver, ModelDriver(driver))
+            dev.driver = driver
+            self._render()
+
+    # --- what tests ask ----------------------------------------------------------
+
+    def driver_of(self, address: str) -> str | None:
+        """The device's current driver."""
+        with self._lock:
+            return self._device(address).driver
+
+    def override_of(self, address: str) -> str | None:
+        """The device's ``driver_override`` (``None`` when unset)."""
+        with self._lock:
+            return self._device(address).driver_override
+
+    def close(self) -> None:
+        """Remove the tree, if the model made its own folder."""
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- the kernel's side -------------------------------------------------------
+
+    def _device(self, address: str) -> ModelDevice:
+        try:
+            return self.devices[address]
+        except KeyError:
+            raise KeyError(f"no device {address} in the model") from None
+
+    def _group(self, dev: ModelDevice) -> int | None:
+        return dev.iommu_group if self.iommu else None
+
+    def _matches(self, drv: ModelDriver, dev: ModelDevice) -> bool:
+        """``pci_match_device``: the override alone decides when set; else the ID tables."""
+        if dev.driver_override is not None:
+            return dev.driver_override == drv.name
+        return drv.matches_ids(dev)
+
+    def _probe_error(self, drv: ModelDriver, dev: ModelDevice) -> int:
+        """0 when the driver's probe accepts the device, else the errno it fails with."""
+        if drv.name == VFIO_PCI and (self._group(dev) is None or dev.is_bridge):
+            return errno.EINVAL
+        return 0
+
+    def _probe(self, drv: ModelDriver, dev: ModelDevice) -> int:
+        err = self._probe_error(drv, dev)
+        if err == 0:
+            dev.driver = drv.name
+        return err
+
+    def _attach(self, dev: ModelDevice) -> None:
+        """``device_attach``: the first matching driver whose probe succeeds binds; failures are silent."""
+        if dev.driver is not None:
+            return
+        for drv in self.drivers.values():
+            if self._matches(drv, dev) and self._probe(drv, dev) == 0:
+                return
+
+    def _apply(self, parts: tuple[str, ...], data: str, path: Path) -> None:
+        value = data.strip()
+        if parts == ("bus", "pci", "drivers_probe"):
+            dev = self.devices.get(value)
+            if dev is None:
+                raise OSError(errno.ENODEV, f"write {value!r}: No such device", str(path))
+            self._attach(dev)
+            return
+        if len(parts) == 5 and parts[:3] == ("bus", "pci", "drivers"):
+            self._driver_file(self.drivers[parts[3]], parts[4], value, path)
+            return
+        if (
+            len(parts) == 4
+            and parts[:2] == ("devices", _ROOT_BUS)
+            and parts[3] in ("driver_override", "remove", "numa_node")
+        ):
+            self._device_file(self.devices[parts[2]], parts[3], data, path)
+            return
+        raise PermissionError(errno.EACCES, f"write {value!r}: Permission denied (read-only)", str(path))
+
+    def _driver_file(self, drv: ModelDriver, name: str, value: str, path: Path) -> None:
+        if name == "unbind":
+            dev = self.devices.get(value)
+            if dev is None or dev.driver != drv.name:
+                raise OSError(errno.ENODEV, f"write {value!r}: No such device", str(path))
+            if dev.busy:
+                raise OSError(errno.EBUSY, f"write {value!r}: Device or resource busy", str(path))
+            dev.driver = None
+        elif name == "bind":
+            dev = self.devices.get(value)
+            if dev is None or not self._matches(drv, dev):
+                raise OSError(errno.ENODEV, f"write {value!r}: No such device", str(path))
+            if dev.driver is not None:
+                raise OSError(errno.EBUSY, f"write {value!r}: Device or resource busy", str(path))
+            err = self._probe(drv, dev)
+            if err:
+                raise OSError(err, f"write {value!r}: {os.strerror(err)}", str(path))
+        elif name in ("new_id", "remove_id"):
+            fields = value.split()
+            try:
+                pair = (int(fields[0], 16), int(fields[1], 16))
+            except (IndexError, ValueError):
+                raise OSError(errno.EINVAL, f"write {value!r}: Invalid argument", str(path)) from None
+            if name == "remove_id":
+                if pair not in drv.dynamic_ids:
+                    raise OSError(errno.ENODEV, f"write {value!r}: No such device", str(path))
+                drv.dynamic_ids.discard(pair)
+                return
+            if pair in drv.dynamic_ids:
+                raise OSError(errno.EEXIST, f"write {value!r}: File exists", str(path))
+            drv.dynamic_ids.add(pair)
+            for dev in self.devices.values():
+                if dev.driver is None and self._matches(drv, dev):
+                    self._probe(drv, dev)
+        else:
+            raise PermissionError(errno.EACCES, f"write {value!r}: Permission denied", str(path))
+
+    def _device_file(self, dev: ModelDevice, name: str, data: str, path: Path) -> None:
+        if name == "driver_override":
+            if len(data) >= 4096:
+                raise OSError(errno.E2BIG, "write: Argument list too long", str(path))
+            value = data[:-1] if data.endswith("\n") else data
+            dev.driver_override = value or None
+        elif name == "remove":
+            if data.strip() not in ("", "0"):
+                del self.devices[dev.address]
+        else:  # numa_node: root may override the firmware's value
+            try:
+                dev.numa_node = int(data.strip())
+            except ValueError:
+                raise OSError(errno.EINVAL, f"write {data.strip()!r}: Invalid argument", str(path)) from None
+
+    # --- drawing the tree --------------------------------------------------------
+
+    def _render(self) -> None:
+        """Redraw ``sys/`` and ``dev/vfio`` from the model's state."""
+        for top in (self._sys, self._dev):
+            if top.exists():
+                shutil.rmtree(top)
+        devices = self._sys / "devices" / _ROOT_BUS
+        bus = self._sys / "bus" / "pci"
+        groups = self._sys / "kernel" / "iommu_groups"
+        for folder in (devices, bus / "devices", bus / "drivers", groups, self._dev):
+            folder.mkdir(parents=True)
+        _attr(bus / "drivers_probe", "", writable=True)
+        _attr(bus / "drivers_autoprobe", "1", writable=True)
+        _attr(bus / "rescan", "", writable=True)
+        for drv in self.drivers.values():
+            folder = bus / "drivers" / drv.name
+            folder.mkdir()
+            for name in ("bind", "unbind", "new_id", "remove_id", "uevent"):
+                _attr(folder / name, "", writable=True)
+        vfio_groups: set[int] = set()
+        for dev in self.devices.values():
+            folder = devices / dev.address
+            folder.mkdir()
+            _attr(folder / "vendor", f"0x{dev.vendor:04x}")
+            _attr(folder / "device", f"0x{dev.device:04x}")
+            _attr(folder / "class", f"0x{dev.class_:06x}")
+            _attr(folder / "numa_node", str(dev.numa_node), writable=True)
+            _attr(folder / "driver_override", dev.driver_override or "(null)", writable=True)
+            _attr(folder / "remove", "", writable=True)
+            (bus / "devices" / dev.address).symlink_to(f"../../../devices/{_ROOT_BUS}/{dev.address}")
+            group = self._group(dev)
+            if group is not None:
+                members = groups / str(group) / "devices"
+                members.mkdir(parents=True, exist_ok=True)
+                (members / dev.address).symlink_to(f"../../../../devices/{_ROOT_BUS}/{dev.address}")
+                (folder / "iommu_group").symlink_to(f"../../../kernel/iommu_groups/{group}")
+            if dev.driver is not None:
+                (folder / "driver").symlink_to(f"../../../bus/pci/drivers/{dev.driver}")
+                link = bus / "drivers" / dev.driver / dev.address
+                link.symlink_to(f"../../../../devices/{_ROOT_BUS}/{dev.address}")
+                if dev.driver == VFIO_PCI and group is not None:
+                    vfio_groups.add(group)
+        if self.vfio_loaded:
+            (self._dev / "vfio").mkdir()
+            (self._dev / "vfio" / "vfio").touch()
+            for group in sorted(vfio_groups):
+                (self._dev / "vfio" / str(group)).touch()
+
+
+def _attr(path: Path, content: str, writable: bool = False) -> None:
+    """One sysfs attribute: its content and its mode (0644 or 0444)."""
+    path.write_text(content + "\n" if content else "")
+    path.chmod(0o644 if writable else 0o444)
