@@ -27,7 +27,7 @@ import grpc
 import grpc.aio
 
 from devplug.config import ReleaseConfig
-from devplug.engine.ledger import AllocationRecord
+from devplug.engine.ledger import AllocationRecord, new_record_id
 from devplug.engine.podresources import DeviceUse, PodResourcesClient
 from devplug.engine.resource import Resource
 from devplug.errors import DriverError
@@ -156,8 +156,32 @@ class Reconciler:
             else:
                 reason = f"no pod took them within the {self.grace:g} s grace period"
             self._start_release(resource, record, reason)
+        if self._adopt(resource, used, now):
+            changed = True
         if changed:
             self._spawn(resource.save_ledger())
+
+    def _adopt(self, resource: Resource, used: dict[str, set[str]], now: float) -> bool:
+        """Take into the ledger devices pods hold that it does not know (a lost or rebuilt ledger).
+
+        Without this, such devices would never be released through the driver.
+        """
+        held = resource.ledger.held_devices()
+        orphans: dict[str, list[str]] = {}
+        for dev_id, pods in used.items():
+            if dev_id not in held:
+                orphans.setdefault(sorted(pods)[0], []).append(dev_id)
+        for pod, devices in orphans.items():
+            record = AllocationRecord(id=new_record_id(), devices=sorted(devices), created=now, pod=pod, seen_at=now)
+            resource.ledger.records[record.id] = record
+            log.warning(
+                "[%s] adopted %s held by pod %s but missing from the ledger",
+                resource.name,
+                ", ".join(record.devices),
+                pod,
+                extra={"device": ", ".join(record.devices)},
+            )
+        return bool(orphans)
 
     def _start_release(self, resource: Resource, record: AllocationRecord, reason: str) -> None:
         self._releasing.add(record.id)
