@@ -36,6 +36,8 @@ What it models, and where the kernel says so (``sysfs-bus-pci`` is
   see a driver that uses it; drivers should prefer ``driver_override``).
 * ``remove`` (sysfs-bus-pci, ".../remove") and :meth:`PciSysfsModel.remove_device`:
   hot-removal; the device, its links and its group membership disappear.
+  ``bus/pci/rescan`` (sysfs-bus-pci, "/sys/bus/pci/rescan") re-discovers
+  removed devices: they come back fresh (no ``driver_override``) and are probed.
 * ``numa_node`` (sysfs-bus-pci, ".../numa_node"): the node, ``-1`` when unknown.
 * IOMMU groups (``Documentation/ABI/testing/sysfs-kernel-iommu_groups``):
   ``kernel/iommu_groups/<n>/devices`` links the group's devices, and each
@@ -132,6 +134,7 @@ class PciSysfsModel:
         self.iommu = iommu
         self.vfio_loaded = vfio
         self.devices: dict[str, ModelDevice] = {}
+        self._removed: dict[str, ModelDevice] = {}
         self.drivers: dict[str, ModelDriver] = {}
         #: Every write made through the model, as (path relative to the sysfs root, data).
         self.writes: list[tuple[str, str]] = []
@@ -234,8 +237,7 @@ class PciSysfsModel:
     def remove_device(self, address: str) -> None:
         """Hot-unplug: the device and every link to it disappear (its driver is released first)."""
         with self._lock:
-            self._device(address)
-            del self.devices[address]
+            self._remove(self._device(address))
             self._render()
 
     def load_driver(self, name: str, ids: Iterable[tuple[int, int]] = ()) -> ModelDriver:
@@ -333,8 +335,25 @@ class PciSysfsModel:
             if self._matches(drv, dev) and self._probe(drv, dev) == 0:
                 return
 
+    def _remove(self, dev: ModelDevice) -> None:
+        """Hot-removal; the device is kept aside, as the hardware is still in its slot for a rescan."""
+        del self.devices[dev.address]
+        self._removed[dev.address] = dev
+
+    def _rescan(self) -> None:
+        """``bus/pci/rescan``: removed devices come back as new ones (no override, no driver) and are probed."""
+        for address, old in sorted(self._removed.items()):
+            dev = ModelDevice(address, old.vendor, old.device, old.class_, old.numa_node, old.iommu_group)
+            self.devices[address] = dev
+            self._attach(dev)
+        self._removed.clear()
+
     def _apply(self, parts: tuple[str, ...], data: str, path: Path) -> None:
         value = data.strip()
+        if parts == ("bus", "pci", "rescan"):
+            if value not in ("", "0"):
+                self._rescan()
+            return
         if parts == ("bus", "pci", "drivers_probe"):
             dev = self.devices.get(value)
             if dev is None:
@@ -398,7 +417,7 @@ class PciSysfsModel:
             dev.driver_override = value or None
         elif name == "remove":
             if data.strip() not in ("", "0"):
-                del self.devices[dev.address]
+                self._remove(dev)
         else:  # numa_node: root may override the firmware's value
             try:
                 dev.numa_node = int(data.strip())

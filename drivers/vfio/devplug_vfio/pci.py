@@ -1,0 +1,194 @@
+"""PCI devices as sysfs shows them, and the two moves this driver makes: to vfio-pci and back.
+
+Everything goes through a :class:`devplug.sysfs.SysfsAccess`. The moves follow
+the kernel's ``driver_override`` mechanism (``Documentation/ABI/testing/sysfs-bus-pci``):
+
+* to vfio-pci: write ``vfio-pci`` to ``driver_override``, unbind the current
+  driver, write the address to ``bus/pci/drivers_probe``, then check the
+  ``driver`` link: a failed probe (no IOMMU, say) returns success from the
+  write and leaves no driver;
+* back: unbind vfio-pci, clear ``driver_override`` (write a newline: it then
+  reads ``(null)``), probe again and check that the original driver took it.
+
+``new_id`` is never used: it would make vfio-pci claim every device with that ID.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from devplug import DriverError
+from devplug.sysfs import SysfsAccess
+
+__all__ = ["VFIO_PCI", "PciBus", "PciDevice"]
+
+VFIO_PCI = "vfio-pci"
+_BRIDGE_CLASSES = (0x0604, 0x0609)
+
+log = logging.getLogger("devplug_vfio")
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function as read from sysfs."""
+
+    address: str
+    vendor: int
+    device: int
+    class_: int
+    numa_node: int
+    iommu_group: int | None
+    driver: str | None
+
+    @property
+    def is_bridge(self) -> bool:
+        """True for PCI-to-PCI bridges (type 1 header), which vfio-pci refuses."""
+        return (self.class_ >> 8) in _BRIDGE_CLASSES
+
+    def describe(self) -> str:
+        """``0000:00:05.1 (1234:11e8, class 00ff00, driver none)``, for messages."""
+        return (
+            f"{self.address} ({self.vendor:04x}:{self.device:04x}, class {self.class_:06x}, "
+            f"driver {self.driver or 'none'})"
+        )
+
+
+def _hex(text: str) -> int:
+    return int(text, 16)
+
+
+class PciBus:
+    """Reads PCI devices and moves them between drivers, through a :class:`SysfsAccess`."""
+
+    def __init__(self, access: SysfsAccess) -> None:
+        self.access = access
+        self.sys = access.sysfs_root
+        self.devices_dir = self.sys / "bus" / "pci" / "devices"
+        self.drivers_dir = self.sys / "bus" / "pci" / "drivers"
+        self.groups_dir = self.sys / "kernel" / "iommu_groups"
+        self.probe_file = self.sys / "bus" / "pci" / "drivers_probe"
+        self.vfio_dir = access.dev_root / "vfio"
+
+    # --- reading
+
+    def addresses(self) -> list[str]:
+        """Every PCI address present."""
+        if not self.access.is_dir(self.devices_dir):
+            return []
+        return self.access.listdir(self.devices_dir)
+
+    def read(self, address: str) -> PciDevice | None:
+        """The device at ``address``, or ``None`` when it is not (or no longer) there."""
+        folder = self.devices_dir / address
+        try:
+            numa = int(self.access.read_text(folder / "numa_node") or "-1")
+            group = self.access.link_name(folder / "iommu_group")
+            return PciDevice(
+                address=address,
+                vendor=_hex(self.access.read_text(folder / "vendor")),
+                device=_hex(self.access.read_text(folder / "device")),
+                class_=_hex(self.access.read_text(folder / "class")),
+                numa_node=numa,
+                iommu_group=int(group) if group is not None else None,
+                driver=self.access.link_name(folder / "driver"),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise DriverError(f"{address}: cannot read the device's sysfs attributes: {exc}") from exc
+
+    def scan(self) -> dict[str, PciDevice]:
+        """Every device present, by address."""
+        found = {}
+        for address in self.addresses():
+            dev = self.read(address)
+            if dev is not None:
+                found[address] = dev
+        return found
+
+    def exists(self, address: str) -> bool:
+        """True while the device is present."""
+        return self.access.exists(self.devices_dir / address)
+
+    def driver(self, address: str) -> str | None:
+        """The device's current driver (``None``: none, or the device is gone)."""
+        return self.access.link_name(self.devices_dir / address / "driver")
+
+    def override(self, address: str) -> str | None:
+        """The device's ``driver_override`` (``None`` when unset)."""
+        value = self.access.read_text(self.devices_dir / address / "driver_override")
+        return None if value in ("", "(null)") else value
+
+    def iommu_groups(self) -> list[str]:
+        """The IOMMU groups the kernel has (empty without an IOMMU)."""
+        if not self.access.is_dir(self.groups_dir):
+            return []
+        return self.access.listdir(self.groups_dir)
+
+    def group_members(self, group: int) -> list[str]:
+        """The addresses in an IOMMU group."""
+        folder = self.groups_dir / str(group) / "devices"
+        if not self.access.is_dir(folder):
+            return []
+        return self.access.listdir(folder)
+
+    def vfio_node(self, group: int) -> Path:
+        """``/dev/vfio/<group>`` under the dev root."""
+        return self.vfio_dir / str(group)
+
+    # --- moving
+
+    def _write(self, address: str, path: Path, data: str, action: str) -> None:
+        try:
+            self.access.write_text(path, data)
+        except OSError as exc:
+            raise DriverError(f"{address}: cannot {action}: {exc}") from exc
+
+    def _unbind(self, address: str, driver: str) -> None:
+        self._write(address, self.drivers_dir / driver / "unbind", address, f"unbind it from {driver}")
+
+    def bind_vfio(self, address: str) -> None:
+        """Move the device to vfio-pci; :class:`DriverError` when the kernel did not bind it."""
+        folder = self.devices_dir / address
+        if self.override(address) != VFIO_PCI:
+            self._write(address, folder / "driver_override", VFIO_PCI, "set driver_override to vfio-pci")
+        current = self.driver(address)
+        if current == VFIO_PCI:
+            return
+        if current is not None:
+            self._unbind(address, current)
+        self._write(address, self.probe_file, address, "probe it (bus/pci/drivers_probe)")
+        now = self.driver(address)
+        if now != VFIO_PCI:
+            raise DriverError(
+                f"{address}: the kernel did not bind it to vfio-pci (driver now: {now or 'none'}); "
+                "vfio-pci's probe fails without an IOMMU for the device, see the kernel log (dmesg)"
+            )
+
+    def restore(self, address: str, original: str | None) -> None:
+        """Give the device back to ``original`` (``None``: leave it without a driver).
+
+        Idempotent: safe to call again after a crash part-way. A device taken
+        meanwhile by a driver other than vfio-pci is left with it.
+        """
+        current = self.driver(address)
+        if current == VFIO_PCI and original != VFIO_PCI:
+            self._unbind(address, VFIO_PCI)
+            current = None
+        if self.override(address) is not None:
+            self._write(address, self.devices_dir / address / "driver_override", "\n", "clear driver_override")
+        if current is not None:
+            if current != original:
+                log.warning("%s: now held by %s, not %s; leaving it there", address, current, original)
+            return
+        if original is None:
+            return
+        self._write(address, self.probe_file, address, "probe it (bus/pci/drivers_probe)")
+        now = self.driver(address)
+        if now != original:
+            raise DriverError(
+                f"{address}: {original} did not take the device back (driver now: {now or 'none'}); "
+                f"is the {original} module loaded? see the kernel log (dmesg)"
+            )
