@@ -30,7 +30,12 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
 fi
 
 # Resolve the kernel package through the meta-package, as the mirror has it today.
-pkg="$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+resolve() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+pkg="$(resolve)"
+if [ -z "$pkg" ]; then
+  apt-get update -qq
+  pkg="$(resolve)"
+fi
 if [ -z "$pkg" ]; then
   log "cannot resolve the kernel package from linux-image-amd64 (run apt-get update?)"
   exit 1
