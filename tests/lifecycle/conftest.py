@@ -70,7 +70,7 @@ class Lab:
     def __init__(self, root: Path, kubelet: DevKubeletThread, factory: Callable[..., RunningDaemon]) -> None:
         self.root = root
         self.kubelet = kubelet
-        self._factory = factory
+        self.factory = factory
         self.daemon: RunningDaemon | None = None
         self.dirs: dict[str, Path] = {RESOURCE: root / "mock", RESOURCE_B: root / "mock-b"}
 
@@ -102,7 +102,7 @@ class Lab:
         """Start ``devplug run`` (default: one mock resource of 4 devices) and wait for its registration."""
         if resources is None:
             resources = {RESOURCE: self.resource_table()}
-        daemon = self._factory(resources, release_interval=release_interval, grace_period=grace_period, **options)
+        daemon = self.factory(resources, release_interval=release_interval, grace_period=grace_period, **options)
         self.daemon = daemon
         for name in resources:
             self.wait_advertised(name)
@@ -140,11 +140,16 @@ class Lab:
         return view
 
     def wait_advertised(self, resource: str = RESOURCE) -> None:
-        """Wait until the current registration's ListAndWatch delivered a list."""
-        self.wait(
-            lambda: (v := self.kubelet.resource(resource)) is not None and v.registered and v.stream_open,
-            what=f"{resource}'s ListAndWatch stream to be open",
-        )
+        """Wait until the latest registration's ListAndWatch delivered its first device list."""
+
+        def listed() -> bool:
+            kinds = [e.kind for e in self.kubelet.events if e.resource == resource]
+            if "register" not in kinds:
+                return False
+            last = len(kinds) - 1 - kinds[::-1].index("register")
+            return "list-and-watch" in kinds[last:]
+
+        self.wait(listed, what=f"{resource}'s first device list after its registration")
 
     def health(self, device: str, resource: str = RESOURCE) -> str | None:
         dev = self.view(resource).device(device)
@@ -219,9 +224,23 @@ class Lab:
         return None
 
     def status(self) -> dict[str, Any]:
-        """The daemon's status file (what ``devplug status`` reads)."""
-        data: dict[str, Any] = json.loads((self.state_dir() / "status.json").read_text())
-        return data
+        """The running daemon's status file (what ``devplug status`` reads), once this process wrote it.
+
+        The daemon writes it shortly after start and after changes (debounced), so
+        right after a restart the file may be missing or still the dead process's.
+        """
+        path = self.state_dir() / "status.json"
+        pid = self._current(None).process.pid
+
+        def read() -> dict[str, Any] | None:
+            try:
+                data: dict[str, Any] = json.loads(path.read_text())
+            except FileNotFoundError:
+                return None
+            return data if data.get("pid") == pid else None
+
+        found: dict[str, Any] = self.wait(read, what=f"{path} written by pid {pid}")
+        return found
 
     def resource_status(self, resource: str = RESOURCE) -> dict[str, Any]:
         for res in self.status()["resources"]:
