@@ -1,0 +1,164 @@
+"""The results table (each goal beside its figure; goals are shown, never asserted) and results.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CONTEXT_KEYS", "GOAL_KEYS", "format_markdown", "format_table", "verdicts", "write_results"]
+
+Results = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    what: str
+    goal: str = ""
+    check: Callable[[Results], bool] | None = None
+
+
+def _at_most(key: str, bound: float) -> Callable[[Results], bool]:
+    return lambda r: float(r[key]) <= bound
+
+
+#: The issue's keys, in its order; every one must be in results.json and positive.
+GOAL_KEYS: tuple[Key, ...] = (
+    Key("allocate_p50_ms", "Allocate, 1k devices, p50 (ms)", "floor ~0.27"),
+    Key("allocate_p99_ms", "Allocate, 1k devices, p99 (ms)", "<= 1", _at_most("allocate_p99_ms", 1.0)),
+    Key("allocate_floor_p99_ms", "bare grpcio floor, p99 (ms)", "~0.45-0.6"),
+    Key("allocate_ratio_p99", "devplug / floor, p99", "<= 1.3", _at_most("allocate_ratio_p99", 1.3)),
+    Key(
+        "allocate_p99_ms_10k",
+        "Allocate, 10k devices, p99 (ms)",
+        "<= 1.1 x 1k p99",
+        lambda r: float(r["allocate_p99_ms_10k"]) <= 1.1 * float(r["allocate_p99_ms"]),
+    ),
+    Key(
+        "allocate_p99_ms_churn", "Allocate, 10k, churn 20 ms, p99 (ms)", "<= 2", _at_most("allocate_p99_ms_churn", 2.0)
+    ),
+    Key("preferred_p99_ms", "GetPreferredAllocation 1k/4 NUMA/8, p99 (ms)"),
+    Key("law_push_ms_10", "ListAndWatch push, 10 devices (ms)"),
+    Key("law_push_ms_1k", "ListAndWatch push, 1k devices (ms)"),
+    Key("law_push_ms_10k", "ListAndWatch push, 10k devices (ms)", "<= 3", _at_most("law_push_ms_10k", 3.0)),
+    Key("law_push_floor_ms_10k", "bare grpcio push, 10k devices (ms)"),
+    Key("law_push_ratio_10k", "devplug / floor, 10k push", "<= 1.5", _at_most("law_push_ratio_10k", 1.5)),
+    Key("reregister_p50_ms", "kubelet restart to re-registered, p50 (ms)"),
+    Key(
+        "reregister_p99_ms",
+        "kubelet restart to re-registered, p99 (ms)",
+        "<= 1000",
+        _at_most("reregister_p99_ms", 1000),
+    ),
+    Key("release_p50_ms", "pod gone to deallocate done, p50 (ms)"),
+    Key("release_p99_ms", "pod gone to deallocate done, p99 (ms)", "<= 3000", _at_most("release_p99_ms", 3000)),
+    Key(
+        "startup_to_registered_ms",
+        "process start to all registered (ms)",
+        "<= 250",
+        _at_most("startup_to_registered_ms", 250),
+    ),
+    Key("idle_rss_mb", "idle RSS, 3 x 100 devices (MiB)", "<= 40", _at_most("idle_rss_mb", 40)),
+    Key("idle_cpu_percent", "idle CPU (% of a core)", "<= 0.1", _at_most("idle_cpu_percent", 0.1)),
+)
+
+#: Floors and diagnostics measured in the same run, shown under the goals.
+CONTEXT_KEYS: tuple[Key, ...] = (
+    Key("allocate_floor_p50_ms", "bare grpcio floor, p50 (ms)"),
+    Key("allocate_floor_aio_p99_ms", "floor: grpc.aio server, p99 (ms)"),
+    Key("allocate_floor_sync_p99_ms", "floor: sync grpc server, p99 (ms)"),
+    Key("unix_rtt_p50_ms", "raw unix-socket round trip, p50 (ms)"),
+    Key("unix_rtt_p99_ms", "raw unix-socket round trip, p99 (ms)"),
+    Key("allocate_p50_ms_empty_ledger", "Allocate, ledger kept empty, p50 (ms)"),
+    Key("allocate_p99_ms_empty_ledger", "Allocate, ledger kept empty, p99 (ms)"),
+    Key("allocate_p50_ms_10k", "Allocate, 10k devices, p50 (ms)"),
+    Key("allocate_floor_p99_ms_10k", "floor during the 10k series, p99 (ms)"),
+    Key("allocate_p50_ms_churn", "Allocate, churn, p50 (ms)"),
+    Key("allocate_floor_p99_ms_churn", "floor during the churn series, p99 (ms)"),
+    Key("churn_flips_per_s", "churn: device flips per second"),
+    Key("churn_lists_per_s", "churn: 10k lists received per second"),
+    Key("preferred_p50_ms", "GetPreferredAllocation, p50 (ms)"),
+    Key("preferred_floor_p99_ms", "floor answering GetPreferredAllocation, p99 (ms)"),
+    Key("startup_to_registered_min_ms", "start to registered, best run (ms)"),
+    Key("startup_floor_ms", "bare grpcio process start to first answer (ms)"),
+    Key("idle_cpu_percent_ticks", "idle CPU from /proc/pid/stat ticks (%)"),
+    Key("idle_wakeups_per_s", "idle context switches per second, daemon"),
+    Key("idle_floor_rss_mb", "idle RSS, bare grpc.aio server (MiB)"),
+    Key("idle_floor_cpu_percent", "idle CPU, bare grpc.aio server (%)"),
+    Key("idle_floor_wakeups_per_s", "idle context switches per second, floor"),
+)
+
+
+def verdicts(results: Results) -> dict[str, bool]:
+    """Which goals the figures meet (for the table only)."""
+    return {k.name: k.check(results) for k in GOAL_KEYS if k.check is not None and k.name in results}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def _rows(results: Results) -> list[tuple[str, str, str, str, str]]:
+    met = verdicts(results)
+    rows = []
+    for key in GOAL_KEYS:
+        verdict = "" if key.name not in met else ("met" if met[key.name] else "MISSED")
+        rows.append((key.name, _fmt(results.get(key.name, "-")), key.goal, verdict, key.what))
+    return rows
+
+
+def _context_rows(results: Results) -> list[tuple[str, str, str]]:
+    return [(k.name, _fmt(results[k.name]), k.what) for k in CONTEXT_KEYS if k.name in results]
+
+
+def _machine_line(results: Results) -> str:
+    m = results.get("machine", {})
+    return (
+        f"{m.get('cpu_model')}, {m.get('cores')} cores, Python {m.get('python')}, grpcio {m.get('grpcio')}, "
+        f"protobuf {m.get('protobuf')}, Linux {m.get('kernel')}"
+    )
+
+
+def format_table(results: Results) -> str:
+    """The plain-text table printed at the end of a run."""
+    rows = [("key", "figure", "goal", "", "what"), *_rows(results)]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    context = _context_rows(results)
+    if context:
+        cw = [max(len(r[i]) for r in context) for i in range(3)]
+        lines += ["", "floors and diagnostics (same run):"]
+        lines += ["  ".join(cell.ljust(cw[i]) for i, cell in enumerate(row)).rstrip() for row in context]
+    lines += ["", f"machine: {_machine_line(results)}"]
+    if results.get("quick"):
+        lines.append("QUICK MODE: few iterations; figures are not meaningful.")
+    return "\n".join(lines)
+
+
+def format_markdown(results: Results) -> str:
+    """The tables as Markdown (for the README's Performance section)."""
+    out = ["| key | figure | goal | | what |", "| --- | ---: | --- | --- | --- |"]
+    out += [f"| `{k}` | {v} | {g} | {m} | {w} |" for k, v, g, m, w in _rows(results)]
+    out += ["", "| floor or diagnostic | figure | what |", "| --- | ---: | --- |"]
+    out += [f"| `{k}` | {v} | {w} |" for k, v, w in _context_rows(results)]
+    out += ["", f"Machine: {_machine_line(results)}."]
+    return "\n".join(out)
+
+
+def write_results(results: Results, path: Path) -> None:
+    data = dict(results)
+    data["goals"] = {k.name: k.goal for k in GOAL_KEYS if k.goal}
+    data["met"] = verdicts(results)
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+
+if __name__ == "__main__":  # python -m bench.report [results.json]: the Markdown tables
+    source = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("results.json")
+    print(format_markdown(json.loads(source.read_text())))

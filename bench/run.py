@@ -1,0 +1,177 @@
+"""The whole run: the speed nodes (benchmark kubelet), the lifecycle node and the release node (dev kubelet)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from devplug.devkubelet import DevKubeletThread
+
+from bench.floors import FloorProcess, grpc_floor, unix_floor
+from bench.kubelet import MiniKubelet
+from bench.machine import machine_info
+from bench.payloads import device_ids, mock_allocate_response
+from bench.scenarios import allocate, law, lifecycle, preferred, release
+from bench.settings import Settings
+from bench.workspace import Node, Workspace
+
+__all__ = ["run_all"]
+
+Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _phase(name: str, log: Log) -> Iterator[None]:
+    log(f"bench: {name} ...")
+    start = time.monotonic()
+    yield
+    log(f"bench: {name} done in {time.monotonic() - start:.1f} s")
+
+
+@contextmanager
+def _running(node: Node) -> Iterator[Node]:
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@contextmanager
+def _dev_kubelet(node: Node) -> Iterator[DevKubeletThread]:
+    kubelet = DevKubeletThread(
+        node.root / "device-plugins", pod_resources_socket=node.root / "pod-resources" / "kubelet.sock"
+    )
+    kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        kubelet.close()
+
+
+def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    a1k, a10, b10k = "bench.dev/a1k", "bench.dev/a10", "bench.dev/b10k"
+    floors = ws.path("f")
+    with ExitStack() as stack:
+        node_a = ws.node("a", {a1k: (s.devices_1k, s.numa_nodes), a10: (s.devices_small, 0)}, grace_period=3600)
+        node_b = ws.node("b", {b10k: (s.devices_10k, 0)}, grace_period=3600)
+        kube_a = stack.enter_context(MiniKubelet(node_a.root))
+        kube_b = stack.enter_context(MiniKubelet(node_b.root))
+        for node in (node_a, node_b):
+            stack.enter_context(_running(node))
+            node.start()
+        host_dir = str(node_a.mock_folder(a1k))
+        reply = len(mock_allocate_response(device_ids(s.per_call), host_dir).SerializeToString())
+        aio = stack.enter_context(
+            grpc_floor(floors / "aio.sock", floors / "aio.log", mode="aio", devices=s.devices_10k, host_dir=host_dir)
+        )
+        sync = stack.enter_context(
+            grpc_floor(floors / "sync.sock", floors / "sync.log", mode="sync", devices=10, host_dir=host_dir)
+        )
+        unix = stack.enter_context(unix_floor(floors / "unix.sock", floors / "unix.log", reply_size=reply))
+        reg_1k, reg_10, reg_10k = (
+            kube_a.wait_registered(a1k),
+            kube_a.wait_registered(a10),
+            kube_b.wait_registered(b10k),
+        )
+        for reg in (reg_1k, reg_10, reg_10k):
+            reg.watcher.wait(0, timeout=60)
+        floor_aio, floor_sync = (stack.enter_context(_closing_client(f)) for f in (aio, sync))
+        floor_aio.options()
+        floor_sync.options()
+
+        with _phase("Allocate (1k, floors, empty ledger, 10k, churn)", log):
+            out.update(
+                allocate.measure(
+                    s,
+                    plugin_1k=(reg_1k.client, reg_1k.watcher),
+                    plugin_10k=(reg_10k.client, reg_10k.watcher, node_b.mock_folder(b10k)),
+                    floor_aio=floor_aio,
+                    floor_sync=floor_sync,
+                    unix_socket=unix.socket,
+                    host_dir=host_dir,
+                )
+            )
+        with _phase("GetPreferredAllocation", log):
+            out.update(preferred.measure(s, client=reg_1k.client, floor=floor_aio))
+        with _phase("ListAndWatch push", log):
+            last = s.devices_small - 1
+            out["law_push_ms_10"], _ = law.measure(s.law_samples, reg_10.watcher, node_a.mock_folder(a10), last)
+            last = s.devices_1k - 1
+            out["law_push_ms_1k"], _ = law.measure(
+                s.law_samples, reg_1k.watcher, node_a.mock_folder(a1k), last, s.numa_nodes
+            )
+            floor_watcher = floor_aio.watch()
+            try:
+                floor_watcher.wait(0, timeout=30)
+                last = s.devices_10k - 1
+                mine, floor = law.measure(
+                    s.law_samples, reg_10k.watcher, node_b.mock_folder(b10k), last, floor=(floor_watcher, aio)
+                )
+            finally:
+                floor_watcher.close()
+            assert floor is not None
+            out.update(law_push_ms_10k=mine, law_push_floor_ms_10k=floor, law_push_ratio_10k=mine / floor)
+
+
+@contextmanager
+def _closing_client(floor: FloorProcess) -> Iterator[Any]:
+    from bench.client import PluginClient
+
+    client = PluginClient(floor.socket)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _lifecycle(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    floors = ws.path("g")
+    resources = {f"bench.dev/c{i}": (s.idle_devices, 0) for i in range(s.idle_resources)}
+    node = ws.node("c", resources)
+    with _dev_kubelet(node) as kubelet, _running(node):
+        with _phase("start-up", log):
+            starts = [
+                grpc_floor(floors / f"s{i}.sock", floors / f"s{i}.log", mode="aio", devices=10, host_dir="/tmp")
+                for i in range(s.startup_runs)
+            ]
+            out["startup_floor_ms"] = lifecycle.measure_startup_floor(s, starts)
+            out.update(lifecycle.measure_startup(s, node, kubelet))
+        with _phase(f"idle ({s.idle_s:g} s)", log):
+            idle_floor = grpc_floor(
+                floors / "idle.sock", floors / "idle.log", mode="aio", devices=s.idle_devices, host_dir="/tmp"
+            )
+            with idle_floor:
+                out.update(lifecycle.measure_idle(s, node, idle_floor))
+        with _phase("kubelet restarts", log):
+            out.update(lifecycle.measure_reregister(s, node, kubelet))
+
+
+def _release(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    node = ws.node("d", {"bench.dev/rel": (max(40, 2 * s.release_pods), 0)})  # default interval and grace
+    with _dev_kubelet(node) as kubelet, _running(node):
+        node.start()
+        kubelet.wait_registered("bench.dev/rel", timeout=60)
+        lifecycle.wait_streams(kubelet, ["bench.dev/rel"])
+        with _phase("release (stock kubelet, 1 s interval)", log):
+            out.update(release.measure(s, node, kubelet))
+
+
+def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> dict[str, Any]:
+    """Run every scenario; the results.json content (without goals)."""
+    started = time.monotonic()
+    out: dict[str, Any] = {"machine": machine_info(), "quick": settings.quick}
+    with Workspace(keep=keep) as ws:
+        log(f"bench: working in {ws.root}")
+        _speed(ws, settings, out, log)
+        _lifecycle(ws, settings, out, log)
+        _release(ws, settings, out, log)
+    out["duration_s"] = round(time.monotonic() - started, 1)
+    out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return out

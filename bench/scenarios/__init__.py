@@ -1,0 +1,1 @@
+"""One module per group of measurements; each returns the results.json keys it measured."""

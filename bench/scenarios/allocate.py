@@ -1,0 +1,193 @@
+"""Allocate round trips: devplug with 1,000 and 10,000 devices advertised and under churn, and the floors.
+
+devplug's series cycles through a pool of 1,000 distinct devices, 4 per call,
+and lets the daemon hold them (as pods would): at most 250 allocations are
+held, then one KEP Deallocate frees the whole pool, untimed, and the series
+waits for the device lists it causes to go out before the next timed call.
+Every series (1k, 10k, churn) sees the same pattern of held allocations, so
+only the number of devices advertised (and the churn) differs between them.
+A diagnostic series frees each allocation right after it (ledger empty).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.client import ListWatcher, PluginClient
+from bench.floors import UnixPinger
+from bench.payloads import allocate_request, device_ids, mock_allocate_response
+from bench.scenarios.series import CallSeries, interleave
+from bench.settings import Settings
+from bench.stats import summary_ms
+from bench.workspace import flip_device
+
+__all__ = ["Churner", "devplug_series", "floor_series", "measure", "unix_series"]
+
+
+def devplug_series(
+    name: str, client: PluginClient, settings: Settings, settle: Callable[[], None], *, free_each: bool = False
+) -> CallSeries:
+    """Allocate 4 distinct devices per call from a 1,000-device pool; free the pool (untimed) when it runs out."""
+    per = settings.per_call
+    window = settings.devices_1k // per
+    groups = [device_ids(per, start=k * per) for k in range(window)]
+    requests = [allocate_request(g) for g in groups]
+
+    def between(i: int) -> None:
+        if free_each:
+            if i > 0:
+                client.deallocate(groups[(i - 1) % window])
+                settle()
+        elif i > 0 and i % window == 0:
+            client.deallocate(device_ids(settings.devices_1k))
+            settle()
+
+    def call(i: int) -> None:
+        client.allocate(requests[i % window])
+
+    return CallSeries(name, call, between)
+
+
+def floor_series(name: str, client: PluginClient, settings: Settings) -> CallSeries:
+    """The bare grpcio floor: the same request every time, a precomputed answer."""
+    request = allocate_request(device_ids(settings.per_call))
+    return CallSeries(name, lambda _: client.allocate(request))
+
+
+def unix_series(sock: Path, host_dir: str, settings: Settings) -> tuple[CallSeries, UnixPinger]:
+    """Raw round trips with an Allocate's request and answer sizes."""
+    ids = device_ids(settings.per_call)
+    pinger = UnixPinger(
+        sock,
+        len(allocate_request(ids).SerializeToString()),
+        len(mock_allocate_response(ids, host_dir).SerializeToString()),
+    )
+    return CallSeries("unix", pinger.round_trip), pinger
+
+
+class Churner(threading.Thread):
+    """Flips one device's health every ``period`` seconds (on an absolute schedule) by rewriting its file."""
+
+    def __init__(self, folder: Path, index: int, period: float) -> None:
+        super().__init__(name="churn", daemon=True)
+        self.folder = folder
+        self.index = index
+        self.period = period
+        self.flips = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        due = time.monotonic()
+        unhealthy = True
+        while not self._halt.is_set():
+            flip_device(self.folder, self.index, unhealthy)
+            self.flips += 1
+            unhealthy = not unhealthy
+            due += self.period
+            self._halt.wait(max(0.0, due - time.monotonic()))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+        flip_device(self.folder, self.index, False)
+
+
+def _settler(watcher: ListWatcher) -> Callable[[], None]:
+    def settle() -> None:
+        watcher.settle()
+
+    return settle
+
+
+def measure(
+    settings: Settings,
+    *,
+    plugin_1k: tuple[PluginClient, ListWatcher],
+    plugin_10k: tuple[PluginClient, ListWatcher, Path],
+    floor_aio: PluginClient,
+    floor_sync: PluginClient,
+    unix_socket: Path,
+    host_dir: str,
+) -> dict[str, float]:
+    """Every Allocate key: 1k with its floors, the empty-ledger diagnostic, 10k, churn."""
+    out: dict[str, float] = {}
+    client_1k, watcher_1k = plugin_1k
+    client_10k, watcher_10k, folder_10k = plugin_10k
+    n, block, warm = settings.allocate_calls, settings.block, settings.warmup
+
+    # 1,000 devices, with the bare grpcio floors (aio and sync) and the raw unix round trip interleaved
+    dev = devplug_series("devplug", client_1k, settings, _settler(watcher_1k))
+    aio = floor_series("floor-aio", floor_aio, settings)
+    sync = floor_series("floor-sync", floor_sync, settings)
+    unix, pinger = unix_series(unix_socket, host_dir, settings)
+    try:
+        for one in (dev, aio, sync, unix):
+            one.warm_up(warm)
+        interleave([dev, aio, sync, unix], n, block)
+    finally:
+        pinger.close()
+    d, fa, fs, u = (summary_ms(s.samples) for s in (dev, aio, sync, unix))
+    floor = fa if fa["p99"] <= fs["p99"] else fs
+    out.update(
+        allocate_p50_ms=d["p50"],
+        allocate_p99_ms=d["p99"],
+        allocate_floor_p50_ms=floor["p50"],
+        allocate_floor_p99_ms=floor["p99"],
+        allocate_floor_aio_p99_ms=fa["p99"],
+        allocate_floor_sync_p99_ms=fs["p99"],
+        allocate_ratio_p99=d["p99"] / floor["p99"],
+        unix_rtt_p50_ms=u["p50"],
+        unix_rtt_p99_ms=u["p99"],
+    )
+    _free(client_1k, settings, watcher_1k)
+
+    # diagnostic: the same calls with the ledger kept empty (KEP Deallocate after each, untimed)
+    empty = devplug_series("devplug-empty-ledger", client_1k, settings, _settler(watcher_1k), free_each=True)
+    empty.warm_up(warm)
+    interleave([empty], settings.empty_ledger_calls, block)
+    e = summary_ms(empty.samples)
+    out.update(allocate_p50_ms_empty_ledger=e["p50"], allocate_p99_ms_empty_ledger=e["p99"])
+    _free(client_1k, settings, watcher_1k)
+
+    # 10,000 devices advertised, same pool pattern, with the aio floor interleaved again
+    dev10 = devplug_series("devplug-10k", client_10k, settings, _settler(watcher_10k))
+    aio10 = floor_series("floor-aio-10k", floor_aio, settings)
+    for one in (dev10, aio10):
+        one.warm_up(warm)
+    interleave([dev10, aio10], n, block)
+    d10, f10 = summary_ms(dev10.samples), summary_ms(aio10.samples)
+    out.update(allocate_p50_ms_10k=d10["p50"], allocate_p99_ms_10k=d10["p99"], allocate_floor_p99_ms_10k=f10["p99"])
+    _free(client_10k, settings, watcher_10k)
+
+    # 10,000 devices while one device's health flips every 20 ms
+    churn = Churner(folder_10k, settings.devices_10k - 1, settings.churn_period_s)
+    lists_before = watcher_10k.count
+    devc = devplug_series("devplug-churn", client_10k, settings, lambda: time.sleep(0.05))
+    aioc = floor_series("floor-aio-churn", floor_aio, settings)
+    churn.start()
+    started = time.monotonic()
+    try:
+        for one in (devc, aioc):
+            one.warm_up(warm)
+        interleave([devc, aioc], n, block)
+    finally:
+        elapsed = time.monotonic() - started
+        churn.stop()
+    dc, fc = summary_ms(devc.samples), summary_ms(aioc.samples)
+    out.update(
+        allocate_p50_ms_churn=dc["p50"],
+        allocate_p99_ms_churn=dc["p99"],
+        allocate_floor_p99_ms_churn=fc["p99"],
+        churn_flips_per_s=churn.flips / elapsed,
+        churn_lists_per_s=(watcher_10k.count - lists_before) / elapsed,
+    )
+    _free(client_10k, settings, watcher_10k)
+    return out
+
+
+def _free(client: PluginClient, settings: Settings, watcher: ListWatcher) -> None:
+    client.deallocate(device_ids(settings.devices_1k))
+    watcher.settle()

@@ -1,0 +1,73 @@
+"""Release on a stock kubelet: a pod leaves PodResources until the driver's deallocate finished.
+
+The daemon runs with the default release interval (1.0 s). Pods of one
+container and one device each are admitted through the dev kubelet; once the
+daemon's ledger shows every allocation seen in PodResources, the pods are
+removed one by one, ``release_spacing_s`` apart (not a divisor of the
+interval, so removals land at every phase of the poll). Each removal's time
+is taken when remove_pod returned (the pod is gone from PodResources); the
+end is the time the mock driver logged its deallocate call (it logs after the
+hook's work, with time.time(); same clock, same machine).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug_mock import read_calls
+
+from bench.settings import Settings
+from bench.stats import percentile
+from bench.workspace import Node
+
+__all__ = ["measure"]
+
+
+def _ledger_path(node: Node, resource: str) -> Path:
+    state = Path(node.config["state"]["dir"])
+    return state / "resources" / node.socket(resource).name.removesuffix(".sock") / "ledger.json"
+
+
+def _all_seen(ledger: Path, count: int) -> bool:
+    try:
+        records = json.loads(ledger.read_bytes())["allocations"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return False
+    return len(records) == count and all(r.get("seen_at") is not None for r in records)
+
+
+def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[str, float]:
+    resource = next(iter(node.config["resources"]))
+    folder = node.mock_folder(resource)
+    pods: dict[str, str] = {}  # pod name -> its device
+    for i in range(settings.release_pods):
+        name = f"rel-{i}"
+        admitted = kubelet.admit_pod(PodSpec(name, [ContainerSpec("c", {resource: 1})]))
+        pods[name] = admitted.container("c").devices[resource][0]
+    ledger = _ledger_path(node, resource)
+    deadline = time.monotonic() + 30
+    while not _all_seen(ledger, len(pods)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the daemon did not see every pod in PodResources within 30 s ({ledger})")
+        time.sleep(0.05)
+    removed: dict[str, float] = {}  # device -> when its pod left PodResources
+    for name, device in pods.items():
+        kubelet.remove_pod(name)
+        removed[device] = time.time()
+        time.sleep(settings.release_spacing_s)
+    finished: dict[str, float] = {}
+    deadline = time.monotonic() + 30
+    while len(finished) < len(removed):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"deallocate never came for {sorted(set(removed) - set(finished))}")
+        for call in read_calls(folder):
+            if call["hook"] == "deallocate" and "error" not in call:
+                for device in call["device_ids"]:
+                    if device in removed and device not in finished and call["time"] >= removed[device]:
+                        finished[device] = call["time"]
+        time.sleep(0.05)
+    samples = [1000.0 * (finished[d] - removed[d]) for d in removed]
+    return {"release_p50_ms": percentile(samples, 50), "release_p99_ms": percentile(samples, 99)}

@@ -1,0 +1,71 @@
+"""How much of everything a run does: the full run (``make bench``) and the tiny ``--quick`` one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FULL", "QUICK", "Settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    allocate_calls: int  # measured Allocate calls per series
+    block: int  # calls per interleaved block (devplug, then each floor)
+    warmup: int  # unmeasured calls before each series
+    empty_ledger_calls: int  # Allocate with a KEP Deallocate after each call (diagnostic)
+    preferred_calls: int
+    unix_round_trips: int
+    law_samples: int  # pushes per device count (median)
+    churn_period_s: float  # one device's health flips this often during the churn series
+    reregister_restarts: int
+    release_pods: int
+    release_spacing_s: float  # pod removals are this far apart (not a divisor of the 1 s interval)
+    startup_runs: int
+    idle_settle_s: float
+    idle_s: float
+    devices_small: int = 10
+    devices_1k: int = 1_000
+    devices_10k: int = 10_000
+    numa_nodes: int = 4
+    per_call: int = 4  # devices per Allocate (one container)
+    preferred_size: int = 8
+    idle_resources: int = 3
+    idle_devices: int = 100
+
+
+FULL = Settings(
+    quick=False,
+    allocate_calls=2_000,
+    block=125,
+    warmup=50,
+    empty_ledger_calls=500,
+    preferred_calls=2_000,
+    unix_round_trips=2_000,
+    law_samples=20,
+    churn_period_s=0.02,
+    reregister_restarts=20,
+    release_pods=20,
+    release_spacing_s=0.37,
+    startup_runs=5,
+    idle_settle_s=3.0,
+    idle_s=30.0,
+)
+
+QUICK = Settings(
+    quick=True,
+    allocate_calls=40,
+    block=20,
+    warmup=5,
+    empty_ledger_calls=20,
+    preferred_calls=40,
+    unix_round_trips=100,
+    law_samples=3,
+    churn_period_s=0.02,
+    reregister_restarts=2,
+    release_pods=2,
+    release_spacing_s=0.37,
+    startup_runs=1,
+    idle_settle_s=0.5,
+    idle_s=2.0,
+)
