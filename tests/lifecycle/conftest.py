@@ -197,6 +197,17 @@ class Lab:
             what=f"{device} of {resource} to be deallocated {times} time(s)",
         )
 
+    def wait_seen(self, device: str, pod: str | None = None, resource: str = RESOURCE) -> None:
+        """Wait until the reconciler saw ``device`` in PodResources: its ledger record names the pod."""
+
+        def seen() -> bool:
+            record = self.ledger_record(device, resource)
+            if record is None or record["pod"] is None:
+                return False
+            return pod is None or record["pod"] == f"default/{pod}"
+
+        self.wait(seen, what=f"the ledger to record {device} of {resource} as held by {pod or 'a pod'}")
+
     # --- the daemon's files
 
     def state_dir(self, daemon: RunningDaemon | None = None) -> Path:

@@ -20,13 +20,6 @@ INTERVAL = 0.1
 DEVICES = ("mock0", "mock1", "mock2", "mock3")
 
 
-def _wait_seen(lab: Lab, device: str, pod: str) -> None:
-    lab.wait(
-        lambda: (r := lab.ledger_record(device)) is not None and r["pod"] == f"default/{pod}",
-        what=f"the ledger to record {device} as held by default/{pod}",
-    )
-
-
 def _settled(lab: Lab) -> bool:
     """The daemon's ledger holds exactly the devices pods use, and the driver holds no other."""
     view = lab.view()
@@ -96,7 +89,7 @@ def test_kill_mid_allocate_releases_the_unanswered_allocation(lab: Lab) -> None:
 def test_kill_mid_release_finishes_the_release_after_restart(lab: Lab, hook: str) -> None:
     lab.start()
     (dev,) = lab.admit("p", 1)
-    _wait_seen(lab, dev, "p")
+    lab.wait_seen(dev, "p")
     lab.write_device(dev, f"delay={hook}:5")
     lab.kubelet.remove_pod("p")
     if hook == "post_stop":
@@ -125,7 +118,7 @@ def test_kill_right_after_allocation_keeps_the_device_allocated(lab: Lab) -> Non
 
     lab.restart_process()
     for dev in devices:
-        _wait_seen(lab, dev, "p")  # the restarted daemon compared its ledger with PodResources
+        lab.wait_seen(dev, "p")  # the restarted daemon compared its ledger with PodResources
     lab.quiet(5 * INTERVAL)
     for dev in devices:
         assert lab.count("post_stop", dev) == 0
@@ -144,7 +137,7 @@ def test_pod_removed_while_daemon_is_dead_is_released_after_restart(lab: Lab) ->
     lab.start()
     devices = lab.admit("p", 2)
     for dev in devices:
-        _wait_seen(lab, dev, "p")
+        lab.wait_seen(dev, "p")
     lab.kill()
     lab.kubelet.remove_pod("p")
 
@@ -162,7 +155,7 @@ def test_corrupt_ledger_is_moved_aside_and_rebuilt_from_pod_resources(lab: Lab) 
     lab.start()
     devices = lab.admit("p", 2)
     for dev in devices:
-        _wait_seen(lab, dev, "p")
+        lab.wait_seen(dev, "p")
     daemon = lab.daemon
     assert daemon is not None
     assert daemon.process.stop() == 0
@@ -177,7 +170,7 @@ def test_corrupt_ledger_is_moved_aside_and_rebuilt_from_pod_resources(lab: Lab) 
     assert "is corrupt" in log
     assert str(aside[0]) in log
     for dev in devices:
-        _wait_seen(lab, dev, "p")  # adopted: back in the ledger, held by the pod
+        lab.wait_seen(dev, "p")  # adopted: back in the ledger, held by the pod
     assert "adopted" in lab.log()
     for dev in devices:
         assert lab.count("deallocate", dev) == 0

@@ -21,14 +21,6 @@ def _hooks_in_order(lab: Lab, device: str) -> list[str]:
     return [c["hook"] for c in lab.calls(device=device) if c["hook"] in ("allocate", "post_stop", "deallocate")]
 
 
-def _wait_seen(lab: Lab, device: str, pod: str, resource: str = RESOURCE) -> None:
-    """Wait until the reconciler has seen ``pod`` holding ``device`` (the ledger names the pod)."""
-    lab.wait(
-        lambda: (r := lab.ledger_record(device, resource)) is not None and r["pod"] == f"default/{pod}",
-        what=f"the ledger to record {device} as held by default/{pod}",
-    )
-
-
 def _canary_release(lab: Lab, resource: str = RESOURCE_B) -> None:
     """Admit and remove a pod on ``resource`` (stock mode) and wait for its release.
 
@@ -38,7 +30,7 @@ def _canary_release(lab: Lab, resource: str = RESOURCE_B) -> None:
     kep = lab.kubelet.kep_mode
     lab.kubelet.kep_mode = False
     (device,) = lab.admit("canary", 1, resource)
-    _wait_seen(lab, device, "canary", resource)
+    lab.wait_seen(device, "canary", resource)
     lab.kubelet.remove_pod("canary")
     lab.wait_released(device, resource=resource)
     lab.kubelet.kep_mode = kep
@@ -48,7 +40,7 @@ def test_stock_mode_pod_removal_runs_post_stop_then_deallocate_once(lab: Lab) ->
     lab.start()
     devices = lab.admit("p", 2)
     for dev in devices:
-        _wait_seen(lab, dev, "p")
+        lab.wait_seen(dev, "p")
 
     lab.kubelet.remove_pod("p")
     for dev in devices:
@@ -71,7 +63,7 @@ def test_kep_mode_pod_removal_releases_once_and_reconciler_does_not_release_agai
     lab.kubelet.kep_mode = True
     devices = lab.admit("p", 2)
     for dev in devices:
-        _wait_seen(lab, dev, "p")
+        lab.wait_seen(dev, "p")
 
     lab.kubelet.remove_pod("p")  # returns after the kubelet's PostStopContainer and Deallocate
     assert [e.kind for e in lab.events("post-stop")] == ["post-stop"]
@@ -94,7 +86,7 @@ def test_kep_mode_slow_post_stop_is_not_released_twice_by_the_reconciler(lab: La
     lab.kubelet.kep_mode = True
     devices = lab.admit("p", 1)
     (dev,) = devices
-    _wait_seen(lab, dev, "p")
+    lab.wait_seen(dev, "p")
     lab.write_device(dev, "delay=post_stop:0.6")
 
     lab.kubelet.remove_pod("p")
@@ -120,7 +112,7 @@ def test_init_container_device_reuse_is_one_allocation_released_once(lab: Lab) -
     assert len(records) == 1, f"one pod's reuse must be one allocation: {records}"
     assert sorted(records[0]["devices"]) == sorted(app_devs)
     for dev in app_devs:
-        _wait_seen(lab, dev, "p")
+        lab.wait_seen(dev, "p")
 
     lab.kubelet.remove_pod("p")
     for dev in app_devs:
@@ -162,7 +154,7 @@ def test_pod_resources_outage_releases_nothing_until_it_answers(lab: Lab) -> Non
     lab.start()
     devices = lab.admit("p", 2)
     for dev in devices:
-        _wait_seen(lab, dev, "p")
+        lab.wait_seen(dev, "p")
 
     lab.kubelet.pod_resources_available = False
     lab.wait(lambda: "cannot read PodResources" in lab.log(), what="the daemon to notice the outage")
