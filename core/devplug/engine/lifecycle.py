@@ -17,7 +17,7 @@ from devplug.drivers import DriverHooks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger
-from devplug.errors import DriverError, RequestError
+from devplug.errors import DriverError, HookTimeoutError, RequestError
 from devplug.types import ContainerAllocation, Device
 
 __all__ = ["DeviceLifecycle", "Release", "StaleCheck"]
@@ -145,7 +145,8 @@ class DeviceLifecycle:
                 await self._undo(containers[: len(results) + 1], held_before)
                 self.ledger.restore(snapshot)
                 await self._save()
-                raise DriverError(f"{exc}; the allocation was rolled back") from exc
+                failure = HookTimeoutError if isinstance(exc, HookTimeoutError) else DriverError  # hangs degrade
+                raise failure(f"{exc}; the allocation was rolled back") from exc
             await self._save()
         finally:
             self.allocating -= inflight
