@@ -70,6 +70,8 @@ class Reconciler:
         }
 
     def _busy(self) -> bool:
+        if self.last_success is None and not self._starting():
+            return True  # one pass at start even with an empty ledger: a lost or rebuilt one adopts what pods hold
         return any(r.lifecycle is not None and any(True for _ in r.ledger) for r in self.resources)
 
     def _starting(self) -> bool:
