@@ -41,6 +41,7 @@ class Daemon:
         ]
         self.reconciler = Reconciler(self.resources, config.kubelet.pod_resources_socket, config.release)
         self._stop = asyncio.Event()
+        self._stop_requested = False
         self._status_pending = False
         self.started_at = time.time()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -52,7 +53,8 @@ class Daemon:
         await loop.run_in_executor(self._writer, functools.partial(write_atomic, path, data))
 
     def request_stop(self) -> None:
-        """Begin a graceful shutdown (thread-safe)."""
+        """Begin a graceful shutdown (thread-safe; before :meth:`run` started, it stops at once)."""
+        self._stop_requested = True
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
@@ -84,6 +86,8 @@ class Daemon:
     async def run(self) -> None:
         """Serve until stopped; raises :class:`~devplug.errors.StateError` if the state dir is taken."""
         self._loop = asyncio.get_running_loop()
+        if self._stop_requested:
+            self._stop.set()
         self.lock.acquire()
         try:
             plugin_dir = self.config.kubelet.device_plugin_dir
@@ -96,7 +100,7 @@ class Daemon:
             self._watcher = DirectoryWatcher(plugin_dir, plugin_dir_changed)
             self._watcher.start()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self._stop.set)
             lives = [asyncio.ensure_future(r.live()) for r in self.resources]
             reconciling = asyncio.ensure_future(self.reconciler.run())
@@ -118,7 +122,7 @@ class Daemon:
             if self._watcher is not None:
                 self._watcher.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._loop.remove_signal_handler(sig)
             self._writer.shutdown(wait=True)
             self.lock.release()

@@ -104,6 +104,7 @@ class Resource:
         self._recovering = False
         self._started_driver = False
         self._socket_inode: int | None = None
+        self._running: asyncio.Event | None = None  # set once run() has returned
         #: Set by the reconciler: wake it after an allocation, and ask it which holders are stale.
         self.on_allocated: Callable[[], None] = lambda: None
         self.stale_check: Callable[[Resource, Sequence[AllocationRecord]], Awaitable[list[AllocationRecord]]] | None = (
@@ -218,6 +219,13 @@ class Resource:
 
     async def run(self) -> None:
         """Serve and stay registered until :meth:`stop`; re-register after every kubelet restart."""
+        self._running = asyncio.Event()
+        try:
+            await self._serve_and_register()
+        finally:
+            self._running.set()
+
+    async def _serve_and_register(self) -> None:
         backoff = Backoff()
         while not self.stopping:
             self._restart.clear()
@@ -414,6 +422,9 @@ class Resource:
         """Stop accepting, finish in-flight calls, stop the driver, remove the socket."""
         self.stopping = True
         self._restart.set()
+        if self._running is not None:  # let run() leave whatever it is doing (it may be binding a server)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._running.wait(), grace)
         if self._service is not None:
             self._service.close()
         await asyncio.gather(*(self._stop_server(s, grace) for s in list(self._servers)))

@@ -10,7 +10,7 @@ Fixtures:
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
-  with ``dev_kubelet``, and returns the :class:`RunningDaemon`. Daemons still
+  with ``dev_kubelet`` and sent its first device list, and returns the :class:`RunningDaemon`. Daemons still
   running at the end of the test get SIGTERM, and must exit 0.
 
 A driver's suite needs nothing else::
@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from devplug.devkubelet import DevKubeletThread
+from devplug.devkubelet import DevKubelet, DevKubeletThread
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 
@@ -58,6 +58,13 @@ class RunningDaemon:
         self.process.start()
         for name, count in counts.items():
             kubelet.wait_registered(name, timeout=timeout, after=count)
+
+
+def _first_list_of(resource: str) -> Callable[[DevKubelet], bool]:
+    def arrived(kubelet: DevKubelet) -> bool:
+        return bool(kubelet.events_of("list-and-watch", resource))
+
+    return arrived
 
 
 @pytest.fixture
@@ -109,6 +116,8 @@ def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterato
             for name in resources:
                 try:
                     dev_kubelet.wait_registered(name, timeout=timeout)
+                    # ...and the first device list arrived, so pods can be admitted at once.
+                    dev_kubelet.wait_for(_first_list_of(name), timeout=timeout, what=f"the first device list of {name}")
                 except TimeoutError as exc:
                     raise TimeoutError(f"{exc}\n--- daemon log ---\n{process.log_text()}") from exc
         return daemon

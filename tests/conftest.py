@@ -1,0 +1,41 @@
+"""Shared fixtures for devplug's own tests (the dev kubelet and daemon fixtures come from devplug.testing)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, str, str], Path]]:
+    """Install a throw-away distribution on sys.path: ``make(dist_name, module_source, entry_points_ini)``.
+
+    It is real package metadata (a ``.dist-info`` folder), so importlib.metadata
+    and therefore devplug's driver discovery find it, in this process and in
+    child processes started with the returned folder on PYTHONPATH.
+    """
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{':'.join(sys.path)}")
+
+    def make(dist: str, module_source: str, entry_points: str) -> Path:
+        module = dist.replace("-", "_")
+        (site / f"{module}.py").write_text(textwrap.dedent(module_source))
+        info = site / f"{module}-1.2.3.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.2.3\n")
+        (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
+        import importlib
+
+        importlib.invalidate_caches()
+        return site
+
+    yield make
+    for name in list(sys.modules):
+        if name.startswith("devplug_test_"):
+            del sys.modules[name]

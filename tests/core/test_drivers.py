@@ -1,0 +1,132 @@
+"""Driver discovery through entry points, and the typed facade over a resource's plugin manager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from devplug import ContainerAllocation, Device, DriverError, Topology, hookimpl
+from devplug.drivers import DriverHooks, driver_hook_names, installed_drivers, load_driver_class
+from devplug.errors import DriverLoadError, DriverNotFoundError
+
+Make = Callable[[str, str, str], Path]
+
+
+class Minimal:
+    @hookimpl
+    def list_devices(self) -> list[Device]:
+        return [Device("a"), Device("b", topology=Topology((1,)))]
+
+
+class Contributor:
+    def __init__(self, envs: dict[str, str]) -> None:
+        self.envs = envs
+
+    @hookimpl
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        return ContainerAllocation(envs=self.envs)
+
+
+def test_mock_is_found_through_its_entry_point() -> None:
+    drivers = installed_drivers()
+    assert drivers["mock"].distribution == "devplug-mock"
+    assert load_driver_class("mock").__name__ == "MockDriver"
+
+
+def test_unknown_driver_lists_installed_ones_and_a_hint() -> None:
+    with pytest.raises(DriverNotFoundError) as info:
+        load_driver_class("fgpa", where="c.toml: resources.x.driver")
+    message = str(info.value)
+    assert "no driver named 'fgpa'" in message and "mock" in message and "pip install devplug-fgpa" in message
+
+
+def test_disabled_drivers_are_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVPLUG_DISABLE_DRIVERS", "mock, other")
+    assert "mock" not in installed_drivers()
+    with pytest.raises(DriverNotFoundError):
+        load_driver_class("mock")
+
+
+def test_broken_driver_names_its_distribution(fake_distribution: Make) -> None:
+    fake_distribution(
+        "devplug-test-broken",
+        "import not_a_module_anywhere\n",
+        "[devplug.drivers]\nbroken = devplug_test_broken:Driver\n",
+    )
+    with pytest.raises(DriverLoadError) as info:
+        load_driver_class("broken")
+    assert "devplug-test-broken 1.2.3" in str(info.value) and "not_a_module_anywhere" in str(info.value)
+
+
+def test_driver_without_list_devices_is_refused(fake_distribution: Make) -> None:
+    fake_distribution(
+        "devplug-test-empty",
+        "class Driver:\n    pass\n",
+        "[devplug.drivers]\nempty = devplug_test_empty:Driver\n",
+    )
+    with pytest.raises(DriverLoadError, match="does not implement the required hook list_devices"):
+        load_driver_class("empty")
+
+
+def test_misspelt_hook_fails_loudly() -> None:
+    class Typo(Minimal):
+        @hookimpl
+        def alocate(self, device_ids: Sequence[str]) -> None:
+            return None
+
+    with pytest.raises(DriverLoadError, match="alocate"):
+        DriverHooks("example.com/x", Typo())
+
+
+def test_implements_ignores_core_defaults() -> None:
+    hooks = DriverHooks("example.com/x", Minimal())
+    assert hooks.implemented() == ["list_devices"]
+    assert not hooks.implements("preferred_allocation")
+    # ...yet the core default answers preferred allocation (NUMA packing).
+    devices = hooks.list_devices()
+    assert hooks.preferred_allocation(devices, ["b"], 1) == ["b"]
+    assert driver_hook_names(Minimal) == ["list_devices"]
+
+
+def test_allocate_merges_every_contribution_and_refuses_conflicts() -> None:
+    hooks = DriverHooks("example.com/x", Minimal(), [Contributor({"A": "1"}), Contributor({"B": "2"})])
+    assert dict(hooks.allocate(["a"]).envs) == {"A": "1", "B": "2"}
+    clash = DriverHooks("example.com/x", Minimal(), [Contributor({"A": "1"}), Contributor({"A": "2"})])
+    with pytest.raises(DriverError, match="conflict"):
+        clash.allocate(["a"])
+
+
+def test_list_devices_results_are_checked() -> None:
+    class Duplicate:
+        @hookimpl
+        def list_devices(self) -> list[Device]:
+            return [Device("a"), Device("a")]
+
+    class Wrong:
+        @hookimpl
+        def list_devices(self) -> list[str]:
+            return ["a"]
+
+    with pytest.raises(DriverError, match="device ID 'a' twice"):
+        DriverHooks("example.com/x", Duplicate()).list_devices()
+    with pytest.raises(DriverError, match=r"not a devplug\.Device"):
+        DriverHooks("example.com/x", Wrong()).list_devices()
+
+
+def test_each_resource_has_its_own_plugin_manager() -> None:
+    calls: list[str] = []
+
+    class Recorder(Minimal):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        @hookimpl
+        def pre_start(self, device_ids: Sequence[str]) -> None:
+            calls.append(self.name)
+
+    one = DriverHooks("example.com/one", Recorder("one"))
+    DriverHooks("example.com/two", Recorder("two"))
+    one.pre_start(["a"])
+    assert calls == ["one"]

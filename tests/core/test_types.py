@@ -1,0 +1,95 @@
+"""The value types check themselves, and allocations merge or refuse to."""
+
+from __future__ import annotations
+
+import pytest
+
+from devplug import CDIDevice, ContainerAllocation, Device, DeviceSpec, Health, Mount, Topology
+from devplug.errors import AllocationConflictError
+from devplug.types import merge_allocations
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "tab\there", "new\nline"])
+def test_device_id_must_be_printable_without_whitespace(bad: str) -> None:
+    with pytest.raises(ValueError, match="Device"):
+        Device(bad)
+
+
+def test_device_health_from_string_and_copy_with_health() -> None:
+    dev = Device("gpu0", "Unhealthy", Topology((1,)))  # type: ignore[arg-type]
+    assert dev.health is Health.UNHEALTHY and not dev.healthy
+    assert dev.with_health(Health.HEALTHY) == Device("gpu0", Health.HEALTHY, Topology((1,)))
+    with pytest.raises(ValueError, match="Sick"):
+        Device("gpu0", "Sick")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("node", [-1, True, "0"])
+def test_topology_rejects_non_numa_numbers(node: object) -> None:
+    with pytest.raises(ValueError, match="NUMA"):
+        Topology((node,))  # type: ignore[arg-type]
+
+
+def test_paths_must_be_absolute_and_permissions_rwm() -> None:
+    with pytest.raises(ValueError, match="container_path"):
+        Mount("relative", "/host")
+    with pytest.raises(ValueError, match="host_path"):
+        DeviceSpec("/dev/x", "host")
+    for perms in ("", "rx", "rr"):
+        with pytest.raises(ValueError, match="permissions"):
+            DeviceSpec("/dev/x", "/dev/x", perms)
+    assert DeviceSpec("/dev/x", "/dev/x", "rwm").permissions == "rwm"
+
+
+@pytest.mark.parametrize("name", ["nvidia.com/gpu=0", "vendor.io/class=dev-1", "a.b.c/x_y=z:1"])
+def test_cdi_names_fully_qualified(name: str) -> None:
+    assert CDIDevice(name).name == name
+
+
+@pytest.mark.parametrize("name", ["gpu0", "vendor/class=x", "Vendor.com/gpu=0", "vendor.com/gpu", "vendor.com/=x"])
+def test_cdi_names_rejected(name: str) -> None:
+    with pytest.raises(ValueError, match="CDI"):
+        CDIDevice(name)
+
+
+def test_allocation_is_immutable_and_checks_its_parts() -> None:
+    envs = {"A": "1"}
+    alloc = ContainerAllocation(envs=envs)
+    envs["A"] = "changed"
+    assert alloc.envs["A"] == "1"
+    with pytest.raises(TypeError):
+        alloc.envs["B"] = "2"  # type: ignore[index]
+    with pytest.raises(ValueError, match="value must be a string"):
+        ContainerAllocation(envs={"A": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="not a Mount"):
+        ContainerAllocation(mounts=("/x",))  # type: ignore[arg-type]
+    with pytest.raises(AllocationConflictError, match="/dev/x"):
+        ContainerAllocation(devices=(DeviceSpec("/dev/x", "/dev/a"), DeviceSpec("/dev/x", "/dev/b")))
+
+
+def test_merge_unions_and_keeps_identical_entries_once() -> None:
+    a = ContainerAllocation(
+        envs={"A": "1"}, devices=(DeviceSpec("/dev/a", "/dev/a"),), cdi_devices=(CDIDevice("v.io/c=1"),)
+    )
+    b = ContainerAllocation(
+        envs={"A": "1", "B": "2"},
+        devices=(DeviceSpec("/dev/a", "/dev/a"), DeviceSpec("/dev/b", "/dev/b")),
+        annotations={"k": "v"},
+        cdi_devices=(CDIDevice("v.io/c=1"),),
+    )
+    merged = a.merge(b)
+    assert dict(merged.envs) == {"A": "1", "B": "2"}
+    assert [d.container_path for d in merged.devices] == ["/dev/a", "/dev/b"]
+    assert dict(merged.annotations) == {"k": "v"}
+    assert merged.cdi_devices == (CDIDevice("v.io/c=1"),)
+
+
+def test_merge_rejects_conflicts_naming_them() -> None:
+    with pytest.raises(AllocationConflictError, match="env 'A'"):
+        merge_allocations([ContainerAllocation(envs={"A": "1"}), ContainerAllocation(envs={"A": "2"})])
+    with pytest.raises(AllocationConflictError, match="/data"):
+        merge_allocations(
+            [
+                ContainerAllocation(mounts=(Mount("/data", "/srv/a"),)),
+                ContainerAllocation(devices=(DeviceSpec("/data", "/dev/b"),)),
+            ]
+        )
