@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from devplug import watch
 from devplug.watch import DirectoryWatcher
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from devplug.devkubelet import DevKubelet, ResourceView

@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from devplug.devkubelet import ContainerSpec, ContainerStartError, PodSpec
 from devplug.errors import KubeletError
 from devplug.types import ContainerAllocation, DeviceSpec
-
 from tests.devkubelet.fakeplugin import Behaviour, Dev, devs, gpu, plugin_on, running_kubelet
 
 GPU = "example.com/gpu"

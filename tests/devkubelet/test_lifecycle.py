@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc.aio
 import pytest
+
 from devplug.devkubelet import ContainerSpec, DevKubelet, DevKubeletThread, PodSpec, run_foreground
 from devplug.errors import KubeletError
-
 from tests.devkubelet.fakeplugin import FakePlugin, devs, gpu, plugin_on, running_kubelet
 
 GPU = "example.com/gpu"

@@ -9,10 +9,10 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+
 from devplug.api.gen.podresources.v1 import api_pb2 as pr
 from devplug.api.gen.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.devkubelet import ContainerSpec, DevKubelet, PodSpec
-
 from tests.devkubelet.fakeplugin import Dev, devs, plugin_on, running_kubelet
 
 GPU = "example.com/gpu"

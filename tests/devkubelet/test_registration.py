@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
-from devplug.devkubelet import ContainerSpec, DeviceInfo, PluginOptions, PodSpec
 
+from devplug.devkubelet import ContainerSpec, DeviceInfo, PluginOptions, PodSpec
 from tests.devkubelet.fakeplugin import Behaviour, Dev, FakePlugin, devs, gpu, plugin_on, running_kubelet
 
 

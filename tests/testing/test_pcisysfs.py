@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.pcisysfs import PciSysfsModel
 

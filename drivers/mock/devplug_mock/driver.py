@@ -29,7 +29,6 @@ from devplug import (
     hookimpl,
 )
 from devplug.watch import DirectoryWatcher
-
 from devplug_mock.calllog import CallLog
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from devplug import Device, Health, Topology
 from devplug_mock.devicefile import is_device_name, natural_key, parse_device_file
 

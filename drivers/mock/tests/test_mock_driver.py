@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from devplug import Device, DeviceSpec, DriverContext, DriverError, Health, Mount, Topology
 from devplug.drivers import DriverHooks
 from devplug_mock import CALLS_FILE, DIRECTIVE_HOOKS, MockDriver, MockOptions, read_calls

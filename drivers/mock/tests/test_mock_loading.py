@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from devplug import ConfigError
 from devplug.config import parse_config
 from devplug.drivers import DriverHooks, installed_drivers, load_driver_class

@@ -25,7 +25,6 @@ from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
 from devplug.sysfs import HostSysfs, SysfsAccess
-
 from devplug_vfio.claims import Claims
 from devplug_vfio.options import VfioOptions
 from devplug_vfio.pci import VFIO_PCI, PciBus, PciDevice

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import pytest
+
 from devplug import Device, DriverContext
 from devplug.drivers import DriverHooks
 from devplug.sysfs import HostSysfs, SysfsAccess

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
 from devplug import DeviceSpec
 from devplug.devkubelet import DevKubeletThread
 from devplug.devkubelet.model import ContainerSpec, PodSpec

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
 from devplug import DeviceSpec, DriverError, Health
 from devplug_vfio import STATE_FILE
 

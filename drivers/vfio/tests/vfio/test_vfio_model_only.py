@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
 from devplug import ConfigError, DriverError, Health, Topology
 from devplug.config import parse_config
 from devplug.testing.pcisysfs import PciSysfsModel
