@@ -43,7 +43,7 @@ class StreamReader:
             pass
 
     def next_matching(self, predicate: Callable[[dict[str, str]], bool], what: str) -> dict[str, str]:
-        seen = []
+        seen: list[dict[str, str]] = []
         while True:
             try:
                 devices = self.lists.get(timeout=10)
