@@ -41,6 +41,10 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# QEMU and the distribution kernel for the real-kernel suite (Debian packages, into .vm/).
+vm-assets:
+	bash tools/vm/fetch-assets.sh
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results.json
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
