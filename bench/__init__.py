@@ -8,5 +8,10 @@ round trip. It prints a table with each goal beside its figure and writes
 ``bench/results.json``. ``--quick`` runs a few iterations of everything (the
 test suite uses it so the benchmark cannot rot).
 
-Keep this module free of imports: floor servers start as ``python -m bench.floors``.
+Keep this module light: floor servers start as ``python -m bench.floors``.
 """
+
+import os
+
+# gRPC's C core reads this once, at its first import: keep routine GOAWAY notices out of the table.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from bench.report import format_table, write_results
@@ -17,7 +16,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (daemon logs)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     results = run_all(QUICK if args.quick else FULL, keep=args.keep)
     write_results(results, args.out)
     print(format_table(results))
