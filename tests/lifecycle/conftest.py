@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
+
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, KubeletEvent, PodSpec, ResourceView
 from devplug.resource_names import socket_file_name

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
+
 from devplug.devkubelet import AdmittedPod, ContainerSpec, PodSpec
 from devplug.errors import KubeletError
 

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
+
 from devplug.errors import KubeletError
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ def _hanging(lab: Lab) -> float:
     for dev in DEVICES:
         lab.write_device(dev, f"delay=allocate:{HANG}")
     started = time.time()
-    with pytest.raises(KubeletError, match=r"did not return within 0\.5 s \(hook_timeout\)"):
+    with pytest.raises(KubeletError, match=r"did not return within 0\.5 s \(hook_timeout\)") as failed:
         lab.admit("p", 1)
+    assert "DEADLINE_EXCEEDED" in str(failed.value)
     assert lab.kubelet.pods() == []
     return started
 
@@ -62,6 +64,7 @@ def test_hanging_allocate_times_out_and_degrades_the_resource_until_the_driver_a
         lambda: any(set(e.device_ids) == set(DEVICES) for e in lab.events("list-and-watch", since=started)),
         what="the kubelet to get every device of the resource as unhealthy",
     )
+    assert lab.calls("allocate", resource=RESOURCE, ok=None) == [], "reported while the hook was still hung"
     assert "driver failing, all devices reported unhealthy" in lab.log()
     assert "did not return within 0.5 s" in lab.log()
     lab.wait(lambda: lab.view().allocatable > 0, timeout=HANG + 10, what="the resource to recover")

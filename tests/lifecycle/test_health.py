@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
+
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 
 if TYPE_CHECKING:
