@@ -21,6 +21,8 @@ meant for the operator. Only ``devplug.cli`` turns them into exit codes.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DevplugError(Exception):
     """Base class of every error devplug raises on purpose."""
@@ -50,7 +52,13 @@ class DriverError(DevplugError):
 
 
 class HookTimeoutError(DriverError):
-    """A driver hook did not return within its configured timeout."""
+    """A driver hook did not return within its configured timeout.
+
+    ``still_running`` is the abandoned call (an ``asyncio.Future``) when the
+    engine raised it: what the hook did once it returns may need undoing.
+    """
+
+    still_running: Any = None
 
 
 class RequestError(DevplugError):

@@ -16,6 +16,12 @@ T = TypeVar("T")
 log = logging.getLogger("devplug.engine")
 
 
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned hook's outcome so asyncio does not report it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 class HookRunner:
     """Runs one resource's driver hooks in a thread of its own, one at a time, each under a timeout.
 
@@ -43,13 +49,22 @@ class HookRunner:
             loop = asyncio.get_running_loop()
             future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
             try:
-                return await asyncio.wait_for(future, limit)
-            except asyncio.TimeoutError:
-                self._abandon()
-                raise HookTimeoutError(
-                    f"{self.resource_name}: driver hook {hook} did not return within {limit:g} s "
-                    "(hook_timeout); its thread was abandoned"
-                ) from None
+                done, _ = await asyncio.wait((future,), timeout=limit)
+                if not done:
+                    self._abandon()
+                    timeout_error = HookTimeoutError(
+                        f"{self.resource_name}: driver hook {hook} did not return within {limit:g} s "
+                        "(hook_timeout); its thread was abandoned"
+                    )
+                    timeout_error.still_running = future
+                    future.add_done_callback(_consume)
+                    raise timeout_error
+                return future.result()
+            except asyncio.CancelledError:
+                future.add_done_callback(_consume)
+                raise
+            except HookTimeoutError:
+                raise
             except DriverError as exc:
                 if str(exc).startswith(f"{self.resource_name}:"):
                     raise

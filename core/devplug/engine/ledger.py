@@ -50,7 +50,14 @@ class AllocationRecord:
     gone_at: float | None = None
     releasing: bool = False
     post_stop_done: bool = False
+    post_stopped: list[str] = field(default_factory=list)
+    kep_at: float | None = None
     prepared: dict[str, Any] = field(default_factory=dict)
+
+    def mark_post_stopped(self, device_ids: Iterable[str]) -> None:
+        """These devices had their post-stop; ``post_stop_done`` once every device did."""
+        self.post_stopped.extend(d for d in device_ids if d not in self.post_stopped)
+        self.post_stop_done = all(d in self.post_stopped for d in self.devices)
 
     def all_devices(self) -> list[str]:
         return [*self.devices, *(d for d in self.pending if d not in self.devices)]

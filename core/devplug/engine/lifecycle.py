@@ -7,16 +7,18 @@ kubelet gets an answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from devplug.drivers import DriverHooks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
-from devplug.engine.ledger import AllocationRecord, Ledger
+from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
 from devplug.errors import DriverError, HookTimeoutError, RequestError
 from devplug.types import ContainerAllocation, Device
 
@@ -69,6 +71,8 @@ class DeviceLifecycle:
         self.on_allocated: Callable[[], None] = lambda: None
         #: Given the live records holding devices asked for again, returns those whose pod is gone.
         self.stale_check: StaleCheck | None = None
+        self._release_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- validation
 
@@ -142,10 +146,14 @@ class DeviceLifecycle:
                     self.ledger.confirm(record, allocation)
                     results.append(allocation)
             except DriverError as exc:
-                await self._undo(containers[: len(results) + 1], held_before)
+                hung = exc.still_running if isinstance(exc, HookTimeoutError) else None
+                done = len(results) if hung is not None else len(results) + 1
+                await self._undo(containers[:done], held_before)
                 self.ledger.restore(snapshot)
+                if hung is not None:
+                    self._undo_when_returned(hung, containers[len(results)], held_before, now)
                 await self._save()
-                failure = HookTimeoutError if isinstance(exc, HookTimeoutError) else DriverError  # hangs degrade
+                failure = HookTimeoutError if hung is not None else DriverError  # hangs degrade the resource
                 raise failure(f"{exc}; the allocation was rolled back") from exc
             await self._save()
         finally:
@@ -166,6 +174,42 @@ class DeviceLifecycle:
             if record.id in self.ledger.records:
                 await self.release(record, f"pod {record.pod} is gone and the kubelet allocates its devices again")
 
+    def _undo_when_returned(
+        self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float
+    ) -> None:
+        """An allocate that timed out may still prepare its devices: undo it once it returns.
+
+        Until then its devices stay in the ledger as a release in progress, so
+        they are advertised unhealthy (the driver may be holding them) and a
+        restart after a crash releases them.
+        """
+        fresh = [i for i in ids if i not in held_before]
+        if not fresh:
+            return
+        record = AllocationRecord(id=new_record_id(), pending=fresh, created=now, releasing=True)
+        self.ledger.records[record.id] = record
+        self.allocating.add(record.id)  # the reconciler leaves it alone while the hook still runs
+        self._sync_withheld()
+
+        async def undo() -> None:
+            try:
+                await asyncio.wait((hung,))
+                log.warning(
+                    "[%s] allocate of %s returned after its timeout; undoing it",
+                    self.resource_name,
+                    _ids(fresh),
+                    extra={"device": _ids(fresh)},
+                )
+                await self.release(record, "undoing an allocate that returned after its timeout")
+            except DriverError as exc:
+                log.error("[%s] undoing the late allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
+            finally:
+                self.allocating.discard(record.id)
+
+        task = asyncio.ensure_future(undo())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> None:
         for ids in reversed(containers):
             fresh = [i for i in ids if i not in held_before]
@@ -183,42 +227,62 @@ class DeviceLifecycle:
         await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
 
     async def post_stop(self, device_ids: Sequence[str]) -> None:
-        """The KEP's PostStopContainer: clean up after one container."""
+        """The KEP's PostStopContainer: clean up after one container.
+
+        Devices already post-stopped in their allocation, or already released
+        (the reconciler got there first), are not post-stopped again.
+        """
         self._check_known(device_ids)
-        if self.hooks.implements("post_stop"):
-            await self.runner.call("post_stop", self.hooks.post_stop, tuple(device_ids))
-        touched = {r.id for i in device_ids for r in self.ledger.holders(i)}
-        for record_id in touched:
-            self.ledger.records[record_id].post_stop_done = True
-        if touched:
-            await self._save()
+        async with self._release_lock:
+            records = self._holders_of(device_ids)
+            owed = [i for i in device_ids if any(i in r.all_devices() and i not in r.post_stopped for r in records)]
+            now = time.time()
+            for record in records:
+                record.kep_at = now
+            if owed and self.hooks.implements("post_stop"):
+                await self.runner.call("post_stop", self.hooks.post_stop, tuple(owed))
+            for record in records:
+                record.mark_post_stopped(owed)
+            if records:
+                await self._save()
+            skipped = [i for i in device_ids if i not in owed]
+            if skipped:
+                log.info("[%s] PostStopContainer: %s already cleaned up", self.resource_name, _ids(skipped))
 
     async def deallocate(self, device_ids: Sequence[str]) -> None:
-        """The KEP's Deallocate: the devices are free once the driver is done."""
+        """The KEP's Deallocate: the devices are free once the driver is done (skipped if already released)."""
         self._check_known(device_ids)
-        start = time.monotonic()
-        records = {r.id: r for i in device_ids for r in self.ledger.holders(i)}
-        for record in records.values():
-            record.releasing = True
-        self._sync_withheld()
-        await self._save()
-        try:
-            if self.hooks.implements("deallocate"):
-                await self.runner.call("deallocate", self.hooks.deallocate, tuple(device_ids))
-        except DriverError:
-            for record in records.values():
-                record.releasing = False
+        async with self._release_lock:
+            start = time.monotonic()
+            records = self._holders_of(device_ids)
+            if not records:
+                log.info("[%s] Deallocate: %s already released", self.resource_name, _ids(device_ids))
+                return
+            for record in records:
+                record.releasing = True
+                record.kep_at = time.time()
             self._sync_withheld()
             await self._save()
-            raise
-        emptied = self.ledger.drop_devices(device_ids)
-        for record in records.values():
-            if record.id in self.ledger.records:
-                record.releasing = False
-        self._sync_withheld()
-        await self._save()
-        for record in emptied:
-            self._released(record, tuple(device_ids), "KEP Deallocate", start)
+            try:
+                if self.hooks.implements("deallocate"):
+                    await self.runner.call("deallocate", self.hooks.deallocate, tuple(device_ids))
+            except DriverError:
+                for record in records:
+                    record.releasing = False
+                self._sync_withheld()
+                await self._save()
+                raise
+            emptied = self.ledger.drop_devices(device_ids)
+            for record in records:
+                if record.id in self.ledger.records:
+                    record.releasing = False
+            self._sync_withheld()
+            await self._save()
+            for record in emptied:
+                self._released(record, tuple(device_ids), "KEP Deallocate", start)
+
+    def _holders_of(self, device_ids: Sequence[str]) -> list[AllocationRecord]:
+        return list({r.id: r for i in device_ids for r in self.ledger.holders(i)}.values())
 
     def _check_known(self, device_ids: Sequence[str]) -> None:
         unknown = [i for i in device_ids if i not in self.table and not self.ledger.holders(i)]
@@ -228,32 +292,37 @@ class DeviceLifecycle:
     # --- releases found by the engine (reconciler, start-up)
 
     async def release(self, record: AllocationRecord, reason: str) -> None:
-        """Release one allocation: post-stop (unless done), then deallocate; once.
+        """Release one allocation: post-stop (the devices not yet post-stopped), then deallocate; once.
 
         The devices are advertised unhealthy from the first step until the
         driver's deallocate returned, so the kubelet never offers a device the
-        driver still holds. A failing hook leaves the record releasing; the
-        caller retries later.
+        driver still holds. Releases, and the KEP's PostStopContainer and
+        Deallocate, run one at a time, so an allocation the kubelet released
+        meanwhile is not released again. A failing hook leaves the record
+        releasing; the caller retries later.
         """
-        start = time.monotonic()
-        devices = tuple(record.devices)
-        owed = tuple(record.all_devices())
-        if not record.releasing:
-            record.releasing = True
+        async with self._release_lock:
+            if self.ledger.records.get(record.id) is not record:
+                return  # released meanwhile (KEP Deallocate)
+            start = time.monotonic()
+            owed = tuple(record.all_devices())
+            if not record.releasing:
+                record.releasing = True
+                self._sync_withheld()
+                await self._save()
+            log.info("[%s] releasing %s (%s)", self.resource_name, _ids(owed), reason, extra={"device": _ids(owed)})
+            to_stop = tuple(d for d in record.devices if d not in record.post_stopped)
+            if to_stop:
+                if self.hooks.implements("post_stop"):
+                    await self.runner.call("post_stop", self.hooks.post_stop, to_stop)
+                record.mark_post_stopped(to_stop)
+                await self._save()
+            if owed and self.hooks.implements("deallocate"):
+                await self.runner.call("deallocate", self.hooks.deallocate, owed)
+            self.ledger.remove(record)
             self._sync_withheld()
             await self._save()
-        log.info("[%s] releasing %s (%s)", self.resource_name, _ids(owed), reason, extra={"device": _ids(owed)})
-        if devices and not record.post_stop_done:
-            if self.hooks.implements("post_stop"):
-                await self.runner.call("post_stop", self.hooks.post_stop, devices)
-            record.post_stop_done = True
-            await self._save()
-        if owed and self.hooks.implements("deallocate"):
-            await self.runner.call("deallocate", self.hooks.deallocate, owed)
-        self.ledger.remove(record)
-        self._sync_withheld()
-        await self._save()
-        self._released(record, owed, reason, start)
+            self._released(record, owed, reason, start)
 
     def _released(self, record: AllocationRecord, devices: tuple[str, ...], reason: str, start: float) -> None:
         release = Release(

@@ -138,6 +138,8 @@ class Reconciler:
         for record in resource.ledger:
             if record.id in self._releasing or record.id in resource.lifecycle.allocating:
                 continue
+            if record.kep_at is not None and now - record.kep_at < self.grace:
+                continue  # the kubelet is releasing it through the KEP's calls
             if record.releasing:
                 self._start_release(resource, record, "finishing an interrupted release")
                 continue
