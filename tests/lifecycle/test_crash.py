@@ -35,9 +35,11 @@ def _assert_invariants(lab: Lab) -> None:
         lambda: all(lab.health(d) == "Healthy" for d in DEVICES if d not in lab.view().in_use),
         what="every free device to be advertised healthy",
     )
-    status = lab.resource_status()
-    for dev in lab.view().in_use:
-        assert any(d["id"] == dev and d["allocated"] for d in status["devices"]) or lab.ledger_record(dev)
+    in_use = set(lab.view().in_use)
+    lab.wait(
+        lambda: {d["id"] for d in lab.resource_status()["devices"] if d["allocated"]} == in_use,
+        what=f"the status to show exactly {sorted(in_use)} allocated",
+    )
 
 
 def _assert_withheld_until_released(lab: Lab, device: str, since: float) -> None:
