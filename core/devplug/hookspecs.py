@@ -12,6 +12,14 @@ advertises to the kubelet (``pre_start_required``,
 ``get_preferred_allocation_available``, and the KEP's ``post_stop_required``
 and ``deallocate_available``).
 
+Besides ``Options``, a driver class may define a classmethod
+``check_resources(options: Mapping[str, Options]) -> None``, called when the
+config is checked (``devplug check-config`` and daemon start) with the options
+of every resource that uses the driver, by resource name. It raises
+``ValueError`` (or :class:`devplug.ConfigError`) for what no single
+resource's options can show, such as two resources selecting the same
+device; the message becomes a config error naming those resources.
+
 How hooks are called:
 
 * Hooks are plain (blocking) functions. The engine runs them off its event

@@ -18,6 +18,7 @@ user only); ``preferred_allocation`` offers whole groups.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,31 @@ class VfioDriver:
     """
 
     Options: ClassVar[type[VfioOptions]] = VfioOptions
+
+    @classmethod
+    def check_resources(cls, options_by_resource: Mapping[str, VfioOptions]) -> None:
+        """Refuse two resources that select the same device (called when the config is checked).
+
+        Reads each resource's sysfs as it is now; where there is no sysfs to
+        read (checking a config on another machine), ``start`` catches the
+        overlap instead.
+        """
+        owners: dict[tuple[str, str], str] = {}
+        for resource, options in options_by_resource.items():
+            try:
+                present = PciBus(HostSysfs(options.sysfs_root, options.dev_root)).scan()
+            except OSError:
+                continue
+            root = os.path.realpath(options.sysfs_root)
+            for address, dev in present.items():
+                if not selects(options, dev, dev.driver):
+                    continue
+                other = owners.setdefault((root, address), resource)
+                if other != resource:
+                    raise ValueError(
+                        f"{dev.describe()} is selected by both {other} and {resource}: a device belongs to one "
+                        "resource; narrow one resource's options (exclude_addresses)"
+                    )
 
     def __init__(self, options: VfioOptions, *, access: SysfsAccess | None = None) -> None:
         self.options = options

@@ -100,6 +100,24 @@ def test_two_resources_selecting_one_device_is_an_error_naming_both(
     assert [d.id for d in second.hooks.list_devices()] == [kit.LONE]
 
 
+def test_two_resources_selecting_one_device_is_a_config_error_naming_both(
+    model: PciSysfsModel, kit: ModuleType
+) -> None:
+    roots = {"sysfs_root": str(model.sysfs_root), "dev_root": str(model.dev_root)}
+    tables = {
+        "example.com/edu": {"driver": "vfio", "options": {"vendors": ["1234"], **roots}},
+        "example.com/lone": {"driver": "vfio", "options": {"addresses": [kit.LONE], **roots}},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config({"resources": tables}, source="devplug.toml")
+    message = str(info.value)
+    assert message.startswith('devplug.toml: resources "example.com/edu", "example.com/lone" (driver vfio)')
+    assert f"{kit.LONE} (1234:11e8" in message
+    assert "selected by both example.com/edu and example.com/lone" in message
+    tables["example.com/edu"]["options"]["exclude_addresses"] = [kit.LONE]  # type: ignore[index]
+    assert len(parse_config({"resources": tables}, source="devplug.toml").resources) == 2
+
+
 # --- groups with bridges ------------------------------------------------------------------
 
 
