@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Literal
@@ -12,11 +13,17 @@ __all__ = ["JsonFormatter", "setup_logging"]
 
 LogFormat = Literal["text", "json"]
 
+_PREFIX = re.compile(r"^\[(?P<resource>[^\s\]/]+/[^\s\]]+)(?: (?P<device>[^\]]+))?\] ")
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "message", ...extra}``; ``resource`` and ``device`` come as their own keys."""
+    """``{"time", "level", "logger", "message", ...extra}``.
+
+    ``resource`` and ``device`` come as their own keys: from ``extra``, or from
+    the ``[resource device]`` prefix every engine and driver line about a
+    resource carries.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, object] = {
@@ -25,6 +32,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        prefix = _PREFIX.match(record.getMessage())
+        if prefix:  # "[resource device] ..." as its own keys
+            data["resource"] = prefix["resource"]
+            if prefix["device"]:
+                data["device"] = prefix["device"]
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 data[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)

@@ -1,0 +1,86 @@
+"""The command line: the demo, the dev kubelet in the foreground, JSON logs, exit codes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from devplug.testing.configs import dev_config, write_toml
+
+
+def _devplug(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "devplug", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("mode", [[], ["--kep"]], ids=["stock", "kep"])
+def test_demo_runs_the_whole_lifecycle(mode: list[str]) -> None:
+    result = _devplug("demo", *mode)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for hook in ("preferred_allocation", "allocate", "pre_start", "post_stop", "deallocate"):
+        assert f"driver   {hook}" in out, hook
+    assert "FAILED" not in out
+    checks = [line for line in out.splitlines() if line.strip().startswith("[ok]")]
+    assert len(checks) >= 15
+    assert out.rstrip().endswith("lifecycle checks passed")
+
+
+def _wait_for(predicate: object, what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_foreground_dev_kubelet_and_json_logs(devplug_root: Path) -> None:
+    plugin_dir = devplug_root / "device-plugins"
+    kubelet = subprocess.Popen(
+        [sys.executable, "-m", "devplug", "kubelet", "--dir", str(plugin_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    mock_dir = devplug_root / "mock"
+    config = dev_config(
+        devplug_root, {"example.com/mock": {"driver": "mock", "options": {"directory": str(mock_dir), "count": 1}}}
+    )
+    path = write_toml(devplug_root / "c.toml", config)
+    log_path = devplug_root / "daemon.jsonl"
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "devplug", "run", "--config", str(path), "--log-format", "json"],
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            _wait_for(lambda: "registered with the kubelet" in log_path.read_text(), "the daemon to register")
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(20) == 0
+            kubelet.send_signal(signal.SIGINT)
+            kubelet_out, _ = kubelet.communicate(timeout=20)
+    assert kubelet.returncode == 0, kubelet_out
+    assert "example.com/mock" in kubelet_out and "register" in kubelet_out
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    assert records, log_path.read_text()
+    registered = [r for r in records if "registered with the kubelet" in r["message"]]
+    assert registered[0]["level"] == "info"
+    assert registered[0]["logger"] == "devplug.engine"
+    assert registered[0]["resource"] == "example.com/mock"
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[resources."example.com/m"]\ndriver = "mock"\noptions = { directory = "d", colour = 1 }\n')
+    result = _devplug("run", "--config", str(path))
+    assert result.returncode == 2
+    assert f'{path}: resources."example.com/m".options.colour: unknown key' in result.stderr
