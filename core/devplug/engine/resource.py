@@ -221,7 +221,13 @@ class Resource:
         """Serve and stay registered until :meth:`stop`; re-register after every kubelet restart."""
         self._running = asyncio.Event()
         try:
-            await self._serve_and_register()
+            while not self.stopping:
+                try:
+                    await self._serve_and_register()
+                except Exception as exc:  # never leave the resource unregistered for good
+                    self.last_error = f"serving failed: {type(exc).__name__}: {exc}"
+                    log.exception("[%s] serving failed; starting over", self.name)
+                    await self._wait_any(self._restart, timeout=1.0)
         finally:
             self._running.set()
 
@@ -229,7 +235,14 @@ class Resource:
         backoff = Backoff()
         while not self.stopping:
             self._restart.clear()
-            await self._serve()
+            try:
+                await self._serve()
+            except OSError as exc:
+                # e.g. the kubelet, starting, deleted the fresh socket before it could be set up: serve again.
+                self.last_error = f"serving on {self.socket_path} failed: {exc}"
+                log.warning("[%s] %s; retrying", self.name, self.last_error)
+                await self._wait_any(self._restart, timeout=backoff.next())
+                continue
             self.state = ResourceState.REGISTERING
             self._on_change()
             backoff.reset()
