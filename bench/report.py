@@ -83,6 +83,8 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("churn_lists_per_s", "churn: 10k lists received per second"),
     Key("preferred_p50_ms", "GetPreferredAllocation, p50 (ms)"),
     Key("preferred_floor_p99_ms", "floor answering GetPreferredAllocation, p99 (ms)"),
+    Key("reregister_restarts", "kubelet restarts measured"),
+    Key("reregister_failures", "restarts after which a resource never registered again (10 s)"),
     Key("startup_to_registered_min_ms", "start to registered, best run (ms)"),
     Key("startup_floor_ms", "bare grpcio process start to first answer (ms)"),
     Key("idle_cpu_percent_ticks", "idle CPU from /proc/pid/stat ticks (%)"),

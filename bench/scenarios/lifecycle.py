@@ -14,14 +14,16 @@ from __future__ import annotations
 import statistics
 import time
 
-from devplug.devkubelet import DevKubelet, DevKubeletThread
-
 from bench.client import PluginClient
 from bench.floors import FloorProcess
 from bench.procstat import rss_mb, sample
 from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
+from devplug.devkubelet import DevKubelet, DevKubeletThread
+
+#: A resource not registered again this long after a kubelet restart counts as a failed re-registration.
+REREGISTER_TIMEOUT_S = 10.0
 
 __all__ = ["measure_idle", "measure_reregister", "measure_startup", "measure_startup_floor", "wait_streams"]
 
@@ -108,18 +110,30 @@ def measure_idle(settings: Settings, node: Node, floor: FloorProcess) -> dict[st
 
 
 def measure_reregister(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[str, float]:
-    """Dev kubelet restarts (sockets deleted, kubelet.sock served again) until every resource registered again."""
+    """Dev kubelet restarts (sockets deleted, kubelet.sock served again) until every resource registered again.
+
+    A restart after which some resource has not registered within ``REREGISTER_TIMEOUT_S`` counts as a
+    failure: its sample is the timeout, and the series stops there (the daemon does not recover by itself).
+    """
     resources = list(node.config["resources"])
     samples: list[float] = []
+    failures = 0
     for _ in range(settings.reregister_restarts):
         wait_streams(kubelet, resources)
         time.sleep(0.1)
         before = {r: kubelet.registrations(r) for r in resources}
         started = time.time()
         kubelet.restart()
-        _wait_registered(kubelet, before)
+        try:
+            _wait_registered(kubelet, before, timeout=REREGISTER_TIMEOUT_S)
+        except TimeoutError:
+            failures += 1
+            samples.append(1000.0 * REREGISTER_TIMEOUT_S)
+            break
         samples.append(1000.0 * (_last_register_time(kubelet, resources) - started))
     return {
         "reregister_p50_ms": percentile(samples, 50),
         "reregister_p99_ms": percentile(samples, 99),
+        "reregister_restarts": float(len(samples)),
+        "reregister_failures": float(failures),
     }
