@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
 from bench.payloads import allocate_request, preferred_request
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
 __all__ = ["ListWatcher", "PluginClient", "timed_calls"]
 

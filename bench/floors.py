@@ -28,9 +28,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 
 from bench.payloads import device_ids, list_and_watch_bytes, mock_allocate_response, preferred_response
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 
 __all__ = ["FloorProcess", "UnixPinger", "grpc_floor", "unix_floor"]
 

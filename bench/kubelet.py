@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from bench.client import ListWatcher, PluginClient
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from devplug.api.gen.podresources.v1 import api_pb2 as pr
 from devplug.api.gen.podresources.v1 import api_pb2_grpc as pr_grpc
-
-from bench.client import ListWatcher, PluginClient
 
 __all__ = ["MiniKubelet", "Registration"]
 

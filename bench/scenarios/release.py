@@ -16,12 +16,11 @@ import json
 import time
 from pathlib import Path
 
-from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
-from devplug_mock import read_calls
-
 from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
+from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug_mock import read_calls
 
 __all__ = ["measure"]
 
