@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 __all__ = ["read_json", "write_atomic", "write_json_atomic"]
+
+_counter = itertools.count()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -21,15 +23,24 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data``: temporary file in the same folder, fsync, rename, fsync the folder."""
+    """Replace ``path`` with ``data``: temporary file in the same folder, fdatasync, rename, fsync the folder.
+
+    Crash-safe: ``path`` holds either its old content or ``data``, never a mix.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # One writer per file and process (the daemon writes state from one thread): the pid and a
+    # counter make the name unique; O_EXCL refuses a leftover of a crashed writer with the same pid.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(_counter)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

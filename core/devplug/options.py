@@ -19,7 +19,6 @@ a ``ValueError`` raised by the dataclass's ``__post_init__`` becomes one too.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -35,6 +34,8 @@ T = TypeVar("T")
 
 def unknown_key_hint(key: str, known: typing.Iterable[str]) -> str:
     """A hint for a misspelt key: the closest known key, or the list of known keys."""
+    import difflib  # only on the error path: it weighs on the daemon's footprint
+
     known = sorted(known)
     close = difflib.get_close_matches(key, known, n=1)
     if close:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import signal
 import time
@@ -24,7 +25,7 @@ __all__ = ["Daemon", "run_daemon"]
 
 log = logging.getLogger("devplug.engine")
 
-STATUS_DEBOUNCE_S = 0.2
+STATUS_DEBOUNCE_S = 0.25
 
 
 class Daemon:
@@ -71,9 +72,7 @@ class Daemon:
         status = build_status(self.resources, self.started_at, str(self.config.path) if self.config.path else None)
         status["stopped"] = stopped
         status["release"] = self.reconciler.describe()
-        import json
-
-        await self.write_file(self.state_dir / STATUS_FILE, (json.dumps(status, indent=1) + "\n").encode())
+        await self.write_file(self.state_dir / STATUS_FILE, (json.dumps(status, separators=(",", ":")) + "\n").encode())
 
     # --- the plugin folder
 

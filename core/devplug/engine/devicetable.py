@@ -56,6 +56,13 @@ class DeviceTable:
         """Every device as the driver reports it."""
         return list(self._devices.values())
 
+    def healthy_count(self) -> int:
+        """How many devices are advertised healthy (without building the advertised list)."""
+        if self._degraded is not None:
+            return 0
+        withheld = self._withheld
+        return sum(1 for i, d in self._devices.items() if d.healthy and i not in withheld)
+
     @property
     def degraded(self) -> str | None:
         """Why the resource is degraded (every device advertised unhealthy), or ``None``."""
@@ -152,6 +159,16 @@ class DeviceTable:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         self._waiter = None
+
+    def next_change(self, version: int) -> asyncio.Future[None]:
+        """A future done once the table's version differs from ``version`` (shared by every waiter)."""
+        if self.version != version:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
 
     async def wait_changed(self, version: int) -> int:
         """Wait until the table's version differs from ``version``; return the new version."""

@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,20 @@ class AllocationRecord:
         return [*self.devices, *(d for d in self.pending if d not in self.devices)]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "id": self.id,
+            "devices": self.devices,
+            "pending": self.pending,
+            "created": self.created,
+            "pod": self.pod,
+            "seen_at": self.seen_at,
+            "gone_at": self.gone_at,
+            "releasing": self.releasing,
+            "post_stop_done": self.post_stop_done,
+            "post_stopped": self.post_stopped,
+            "kep_at": self.kep_at,
+            "prepared": self.prepared,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AllocationRecord:
@@ -75,6 +88,14 @@ class AllocationRecord:
         if not isinstance(record.id, str) or not all(isinstance(d, str) for d in record.all_devices()):
             raise ValueError(f"malformed allocation record {data!r}")
         return record
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """The ledger as it was before an Allocate began (see :meth:`Ledger.snapshot`)."""
+
+    record_ids: frozenset[str]
+    touched: dict[str, AllocationRecord]
 
 
 def new_record_id() -> str:
@@ -143,7 +164,8 @@ class Ledger:
             "resource": self.resource_name,
             "allocations": [r.to_json() for r in self.records.values()],
         }
-        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+        # Compact: written twice per Allocate, so the C encoder (no indent, no key sorting) matters.
+        return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
     # --- queries
 
@@ -159,11 +181,17 @@ class Ledger:
     def releasing_devices(self) -> set[str]:
         return {d for r in self.records.values() if r.releasing for d in r.all_devices()}
 
-    def snapshot(self) -> dict[str, AllocationRecord]:
-        return copy.deepcopy(self.records)
+    def snapshot(self, device_ids: Iterable[str]) -> LedgerSnapshot:
+        """What :meth:`begin` for ``device_ids`` may change, to :meth:`restore` it: copies of the
+        records holding those devices, and which records exist."""
+        ids = set(device_ids)
+        touched = {r.id: copy.deepcopy(r) for r in self.records.values() if ids.intersection(r.all_devices())}
+        return LedgerSnapshot(frozenset(self.records), touched)
 
-    def restore(self, snapshot: dict[str, AllocationRecord]) -> None:
-        self.records = snapshot
+    def restore(self, snapshot: LedgerSnapshot) -> None:
+        for record_id in [r for r in self.records if r not in snapshot.record_ids]:
+            del self.records[record_id]
+        self.records.update(snapshot.touched)
 
     # --- changes
 

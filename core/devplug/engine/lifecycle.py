@@ -129,7 +129,7 @@ class DeviceLifecycle:
         self._check_servable(containers)
         await self._release_stale_holders(containers)
         self._check_servable(containers)
-        snapshot = self.ledger.snapshot()
+        snapshot = self.ledger.snapshot(i for ids in containers for i in ids)
         held_before = self.ledger.held_devices()
         now = time.time()
         records: list[AllocationRecord] = []

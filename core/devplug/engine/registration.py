@@ -21,7 +21,10 @@ async def register(kubelet_socket: Path, request: dp.RegisterRequest, timeout: f
     The kubelet dials the plugin back inside this call (up to 10 s), so the
     plugin's server must already be serving; ``timeout`` covers that.
     """
-    async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
+    # A channel of its own subchannel pool: gRPC otherwise shares subchannels process-wide and
+    # replays a connect that failed while kubelet.sock was missing to the next attempt, with backoff.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}", options=options) as channel:
         call = channel.unary_unary(
             REGISTER_METHOD,
             request_serializer=dp.RegisterRequest.SerializeToString,

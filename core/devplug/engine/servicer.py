@@ -63,11 +63,12 @@ class DevicePluginService:
         self.table = table
         self.options = options
         self.observer = observer
-        self._closed = asyncio.Event()
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def close(self) -> None:
         """End this service's ListAndWatch streams (the resource moved to a fresh server or is stopping)."""
-        self._closed.set()
+        if not self._closed.done():
+            self._closed.set_result(None)
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The generic handler to add to a ``grpc.aio`` server."""
@@ -150,21 +151,20 @@ class DevicePluginService:
     ) -> AsyncIterator[bytes]:
         """The whole list at once, then again on every change, until the peer or the daemon ends it."""
         self.observer.stream_opened()
-        closed = asyncio.ensure_future(self._closed.wait())
+        closed = self._closed
         try:
             version = self.table.version
             yield self.table.encoded()
             while True:
-                changed = asyncio.ensure_future(self.table.wait_changed(version))
-                await asyncio.wait((changed, closed), return_when=asyncio.FIRST_COMPLETED)
+                changed = self.table.next_change(version)  # shared by every stream: no task per wait
+                if not changed.done():
+                    await asyncio.wait((changed, closed), return_when=asyncio.FIRST_COMPLETED)
                 if closed.done() or self.observer.stopping:
-                    changed.cancel()
                     return
-                version = changed.result()
+                version = self.table.version
                 yield self.table.encoded()
         finally:
-            closed.cancel()
-            by_peer = not (self._closed.is_set() or self.observer.stopping)
+            by_peer = not (closed.done() or self.observer.stopping)
             self.observer.stream_closed(by_peer)
 
     async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:

@@ -11,30 +11,42 @@ from typing import Any
 
 from devplug.engine.resource import Resource
 from devplug.errors import StateError
+from devplug.types import Device
 
 __all__ = ["STATUS_FILE", "build_status", "read_status"]
 
 STATUS_FILE = "status.json"
 
 
+#: Resources with more devices list only the interesting ones (allocated, releasing, unhealthy).
+LIST_ALL_DEVICES_UP_TO = 256
+
+
+def _device_entry(resource: Resource, dev: Device, pods: dict[str, str | None], releasing: set[str]) -> dict[str, Any]:
+    advertised = resource.table.advertised(dev.id) or dev
+    return {
+        "id": dev.id,
+        "health": advertised.health.value,
+        "driver_health": dev.health.value,
+        "numa_nodes": list(dev.topology.numa_nodes),
+        "allocated": dev.id in pods,
+        "pod": pods.get(dev.id),
+        "releasing": dev.id in releasing,
+    }
+
+
 def _resource_status(resource: Resource) -> dict[str, Any]:
-    held = resource.ledger.held_devices()
-    releasing = resource.ledger.releasing_devices()
+    table = resource.table
     pods = {d: r.pod for r in resource.ledger for d in r.all_devices()}
-    devices = []
-    for dev in resource.table.devices():
-        reported = resource.table.reported(dev.id)
-        devices.append(
-            {
-                "id": dev.id,
-                "health": dev.health.value,
-                "driver_health": reported.health.value if reported else None,
-                "numa_nodes": list(dev.topology.numa_nodes),
-                "allocated": dev.id in held,
-                "pod": pods.get(dev.id),
-                "releasing": dev.id in releasing,
-            }
-        )
+    releasing = resource.ledger.releasing_devices()
+    total = len(table)
+    healthy = table.healthy_count()
+    every = total <= LIST_ALL_DEVICES_UP_TO
+    devices = [
+        _device_entry(resource, dev, pods, releasing)
+        for dev in table.reported_devices()
+        if every or dev.id in pods or not dev.healthy or dev.id in table.withheld
+    ]
     releases = []
     if resource.lifecycle is not None:
         releases = [
@@ -55,15 +67,16 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
         "registrations": resource.registrations,
         "registered_at": resource.registered_at,
         "last_error": resource.last_error,
-        "degraded": resource.table.degraded,
+        "degraded": table.degraded,
         "hooks": resource.hooks.implemented() if resource.hooks else [],
         "counts": {
-            "devices": len(devices),
-            "healthy": sum(1 for d in devices if d["health"] == "Healthy"),
-            "unhealthy": sum(1 for d in devices if d["health"] != "Healthy"),
-            "allocated": len(held),
+            "devices": total,
+            "healthy": healthy,
+            "unhealthy": total - healthy,
+            "allocated": len(pods),
             "releasing": len(releasing),
         },
+        "devices_listed": "all" if every else "allocated, releasing or unhealthy",
         "devices": devices,
         "recent_releases": releases,
     }
