@@ -23,7 +23,7 @@ from typing import Any
 
 import pluggy
 
-from devplug import hookspecs
+from devplug import hookimpl, hookspecs
 from devplug.allocation import pack_numa
 from devplug.context import DriverContext
 from devplug.errors import (
@@ -48,8 +48,6 @@ __all__ = [
 ENTRY_POINT_GROUP = "devplug.drivers"
 DISABLE_ENV = "DEVPLUG_DISABLE_DRIVERS"
 TRACE_ENV = "DEVPLUG_TRACE_HOOKS"
-
-hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT_NAME)
 
 #: Every hook of the driver contract, in lifecycle order.
 HOOK_NAMES: tuple[str, ...] = (
