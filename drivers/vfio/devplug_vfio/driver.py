@@ -352,9 +352,10 @@ class VfioDriver:
                 except DriverError:
                     self._undo_allocation(numbers)
                     raise
-            dev_root = self.access.dev_root
-            specs = [DeviceSpec("/dev/vfio/vfio", str(dev_root / "vfio" / "vfio"), "rw")]
-            specs += [DeviceSpec(f"/dev/vfio/{n}", str(self.bus.vfio_node(n)), "rw") for n in numbers]
+            # Host paths as the container runtime sees them on the host: ``dev_root`` is only where
+            # this daemon (perhaps in a container of its own) finds the host's /dev.
+            specs = [DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rw")]
+            specs += [DeviceSpec(f"/dev/vfio/{n}", f"/dev/vfio/{n}", "rw") for n in numbers]
             assert self._ctx is not None
             return ContainerAllocation(
                 envs={env_name(self._ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)

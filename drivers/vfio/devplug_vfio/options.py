@@ -77,8 +77,9 @@ class VfioOptions:
     ``allow_partial_groups``: accept IOMMU groups that also hold bridges this
     resource does not select (they stay on pcieport or without a driver, as
     the kernel permits); other foreign devices are still refused.
-    ``sysfs_root``, ``dev_root``: where sysfs and /dev are (a container may
-    mount the host's elsewhere).
+    ``sysfs_root``, ``dev_root``: where this daemon finds the host's sysfs and
+    /dev (a container may mount them elsewhere); device specs handed to the
+    kubelet always name the host's own ``/dev/vfio/...`` paths.
     ``rescan_interval``: seconds between scans for hot-plugged or removed
     devices (0: only when the engine lists devices or checks health).
     """

@@ -1,21 +1,29 @@
 """End to end: the daemon (a child process) serving devplug-vfio to the dev kubelet.
 
-The daemon's driver uses the host's sysfs through real file I/O, which the
-in-process kernel model cannot stand behind, so this scenario runs against
-the real kernel only (in the VM); its ``[model]`` case says so and skips.
+Against the real kernel (in the VM) the daemon is a child process on the
+host's sysfs. Against the kernel model, whose effects happen only behind its
+own file-access layer, the daemon runs in this process with the driver built
+on the model; everything else (gRPC, the dev kubelet, the ledger) is the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from devplug import DeviceSpec
+from devplug.config import parse_config
 from devplug.devkubelet import DevKubeletThread
 from devplug.devkubelet.model import ContainerSpec, PodSpec
+from devplug.testing.configs import dev_config
+from devplug.testing.daemon import DaemonThread
+from devplug_vfio import VfioDriver, VfioOptions
 
 WAIT = 30.0  # seconds: a generous bound on "eventually", never a timing assertion
 
@@ -31,12 +39,32 @@ def _eventually(predicate: Any, what: str) -> None:
 def test_a_pod_gets_the_nic_through_the_kubelet_and_gives_it_back(
     backend: Any, kit: ModuleType, request: pytest.FixtureRequest
 ) -> None:
-    if backend.name == "model":
-        pytest.skip("the daemon is a child process; the in-process kernel model cannot serve its sysfs writes")
     kubelet: DevKubeletThread = request.getfixturevalue("dev_kubelet")
-    start_daemon = request.getfixturevalue("devplug_daemon")
     sysfs = backend.sysfs
-    start_daemon({"example.com/nic": {"driver": "vfio", "options": {"devices": ["8086:10d3"], "rescan_interval": 0.2}}})
+    resources = {"example.com/nic": {"driver": "vfio", "options": {"devices": ["8086:10d3"], "rescan_interval": 0.2}}}
+    with contextlib.ExitStack() as stack:
+        if backend.name == "model":
+            stack.enter_context(_in_process_daemon(request.getfixturevalue("devplug_root"), resources, sysfs))
+            kubelet.wait_registered("example.com/nic", timeout=WAIT)
+            kubelet.wait_for(lambda k: bool(k.events_of("list-and-watch", "example.com/nic")), timeout=WAIT)
+        else:
+            request.getfixturevalue("devplug_daemon")(resources)
+        _pod_gets_the_nic_and_gives_it_back(kubelet, sysfs, kit)
+
+
+def _in_process_daemon(root: Path, resources: dict[str, Any], sysfs: Any) -> DaemonThread:
+    """The daemon in this process, its vfio driver built on the kernel model."""
+
+    class VfioOnModel(VfioDriver):
+        def __init__(self, options: VfioOptions) -> None:
+            super().__init__(options, access=sysfs)
+
+    config = parse_config(dev_config(root, resources))
+    config = replace(config, resources=tuple(replace(rc, driver_class=VfioOnModel) for rc in config.resources))
+    return DaemonThread(config)
+
+
+def _pod_gets_the_nic_and_gives_it_back(kubelet: DevKubeletThread, sysfs: Any, kit: ModuleType) -> None:
     group = kit.group_of(sysfs, kit.NIC)
 
     pod = kubelet.admit_pod(PodSpec("vm", [ContainerSpec("guest", {"example.com/nic": 1})]))
