@@ -95,6 +95,7 @@ class Resource:
         self.registered_at: float | None = None
         self.stopping = False
         self._restart = asyncio.Event()
+        self._restart_reason = ""
         self._kubelet_appeared = asyncio.Event()
         self._registered_kubelet_inode: int | None = None
         self._service: DevicePluginService | None = None
@@ -313,8 +314,6 @@ class Resource:
             return self.kubelet.kubelet_socket.stat().st_ino
         except OSError:
             return None
-
-    _restart_reason = ""
 
     def trigger_reregister(self, reason: str) -> None:
         """Serve on a fresh socket and register again (the kubelet restarted or dropped the resource)."""
