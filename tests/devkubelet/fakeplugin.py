@@ -55,6 +55,7 @@ class Behaviour:
     allocate_errors: dict[int, str] = field(default_factory=dict)  # Allocate call number (1-based) -> message
     pre_start_error: str | None = None
     envs_per_device: bool = True  # Allocate answers DEVICES=<ids> in envs
+    allocate_gate: asyncio.Event | None = None  # Allocate waits for it (a plugin stuck in Allocate)
 
 
 class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -107,6 +108,8 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
         plugin.record("Allocate", request)
         number = len(plugin.requests("Allocate"))
         error = plugin.behaviour.allocate_errors.get(number)
+        if plugin.behaviour.allocate_gate is not None:
+            await plugin.behaviour.allocate_gate.wait()
         if error is not None:
             await context.abort(grpc.StatusCode.INTERNAL, error)
         responses = [

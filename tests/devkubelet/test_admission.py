@@ -142,6 +142,24 @@ def test_allocate_error_rejects_the_pod_and_keeps_nothing(plugin_dir: Path) -> N
     asyncio.run(body())
 
 
+def test_plugin_dying_mid_allocate_rejects_the_pod(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir) as kubelet:
+            behaviour = Behaviour(allocate_gate=asyncio.Event())
+            plugin = await plugin_on(kubelet, devs("a", "b"), behaviour=behaviour)
+            admission = asyncio.ensure_future(kubelet.admit_pod(pod("p", app("main", 1))))
+            await plugin.wait_calls("Allocate")
+            plugin.end_streams()  # the plugin goes away while its Allocate is in flight
+            with pytest.raises(KubeletError, match="connection to the plugin closed"):
+                await admission
+            assert kubelet.pods() == []
+            assert behaviour.allocate_gate is not None
+            behaviour.allocate_gate.set()
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
 def test_init_container_devices_are_reused_by_app_containers(plugin_dir: Path) -> None:
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:

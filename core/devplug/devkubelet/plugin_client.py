@@ -190,6 +190,13 @@ class PluginClient:
             return await call
         except grpc.aio.AioRpcError as exc:
             raise PluginCallError(method, self.resource, exc.code().name, str(exc.details())) from None
+        except asyncio.CancelledError:
+            # The call, not this task, was cancelled: the plugin's stream ended (it died) and the
+            # channel was closed under the call. The kubelet sees that as a failed call.
+            task = asyncio.current_task()
+            if task is not None and getattr(task, "cancelling", lambda: 0)():
+                raise
+            raise PluginCallError(method, self.resource, "CANCELLED", "the connection to the plugin closed") from None
 
     async def get_preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
