@@ -101,9 +101,9 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self._stop.set)
+            await self._write_status()  # at once: a previous daemon's status must not linger
             lives = [asyncio.ensure_future(r.live()) for r in self.resources]
             reconciling = asyncio.ensure_future(self.reconciler.run())
-            self._status_changed()
             log.info(
                 "devplug serving %d resource(s): %s",
                 len(self.resources),
