@@ -188,9 +188,14 @@ class Ledger:
         touched = {r.id: copy.deepcopy(r) for r in self.records.values() if ids.intersection(r.all_devices())}
         return LedgerSnapshot(frozenset(self.records), touched)
 
-    def restore(self, snapshot: LedgerSnapshot) -> None:
-        for record_id in [r for r in self.records if r not in snapshot.record_ids]:
-            del self.records[record_id]
+    def restore(self, snapshot: LedgerSnapshot, created: Iterable[str]) -> None:
+        """Undo :meth:`begin`: drop the records it ``created``, put back the ones it changed.
+
+        Records of other Allocates in flight meanwhile are left alone.
+        """
+        for record_id in created:
+            if record_id not in snapshot.record_ids:
+                self.records.pop(record_id, None)
         self.records.update(snapshot.touched)
 
     # --- changes

@@ -149,7 +149,7 @@ class DeviceLifecycle:
                 hung = exc.still_running if isinstance(exc, HookTimeoutError) else None
                 done = len(results) if hung is not None else len(results) + 1
                 await self._undo(containers[:done], held_before)
-                self.ledger.restore(snapshot)
+                self.ledger.restore(snapshot, inflight)
                 if hung is not None:
                     self._undo_when_returned(hung, containers[len(results)], held_before, now)
                 await self._save()
