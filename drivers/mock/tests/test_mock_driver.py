@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from devplug import Device, DeviceSpec, DriverContext, DriverError, Health, Mount, Topology
-from devplug.drivers import DriverHooks
+from devplug.drivers import HOOK_NAMES, DriverHooks
 from devplug_mock import CALLS_FILE, DIRECTIVE_HOOKS, MockDriver, MockOptions, read_calls
 
 WAIT = 5.0  # seconds: a generous bound on "soon"; tests wait on conditions, never assert on timing
@@ -288,17 +288,7 @@ def test_stop_ends_hot_plug(hot: Running) -> None:
 
 
 def test_every_hook_is_implemented(running: Running) -> None:
-    assert running.hooks.implemented() == [
-        "start",
-        "stop",
-        "list_devices",
-        "check_health",
-        "preferred_allocation",
-        "allocate",
-        "pre_start",
-        "post_stop",
-        "deallocate",
-    ]
+    assert running.hooks.implemented() == list(HOOK_NAMES)  # every hook of the contract, in order
 
 
 def test_allocate(running: Running) -> None:
