@@ -39,7 +39,6 @@ __all__ = [
     "DriverHooks",
     "DriverInfo",
     "HOOK_NAMES",
-    "OPTIONAL_HOOKS",
     "driver_hook_names",
     "installed_drivers",
     "load_driver_class",
@@ -61,7 +60,6 @@ HOOK_NAMES: tuple[str, ...] = (
     "post_stop",
     "deallocate",
 )
-OPTIONAL_HOOKS = frozenset(HOOK_NAMES) - {"list_devices"}
 
 log = logging.getLogger("devplug.drivers")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.api.gen.podresources.v1 import api_pb2 as pr
 from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, Health, Mount, Topology
 
 __all__ = [
@@ -98,9 +97,3 @@ def allocation_from_pb(msg: dp.ContainerAllocateResponse) -> ContainerAllocation
         annotations=dict(msg.annotations),
         cdi_devices=tuple(CDIDevice(c.name) for c in msg.cdi_devices),
     )
-
-
-def topology_to_podresources(topology: Topology) -> pr.TopologyInfo | None:
-    if not topology.numa_nodes:
-        return None
-    return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in topology.numa_nodes])

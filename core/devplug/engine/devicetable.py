@@ -48,10 +48,6 @@ class DeviceTable:
         dev = self._devices.get(device_id)
         return None if dev is None else self._effective(dev)
 
-    def devices(self) -> list[Device]:
-        """Every device as advertised, in table order."""
-        return [self._effective(d) for d in self._devices.values()]
-
     def reported_devices(self) -> list[Device]:
         """Every device as the driver reports it."""
         return list(self._devices.values())
@@ -169,11 +165,3 @@ class DeviceTable:
         if self._waiter is None or self._waiter.done():
             self._waiter = asyncio.get_running_loop().create_future()
         return self._waiter
-
-    async def wait_changed(self, version: int) -> int:
-        """Wait until the table's version differs from ``version``; return the new version."""
-        while self.version == version:
-            if self._waiter is None or self._waiter.done():
-                self._waiter = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._waiter)
-        return self.version

@@ -37,7 +37,6 @@ class HookRunner:
         self.timeout = timeout
         self._executor = self._new_executor()
         self._lock = asyncio.Lock()
-        self.abandoned = 0
 
     def _new_executor(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hooks[{self.resource_name}]")
@@ -82,7 +81,6 @@ class HookRunner:
                 ) from exc
 
     def _abandon(self) -> None:
-        self.abandoned += 1
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._executor = self._new_executor()
 

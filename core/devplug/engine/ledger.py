@@ -47,7 +47,6 @@ class AllocationRecord:
     created: float = 0.0
     pod: str | None = None
     seen_at: float | None = None
-    gone_at: float | None = None
     releasing: bool = False
     post_stop_done: bool = False
     post_stopped: list[str] = field(default_factory=list)
@@ -70,7 +69,6 @@ class AllocationRecord:
             "created": self.created,
             "pod": self.pod,
             "seen_at": self.seen_at,
-            "gone_at": self.gone_at,
             "releasing": self.releasing,
             "post_stop_done": self.post_stop_done,
             "post_stopped": self.post_stopped,

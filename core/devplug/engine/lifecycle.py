@@ -64,7 +64,6 @@ class DeviceLifecycle:
         self.ledger = ledger
         self._save = save
         self.recent_releases: deque[Release] = deque(maxlen=50)
-        self.release_listeners: list[Callable[[Release], None]] = []
         #: IDs of the records an Allocate in flight is filling; the reconciler leaves them alone.
         self.allocating: set[str] = set()
         #: Called after every successful Allocate (wakes the reconciler).
@@ -127,8 +126,8 @@ class DeviceLifecycle:
     async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         """Allocate for every container of one request, all or nothing."""
         self._check_servable(containers)
-        await self._release_stale_holders(containers)
-        self._check_servable(containers)
+        if await self._release_stale_holders(containers):
+            self._check_servable(containers)  # a release withholds devices until it is done
         snapshot = self.ledger.snapshot(i for ids in containers for i in ids)
         held_before = self.ledger.held_devices()
         now = time.time()
@@ -163,16 +162,21 @@ class DeviceLifecycle:
             log.info("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
         return results
 
-    async def _release_stale_holders(self, containers: Sequence[Sequence[str]]) -> None:
-        """Release allocations whose pod is gone but whose devices the kubelet hands out again."""
+    async def _release_stale_holders(self, containers: Sequence[Sequence[str]]) -> bool:
+        """Release allocations whose pod is gone but whose devices the kubelet hands out again.
+
+        Returns whether anything was released.
+        """
         if self.stale_check is None:
-            return
+            return False
         holders = {r.id: r for ids in containers for i in ids for r in self.ledger.holders(i) if not r.releasing}
         if not holders:
-            return
-        for record in await self.stale_check(list(holders.values())):
+            return False
+        stale = await self.stale_check(list(holders.values()))
+        for record in stale:
             if record.id in self.ledger.records:
                 await self.release(record, f"pod {record.pod} is gone and the kubelet allocates its devices again")
+        return bool(stale)
 
     def _undo_when_returned(
         self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float
@@ -221,9 +225,7 @@ class DeviceLifecycle:
                 log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
-        unknown = [i for i in device_ids if i not in self.table and not self.ledger.holders(i)]
-        if unknown:
-            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(unknown)}")
+        self._check_known(device_ids)
         await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
 
     async def post_stop(self, device_ids: Sequence[str]) -> None:
@@ -341,8 +343,6 @@ class DeviceLifecycle:
             reason,
             extra={"device": _ids(devices)},
         )
-        for listener in self.release_listeners:
-            listener(release)
 
     def _sync_withheld(self) -> None:
         self.table.set_withheld(self.ledger.releasing_devices())

@@ -29,7 +29,7 @@ import grpc.aio
 from devplug.config import ReleaseConfig
 from devplug.engine.ledger import AllocationRecord, new_record_id
 from devplug.engine.podresources import DeviceUse, PodResourcesClient
-from devplug.engine.resource import Resource
+from devplug.engine.resource import Resource, wait_any
 from devplug.errors import DriverError
 
 __all__ = ["Reconciler"]
@@ -84,24 +84,14 @@ class Reconciler:
                 if not self._busy():
                     self._wake.clear()
                     if self._starting():
-                        await self._sleep_or_wake(self.interval)
+                        await wait_any(self._wake, timeout=self.interval)
                         continue
                     await self._wake.wait()
                     continue
                 await self.reconcile_once()
-                await self._sleep_or_wake(self._delay, wake=False)
+                await asyncio.sleep(self._delay)
         finally:
             await self.client.close()
-
-    async def _sleep_or_wake(self, delay: float, wake: bool = True) -> None:
-        if not wake:
-            await asyncio.sleep(delay)
-            return
-        with_timeout = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait((with_timeout,), timeout=delay)
-        finally:
-            with_timeout.cancel()
 
     async def reconcile_once(self) -> bool:
         """One pass over every resource; returns False when PodResources could not be read."""

@@ -35,6 +35,16 @@ __all__ = ["Resource", "ResourceState"]
 log = logging.getLogger("devplug.engine")
 
 
+async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Return when any of ``events`` is set, or after ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 class ResourceState(str, enum.Enum):
     """Where a resource is in its life, as ``devplug status`` shows it."""
 
@@ -228,7 +238,7 @@ class Resource:
                 except Exception as exc:  # never leave the resource unregistered for good
                     self.last_error = f"serving failed: {type(exc).__name__}: {exc}"
                     log.exception("[%s] serving failed; starting over", self.name)
-                    await self._wait_any(self._restart, timeout=1.0)
+                    await wait_any(self._restart, timeout=1.0)
         finally:
             self._running.set()
 
@@ -242,7 +252,7 @@ class Resource:
                 # e.g. the kubelet, starting, deleted the fresh socket before it could be set up: serve again.
                 self.last_error = f"serving on {self.socket_path} failed: {exc}"
                 log.warning("[%s] %s; retrying", self.name, self.last_error)
-                await self._wait_any(self._restart, timeout=backoff.next())
+                await wait_any(self._restart, timeout=backoff.next())
                 continue
             self.state = ResourceState.REGISTERING
             self._on_change()
@@ -264,7 +274,7 @@ class Resource:
                         delay,
                     )
                     self._kubelet_appeared.clear()
-                    await self._wait_any(self._restart, self._kubelet_appeared, timeout=delay)
+                    await wait_any(self._restart, self._kubelet_appeared, timeout=delay)
                     continue
                 self._registered_kubelet_inode = inode
                 self.registrations += 1
@@ -276,7 +286,7 @@ class Resource:
                 break
             if self.stopping:
                 break
-            await self._wait_any(self._restart)  # returns at once if registration was cut short
+            await wait_any(self._restart)  # returns at once if registration was cut short
             if not self.stopping:
                 log.info("[%s] re-registering: %s", self.name, self._restart_reason)
                 self.state = ResourceState.REGISTERING
@@ -299,15 +309,6 @@ class Resource:
             return True
         call.cancel()
         return False
-
-    @staticmethod
-    async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
 
     def _kubelet_inode(self) -> int | None:
         try:
