@@ -19,6 +19,8 @@ import grpc.aio
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from devplug.api.gen.podresources.v1 import api_pb2 as pr
+from devplug.api.gen.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.devkubelet import DevKubelet, ResourceView
 
 
@@ -53,6 +55,7 @@ class Behaviour:
     preferred: Sequence[str] | None = None  # None: echo the must-includes, then the first available
     preferred_error: str | None = None
     allocate_errors: dict[int, str] = field(default_factory=dict)  # Allocate call number (1-based) -> message
+    allocate_empty: set[int] = field(default_factory=set)  # Allocate call numbers answered with no container response
     pre_start_error: str | None = None
     envs_per_device: bool = True  # Allocate answers DEVICES=<ids> in envs
     allocate_gate: asyncio.Event | None = None  # Allocate waits for it (a plugin stuck in Allocate)
@@ -112,6 +115,8 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
             await plugin.behaviour.allocate_gate.wait()
         if error is not None:
             await context.abort(grpc.StatusCode.INTERNAL, error)
+        if number in plugin.behaviour.allocate_empty:
+            return dp.AllocateResponse()
         responses = [
             dp.ContainerAllocateResponse(
                 envs={"DEVICES": ",".join(creq.devices_ids)},
@@ -204,8 +209,23 @@ class FakePlugin:
             await self._server.stop(None)
             self._server = None
 
-    async def register(self, kubelet_socket: Path, *, version: str = "v1beta1", resource: str | None = None) -> None:
-        """Call Register on the kubelet; raises grpc.aio.AioRpcError when refused."""
+    async def register(
+        self,
+        kubelet_socket: Path,
+        *,
+        version: str = "v1beta1",
+        resource: str | None = None,
+        options: Any = None,
+    ) -> None:
+        """Call Register on the kubelet; raises grpc.aio.AioRpcError when refused.
+
+        ``options`` (a DevicePluginOptions) goes in the request; by default the behaviour's own flags.
+        """
+        if options is None:
+            options = dp.DevicePluginOptions(
+                pre_start_required=self.behaviour.pre_start_required,
+                get_preferred_allocation_available=self.behaviour.preferred_available,
+            )
         async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
             stub = dp_grpc.RegistrationStub(channel)
             await stub.Register(
@@ -213,10 +233,7 @@ class FakePlugin:
                     version=version,
                     endpoint=self.endpoint,
                     resource_name=self.resource if resource is None else resource,
-                    options=dp.DevicePluginOptions(
-                        pre_start_required=self.behaviour.pre_start_required,
-                        get_preferred_allocation_available=self.behaviour.preferred_available,
-                    ),
+                    options=options,
                 ),
                 timeout=30,
             )
@@ -271,6 +288,23 @@ async def plugin_on(
         what=f"{resource}'s first device list",
     )
     return plugin
+
+
+async def push_list(kubelet: DevKubelet, plugin: FakePlugin, devices: Sequence[Dev] | None = None) -> None:
+    """Send a device list (the current one by default) and wait until the kubelet rewrote its checkpoint."""
+    before = kubelet.checkpoint_writes
+    plugin.update(plugin.devices if devices is None else devices)
+    await kubelet.wait_for(lambda k: k.checkpoint_writes > before, what="the checkpoint rewritten after a device list")
+
+
+async def list_pods(kubelet: DevKubelet) -> dict[str, dict[str, list[str]]]:
+    """PodResources List over the socket: ``namespace/name`` -> container -> device IDs, in listed order."""
+    async with grpc.aio.insecure_channel(f"unix:{kubelet.pod_resources_socket}") as channel:
+        reply = await pr_grpc.PodResourcesListerStub(channel).List(pr.ListPodResourcesRequest(), timeout=10)
+    return {
+        f"{p.namespace}/{p.name}": {c.name: [i for d in c.devices for i in d.device_ids] for c in p.containers}
+        for p in reply.pod_resources
+    }
 
 
 def gpu(kubelet: DevKubelet, resource: str = "example.com/gpu") -> ResourceView:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.devkubelet import ContainerSpec, ContainerStartError, PodSpec
+from devplug.devkubelet import ContainerSpec, ContainerStartError, PodPhase, PodSpec
 from devplug.errors import KubeletError
 from devplug.types import ContainerAllocation, DeviceSpec
 from tests.devkubelet.fakeplugin import Behaviour, Dev, devs, gpu, plugin_on, running_kubelet
@@ -122,20 +122,33 @@ def test_no_preferred_allocation_call_unless_advertised(plugin_dir: Path) -> Non
     asyncio.run(body())
 
 
-def test_allocate_error_rejects_the_pod_and_keeps_nothing(plugin_dir: Path) -> None:
+def test_allocate_error_rejects_the_pod_which_stays_known_and_whose_devices_go_to_the_next_pod(
+    plugin_dir: Path,
+) -> None:
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:
             behaviour = Behaviour(allocate_errors={2: "device b is wedged"})
             plugin = await plugin_on(kubelet, devs("a", "b", "c"), behaviour=behaviour)
             with pytest.raises(KubeletError, match="device b is wedged") as info:
                 await kubelet.admit_pod(pod("p", app("one", 1), app("two", 1)))
-            assert "pod default/p rejected" in str(info.value)
+            assert "pod default/p rejected: UnexpectedAdmissionError: Allocate failed due to rpc error: " in str(
+                info.value
+            )
             assert kubelet.pods() == []
+            assert kubelet.pod_phase("p") == PodPhase.REJECTED
+            (rejected,) = kubelet.known_pods()
+            assert rejected.phase == PodPhase.REJECTED
+            assert rejected.container("one").devices == {GPU: ("a",)}
+            # the kubelet keeps container one's entry until its next UpdateAllocatedDevices...
+            entries = [(e.pod, e.container, e.device_ids) for e in kubelet.pod_device_entries()]
+            assert entries == [("default/p", "one", ("a",))]
+            assert kubelet.attributed(GPU) == {}  # ...but no live container holds it
             assert gpu(kubelet).in_use == frozenset()
             assert kubelet.events[-1].kind == "pod-rejected"
-            # nothing was kept: a later pod gets every device, starting with the first one's
+            # the next pod's allocation drops the rejected pod's entry and takes its device at once
             admitted = await kubelet.admit_pod(pod("q", app("main", 3)))
             assert admitted.containers[0].devices[GPU] == ("a", "b", "c")
+            assert [e.pod for e in kubelet.pod_device_entries()] == ["default/q"]
             assert plugin.requests("Deallocate") == []  # stock mode calls nothing
             await plugin.stop()
 
@@ -275,8 +288,8 @@ def test_kep_mode_removal_calls_post_stop_per_container_then_deallocate_once(plu
             await kubelet.remove_pod("p")
             assert [list(r.devices_ids) for r in plugin.requests("PostStopContainer")] == [["a"], ["a", "b"]]
             assert [list(r.devices_ids) for r in plugin.requests("Deallocate")] == [["a", "b"]]
-            kinds = [e.kind for e in kubelet.events][-4:]
-            assert kinds == ["post-stop", "post-stop", "deallocate", "pod-removed"]
+            kinds = [e.kind for e in kubelet.events][-5:]
+            assert kinds == ["post-stop", "post-stop", "deallocate", "pod-finished", "pod-removed"]
             assert gpu(kubelet).in_use == {"c"}
             await plugin.stop()
 
@@ -314,11 +327,16 @@ def test_pods_are_rejected_for_unknown_resources_and_duplicates(plugin_dir: Path
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:
             plugin = await plugin_on(kubelet, devs("a", "b"))
-            with pytest.raises(KubeletError, match=r"no resource example\.com/fpga"):
+            with pytest.raises(KubeletError) as info:
                 await kubelet.admit_pod(pod("p", app("main", 1, "example.com/fpga")))
+            # the device manager skips a resource no plugin serves; the predicate admit handler rejects the pod
+            assert "Node didn't have enough resource: example.com/fpga, requested: 1, used: 0, capacity: 0" in str(
+                info.value
+            )
+            assert kubelet.pod_phase("p") == PodPhase.REJECTED
             await kubelet.admit_pod(pod("p", app("main", 1)))
             with pytest.raises(KubeletError, match="already admitted"):
-                await kubelet.admit_pod(pod("p", app("main", 1)))
+                await kubelet.admit_pod(pod("p", app("main", 1)))  # a running pod's name
             other_ns = await kubelet.admit_pod(PodSpec("p", [app("main", 1)], namespace="prod"))
             assert other_ns.containers[0].devices[GPU] == ("b",)
             await plugin.stop()

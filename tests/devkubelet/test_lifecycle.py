@@ -24,13 +24,15 @@ def make_socket(path: Path) -> None:
     sock.close()  # the socket file stays
 
 
-def test_start_deletes_every_socket_but_keeps_other_files(plugin_dir: Path) -> None:
+def test_start_deletes_everything_but_directories_and_the_checkpoint(plugin_dir: Path) -> None:
     plugin_dir.mkdir(parents=True)
     make_socket(plugin_dir / "stale-plugin.sock")
     make_socket(plugin_dir / "kubelet.sock")
     (plugin_dir / "kubelet_internal_checkpoint").write_text("{}")
+    (plugin_dir / "notes.txt").write_text("a plugin's file")  # CleanupPluginDirectory removes regular files too
+    (plugin_dir / "dangling").symlink_to(plugin_dir / "nowhere")
     (plugin_dir / "sub").mkdir()
-    make_socket(plugin_dir / "sub" / "nested.sock")  # only the top of the folder is cleaned
+    make_socket(plugin_dir / "sub" / "nested.sock")  # directories are left alone
 
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:
@@ -38,31 +40,36 @@ def test_start_deletes_every_socket_but_keeps_other_files(plugin_dir: Path) -> N
             assert names == ["kubelet.sock", "kubelet_internal_checkpoint", "sub"]
             assert (plugin_dir / "sub" / "nested.sock").exists()
             assert kubelet.pod_resources_socket.exists()
+            # "{}" fails its checksum: the kubelet goes on without it
+            (read,) = kubelet.events_of("checkpoint-read")
+            assert "failed to read the checkpoint" in read.detail
         assert not (plugin_dir / "kubelet.sock").exists()  # stop removes its sockets
-        assert (plugin_dir / "kubelet_internal_checkpoint").read_text() == "{}"
+        assert (plugin_dir / "kubelet_internal_checkpoint").read_text() == "{}"  # no device list came: not rewritten
 
     asyncio.run(body())
 
 
-def test_restart_deletes_plugin_sockets_forgets_registrations_and_keeps_pods(plugin_dir: Path) -> None:
+def test_restart_deletes_plugin_sockets_restores_the_checkpoint_and_keeps_pods(plugin_dir: Path) -> None:
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:
             plugin = await plugin_on(kubelet, devs("a", "b"))
             admitted = await kubelet.admit_pod(PodSpec("p", [ContainerSpec("main", {GPU: 1})]))
-            (plugin_dir / "kubelet_internal_checkpoint").write_text("checkpoint")
             assert plugin.socket.exists()
 
             await kubelet.restart()
             assert not plugin.socket.exists()
-            assert (plugin_dir / "kubelet_internal_checkpoint").read_text() == "checkpoint"
+            assert kubelet.checkpoint_path.exists()
             assert (plugin_dir / "kubelet.sock").exists()
             view = gpu(kubelet)
             assert not view.registered
-            assert (view.capacity, view.allocatable) == (2, 0)  # unhealthy until the plugin registers again
+            assert (view.capacity, view.allocatable) == (0, 0)  # restored from the checkpoint with no devices
             assert kubelet.pods() == [admitted]
             assert view.in_use == {"a"}
-            assert "restart" in [e.kind for e in kubelet.events]
-            with pytest.raises(KubeletError, match="unavailable"):
+            assert kubelet.attributed(GPU) == {"a": ("default/p", "main")}
+            kinds = [e.kind for e in kubelet.events]
+            assert "restart" in kinds
+            assert "1 entries restored" in kubelet.events_of("checkpoint-read")[-1].detail
+            with pytest.raises(KubeletError, match="no healthy devices present; cannot allocate unhealthy devices"):
                 await kubelet.admit_pod(PodSpec("q", [ContainerSpec("main", {GPU: 1})]))
 
             # the plugin must serve a fresh socket and register again
@@ -73,9 +80,30 @@ def test_restart_deletes_plugin_sockets_forgets_registrations_and_keeps_pods(plu
             await kubelet.wait_registered(GPU, after=1)
             await kubelet.wait_for(lambda k: gpu(k).allocatable == 2)
             assert kubelet.registrations(GPU) == 2
-            # the surviving pod still holds its device
+            # the surviving pod still holds its device; the rejected q is re-created as a new pod object
             admitted_q = await kubelet.admit_pod(PodSpec("q", [ContainerSpec("main", {GPU: 1})]))
             assert admitted_q.containers[0].devices[GPU] == ("b",)
+            await again.stop()
+
+    asyncio.run(body())
+
+
+def test_restart_with_a_corrupt_checkpoint_forgets_what_running_pods_hold(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir) as kubelet:
+            plugin = await plugin_on(kubelet, devs("a", "b"))
+            await kubelet.admit_pod(PodSpec("p", [ContainerSpec("main", {GPU: 1})]))
+            await plugin.stop()
+            kubelet.checkpoint_path.write_text("checkpoint")  # not what the kubelet wrote
+
+            await kubelet.restart()
+            assert "failed to read the checkpoint" in kubelet.events_of("checkpoint-read")[-1].detail
+            assert [p.spec.name for p in kubelet.pods()] == ["p"]  # the container still runs...
+            assert kubelet.attributed(GPU) == {}  # ...but the kubelet no longer knows it holds "a"
+            assert kubelet.resource(GPU) is None  # nor the resource, until its plugin registers again
+            again = await plugin_on(kubelet, devs("a", "b"))
+            taken = await kubelet.admit_pod(PodSpec("q", [ContainerSpec("main", {GPU: 2})]))
+            assert taken.containers[0].devices[GPU] == ("a", "b")  # "a" handed out under the running pod
             await again.stop()
 
     asyncio.run(body())

@@ -13,7 +13,8 @@ import pytest
 from devplug.api.gen.podresources.v1 import api_pb2 as pr
 from devplug.api.gen.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.devkubelet import ContainerSpec, DevKubelet, PodSpec
-from tests.devkubelet.fakeplugin import Dev, devs, plugin_on, running_kubelet
+from devplug.errors import KubeletError
+from tests.devkubelet.fakeplugin import Behaviour, Dev, devs, list_pods, plugin_on, running_kubelet
 
 GPU = "example.com/gpu"
 NIC = "example.com/nic"
@@ -35,7 +36,7 @@ def test_default_socket_follows_the_device_plugin_folder(plugin_dir: Path) -> No
 
 def test_list_get_and_allocatable(plugin_dir: Path) -> None:
     async def body() -> None:
-        async with running_kubelet(plugin_dir) as kubelet:
+        async with running_kubelet(plugin_dir, pod_resources_get=True) as kubelet:
             gpus = await plugin_on(kubelet, [Dev("g0", numa=(0,)), Dev("g1", numa=(1,)), Dev("g2", "Unhealthy")])
             nics = await plugin_on(kubelet, [Dev("n0"), Dev("n1", numa=(0, 1))], resource=NIC, endpoint="nic.sock")
             await kubelet.admit_pod(
@@ -86,13 +87,85 @@ def test_list_get_and_allocatable(plugin_dir: Path) -> None:
     asyncio.run(body())
 
 
-def test_get_unknown_pod_is_not_found(plugin_dir: Path) -> None:
+def test_get_is_disabled_by_default_with_the_kubelets_plain_error(plugin_dir: Path) -> None:
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:
+            plugin = await plugin_on(kubelet, devs("a"))
+            await kubelet.admit_pod(PodSpec("p", [ContainerSpec("main", {GPU: 1})]))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(kubelet, "Get", pr.GetPodResourcesRequest(pod_name="p", pod_namespace="default"))
+            assert info.value.code() == grpc.StatusCode.UNKNOWN  # a plain Go error, not a status
+            assert info.value.details() == "PodResources API Get method disabled"
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
+def test_get_unknown_pod_is_unknown_not_not_found(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir, pod_resources_get=True) as kubelet:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await call(kubelet, "Get", pr.GetPodResourcesRequest(pod_name="ghost", pod_namespace="default"))
-            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            assert info.value.code() == grpc.StatusCode.UNKNOWN
             assert info.value.details() == "pod ghost in namespace default not found"
+
+    asyncio.run(body())
+
+
+async def three_pods(kubelet: DevKubelet) -> None:
+    """Running q (device b), finished p (had a), rejected r (its second container's Allocate failed)."""
+    await kubelet.admit_pod(PodSpec("p", [ContainerSpec("main", {GPU: 1})]))
+    await kubelet.admit_pod(PodSpec("q", [ContainerSpec("main", {GPU: 1})]))
+    await kubelet.finish_pod("p")
+    with pytest.raises(KubeletError):
+        await kubelet.admit_pod(PodSpec("r", [ContainerSpec("one", {GPU: 1}), ContainerSpec("two", {GPU: 1})]))
+
+
+def test_list_shows_finished_and_rejected_pods_without_devices_but_not_deleted_ones(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir) as kubelet:
+            plugin = await plugin_on(kubelet, devs("a", "b", "c"), behaviour=Behaviour(allocate_errors={4: "no"}))
+            await three_pods(kubelet)
+            assert await list_pods(kubelet) == {
+                "default/p": {"main": []},
+                "default/q": {"main": ["b"]},
+                "default/r": {"one": [], "two": []},
+            }
+            await kubelet.remove_pod("p")
+            await kubelet.remove_pod("r")
+            assert await list_pods(kubelet) == {"default/q": {"main": ["b"]}}
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
+def test_list_active_pods_only_as_kubelets_from_1_34(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir, list_active_pods_only=True) as kubelet:
+            plugin = await plugin_on(kubelet, devs("a", "b", "c"), behaviour=Behaviour(allocate_errors={4: "no"}))
+            await three_pods(kubelet)
+            assert await list_pods(kubelet) == {"default/q": {"main": ["b"]}}
+            kubelet.list_active_pods_only = False
+            assert set(await list_pods(kubelet)) == {"default/p", "default/q", "default/r"}
+            await plugin.stop()
+
+    asyncio.run(body())
+
+
+def test_get_returns_a_finished_pod_with_devices_until_an_update_drops_them(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir, pod_resources_get=True) as kubelet:
+            plugin = await plugin_on(kubelet, devs("a"))
+            await kubelet.admit_pod(PodSpec("p", [ContainerSpec("main", {GPU: 1})]))
+            await kubelet.finish_pod("p")
+            request = pr.GetPodResourcesRequest(pod_name="p", pod_namespace="default")
+            got = await call(kubelet, "Get", request)  # Get does not call UpdateAllocatedDevices
+            assert entries(got.pod_resources.containers[0].devices) == [(GPU, ["a"], [])]
+            await call(kubelet, "List", pr.ListPodResourcesRequest())  # List does
+            got = await call(kubelet, "Get", request)
+            assert got.pod_resources.name == "p"
+            assert list(got.pod_resources.containers[0].devices) == []
+            await plugin.stop()
 
     asyncio.run(body())
 

@@ -1,41 +1,72 @@
-"""The kubelet's device manager, as a model: which pod holds which devices, and how admission picks them.
+"""The kubelet's device manager, as a model: which container holds which devices, and how admission picks them.
 
-Admission follows the kubelet's ``devicesToAllocate``: containers in order,
-init containers first; devices of finished init containers are reused by later
-containers of the same pod before anything new is taken (so one device ID can
-be allocated twice in one pod with nothing released in between); then the
-plugin's preferred allocation when it offers one (must-includes passed, IDs it
-should not have named ignored, any shortfall filled here); then one Allocate
-per container and resource. No gRPC here: the calls go through
-:class:`PluginCalls`.
+Follows ``pkg/kubelet/cm/devicemanager/manager.go`` of Kubernetes v1.32.10
+(``ManagerImpl``), function by function:
+
+* :meth:`DeviceManager.allocate` is ``Allocate``: one container at a time;
+  a plain init container's devices join the pod's reuse pool
+  (``devicesToReuse``), an app container's or a sidecar's (restartable init
+  container) leave it, so later app containers reuse a finished init
+  container's devices (the same ID allocated twice, nothing released in
+  between) but never a sidecar's. The pool belongs to one pod: the next
+  pod's first Allocate discards it;
+* ``allocateContainerResources``: for each resource of the container that
+  is a device-plugin resource (``isDevicePluginResource``: the manager has a
+  device list for it or has allocated it; other resources are skipped here
+  and left to the admission predicates), ``UpdateAllocatedDevices`` first
+  (once per container), then ``devicesToAllocate``, then one Allocate RPC per
+  resource, with no pod identity in it. On an RPC error ``allocatedDevices``
+  is rebuilt from ``podDevices`` and the error returned; on an empty reply the
+  error is returned *without* that rebuild (the devices stay "allocated"
+  until an ``UpdateAllocatedDevices`` drops some pod). The checkpoint is
+  written at the end only when at least one resource needed an Allocate
+  and every one succeeded (``needsUpdateCheckpoint``): a container that fails
+  part-way leaves its first resources in ``podDevices`` but not on disk;
+* ``UpdateAllocatedDevices``: once the config sources are ready, drop every
+  ``podDevices`` entry whose pod is not active and rebuild
+  ``allocatedDevices``; before that, nothing. It is lazy: nothing else frees
+  devices, so a finished or rejected pod's devices stay attributed until the
+  next allocation or PodResources List, which then hands them straight on;
+* ``devicesToAllocate``: the kubelet's checks and texts, in its order; reuse
+  first; then, with no topology manager hint (``filterByAffinity`` returns
+  every available device as "no affinity", so the ``needed < aligned.Len()``
+  branch is never taken), GetPreferredAllocation whenever devices are still
+  needed after reuse and the plugin advertises it (even when exactly enough
+  are available), offering the available devices plus the ones already
+  chosen, which are passed as ``must_include``, with the container's whole
+  request as the size; then the plugin's picks that are available, then the
+  rest in the plugin's device order;
+* ``GetDeviceRunContainerOptions``/``callPreStartContainerIfNeeded`` at each
+  container start: PreStartContainer when the plugin asked for it (not after
+  a restart until it registers again: the restored endpoint has no options),
+  an error when the endpoint is stopped, and a fresh Allocate for an active
+  pod's container that has no entry (lost across a restart).
+
+Not modelled: the topology manager's NUMA hints, CPU and memory managers.
+No gRPC here: the calls go through :class:`PluginCalls`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from devplug.devkubelet.model import (
-    AdmittedContainer,
-    AdmittedPod,
-    ContainerSpec,
-    DeviceInfo,
-    PluginOptions,
-    PodSpec,
-)
+from devplug.api.convert import allocation_from_pb
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.devkubelet.model import ContainerSpec, DeviceInfo, PluginOptions, PodDeviceEntry
+from devplug.devkubelet.poddevices import DeviceAllocateInfo, PodDevices, devices_per_numa
+from devplug.devkubelet.pods import ContainerRecord, PodKey, PodRecord, pod_label
 from devplug.errors import KubeletError
-from devplug.types import ContainerAllocation
 
-__all__ = ["ContainerRecord", "ContainerStartError", "DeviceManager", "PluginCalls", "PodRecord"]
+__all__ = ["ContainerStartError", "DeviceManager", "Endpoint", "PluginCalls", "go_error"]
 
-PodKey = tuple[str, str]
 #: Records one event: (kind, resource, detail, device IDs).
 Recorder = Callable[[str, str, str, tuple[str, ...]], None]
 
 
 class ContainerStartError(KubeletError):
-    """A container of an admitted pod failed to start (PreStartContainer failed).
+    """A container of an admitted pod failed to start (PreStartContainer, or a re-Allocate, failed).
 
     The pod stays admitted and keeps its devices, as in the kubelet, which
     retries the start: call ``start_container`` again, or remove the pod.
@@ -50,17 +81,13 @@ class ContainerStartError(KubeletError):
 class PluginCalls(Protocol):
     """What the device manager needs from a registered plugin (``PluginClient`` implements it)."""
 
-    @property
-    def options(self) -> PluginOptions:
-        """The plugin's answer to GetDevicePluginOptions."""
-
     async def get_preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> tuple[str, ...]:
         """GetPreferredAllocation for one container."""
 
-    async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        """Allocate for one container."""
+    async def allocate_response(self, device_ids: Sequence[str]) -> dp.AllocateResponse:
+        """Allocate for one container: the whole reply."""
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """PreStartContainer."""
@@ -72,278 +99,306 @@ class PluginCalls(Protocol):
         """Deallocate (KEP)."""
 
 
-@dataclass
-class ContainerRecord:
-    """One container's assignment: device IDs, their NUMA nodes at allocation time, Allocate's answers."""
+@dataclass(frozen=True)
+class Endpoint:
+    """The manager's ``endpointInfo`` for a resource.
 
-    name: str
-    init: bool
-    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    numa: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
-    allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
+    ``plugin`` is None while the endpoint is stopped (its stream ended, or it
+    was restored from the checkpoint at start and the plugin has not
+    registered since); ``options`` is None for an endpoint restored from the
+    checkpoint (``newStoppedEndpointImpl`` with ``opts: nil``).
+    """
 
-    def admitted(self) -> AdmittedContainer:
-        """This record as the public, frozen value."""
-        return AdmittedContainer(
-            name=self.name, devices=dict(self.devices), allocations=dict(self.allocations), init=self.init
-        )
+    resource: str
+    plugin: PluginCalls | None
+    options: PluginOptions | None
 
 
-@dataclass
-class PodRecord:
-    """One admitted pod and its containers' assignments (the kubelet's checkpoint keeps these)."""
-
-    spec: PodSpec
-    containers: list[ContainerRecord] = field(default_factory=list)
-
-    def admitted(self) -> AdmittedPod:
-        """This record as the public, frozen value."""
-        return AdmittedPod(spec=self.spec, containers=tuple(c.admitted() for c in self.containers))
-
-    def container(self, name: str) -> ContainerRecord | None:
-        """The container called ``name``, or None."""
-        for container in self.containers:
-            if container.name == name:
-                return container
-        return None
-
-    def resource_devices(self, resource: str) -> list[str]:
-        """The pod's distinct device IDs of ``resource``, in assignment order."""
-        return list(dict.fromkeys(i for c in self.containers for i in c.devices.get(resource, ())))
-
-    def resources(self) -> list[str]:
-        """Every resource any container of the pod holds, in first-use order."""
-        return list(dict.fromkeys(r for c in self.containers for r in c.devices))
+_GO_CODE_NAMES = {"CANCELLED": "Canceled", "OK": "OK"}
 
 
-def _label(spec: PodSpec, container: str | None = None) -> str:
-    pod = f"{spec.namespace}/{spec.name}"
-    return f"{pod}/{container}" if container else pod
+def go_error(exc: KubeletError) -> str:
+    """A failed plugin call as the kubelet's Go gRPC client words it (``rpc error: code = X desc = Y``)."""
+    code = getattr(exc, "code", None)
+    details = getattr(exc, "details", None)
+    if not isinstance(code, str) or not isinstance(details, str):
+        return str(exc)
+    name = _GO_CODE_NAMES.get(code) or "".join(part.capitalize() for part in code.split("_"))
+    return f"rpc error: code = {name} desc = {details}"
+
+
+def _stopped(resource: str) -> str:
+    return f"endpoint {resource} has been stopped"  # errEndpointStopped prints the endpoint struct
 
 
 class DeviceManager:
-    """The pods and their device assignments, and the admission, start and removal procedures.
+    """``ManagerImpl``'s allocation state (``podDevices``, ``allocatedDevices``, the reuse pool) and procedures.
 
-    ``plugin_for(resource)`` gives the currently registered plugin (or None);
-    ``devices_for(resource)`` the resource's latest device list (or None if
-    the resource is unknown); ``record`` receives every event.
+    ``endpoint_for(resource)`` is ``m.endpoints[resource]`` (None if absent);
+    ``devices_for(resource)`` the resource's device list, health included
+    (``allDevices``/``healthyDevices``; None when the manager has no device
+    list entry for it); ``active_uids()`` the UIDs of ``GetActivePods``;
+    ``sources_ready()`` ``sourcesReady.AllReady``; ``write_checkpoint(why)``
+    writes the checkpoint (raising :class:`KubeletError` when the write
+    fails); ``record`` receives every event.
     """
 
     def __init__(
         self,
-        plugin_for: Callable[[str], PluginCalls | None],
+        endpoint_for: Callable[[str], Endpoint | None],
         devices_for: Callable[[str], Sequence[DeviceInfo] | None],
+        active_uids: Callable[[], set[str]],
+        sources_ready: Callable[[], bool],
+        write_checkpoint: Callable[[str], None],
         record: Recorder,
     ) -> None:
-        self._plugin_for = plugin_for
+        self._endpoint_for = endpoint_for
         self._devices_for = devices_for
+        self._active_uids = active_uids
+        self._sources_ready = sources_ready
+        self._write_checkpoint = write_checkpoint
         self._record = record
-        self._pods: dict[PodKey, PodRecord] = {}
-        self._pending: PodRecord | None = None
+        #: ``podDevices``: who holds what, by pod UID, container and resource.
+        self.pod_devices = PodDevices()
+        #: ``allocatedDevices``: the devices the next ``devicesToAllocate`` will not hand out, per resource.
+        self.allocated: dict[str, set[str]] = {}
+        self._reuse_uid: str | None = None
+        self._reuse: dict[str, list[str]] = {}  # devicesToReuse of the pod being allocated
 
-    # -- queries ---------------------------------------------------------------------------------
+    # -- state -----------------------------------------------------------------------------------
 
-    def records(self) -> list[PodRecord]:
-        """The admitted pods, in admission order."""
-        return list(self._pods.values())
+    def reset(self) -> None:
+        """A new kubelet process: nothing allocated, nothing to reuse (``newManagerImpl``)."""
+        self.pod_devices.clear()
+        self.allocated = {}
+        self._reuse_uid, self._reuse = None, {}
 
-    def get(self, key: PodKey) -> PodRecord | None:
-        """The admitted pod with this (namespace, name), or None."""
-        return self._pods.get(key)
+    def restored(self) -> None:
+        """After ``fromCheckpointData``: ``allocatedDevices`` rebuilt from ``podDevices`` (``readCheckpoint``)."""
+        self.allocated = self.pod_devices.devices()
+
+    def is_device_plugin_resource(self, resource: str) -> bool:
+        """``isDevicePluginResource``: the manager has a device list for it, or has allocated some of it."""
+        return self._devices_for(resource) is not None or resource in self.allocated
+
+    def update_allocated_devices(self) -> list[str]:
+        """``UpdateAllocatedDevices``: once sources are ready, drop the entries of inactive pods; their UIDs."""
+        active = self._active_uids()
+        if not self._sources_ready():
+            return []
+        to_remove = sorted(self.pod_devices.pods() - active)
+        if not to_remove:
+            return []
+        self.pod_devices.delete(to_remove)
+        self.allocated = self.pod_devices.devices()
+        self._record("pod-devices-dropped", "", f"entries of inactive pod(s) {', '.join(to_remove)} dropped", ())
+        return to_remove
 
     def in_use(self, resource: str) -> set[str]:
-        """Device IDs of ``resource`` held by admitted pods (and by the pod being admitted)."""
-        pods: Iterable[PodRecord] = self._pods.values()
-        if self._pending is not None:
-            pods = [*pods, self._pending]
-        return {i for pod in pods for c in pod.containers for i in c.devices.get(resource, ())}
+        """``allocatedDevices[resource]`` as the next ``UpdateAllocatedDevices`` would leave it (nothing changed)."""
+        if self._sources_ready():
+            stale = self.pod_devices.pods() - self._active_uids()
+            if stale:
+                return {
+                    i
+                    for uid, _, res, info in self.pod_devices.entries()
+                    if res == resource and uid not in stale
+                    for i in info.device_ids
+                }
+        return set(self.allocated.get(resource, set()))
 
-    # -- admission -------------------------------------------------------------------------------
+    def entries(self, label_of: Callable[[str], str]) -> list[PodDeviceEntry]:
+        """Every ``podDevices`` entry, live pods or not (``label_of(uid)``: ``namespace/name`` or ``""``)."""
+        return [
+            PodDeviceEntry(uid, label_of(uid), container, resource, dict(info.devices_by_numa))
+            for uid, container, resource, info in self.pod_devices.entries()
+        ]
 
-    async def admit(self, spec: PodSpec, *, kep_mode: bool) -> AdmittedPod:
-        """Allocate devices for every container of ``spec``, then start its containers.
+    # -- Allocate --------------------------------------------------------------------------------
 
-        Raises :class:`KubeletError` when the pod is rejected (nothing is kept),
-        :class:`ContainerStartError` when it was admitted but a container
-        failed to start (the pod is kept).
+    async def allocate(self, pod: PodRecord, container: ContainerSpec, crec: ContainerRecord) -> None:
+        """``Allocate(pod, container)``: allocate the container's devices, then update the pod's reuse pool.
+
+        Raises :class:`KubeletError` with the kubelet's error text.
         """
-        if spec.key in self._pods:
-            raise KubeletError(f"pod {_label(spec)} is already admitted; remove it first")
-        record = PodRecord(spec)
-        self._pending = record
-        try:
-            await self._allocate_pod(record)
-        except KubeletError as exc:
-            self._pending = None
-            reason = str(exc)
-            self._record("pod-rejected", "", f"{_label(spec)}: {reason}", ())
-            if kep_mode:
-                await self._release(record, post_stop=False)
-            raise KubeletError(f"pod {_label(spec)} rejected: {reason}") from exc
-        finally:
-            self._pending = None
-        self._pods[spec.key] = record
-        self._record("pod-admitted", "", _label(spec), ())
-        for container in record.containers:
-            await self.start_container(spec.key, container.name)
-        return record.admitted()
+        if self._reuse_uid != pod.uid:  # entries of other pods are deleted from devicesToReuse
+            self._reuse_uid, self._reuse = pod.uid, {}
+        await self._allocate_container_resources(pod, container, crec)
+        held = self.pod_devices.container_resources(pod.uid, container.name)
+        for resource, info in held.items():
+            pool = self._reuse.setdefault(resource, [])
+            if container.init and not container.restartable:  # addContainerAllocatedResources
+                pool.extend(i for i in info.device_ids if i not in pool)
+            else:  # removeContainerAllocatedResources (app containers and sidecars keep theirs)
+                pool[:] = [i for i in pool if i not in info.device_ids]
 
-    async def _allocate_pod(self, record: PodRecord) -> None:
-        reusable: dict[str, list[str]] = {}  # the kubelet's devicesToReuse, per resource
-        for container in record.spec.ordered_containers():
-            crec = ContainerRecord(container.name, container.init)
-            record.containers.append(crec)
-            for resource, count in container.requests.items():
-                if count:
-                    await self._allocate_container(record, container, crec, resource, count, reusable)
-            for resource, ids in crec.devices.items():
-                pool = reusable.setdefault(resource, [])
-                if container.init:
-                    pool.extend(i for i in ids if i not in pool)
-                else:
-                    pool[:] = [i for i in pool if i not in ids]
-
-    async def _allocate_container(
-        self,
-        record: PodRecord,
-        container: ContainerSpec,
-        crec: ContainerRecord,
-        resource: str,
-        count: int,
-        reusable: dict[str, list[str]],
+    async def _allocate_container_resources(
+        self, pod: PodRecord, container: ContainerSpec, crec: ContainerRecord
     ) -> None:
-        label = _label(record.spec, container.name)
-        devices = self._devices_for(resource)
-        plugin = self._plugin_for(resource)
-        if devices is None:
-            raise KubeletError(f"container {container.name}: the node has no resource {resource}")
-        chosen = list(reusable.get(resource, ())[:count])
-        needed = count - len(chosen)
-        if needed:
-            in_use = self.in_use(resource)
-            available = [d.id for d in devices if d.healthy and d.id not in in_use and d.id not in chosen]
-            if len(available) < needed:
+        label = pod_label(pod.spec, container.name)
+        updated = False
+        needs_checkpoint = False
+        for resource, needed in container.requests.items():
+            if not self.is_device_plugin_resource(resource):
+                continue
+            if not updated:
+                self.update_allocated_devices()  # garbage-collects stranded devices first
+                updated = True
+            ids = await self._devices_to_allocate(pod, container.name, resource, needed, self._reuse.get(resource, []))
+            if not ids:
+                continue
+            needs_checkpoint = True
+            endpoint = self._endpoint_for(resource)
+            if endpoint is None:
+                self.allocated = self.pod_devices.devices()
+                raise KubeletError(f"unknown Device Plugin {resource}")
+            try:
+                if endpoint.plugin is None:
+                    raise KubeletError(_stopped(resource))
+                reply = await endpoint.plugin.allocate_response(ids)
+            except KubeletError as exc:
+                self._record("allocate", resource, f"{label}: failed: {exc}", ids)
+                self.allocated = self.pod_devices.devices()  # restore allocatedDevices to podDevices' state
+                raise KubeletError(go_error(exc)) from exc
+            if not reply.container_responses:
+                self._record("allocate", resource, f"{label}: failed: no container responses", ids)
+                raise KubeletError(f"no containers return in allocation response {reply}")
+            response = reply.container_responses[0]
+            try:
+                allocation = allocation_from_pb(response)
+            except ValueError as exc:  # the kubelet would pass it on; devplug's types cannot hold it
+                self._record("allocate", resource, f"{label}: failed: malformed response: {exc}", ids)
+                raise KubeletError(f"malformed allocation response from {resource}: {exc}") from exc
+            self._record("allocate", resource, label, ids)
+            devices = self._devices_for(resource) or ()
+            numa = {d.id: d.numa_nodes for d in devices}
+            encoded = response.SerializeToString(deterministic=True)
+            self.pod_devices.insert(
+                pod.uid, container.name, resource, DeviceAllocateInfo(devices_per_numa(ids, numa), encoded)
+            )
+            crec.devices[resource] = ids
+            crec.numa[resource] = {i: numa.get(i, ()) for i in ids}
+            crec.allocations[resource] = allocation
+        if needs_checkpoint:
+            self._write_checkpoint(f"allocation for {label}")
+
+    async def _devices_to_allocate(
+        self, pod: PodRecord, container: str, resource: str, required: int, reusable: Sequence[str]
+    ) -> tuple[str, ...]:
+        needed = required
+        existing = self.pod_devices.container_devices(pod.uid, container, resource)
+        if existing is not None:
+            needed -= len(existing)
+            if needed != 0:
                 raise KubeletError(
-                    f"container {container.name}: requested number of devices unavailable for {resource}. "
-                    f"Requested: {needed}, Available: {len(available)}"
+                    f'pod "{pod.uid}" container "{container}" changed request for resource "{resource}" '
+                    f"from {len(existing)} to {required}"
                 )
-            if plugin is not None and plugin.options.get_preferred_allocation_available:
-                preferred = await self._preferred(plugin, label, resource, available, chosen, count)
-                offered = set(available)
-                for device_id in preferred:
-                    if len(chosen) < count and device_id in offered and device_id not in chosen:
-                        chosen.append(device_id)
-            for device_id in available:
-                if len(chosen) == count:
-                    break
-                if device_id not in chosen:
-                    chosen.append(device_id)
-        if plugin is None:
-            raise KubeletError(f"container {container.name}: cannot allocate unregistered device {resource}")
-        ids = tuple(chosen)
-        try:
-            allocation = await plugin.allocate(ids)
-        except KubeletError as exc:
-            self._record("allocate", resource, f"{label}: failed: {exc}", ids)
-            raise KubeletError(f"container {container.name}: Allocate failed: {exc}") from exc
-        self._record("allocate", resource, label, ids)
-        numa = {d.id: d.numa_nodes for d in devices}
-        crec.devices[resource] = ids
-        crec.numa[resource] = {i: numa.get(i, ()) for i in ids}
-        crec.allocations[resource] = allocation
+        if not self._sources_ready() and pod.active and not pod.admitting:
+            return ()  # a kubelet restart: the container is running and already has its devices
+        devices = self._devices_for(resource)
+        if devices is None:
+            raise KubeletError(f"cannot allocate unregistered device {resource}")
+        healthy = [d.id for d in devices if d.healthy]
+        if not healthy:
+            raise KubeletError(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
+        if existing is not None and not set(existing) <= set(healthy):
+            raise KubeletError(
+                f"previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}"
+            )
+        if needed == 0:
+            return ()
+        chosen: list[str] = []
+
+        def take(candidates: Iterable[str]) -> bool:  # allocateRemainingFrom
+            nonlocal needed
+            for device_id in candidates:
+                if device_id in chosen:
+                    continue
+                self.allocated.setdefault(resource, set()).add(device_id)
+                chosen.append(device_id)
+                needed -= 1
+                if needed == 0:
+                    return True
+            return False
+
+        if take(reusable):
+            return tuple(chosen)
+        in_use = self.allocated.get(resource, set())
+        available = [i for i in healthy if i not in in_use]
+        if len(available) < needed:
+            raise KubeletError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {needed}, Available: {len(available)}"
+            )
+        label = pod_label(pod.spec, container)
+        preferred = await self._preferred(label, resource, [*chosen, *available], list(chosen), required)
+        offered = set(available)
+        if take(i for i in preferred if i in offered):
+            return tuple(chosen)
+        if take(available):
+            return tuple(chosen)
+        raise KubeletError(
+            f"unexpectedly allocated less resources than required. Requested: {required}, Got: {required - needed}"
+        )
 
     async def _preferred(
-        self,
-        plugin: PluginCalls,
-        label: str,
-        resource: str,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        size: int,
+        self, label: str, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> tuple[str, ...]:
-        offered = [*must_include, *available]
-        detail = f"{label}: size {size}, {len(offered)} available, must include {list(must_include)}"
+        """``callGetPreferredAllocationIfAvailable``: the plugin's picks, or () when it offers none."""
+        endpoint = self._endpoint_for(resource)
+        if endpoint is None:
+            raise KubeletError(f"endpoint not found in cache for a registered resource: {resource}")
+        if endpoint.options is None or not endpoint.options.get_preferred_allocation_available:
+            return ()
+        detail = f"{label}: size {size}, {len(available)} available, must include {list(must_include)}"
         try:
-            preferred = await plugin.get_preferred_allocation(offered, must_include, size)
+            if endpoint.plugin is None:
+                raise KubeletError(_stopped(resource))
+            preferred = await endpoint.plugin.get_preferred_allocation(available, must_include, size)
         except KubeletError as exc:
             self._record("preferred-allocation", resource, f"{detail}: failed: {exc}", ())
-            raise KubeletError(f"GetPreferredAllocation failed: {exc}") from exc
+            raise KubeletError(f"device plugin GetPreferredAllocation rpc failed with err: {go_error(exc)}") from exc
         self._record("preferred-allocation", resource, detail, preferred)
         return preferred
 
     # -- container start -------------------------------------------------------------------------
 
-    async def start_container(self, key: PodKey, name: str) -> None:
-        """Start (or restart) one container: PreStartContainer for each resource whose plugin asks for it."""
-        record = self._pods.get(key)
-        if record is None:
-            raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
-        crec = record.container(name)
-        if crec is None:
-            raise KubeletError(f"pod {_label(record.spec)} has no container {name!r}")
-        label = _label(record.spec, name)
-        for resource, ids in crec.devices.items():
-            plugin = self._plugin_for(resource)
-            if plugin is None:
-                self._record("pre-start", resource, f"{label}: skipped, no plugin registered", ids)
-                continue
-            if not plugin.options.pre_start_required:
-                continue
-            try:
-                await plugin.pre_start(ids)
-            except KubeletError as exc:
-                self._record("pre-start", resource, f"{label}: failed: {exc}", ids)
-                raise ContainerStartError(
-                    f"container {label} failed to start: PreStartContainer: {exc}", key, name
-                ) from exc
-            self._record("pre-start", resource, label, ids)
+    async def run_container_options(self, pod: PodRecord, container: ContainerSpec, crec: ContainerRecord) -> None:
+        """``GetDeviceRunContainerOptions`` at a container's (re)start: PreStartContainer, re-Allocate if lost.
 
-    # -- removal ---------------------------------------------------------------------------------
-
-    async def remove(self, key: PodKey, *, kep_mode: bool) -> None:
-        """Forget the pod; in KEP mode tell the plugins first (PostStopContainer, Deallocate).
-
-        The pod is removed even when a KEP call fails; the failures are raised
-        afterwards as one :class:`KubeletError`.
+        Raises :class:`KubeletError` with the kubelet's text when the start must fail.
         """
-        record = self._pods.pop(key, None)
-        if record is None:
-            raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
-        failures = await self._release(record, post_stop=True) if kep_mode else []
-        self._record("pod-removed", "", _label(record.spec), ())
-        if failures:
-            raise KubeletError(f"pod {_label(record.spec)} removed, but: " + "; ".join(failures))
-
-    async def _release(self, record: PodRecord, *, post_stop: bool) -> list[str]:
-        """The KEP calls for a pod that is gone (it must no longer be in ``_pods``)."""
-        failures: list[str] = []
-        for resource in record.resources():
-            plugin = self._plugin_for(resource)
-            if plugin is None:
+        needs_reallocate = False
+        for resource, count in container.requests.items():
+            if not self.is_device_plugin_resource(resource) or count == 0:
                 continue
-            if post_stop and plugin.options.post_stop_required:
-                for crec in record.containers:
-                    ids = crec.devices.get(resource)
-                    if not ids:
-                        continue
-                    label = _label(record.spec, crec.name)
-                    try:
-                        await plugin.post_stop(ids)
-                    except KubeletError as exc:
-                        self._record("post-stop", resource, f"{label}: failed: {exc}", ids)
-                        failures.append(str(exc))
-                    else:
-                        self._record("post-stop", resource, label, ids)
-            if plugin.options.deallocate_available:
-                still_used = self.in_use(resource)
-                ids = tuple(i for i in record.resource_devices(resource) if i not in still_used)
-                if not ids:
-                    continue
-                try:
-                    await plugin.deallocate(ids)
-                except KubeletError as exc:
-                    self._record("deallocate", resource, f"{_label(record.spec)}: failed: {exc}", ids)
-                    failures.append(str(exc))
-                else:
-                    self._record("deallocate", resource, _label(record.spec), ids)
-        return failures
+            await self._pre_start_if_needed(pod, container.name, resource)
+            if pod.uid not in self._active_uids():
+                continue  # "pod deleted from activePods, skip to reAllocate"
+            if self.pod_devices.container_devices(pod.uid, container.name, resource) is None:
+                needs_reallocate = True
+        if needs_reallocate:
+            await self.allocate(pod, container, crec)
+
+    async def _pre_start_if_needed(self, pod: PodRecord, container: str, resource: str) -> None:
+        endpoint = self._endpoint_for(resource)
+        if endpoint is None:
+            raise KubeletError(f"endpoint not found in cache for a registered resource: {resource}")
+        if endpoint.options is None or not endpoint.options.pre_start_required:
+            return
+        ids = self.pod_devices.container_devices(pod.uid, container, resource)
+        if ids is None:
+            raise KubeletError(
+                f"no devices found allocated in local cache for pod {pod.uid}, container {container}, "
+                f"resource {resource}"
+            )
+        label = pod_label(pod.spec, container)
+        try:
+            if endpoint.plugin is None:
+                raise KubeletError(_stopped(resource))
+            await endpoint.plugin.pre_start(ids)
+        except KubeletError as exc:
+            self._record("pre-start", resource, f"{label}: failed: {exc}", ids)
+            raise KubeletError(f"device plugin PreStartContainer rpc failed with err: {go_error(exc)}") from exc
+        self._record("pre-start", resource, label, ids)

@@ -1,10 +1,34 @@
-"""The dev kubelet: a kubelet's device manager over real gRPC on unix sockets, for tests and demos.
+"""The dev kubelet: a kubelet's device manager and PodResources server over real gRPC on unix sockets.
 
 :class:`DevKubelet` serves ``kubelet.sock`` (Registration) and the PodResources
 socket, holds one :class:`~devplug.devkubelet.plugin_client.PluginClient` per
-registered resource, and admits and removes pods through the
+registered resource, and runs pods through the
+:class:`~devplug.devkubelet.lifecycle.PodLifecycle` over the
+:class:`~devplug.devkubelet.pods.PodManager` and the
 :class:`~devplug.devkubelet.devicemanager.DeviceManager`. Every state change
 wakes :meth:`DevKubelet.wait_for`, so tests wait on events, never on sleeps.
+
+What this module itself follows (Kubernetes v1.32.10):
+
+* start: ``CleanupPluginDirectory`` (``pkg/kubelet/cm/devicemanager/manager.go``,
+  called by ``plugin/v1beta1/server.go`` ``Start``) removes every entry of the
+  device-plugin folder that is not a directory, except the checkpoint; then
+  ``ManagerImpl.Start``/``readCheckpoint`` restore ``podDevices`` and
+  ``allocatedDevices`` from ``kubelet_internal_checkpoint`` and recreate every
+  resource it lists with no devices and a stopped endpoint without options
+  (capacity 0 until the plugin registers again);
+* a restart: a new process; the PodResources server answers at once
+  (``ListenAndServePodResources`` runs beside the main loop) while the pod
+  manager is empty and the sources not ready until the main loop has loaded
+  the pods (see :mod:`~devplug.devkubelet.pods`);
+* ``PluginListAndWatchReceiver``/``genericDeviceUpdateCallback``: every
+  ListAndWatch message replaces the resource's device list and rewrites the
+  checkpoint, changed or not; ``PluginDisconnected``: the stream's end marks
+  every device unhealthy and stops the endpoint; ``GetCapacity`` drops a
+  resource whose endpoint stayed stopped past the grace period and rewrites
+  the checkpoint;
+* ``PluginConnected``: the options come from GetDevicePluginOptions, never
+  from ``RegisterRequest.options``.
 """
 
 from __future__ import annotations
@@ -12,29 +36,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import stat
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc.aio
 
+from devplug.api.checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.devkubelet.devicemanager import DeviceManager, PluginCalls
+from devplug.devkubelet.checkpointing import build_checkpoint, load_checkpoint, restore_pod_devices, write_checkpoint
+from devplug.devkubelet.devicemanager import DeviceManager, Endpoint
+from devplug.devkubelet.lifecycle import PodLifecycle
 from devplug.devkubelet.model import (
     AdmittedPod,
     DeviceInfo,
     KubeletEvent,
     PluginOptions,
+    PodDeviceEntry,
+    PodPhase,
     PodSpec,
     ResourceView,
 )
 from devplug.devkubelet.plugin_client import PluginClient, unix_target
+from devplug.devkubelet.poddevices import DeviceAllocateInfo
 from devplug.devkubelet.podresources import PodResourcesServicer, add_podresources_servicer
+from devplug.devkubelet.pods import PodManager, PodRecord
 from devplug.devkubelet.registration import RegistrationServicer, add_registration_servicer
+from devplug.devkubelet.resources import Resource, cleanup_plugin_directory, describe_predicate, is_socket
 from devplug.errors import KubeletError
-from devplug.types import Health
 
 __all__ = ["KUBELET_SOCKET", "DevKubelet", "run_foreground"]
 
@@ -44,56 +74,58 @@ _log = logging.getLogger("devplug.devkubelet")
 KUBELET_SOCKET = "kubelet.sock"
 
 
-class _Resource:
-    """What the dev kubelet keeps about one extended resource."""
+class _PodResourcesSource:
+    """The PodResources server's view of the dev kubelet (``PodResourcesProviders``)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.client: PluginClient | None = None
-        self.superseded: list[PluginClient] = []  # older registrations still streaming (rolling_update_pitfall)
-        self.endpoint = ""
-        self.options = PluginOptions()
-        self.devices: tuple[DeviceInfo, ...] = ()
-        self.stream_open = False
-        self.registrations = 0
-        self.drop_timer: asyncio.TimerHandle | None = None
+    def __init__(self, kubelet: DevKubelet) -> None:
+        self._kubelet = kubelet
 
-    def mark_unhealthy(self) -> None:
-        self.devices = tuple(DeviceInfo(d.id, Health.UNHEALTHY.value, d.numa_nodes) for d in self.devices)
-        self.stream_open = False
+    def get_pods(self) -> Sequence[PodRecord]:
+        return self._kubelet._pods.get_pods()
 
+    def get_pod_by_name(self, namespace: str, name: str) -> PodRecord | None:
+        for record in self._kubelet._pods.get_pods():
+            if record.spec.namespace == namespace and record.spec.name == name:
+                return record
+        return None
 
-def _is_socket(path: Path) -> bool:
-    try:
-        return stat.S_ISSOCK(path.lstat().st_mode)
-    except FileNotFoundError:
-        return False
+    def update_allocated_devices(self) -> None:
+        self._kubelet._manager.update_allocated_devices()
 
+    def get_devices(self, uid: str, container: str) -> Mapping[str, DeviceAllocateInfo]:
+        return self._kubelet._manager.pod_devices.container_resources(uid, container)
 
-def _describe(predicate: Callable[..., bool]) -> str:
-    code = getattr(predicate, "__code__", None)
-    name = getattr(predicate, "__qualname__", repr(predicate))
-    if code is not None:
-        return f"{name} ({Path(code.co_filename).name}:{code.co_firstlineno})"
-    return name
+    def allocatable(self) -> Mapping[str, list[tuple[str, tuple[int, ...]]]]:
+        return self._kubelet._allocatable()
 
 
 class DevKubelet:
-    """A stand-in for the kubelet's device manager, served on real unix sockets (asyncio, grpc.aio).
+    """A stand-in for the kubelet's device manager and PodResources server, on real unix sockets (grpc.aio).
 
     ``device_plugin_dir`` plays ``/var/lib/kubelet/device-plugins``;
     ``pod_resources_socket`` defaults to ``<parent>/pod-resources/kubelet.sock``.
-    ``kep_mode`` makes pod removal call PostStopContainer and Deallocate (the
-    unmerged KEP); stock kubelets never do. ``pod_resources_rate`` is the
-    PodResources token bucket (calls per second, burst), None for no limit.
-    ``drop_after`` drops a resource whose stream ended and that did not
-    register again within that many seconds (the kubelet waits 5 minutes);
-    None (the default) never drops. ``rolling_update_pitfall`` reproduces the
-    kubelet's handling of a duplicate registration exactly: the old
-    registration is not closed, its stream keeps feeding the resource, and
-    when it ends the kubelet disconnects the resource's *current* registration
-    (the new plugin's devices go unhealthy). By default the old client is
-    closed at once and its end is ignored (newest wins cleanly).
+
+    Options:
+
+    * ``kep_mode``: pods finishing call PostStopContainer and Deallocate (the
+      unmerged KEP); stock kubelets never do;
+    * ``pod_resources_rate``: the PodResources token bucket (calls per
+      second, burst), None for no limit;
+    * ``pod_resources_get``: the KubeletPodResourcesGet gate (off by default
+      in 1.32: Get answers UNKNOWN "PodResources API Get method disabled");
+    * ``list_active_pods_only``: List as kubelets >= 1.34 answer it (active
+      pods only); by default as 1.32 (finished and rejected pods listed too);
+    * ``write_checkpoint``: write ``kubelet_internal_checkpoint`` as the
+      kubelet does; False keeps it in memory only (never read or written on disk);
+    * ``pod_list_delay``: the default for :meth:`restart`: seconds after a
+      restart during which the pod manager is still empty;
+    * ``drop_after``: drop a resource whose endpoint stayed stopped that many
+      seconds (the kubelet waits 5 minutes); None (the default) never drops;
+    * ``rolling_update_pitfall``: reproduce the kubelet's handling of a
+      duplicate registration exactly: the old registration is not closed, its
+      stream keeps feeding the resource, and when it ends the kubelet
+      disconnects the resource's *current* registration. By default the old
+      client is closed at once and its end is ignored (newest wins cleanly).
     """
 
     def __init__(
@@ -104,6 +136,10 @@ class DevKubelet:
         kep_mode: bool = False,
         register_dial_timeout: float = 10.0,
         pod_resources_rate: tuple[float, int] | None = (100.0, 10),
+        pod_resources_get: bool = False,
+        list_active_pods_only: bool = False,
+        write_checkpoint: bool = True,
+        pod_list_delay: float = 0.0,
         drop_after: float | None = None,
         rolling_update_pitfall: bool = False,
     ) -> None:
@@ -113,25 +149,47 @@ class DevKubelet:
             if pod_resources_socket is not None
             else self.device_plugin_dir.parent / "pod-resources" / KUBELET_SOCKET
         )
-        #: When True, pod removal calls PostStopContainer and Deallocate on plugins that advertise them.
+        #: When True, pods finishing call PostStopContainer and Deallocate on plugins that advertise them.
         self.kep_mode = kep_mode
         #: When False, every PodResources call fails with UNAVAILABLE (a simulated outage).
         self.pod_resources_available = True
+        #: The KubeletPodResourcesGet feature gate.
+        self.pod_resources_get = pod_resources_get
+        #: List answers active pods only, as kubelets >= 1.34 do.
+        self.list_active_pods_only = list_active_pods_only
         #: Every call the dev kubelet made or received, oldest first.
         self.events: list[KubeletEvent] = []
+        #: Whether the checkpoint file is written (a kubelet whose checkpoint devplug cannot see when False:
+        #: another root dir, or the folder not mounted whole). Settable at any time.
+        self.write_checkpoint = write_checkpoint
+        self._pod_list_delay = pod_list_delay
         self._dial_timeout = register_dial_timeout
         self._pod_resources_rate = pod_resources_rate
         self._drop_after = drop_after
         self._rolling_update_pitfall = rolling_update_pitfall
-        self._resources: dict[str, _Resource] = {}
+        self._resources: dict[str, Resource] = {}
+        self._registrations: dict[str, int] = {}
         self._listeners: list[Callable[[KubeletEvent], None]] = []
         self._waiters: set[asyncio.Future[None]] = set()
         self._background: set[asyncio.Task[Any]] = set()
         self._servers: list[grpc.aio.Server] = []
         self._generation = 0
         self._running = False
+        self._started_before = False
+        self._window_timer: asyncio.TimerHandle | None = None
+        self._memory_checkpoint: KubeletCheckpoint | None = None
+        self._checkpoint_writes = 0
         self._pod_lock: asyncio.Lock | None = None
-        self._manager = DeviceManager(self._plugin_for, self._devices_for, self._record)
+        self._pods = PodManager()
+        self._manager = DeviceManager(
+            self._endpoint_for,
+            self._devices_for,
+            lambda: {p.uid for p in self._pods.active_pods()},
+            lambda: self._pods.sources_ready,
+            self._write_checkpoint,
+            self._record,
+        )
+        self._lifecycle = PodLifecycle(self._pods, self._manager, self._endpoint_for, self._record)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -141,15 +199,28 @@ class DevKubelet:
         return self.device_plugin_dir / KUBELET_SOCKET
 
     @property
+    def checkpoint_path(self) -> Path:
+        """``device_plugin_dir / "kubelet_internal_checkpoint"``."""
+        return self.device_plugin_dir / CHECKPOINT_FILE
+
+    @property
     def running(self) -> bool:
         """True between :meth:`start` and :meth:`stop`."""
         return self._running
 
-    async def start(self) -> None:
-        """Start like a kubelet: delete every unix socket at the top of the folder, then serve.
+    async def start(self, *, pod_list_delay: float | None = None) -> None:
+        """Start like a kubelet process: clean the folder, restore the checkpoint, then serve.
 
-        Regular files (such as ``kubelet_internal_checkpoint``) are kept.
-        Serves Registration on ``kubelet.sock`` and PodResources on its socket.
+        Every entry at the top of the device-plugin folder that is not a
+        directory is deleted, except ``kubelet_internal_checkpoint``
+        (``CleanupPluginDirectory``). The device manager starts empty and
+        restores ``podDevices`` and the registered resources from the
+        checkpoint (``readCheckpoint``). Serves Registration on
+        ``kubelet.sock`` and PodResources on its socket.
+
+        Every start after the first is a kubelet restart: the pod manager is
+        empty and the sources are not ready for ``pod_list_delay`` seconds
+        (default: the constructor's), or until :meth:`load_pods`.
         """
         if self._running:
             raise KubeletError("the dev kubelet is already running")
@@ -157,10 +228,8 @@ class DevKubelet:
         pod_resources_target = unix_target(self.pod_resources_socket)
         self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
         self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
-        for entry in sorted(self.device_plugin_dir.iterdir()):
-            if _is_socket(entry):
-                entry.unlink(missing_ok=True)
-        if _is_socket(self.pod_resources_socket):
+        cleanup_plugin_directory(self.device_plugin_dir, keep=CHECKPOINT_FILE)
+        if is_socket(self.pod_resources_socket):
             self.pod_resources_socket.unlink()
         self._generation += 1
         registration = grpc.aio.server()
@@ -169,9 +238,8 @@ class DevKubelet:
         add_podresources_servicer(
             pod_resources,
             PodResourcesServicer(
-                self._manager.records,
-                self._allocatable,
-                lambda: self.pod_resources_available,
+                _PodResourcesSource(self),
+                lambda: (self.pod_resources_available, self.pod_resources_get, self.list_active_pods_only),
                 self._pod_resources_rate,
             ),
         )
@@ -183,21 +251,61 @@ class DevKubelet:
                     await started.stop(None)
                 self._servers.clear()
                 raise KubeletError(f"cannot serve on {target}: {exc}") from exc
+        self._start_device_manager()
+        for server in (registration, pod_resources):
             await server.start()
             self._servers.append(server)
         self._running = True
+        restarted, self._started_before = self._started_before, True
+        if restarted:
+            delay = self._pod_list_delay if pod_list_delay is None else pod_list_delay
+            self._pods.loaded = False
+            self._pods.sources_ready = False
+            if delay > 0:
+                self._window_timer = asyncio.get_running_loop().call_later(delay, self._end_window)
+            else:
+                self._lifecycle.load_pods()
         self._changed()
+
+    def _start_device_manager(self) -> None:
+        """``newManagerImpl`` + ``Start``/``readCheckpoint``: an empty manager, then what the checkpoint holds."""
+        self._manager.reset()
+        if self.write_checkpoint:
+            found = self.checkpoint_path.exists()
+            checkpoint, detail = load_checkpoint(self.checkpoint_path)
+        else:
+            checkpoint = self._memory_checkpoint
+            found = checkpoint is not None
+            detail = "kept in memory (write_checkpoint=False)"
+        registered: Mapping[str, tuple[str, ...]] = {}
+        if checkpoint is not None:
+            skipped = restore_pod_devices(checkpoint, self._manager.pod_devices)
+            registered = checkpoint.registered_devices
+            detail += f"; {len(checkpoint.entries) - skipped} entries restored"
+            if skipped:
+                detail += f", {skipped} skipped (AllocResp does not unmarshal)"
+        self._manager.restored()
+        for res in self._resources.values():
+            res.cancel_drop()
+        self._resources = {name: Resource.restored(name) for name in registered}
+        for res in self._resources.values():
+            self._schedule_drop(res)
+        if found:
+            self._record("checkpoint-read", "", detail, ())
 
     async def stop(self) -> None:
         """Stop serving, close every plugin channel, remove the dev kubelet's sockets.
 
         Registrations end with it (devices show as unhealthy); pods and their
-        devices are kept.
+        devices are kept. A later :meth:`start` is a kubelet restart.
         """
         if not self._running:
             return
         self._running = False
         self._generation += 1
+        if self._window_timer is not None:
+            self._window_timer.cancel()
+            self._window_timer = None
         servers, self._servers = self._servers, []
         for server in servers:
             await server.stop(None)
@@ -209,21 +317,40 @@ class DevKubelet:
                 if client is not None:
                     await client.close()
         for path in (self.kubelet_socket, self.pod_resources_socket):
-            if _is_socket(path):
+            if is_socket(path):
                 path.unlink(missing_ok=True)
         for task in list(self._background):
             await task
         self._changed()
 
-    async def restart(self) -> None:
-        """A kubelet restart: stop, forget every registration, start again (sockets deleted anew).
+    async def restart(self, pod_list_delay: float | None = None) -> None:
+        """A kubelet restart: stop, then start as a new process (see :meth:`start`).
 
-        Pods and their device assignments survive, like the kubelet's checkpoint.
-        Every resource shows its devices as unhealthy until its plugin registers again.
+        Pods keep running and keep their devices as far as the checkpoint
+        restores them. Every resource restored from the checkpoint shows no
+        devices until its plugin registers again. For ``pod_list_delay``
+        seconds (default: the constructor's ``pod_list_delay``) PodResources
+        List succeeds with no pods and nothing is freed; then the pods reappear.
         """
         self._record("restart", "", f"restarting; {len(self._resources)} resource(s) must register again", ())
         await self.stop()
-        await self.start()
+        await self.start(pod_list_delay=pod_list_delay)
+
+    def load_pods(self) -> bool:
+        """End the restart window now: the main loop has loaded the pods, the sources are ready.
+
+        Returns False when there was no window to end.
+        """
+        if self._window_timer is not None:
+            self._window_timer.cancel()
+            self._window_timer = None
+        ended = self._lifecycle.load_pods()
+        self._changed()
+        return ended
+
+    def _end_window(self) -> None:
+        self._window_timer = None
+        self._lifecycle.load_pods()
 
     async def __aenter__(self) -> DevKubelet:
         await self.start()
@@ -239,18 +366,18 @@ class DevKubelet:
         self._listeners.append(listener)
 
     def resource(self, name: str) -> ResourceView | None:
-        """A snapshot of a resource that registered at least once (None if unknown or dropped)."""
+        """A snapshot of a resource the kubelet knows (None if unknown or dropped)."""
         res = self._resources.get(name)
         if res is None:
             return None
         return ResourceView(
             name=res.name,
             endpoint=res.endpoint,
-            options=res.options,
+            options=res.options or PluginOptions(),
             devices=res.devices,
             stream_open=res.stream_open,
             registered=res.client is not None,
-            registrations=res.registrations,
+            registrations=self.registrations(name),
             in_use=frozenset(self._manager.in_use(name)),
         )
 
@@ -259,13 +386,64 @@ class DevKubelet:
         return [view for name in sorted(self._resources) if (view := self.resource(name)) is not None]
 
     def registrations(self, resource: str) -> int:
-        """How many times ``resource`` registered successfully (counted across restarts)."""
-        res = self._resources.get(resource)
-        return res.registrations if res is not None else 0
+        """How many times ``resource`` registered successfully (counted across restarts and drops)."""
+        return self._registrations.get(resource, 0)
 
     def pods(self) -> list[AdmittedPod]:
-        """The admitted pods, in admission order."""
-        return [record.admitted() for record in self._manager.records()]
+        """The running pods (admitted, not finished), in admission order, whether or not the kubelet loaded them."""
+        return [record.admitted() for record in self._pods.running()]
+
+    def known_pods(self) -> list[AdmittedPod]:
+        """Every existing pod object (running, finished, rejected), in admission order."""
+        return [record.admitted() for record in self._pods.known()]
+
+    def pod_phase(self, name: str, namespace: str = "default") -> PodPhase | None:
+        """The phase of the newest pod object called ``namespace/name`` (``deleted`` included); None if never seen."""
+        record = self._pods.latest((namespace, name))
+        return record.phase if record is not None else None
+
+    def attributed(self, resource: str) -> dict[str, tuple[str, str]]:
+        """Device ID -> (pod ``namespace/name``, container) for every device of ``resource`` held by a live pod.
+
+        A live pod is one whose containers run (or that is being admitted),
+        the restart window notwithstanding. Init containers count; a device
+        reused by a later container maps to the last container holding it.
+        Devices of finished, rejected or deleted pods are never in it, even
+        while ``podDevices`` still has their entries.
+        """
+        live = self._pods.live_uids()
+        result: dict[str, tuple[str, str]] = {}
+        for uid, container, res, info in self._manager.pod_devices.entries():
+            record = self._pods.by_uid(uid)
+            if res != resource or uid not in live or record is None:
+                continue
+            for device_id in info.device_ids:
+                result[device_id] = (record.label, container)
+        return result
+
+    def pod_device_entries(self) -> list[PodDeviceEntry]:
+        """Every entry of the kubelet's ``podDevices`` store, inactive pods' included (as the checkpoint has them)."""
+        return self._manager.entries(self._label_of_uid)
+
+    @property
+    def checkpoint_writes(self) -> int:
+        """How many times the checkpoint file was written (each write is a new inode); 0 when disabled."""
+        return self._checkpoint_writes
+
+    @property
+    def last_checkpoint(self) -> KubeletCheckpoint | None:
+        """What the latest ``writeCheckpoint`` wrote (kept even when ``write_checkpoint`` is False), or None."""
+        return self._memory_checkpoint
+
+    @property
+    def sources_ready(self) -> bool:
+        """False during the restart window (``UpdateAllocatedDevices`` does nothing meanwhile)."""
+        return self._pods.sources_ready
+
+    @property
+    def pod_list_loaded(self) -> bool:
+        """False during the restart window (PodResources List and Get see no pods)."""
+        return self._pods.loaded
 
     def events_of(self, kind: str, resource: str | None = None) -> list[KubeletEvent]:
         """The recorded events of one kind (and resource, if given)."""
@@ -285,7 +463,7 @@ class DevKubelet:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(
-                    f"dev kubelet: timed out after {timeout:g}s waiting for {what or _describe(predicate)}; "
+                    f"dev kubelet: timed out after {timeout:g}s waiting for {what or describe_predicate(predicate)}; "
                     f"{self._summary()}"
                 )
             waiter: asyncio.Future[None] = loop.create_future()
@@ -307,15 +485,19 @@ class DevKubelet:
 
     def _summary(self) -> str:
         if not self._resources:
-            return "no resource has registered"
+            return "no resource is known"
         parts = []
         for res in self._resources.values():
             healthy = sum(1 for d in res.devices if d.healthy)
             parts.append(
-                f"{res.name}: registrations={res.registrations} registered={res.client is not None} "
+                f"{res.name}: registrations={self.registrations(res.name)} registered={res.client is not None} "
                 f"stream_open={res.stream_open} capacity={len(res.devices)} allocatable={healthy}"
             )
         return "; ".join(parts)
+
+    def _label_of_uid(self, uid: str) -> str:
+        record = self._pods.by_uid(uid)
+        return record.label if record is not None else ""
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -325,38 +507,82 @@ class DevKubelet:
         return self._pod_lock
 
     async def admit_pod(self, pod: PodSpec) -> AdmittedPod:
-        """Admit a pod: allocate devices for every container (init containers first), then start them.
+        """Admit a pod object: allocate devices for every container (init containers first), then start them.
 
-        Raises :class:`KubeletError` with the plugin's message when the pod is
-        rejected (nothing is kept), or
+        The pod gets ``pod.uid`` or a fresh uuid4. A finished or rejected pod
+        of the same name is replaced (its object deleted); a running one is an
+        error. Raises :class:`KubeletError` with the kubelet's message when the
+        pod is rejected (it stays known in phase ``rejected``, and what it was
+        already allocated stays attributed until the next
+        ``UpdateAllocatedDevices``), or
         :class:`~devplug.devkubelet.devicemanager.ContainerStartError` when it
-        was admitted but a container's PreStartContainer failed (the pod is kept).
+        was admitted but a container failed to start (the pod keeps running).
         """
         async with self._lock():
             try:
-                return await self._manager.admit(pod, kep_mode=self.kep_mode)
+                return await self._lifecycle.admit(pod, kep_mode=self.kep_mode)
             finally:
+                self._stop_window_timer_if_loaded()
                 self._changed()
 
     async def start_container(self, pod_name: str, container: str, namespace: str = "default") -> None:
         """(Re)start one container: PreStartContainer again when its plugins require it."""
         async with self._lock():
             try:
-                await self._manager.start_container((namespace, pod_name), container)
+                await self._lifecycle.start_container((namespace, pod_name), container)
             finally:
                 self._changed()
 
-    async def remove_pod(self, pod_name: str, namespace: str = "default") -> None:
-        """Remove a pod: its devices become free and it leaves PodResources.
+    async def finish_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """The pod's containers end (phase Succeeded); the pod object stays in the pod manager.
 
-        In KEP mode, PostStopContainer and Deallocate are called first on
-        plugins that advertise them; stock kubelets call nothing.
+        Its devices stay attributed in ``podDevices`` until the next
+        ``UpdateAllocatedDevices`` (the next allocation or PodResources List),
+        and go to the next pod at once. In KEP mode, PostStopContainer and
+        Deallocate are called now; stock kubelets call nothing.
         """
         async with self._lock():
             try:
-                await self._manager.remove((namespace, pod_name), kep_mode=self.kep_mode)
+                await self._lifecycle.finish((namespace, pod_name), kep_mode=self.kep_mode)
             finally:
+                self._stop_window_timer_if_loaded()
                 self._changed()
+
+    async def remove_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """Delete a pod object: it leaves the pod manager and PodResources (a running pod finishes first).
+
+        In KEP mode, a running pod's PostStopContainer and Deallocate are
+        called first on plugins that advertise them; stock kubelets call nothing.
+        """
+        async with self._lock():
+            try:
+                await self._lifecycle.remove((namespace, pod_name), kep_mode=self.kep_mode)
+            finally:
+                self._stop_window_timer_if_loaded()
+                self._changed()
+
+    def _stop_window_timer_if_loaded(self) -> None:
+        if self._window_timer is not None and self._pods.loaded and self._pods.sources_ready:
+            self._window_timer.cancel()
+            self._window_timer = None
+
+    # -- checkpoint ------------------------------------------------------------------------------
+
+    def _write_checkpoint(self, why: str) -> None:
+        """``writeCheckpoint``: podDevices as it is now, and the healthy devices of every listed resource."""
+        registered = {name: res.healthy_ids() for name, res in self._resources.items() if res.listed}
+        checkpoint = build_checkpoint(self._manager.pod_devices, registered)
+        self._memory_checkpoint = checkpoint
+        if not self.write_checkpoint:
+            return
+        try:
+            write_checkpoint(self.checkpoint_path, checkpoint)
+        except OSError as exc:
+            _log.warning("dev kubelet: writing the checkpoint (%s) failed: %s", why, exc)
+            raise KubeletError(f'failed to write checkpoint file "{CHECKPOINT_FILE}": {exc}') from exc
+        self._checkpoint_writes += 1
+        _log.debug("checkpoint written (%s): %d entries", why, len(checkpoint.entries))
+        self._changed()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -381,19 +607,19 @@ class DevKubelet:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _plugin_for(self, resource: str) -> PluginCalls | None:
+    def _endpoint_for(self, resource: str) -> Endpoint | None:
         res = self._resources.get(resource)
-        return res.client if res is not None else None
+        return Endpoint(resource, res.client, res.options) if res is not None else None
 
     def _devices_for(self, resource: str) -> tuple[DeviceInfo, ...] | None:
         res = self._resources.get(resource)
-        return res.devices if res is not None else None
+        return res.devices if res is not None and res.listed else None
 
     def _allocatable(self) -> Mapping[str, list[tuple[str, tuple[int, ...]]]]:
         return {
             name: [(d.id, d.numa_nodes) for d in res.devices if d.healthy]
             for name, res in sorted(self._resources.items())
-            if res.client is not None
+            if res.listed
         }
 
     def _refused(self, resource: str, reason: str) -> None:
@@ -404,21 +630,20 @@ class DevKubelet:
         endpoint = str(request.endpoint)
         generation = self._generation
         socket = Path(os.path.normpath(f"{self.device_plugin_dir}/{endpoint}"))
+        # PluginConnected: the options are GetDevicePluginOptions' answer; RegisterRequest.options is ignored
         client = await PluginClient.connect(name, endpoint, socket, self._dial_timeout)
         if generation != self._generation or not self._running:
             await client.close()
             raise KubeletError("the kubelet restarted while the registration was in progress")
         res = self._resources.get(name)
         if res is None:
-            res = self._resources[name] = _Resource(name)
+            res = self._resources[name] = Resource(name)
         old, res.client = res.client, client
         res.endpoint = endpoint
         res.options = client.options
-        res.registrations += 1
+        self._registrations[name] = self._registrations.get(name, 0) + 1
         res.stream_open = False
-        if res.drop_timer is not None:
-            res.drop_timer.cancel()
-            res.drop_timer = None
+        res.cancel_drop()
         opts = client.options
         flags = [
             flag
@@ -445,23 +670,31 @@ class DevKubelet:
             on_end=lambda reason: self._stream_ended(res, client, reason),
         )
 
-    def _stream_opened(self, res: _Resource, client: PluginClient) -> None:
+    def _stream_opened(self, res: Resource, client: PluginClient) -> None:
         if res.client is client:
             res.stream_open = True
             self._changed()
 
-    def _stream_list(self, res: _Resource, client: PluginClient, devices: tuple[DeviceInfo, ...]) -> None:
+    def _stream_list(self, res: Resource, client: PluginClient, devices: tuple[DeviceInfo, ...]) -> None:
+        """``genericDeviceUpdateCallback``: replace the device list, then rewrite the checkpoint."""
         if res.client is not client and client not in res.superseded:
             return
+        if self._resources.get(res.name) is not res:
+            return
         res.devices = devices
+        res.listed = True
         healthy = sum(1 for d in devices if d.healthy)
         unhealthy = tuple(d.id for d in devices if not d.healthy)
         detail = f"{len(devices)} device(s), {healthy} healthy"
         if unhealthy:
             detail += ", unhealthy:"
         self._record("list-and-watch", res.name, detail, unhealthy)
+        try:
+            self._write_checkpoint(f"device list of {res.name}")
+        except KubeletError as exc:  # the kubelet logs "Writing checkpoint encountered" and goes on
+            _log.warning("%s", exc)
 
-    def _stream_ended(self, res: _Resource, client: PluginClient, reason: str) -> None:
+    def _stream_ended(self, res: Resource, client: PluginClient, reason: str) -> None:
         if client in res.superseded:
             # the kubelet looks its client up by resource name: an old stream's end disconnects the new one
             res.superseded.remove(client)
@@ -477,13 +710,22 @@ class DevKubelet:
         res.mark_unhealthy()
         self._record("stream-ended", res.name, f"{reason}; every device marked unhealthy")
         self._spawn(client.close())
+        self._schedule_drop(res)
+
+    def _schedule_drop(self, res: Resource) -> None:
         if self._drop_after is not None:
+            res.cancel_drop()
             res.drop_timer = asyncio.get_running_loop().call_later(self._drop_after, self._drop, res)
 
-    def _drop(self, res: _Resource) -> None:
+    def _drop(self, res: Resource) -> None:
+        """``GetCapacity`` past the grace period: the resource is forgotten and the checkpoint rewritten."""
         if self._resources.get(res.name) is res and res.client is None:
             del self._resources[res.name]
             self._record("resource-dropped", res.name, f"no registration within {self._drop_after:g}s")
+            try:
+                self._write_checkpoint(f"{res.name} dropped")
+            except KubeletError as exc:
+                _log.warning("%s", exc)
 
 
 async def run_foreground(

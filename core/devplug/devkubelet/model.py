@@ -1,12 +1,13 @@
 """The dev kubelet's value types: pods as asked for, pods as admitted, resources as seen, events.
 
-All are frozen dataclasses, so tests can keep them and compare them later.
+All are frozen dataclasses (or a string enum), so tests can keep them and compare them later.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 
 from devplug.types import ContainerAllocation, Health
@@ -19,6 +20,8 @@ __all__ = [
     "EVENT_KINDS",
     "KubeletEvent",
     "PluginOptions",
+    "PodDeviceEntry",
+    "PodPhase",
     "PodSpec",
     "ResourceView",
 ]
@@ -36,7 +39,11 @@ EVENT_KINDS = frozenset(
         "deallocate",
         "pod-admitted",
         "pod-rejected",
+        "pod-finished",
         "pod-removed",
+        "pods-loaded",
+        "pod-devices-dropped",
+        "checkpoint-read",
         "restart",
         "stream-ended",
         "resource-dropped",
@@ -44,21 +51,45 @@ EVENT_KINDS = frozenset(
 )
 
 
+class PodPhase(StrEnum):
+    """Where a pod stands, as far as the kubelet's device manager cares.
+
+    ``running``: admitted, its containers live (an *active* pod). ``finished``:
+    its containers ended (phase Succeeded) but the pod object still exists, so
+    the kubelet's pod manager still has it. ``rejected``: admission failed
+    (phase Failed, the pod object still exists). ``deleted``: the pod object is
+    gone from the pod manager. Only ``running`` pods are active
+    (``filterOutInactivePods`` in ``pkg/kubelet/kubelet_pods.go``).
+    """
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    DELETED = "deleted"
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     """One container of a pod: its name and how many devices of each resource it requests.
 
     ``init`` marks an init container: it runs to completion before the app
-    containers start, and its devices can be reused by them.
+    containers start, and its devices can be reused by them. ``restartable``
+    (only with ``init``) marks a sidecar: an init container with
+    ``restartPolicy: Always`` that keeps running beside the app containers;
+    its devices are not reused by later containers and PodResources lists it
+    (``IsRestartableInitContainer``, SidecarContainers gate, on by default in 1.32).
     """
 
     name: str
     requests: Mapping[str, int] = field(default_factory=dict)
     init: bool = False
+    restartable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ContainerSpec.name must be a non-empty string, got {self.name!r}")
+        if self.restartable and not self.init:
+            raise ValueError(f"container {self.name!r}: only an init container can be restartable (a sidecar)")
         requests = dict(self.requests)
         for resource, count in requests.items():
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
@@ -69,22 +100,34 @@ class ContainerSpec:
         object.__setattr__(self, "requests", MappingProxyType(requests))
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.requests.items())), self.init))
+        return hash((self.name, tuple(sorted(self.requests.items())), self.init, self.restartable))
+
+    @property
+    def sidecar(self) -> bool:
+        """True for a restartable init container (it runs beside the app containers)."""
+        return self.init and self.restartable
 
 
 @dataclass(frozen=True)
 class PodSpec:
-    """A pod to admit: a name, its containers (init containers run first, in the order listed)."""
+    """A pod to admit: a name, its containers (init containers run first, in the order listed).
+
+    ``uid`` gives the pod object's UID; by default the dev kubelet draws a
+    fresh uuid4 at admission, as the API server does for every new pod object.
+    """
 
     name: str
     containers: Sequence[ContainerSpec]
     namespace: str = "default"
+    uid: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"PodSpec.name must be a non-empty string, got {self.name!r}")
         if not isinstance(self.namespace, str) or not self.namespace:
             raise ValueError(f"PodSpec.namespace must be a non-empty string, got {self.namespace!r}")
+        if self.uid is not None and (not isinstance(self.uid, str) or not self.uid):
+            raise ValueError(f"PodSpec.uid must be None or a non-empty string, got {self.uid!r}")
         containers = tuple(self.containers)
         seen: set[str] = set()
         for container in containers:
@@ -97,30 +140,51 @@ class PodSpec:
 
     @property
     def key(self) -> tuple[str, str]:
-        """``(namespace, name)``, how the dev kubelet identifies the pod."""
+        """``(namespace, name)``, how the dev kubelet's callers name the pod."""
         return (self.namespace, self.name)
 
     def ordered_containers(self) -> tuple[ContainerSpec, ...]:
-        """The containers in the order the kubelet handles them: init containers first, each as listed."""
+        """The containers in the order the kubelet handles them: init containers first, each as listed.
+
+        (``admitPolicyNone`` in ``pkg/kubelet/cm/topologymanager/scope.go`` walks
+        ``append(InitContainers, Containers...)``.)
+        """
         return tuple(c for c in self.containers if c.init) + tuple(c for c in self.containers if not c.init)
+
+    def listed_containers(self) -> tuple[ContainerSpec, ...]:
+        """The containers PodResources reports: sidecars (restartable init containers), then app containers."""
+        return tuple(c for c in self.containers if c.sidecar) + tuple(c for c in self.containers if not c.init)
 
 
 @dataclass(frozen=True)
 class AdmittedContainer:
-    """What one container got: device IDs per resource and the plugin's Allocate answer per resource."""
+    """What one container got at admission: device IDs per resource and the plugin's Allocate answer per resource."""
 
     name: str
     devices: Mapping[str, tuple[str, ...]]
     allocations: Mapping[str, ContainerAllocation]
     init: bool = False
+    restartable: bool = False
 
 
 @dataclass(frozen=True)
 class AdmittedPod:
-    """A pod the dev kubelet admitted, with its containers in the order they were handled."""
+    """A pod the dev kubelet handled, with its containers in the order they were handled.
+
+    ``uid`` is the pod object's UID; ``phase`` where it stood when this value
+    was taken. A rejected pod lists the containers whose devices were
+    allocated before the rejection.
+    """
 
     spec: PodSpec
     containers: tuple[AdmittedContainer, ...]
+    uid: str = ""
+    phase: PodPhase = PodPhase.RUNNING
+
+    @property
+    def label(self) -> str:
+        """``namespace/name``."""
+        return f"{self.spec.namespace}/{self.spec.name}"
 
     def container(self, name: str) -> AdmittedContainer:
         """The admitted container called ``name`` (``KeyError`` if there is none)."""
@@ -128,6 +192,27 @@ class AdmittedPod:
             if container.name == name:
                 return container
         raise KeyError(f"pod {self.spec.namespace}/{self.spec.name} has no container {name!r}")
+
+
+@dataclass(frozen=True)
+class PodDeviceEntry:
+    """One entry of the kubelet's ``podDevices`` store: a container's devices of one resource.
+
+    ``pod`` is ``namespace/name`` when the dev kubelet knows the pod's UID,
+    ``""`` otherwise (an entry restored from a checkpoint of unknown pods).
+    ``devices_by_numa`` is the kubelet's ``DevicesPerNUMA`` (node -1: no topology).
+    """
+
+    pod_uid: str
+    pod: str
+    container: str
+    resource: str
+    devices_by_numa: Mapping[int, tuple[str, ...]]
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        """The distinct device IDs, in the order they appear."""
+        return tuple(dict.fromkeys(i for ids in self.devices_by_numa.values() for i in ids))
 
 
 @dataclass(frozen=True)
@@ -175,11 +260,16 @@ class ResourceView:
     """A snapshot of one extended resource as the dev kubelet sees it.
 
     ``capacity`` counts every device, ``allocatable`` the healthy ones (held by
-    a pod or not, as in the node's status), ``free`` the healthy ones no pod holds.
-    ``registered`` is False after a restart until the plugin registers again
-    (then every device shows as unhealthy); ``endpoint`` is the socket file
-    name of the latest registration. ``in_use`` holds the device IDs assigned
-    to admitted pods.
+    a pod or not, as in the node's status), ``free`` the healthy ones the next
+    admission could take. ``registered`` is False while no live registration
+    exists: after a stream ended (every device then shows as unhealthy) and
+    after a restart, until the plugin registers again (the kubelet restores
+    the resource from its checkpoint with no devices, so capacity is 0);
+    ``endpoint`` is the socket file name of the latest registration.
+    ``in_use`` holds the device IDs the next admission could not take: the
+    kubelet's ``allocatedDevices`` as its next ``UpdateAllocatedDevices``
+    leaves it (devices of finished, rejected and deleted pods are not in use
+    once sources are ready; see :meth:`DevKubelet.attributed` for who holds what).
     """
 
     name: str
@@ -203,7 +293,7 @@ class ResourceView:
 
     @property
     def free(self) -> int:
-        """How many healthy devices no admitted pod holds (what the next pod can get).
+        """How many healthy devices are not in use (what the next pod can get).
 
         Note that ``allocatable`` is the kubelet's figure: it counts healthy
         devices whether or not a pod holds them.

@@ -217,11 +217,16 @@ class PluginClient:
             raise PluginCallError("GetPreferredAllocation", self.resource, "OK", "no container responses in the reply")
         return tuple(str(i) for i in responses[0].deviceIDs)
 
+    async def allocate_response(self, device_ids: Sequence[str]) -> dp.AllocateResponse:
+        """Allocate with one container request (``endpointImpl.allocate``); the whole reply, unknown fields dropped."""
+        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=list(device_ids))])
+        reply: dp.AllocateResponse = await self._call("Allocate", self._stub.Allocate(request))
+        reply.DiscardUnknownFields()  # the kubelet's generated Go types keep none
+        return reply
+
     async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
         """Allocate with one container request; ``container_responses[0]`` as a ContainerAllocation."""
-        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=list(device_ids))])
-        reply = await self._call("Allocate", self._stub.Allocate(request))
-        responses = reply.container_responses
+        responses = (await self.allocate_response(device_ids)).container_responses
         if not responses:
             raise PluginCallError("Allocate", self.resource, "OK", "no containers return in allocation response")
         try:

@@ -13,8 +13,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from devplug.api.checkpoint import KubeletCheckpoint
 from devplug.devkubelet.kubelet import DevKubelet
-from devplug.devkubelet.model import AdmittedPod, KubeletEvent, PodSpec, ResourceView
+from devplug.devkubelet.model import AdmittedPod, KubeletEvent, PodDeviceEntry, PodPhase, PodSpec, ResourceView
 
 __all__ = ["DevKubeletThread"]
 
@@ -76,17 +77,21 @@ class DevKubeletThread:
         """The event loop the dev kubelet runs on."""
         return self._loop
 
-    def start(self) -> None:
+    def start(self, *, pod_list_delay: float | None = None) -> None:
         """Start serving (see :meth:`DevKubelet.start`)."""
-        self._run(self._kubelet.start())
+        self._run(self._kubelet.start(pod_list_delay=pod_list_delay))
 
     def stop(self) -> None:
         """Stop serving (see :meth:`DevKubelet.stop`); the loop thread stays for a later start."""
         self._run(self._kubelet.stop())
 
-    def restart(self) -> None:
+    def restart(self, pod_list_delay: float | None = None) -> None:
         """Simulate a kubelet restart (see :meth:`DevKubelet.restart`)."""
-        self._run(self._kubelet.restart())
+        self._run(self._kubelet.restart(pod_list_delay))
+
+    def load_pods(self) -> bool:
+        """End the restart window now (see :meth:`DevKubelet.load_pods`)."""
+        return self._sync(lambda k: k.load_pods())
 
     def close(self) -> None:
         """Stop serving and end the loop thread (idempotent)."""
@@ -120,13 +125,33 @@ class DevKubeletThread:
         """(Re)start a container (see :meth:`DevKubelet.start_container`)."""
         self._run(self._kubelet.start_container(pod_name, container, namespace))
 
+    def finish_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """A pod's containers end; the pod object stays (see :meth:`DevKubelet.finish_pod`)."""
+        self._run(self._kubelet.finish_pod(pod_name, namespace))
+
     def remove_pod(self, pod_name: str, namespace: str = "default") -> None:
-        """Remove a pod (see :meth:`DevKubelet.remove_pod`)."""
+        """Delete a pod object (see :meth:`DevKubelet.remove_pod`)."""
         self._run(self._kubelet.remove_pod(pod_name, namespace))
 
     def pods(self) -> list[AdmittedPod]:
-        """The admitted pods."""
+        """The running pods."""
         return self._sync(lambda k: k.pods())
+
+    def known_pods(self) -> list[AdmittedPod]:
+        """Every existing pod object (running, finished, rejected)."""
+        return self._sync(lambda k: k.known_pods())
+
+    def pod_phase(self, name: str, namespace: str = "default") -> PodPhase | None:
+        """The phase of the newest pod object of that name (see :meth:`DevKubelet.pod_phase`)."""
+        return self._sync(lambda k: k.pod_phase(name, namespace))
+
+    def attributed(self, resource: str) -> dict[str, tuple[str, str]]:
+        """Device -> (pod, container) held by live pods (see :meth:`DevKubelet.attributed`)."""
+        return self._sync(lambda k: k.attributed(resource))
+
+    def pod_device_entries(self) -> list[PodDeviceEntry]:
+        """Every entry of the kubelet's ``podDevices`` store (see :meth:`DevKubelet.pod_device_entries`)."""
+        return self._sync(lambda k: k.pod_device_entries())
 
     # -- waiting and observation -----------------------------------------------------------------
 
@@ -144,9 +169,37 @@ class DevKubeletThread:
         """A snapshot of a registered resource, or None."""
         return self._sync(lambda k: k.resource(name))
 
+    def resources(self) -> list[ResourceView]:
+        """Every known resource, by name."""
+        return self._sync(lambda k: k.resources())
+
     def registrations(self, resource: str) -> int:
         """How many times ``resource`` registered."""
         return self._sync(lambda k: k.registrations(resource))
+
+    def events_of(self, kind: str, resource: str | None = None) -> list[KubeletEvent]:
+        """The recorded events of one kind (and resource, if given)."""
+        return self._sync(lambda k: k.events_of(kind, resource))
+
+    @property
+    def checkpoint_writes(self) -> int:
+        """How many times the checkpoint file was written."""
+        return self._sync(lambda k: k.checkpoint_writes)
+
+    @property
+    def last_checkpoint(self) -> KubeletCheckpoint | None:
+        """What the latest checkpoint write wrote, or None."""
+        return self._sync(lambda k: k.last_checkpoint)
+
+    @property
+    def sources_ready(self) -> bool:
+        """False during the restart window."""
+        return self._sync(lambda k: k.sources_ready)
+
+    @property
+    def pod_list_loaded(self) -> bool:
+        """False during the restart window (PodResources sees no pods)."""
+        return self._sync(lambda k: k.pod_list_loaded)
 
     @property
     def events(self) -> list[KubeletEvent]:
@@ -155,12 +208,39 @@ class DevKubeletThread:
 
     @property
     def kep_mode(self) -> bool:
-        """Whether pod removal calls PostStopContainer and Deallocate."""
+        """Whether pods finishing call PostStopContainer and Deallocate."""
         return self._sync(lambda k: k.kep_mode)
 
     @kep_mode.setter
     def kep_mode(self, value: bool) -> None:
         self._sync(lambda k: setattr(k, "kep_mode", value))
+
+    @property
+    def write_checkpoint(self) -> bool:
+        """Whether the checkpoint file is written (see :class:`DevKubelet`); settable."""
+        return self._sync(lambda k: k.write_checkpoint)
+
+    @write_checkpoint.setter
+    def write_checkpoint(self, value: bool) -> None:
+        self._sync(lambda k: setattr(k, "write_checkpoint", value))
+
+    @property
+    def pod_resources_get(self) -> bool:
+        """The KubeletPodResourcesGet gate."""
+        return self._sync(lambda k: k.pod_resources_get)
+
+    @pod_resources_get.setter
+    def pod_resources_get(self, value: bool) -> None:
+        self._sync(lambda k: setattr(k, "pod_resources_get", value))
+
+    @property
+    def list_active_pods_only(self) -> bool:
+        """List answers active pods only (kubelets >= 1.34)."""
+        return self._sync(lambda k: k.list_active_pods_only)
+
+    @list_active_pods_only.setter
+    def list_active_pods_only(self, value: bool) -> None:
+        self._sync(lambda k: setattr(k, "list_active_pods_only", value))
 
     @property
     def pod_resources_available(self) -> bool:
@@ -185,3 +265,8 @@ class DevKubeletThread:
     def device_plugin_dir(self) -> Path:
         """The device plugin folder."""
         return self._kubelet.device_plugin_dir
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where the kubelet's checkpoint is written."""
+        return self._kubelet.checkpoint_path
