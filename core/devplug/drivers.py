@@ -229,11 +229,11 @@ class DriverHooks:
     def pre_start(self, device_ids: Sequence[str]) -> None:
         self.pm.hook.pre_start(device_ids=tuple(device_ids))
 
-    def post_stop(self, device_ids: Sequence[str]) -> None:
-        self.pm.hook.post_stop(device_ids=tuple(device_ids))
+    def post_stop(self, device_ids: Sequence[str], retry: bool = False) -> None:
+        self.pm.hook.post_stop(device_ids=tuple(device_ids), retry=retry)
 
-    def deallocate(self, device_ids: Sequence[str]) -> None:
-        self.pm.hook.deallocate(device_ids=tuple(device_ids))
+    def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
+        self.pm.hook.deallocate(device_ids=tuple(device_ids), retry=retry)
 
 
 def check_device_list(resource_name: str, devices: Any) -> list[Device]:

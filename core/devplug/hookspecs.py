@@ -150,23 +150,49 @@ def pre_start(device_ids: Sequence[str]) -> None:
 
 
 @_hookspec
-def post_stop(device_ids: Sequence[str]) -> None:
+def post_stop(device_ids: Sequence[str], retry: bool) -> None:
     """Clean the devices up after the container that used them stopped.
 
-    Called once per allocation, after the pod holding the devices is gone
-    (learned from PodResources on stock kubelets, from the KEP's
-    PostStopContainer on kubelets that call it), before ``deallocate``.
-    Deprogram, scrub, reset here. The devices may have vanished meanwhile.
+    Called once per allocation, after the kubelet stopped attributing the
+    devices to any live container (learned from PodResources and the kubelet's
+    checkpoint on stock kubelets, from the KEP's PostStopContainer on kubelets
+    that call it), and always before the devices are allocated to anyone else;
+    then ``deallocate``. Deprogram, scrub, reset here. The devices may have
+    vanished meanwhile.
+
+    At least once: the engine records that the hook is about to run before it
+    calls it, and that it returned afterwards. A daemon killed in between (or
+    a ledger rebuilt from the kubelet's state) calls it again after the restart
+    with ``retry=True``; a hook must then cope with finding the work done.
+    Declare ``retry`` in the signature to receive it; hooks without it are
+    called the same way.
+
+    Example::
+
+        @hookimpl
+        def post_stop(self, device_ids, retry):
+            for dev in device_ids:
+                if retry and self.is_blank(dev):
+                    continue
+                self.load_blank_image(dev)
     """
 
 
 @_hookspec
-def deallocate(device_ids: Sequence[str]) -> None:
+def deallocate(device_ids: Sequence[str], retry: bool) -> None:
     """Take the devices back: they are free for the next allocation once this returns.
 
     Called once per allocation when no container uses the devices any more
     (after ``post_stop``), and to undo an ``allocate`` whose request failed
     part-way. Unbind drivers, free shared slots, switch modes here. The
     devices may have vanished meanwhile; must be safe to call for devices
-    only partly prepared.
+    only partly prepared. At least once, like ``post_stop``: ``retry=True``
+    when the daemon may have called it for these devices before a restart.
+
+    Example::
+
+        @hookimpl
+        def deallocate(self, device_ids, retry):
+            for dev in device_ids:
+                self.unbind_from_vfio(dev, missing_ok=retry)
     """

@@ -30,6 +30,10 @@ def format_status(data: dict[str, Any]) -> str:
             f"release detection: every {release.get('interval')}s, grace {release.get('grace_period')}s, "
             f"PodResources {'ERROR ' + err if err else 'ok'} (last read {_ago(release.get('last_success'))})"
         )
+        if release.get("checkpoint_problem"):
+            lines.append(f"  kubelet checkpoint: no evidence ({release['checkpoint_problem']})")
+        for name, problem in (release.get("resource_errors") or {}).items():
+            lines.append(f"  release detection for {name} failing: {problem}")
     for res in data.get("resources", []):
         counts = res.get("counts", {})
         lines.append("")
@@ -54,6 +58,11 @@ def format_status(data: dict[str, Any]) -> str:
                 flags.append("releasing")
             numa = ",".join(str(n) for n in dev.get("numa_nodes", [])) or "-"
             lines.append(f"    {dev['id']:<24} {dev['health']:<10} numa={numa:<4} {' '.join(flags)}")
+        for devices, failure in (res.get("release_failures") or {}).items():
+            lines.append(f"  release of {devices} failing: {failure}")
+        for bad in res.get("quarantined_records") or []:
+            named = ", ".join(bad.get("devices") or []) or "no devices"
+            lines.append(f"  QUARANTINED ledger record #{bad.get('index')} ({named}): {bad.get('reason')}")
         releases = res.get("recent_releases", [])
         if releases:
             lines.append("  recent releases:")

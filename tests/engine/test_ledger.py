@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from devplug.engine.ledger import FORMAT_VERSION, Ledger
 from devplug.types import ContainerAllocation
 
@@ -16,11 +18,11 @@ def _ledger(tmp_path: Path) -> Ledger:
 def test_reuse_by_a_later_container_joins_the_allocation(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     init = ledger.begin(["a"], now=1.0)
-    ledger.confirm(init, ContainerAllocation())
+    ledger.confirm(init, ContainerAllocation(), now=3.0)
     app = ledger.begin(["a", "b"], now=2.0)
     assert app is init
     assert (app.devices, app.pending) == (["a"], ["b"])
-    ledger.confirm(app, ContainerAllocation(envs={"X": "1"}))
+    ledger.confirm(app, ContainerAllocation(envs={"X": "1"}), now=3.0)
     assert [r.devices for r in ledger] == [["a", "b"]]
     assert app.prepared["envs"] == {"X": "1"}
 
@@ -28,7 +30,7 @@ def test_reuse_by_a_later_container_joins_the_allocation(tmp_path: Path) -> None
 def test_rollback_restores_what_begin_changed_and_leaves_other_allocations(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     held = ledger.begin(["a"], now=1.0)
-    ledger.confirm(held, ContainerAllocation())
+    ledger.confirm(held, ContainerAllocation(), now=3.0)
     snapshot = ledger.snapshot(["a", "c", "d"])
     joined = ledger.begin(["a", "c"], now=2.0)
     fresh = ledger.begin(["d"], now=2.0)
@@ -40,7 +42,7 @@ def test_rollback_restores_what_begin_changed_and_leaves_other_allocations(tmp_p
 def test_kep_deallocate_drops_devices_and_empties_records(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     record = ledger.begin(["a", "b"], now=1.0)
-    ledger.confirm(record, ContainerAllocation())
+    ledger.confirm(record, ContainerAllocation(), now=3.0)
     assert ledger.drop_devices(["a"]) == []
     assert ledger.drop_devices(["b"]) == [record]
     assert list(ledger) == []
@@ -49,7 +51,7 @@ def test_kep_deallocate_drops_devices_and_empties_records(tmp_path: Path) -> Non
 def test_post_stop_is_tracked_per_device(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     record = ledger.begin(["a", "b"], now=1.0)
-    ledger.confirm(record, ContainerAllocation())
+    ledger.confirm(record, ContainerAllocation(), now=3.0)
     record.mark_post_stopped(["a"])
     assert not record.post_stop_done
     record.mark_post_stopped(["b", "a"])
@@ -60,7 +62,7 @@ def test_post_stop_is_tracked_per_device(tmp_path: Path) -> None:
 def test_file_round_trip_and_format(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     record = ledger.begin(["a"], now=1.0)
-    ledger.confirm(record, ContainerAllocation())
+    ledger.confirm(record, ContainerAllocation(), now=3.0)
     ledger.path.write_bytes(ledger.serialize())
     data = json.loads(ledger.path.read_bytes())
     assert data["format"] == FORMAT_VERSION
@@ -81,3 +83,88 @@ def test_a_ledger_of_another_resource_is_set_aside(tmp_path: Path) -> None:
     assert ledger.recovered_from_corruption is not None
     assert ledger.recovered_from_corruption.name.startswith("ledger.json.corrupt-")
     assert not ledger.path.exists()
+
+
+def _write(ledger: Ledger, allocations: list[object]) -> None:
+    data = {"format": FORMAT_VERSION, "resource": ledger.resource_name, "allocations": allocations}
+    ledger.path.write_text(json.dumps(data))
+
+
+def _good(record_id: str, *devices: str) -> dict[str, object]:
+    return {"id": record_id, "devices": list(devices), "created": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"id": "x", "devices": ["c"], "created": "yesterday"}, "created"),
+        ({"id": "x", "devices": ["c"], "created": 1.0, "kep_at": "soon"}, "kep_at"),
+        ({"id": "x", "devices": ["c"], "created": 1.0, "post_stopped": "c"}, "post_stopped"),
+        ({"id": "x", "devices": ["c"], "created": float("nan")}, "created"),
+        ({"id": "x", "devices": "c", "created": 1.0}, "devices"),
+        ({"id": "x", "devices": ["c"], "created": 1.0, "releasing": 1}, "releasing"),
+        ({"id": 7, "devices": ["c"], "created": 1.0}, "id"),
+        ({"id": "x", "devices": ["c"], "created": 1.0, "surprise": True}, "unknown fields"),
+        (["not", "a", "record"], "must be an object"),
+    ],
+)
+def test_a_malformed_record_is_quarantined_and_the_others_load(tmp_path: Path, bad: object, field: str) -> None:
+    ledger = _ledger(tmp_path)
+    _write(ledger, [_good("a", "d0"), bad, _good("b", "d1")])
+    ledger.load()
+    assert sorted(r.id for r in ledger) == ["a", "b"]
+    assert ledger.recovered_from_corruption is None
+    assert len(ledger.quarantined) == 1
+    assert field in ledger.quarantined[0].reason
+    assert ledger.quarantined[0].index == 1
+    # Kept in the file, never lost, and still quarantined after the next load.
+    ledger.path.write_bytes(ledger.serialize())
+    again = _ledger(tmp_path)
+    again.load()
+    assert sorted(r.id for r in again) == ["a", "b"]
+    assert [json.dumps(q.raw) for q in again.quarantined] == [json.dumps(bad)]  # NaN != NaN, its text is equal
+
+
+def test_quarantine_names_the_devices_it_can_read(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    _write(ledger, [{"id": "x", "devices": ["c", 5], "pending": ["e"], "created": 1.0}])
+    ledger.load()
+    assert list(ledger) == []
+    assert ledger.quarantined[0].devices() == ["c", "e"]
+
+
+def test_a_ledger_nested_too_deeply_is_set_aside_not_fatal(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.path.write_text("[" * 100_000 + "]" * 100_000)
+    ledger.load()
+    assert list(ledger) == []
+    assert ledger.lost
+    assert ledger.recovered_from_corruption is not None
+
+
+def test_a_missing_ledger_is_flagged_lost_and_an_old_one_loads_without_new_fields(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    assert ledger.lost
+    old_style = {"id": "x", "devices": ["c"], "pending": [], "created": 1.0, "pod": "ns/p", "seen_at": 2.0}
+    _write(ledger, [old_style])
+    again = _ledger(tmp_path)
+    again.load()
+    assert not again.lost
+    (record,) = list(again)
+    assert (record.devices, record.pod, record.post_stop_begun, record.deallocate_begun) == (["c"], "ns/p", [], False)
+
+
+def test_adopt_takes_only_devices_no_record_holds(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    held = ledger.begin(["a"], now=1.0)
+    ledger.confirm(held, ContainerAllocation(), now=1.0)
+    assert ledger.adopt(["a"], 2.0, "PodResources", pod="ns/p") is None
+    record = ledger.adopt(["b", "a", "c"], 2.0, "the kubelet's checkpoint", pod_uid="u1")
+    assert record is not None
+    assert (record.devices, record.pod_uid, record.adopted, record.seen_at) == (
+        ["b", "c"],
+        "u1",
+        "the kubelet's checkpoint",
+        None,
+    )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from devplug.atomic import write_atomic
 from devplug.config import Config
+from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.engine.lock import StateLock
 from devplug.engine.reconciler import Reconciler
 from devplug.engine.resource import Resource
@@ -36,11 +37,23 @@ class Daemon:
         self.state_dir = config.state.dir
         self.lock = StateLock(self.state_dir)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-writer")
+        self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
+        release_wake = asyncio.Event()
         self.resources = [
-            Resource(rc, config.kubelet, self.state_dir, self.write_file, self._status_changed)
+            Resource(
+                rc,
+                config.kubelet,
+                self.state_dir,
+                self.write_file,
+                self.checkpoint,
+                on_change=self._status_changed,
+                on_allocated=release_wake.set,
+            )
             for rc in config.resources
         ]
-        self.reconciler = Reconciler(self.resources, config.kubelet.pod_resources_socket, config.release)
+        self.reconciler = Reconciler(
+            self.resources, config.kubelet.pod_resources_socket, config.release, self.checkpoint, release_wake
+        )
         self._stop = asyncio.Event()
         self._stop_requested = False
         self._status_pending = False

@@ -30,6 +30,8 @@ class DeviceTable:
         self.version = 0
         self._encoded: tuple[int, bytes] = (-1, b"")
         self._waiter: asyncio.Future[None] | None = None
+        #: How many ListAndWatch streams are sending this table (kept by the servicer).
+        self.watchers = 0
 
     # --- reading
 
@@ -147,6 +149,18 @@ class DeviceTable:
 
     def _encode(self, dev: Device) -> bytes:
         return encode_device_entry(self._effective(dev))
+
+    def resend(self) -> bool:
+        """Make every ListAndWatch stream send the list again, changed or not.
+
+        The kubelet rewrites its checkpoint on every ListAndWatch message (see
+        :mod:`devplug.engine.checkpointview`). Returns False when no stream is
+        open, so nothing could be sent.
+        """
+        if self.watchers <= 0:
+            return False
+        self._bump()
+        return True
 
     # --- waiting
 

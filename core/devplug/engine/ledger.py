@@ -20,9 +20,10 @@ import copy
 import itertools
 import json
 import logging
+import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
-__all__ = ["FORMAT_VERSION", "AllocationRecord", "Ledger"]
+__all__ = ["FORMAT_VERSION", "AllocationRecord", "Ledger", "QuarantinedRecord"]
 
 FORMAT_VERSION = 1
 log = logging.getLogger("devplug.engine")
@@ -39,18 +40,29 @@ _ids = itertools.count(1)
 
 @dataclass
 class AllocationRecord:
-    """One allocation and where it is in its life."""
+    """One allocation (one tenancy of its devices) and where it is in its life.
+
+    ``post_stop_begun`` and ``deallocate_begun`` are written before the driver's
+    hook is called, ``post_stopped`` and the record's removal after it returned:
+    a daemon killed in between calls the hook again after its restart, with
+    ``retry=True`` (the hooks' contract is at-least-once, the retry flagged).
+    """
 
     id: str
     devices: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     created: float = 0.0
     pod: str | None = None
+    pod_uid: str | None = None
     seen_at: float | None = None
+    allocated_at: float | None = None
     releasing: bool = False
     post_stop_done: bool = False
     post_stopped: list[str] = field(default_factory=list)
+    post_stop_begun: list[str] = field(default_factory=list)
+    deallocate_begun: bool = False
     kep_at: float | None = None
+    adopted: str | None = None
     prepared: dict[str, Any] = field(default_factory=dict)
 
     def mark_post_stopped(self, device_ids: Iterable[str]) -> None:
@@ -62,30 +74,85 @@ class AllocationRecord:
         return [*self.devices, *(d for d in self.pending if d not in self.devices)]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "devices": self.devices,
-            "pending": self.pending,
-            "created": self.created,
-            "pod": self.pod,
-            "seen_at": self.seen_at,
-            "releasing": self.releasing,
-            "post_stop_done": self.post_stop_done,
-            "post_stopped": self.post_stopped,
-            "kep_at": self.kep_at,
-            "prepared": self.prepared,
-        }
+        return {name: getattr(self, name) for name in _FIELD_CHECKS}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AllocationRecord:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(data) - known
+    def from_json(cls, data: object) -> AllocationRecord:
+        """A record from its JSON form, every field checked; :class:`ValueError` naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"an allocation record must be an object, not {type(data).__name__}")
+        unknown = sorted(set(data) - set(_FIELD_CHECKS))
         if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}")
-        record = cls(**data)
-        if not isinstance(record.id, str) or not all(isinstance(d, str) for d in record.all_devices()):
-            raise ValueError(f"malformed allocation record {data!r}")
-        return record
+            raise ValueError(f"unknown fields {unknown}")
+        if "id" not in data:
+            raise ValueError("no 'id'")
+        for name, value in data.items():
+            check = _FIELD_CHECKS[name]
+            if not check(value):
+                raise ValueError(f"field {name!r} has a bad value {_short(value)}")
+        return cls(**data)
+
+
+def _is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+#: Every field of a record and the check its JSON value must pass (also the order of the file's keys).
+_FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
+    "id": _is_id,
+    "devices": _is_str_list,
+    "pending": _is_str_list,
+    "created": _is_time,
+    "pod": _optional(lambda v: isinstance(v, str)),
+    "pod_uid": _optional(lambda v: isinstance(v, str)),
+    "seen_at": _optional(_is_time),
+    "allocated_at": _optional(_is_time),
+    "releasing": lambda v: isinstance(v, bool),
+    "post_stop_done": lambda v: isinstance(v, bool),
+    "post_stopped": _is_str_list,
+    "post_stop_begun": _is_str_list,
+    "deallocate_begun": lambda v: isinstance(v, bool),
+    "kep_at": _optional(_is_time),
+    "adopted": _optional(lambda v: isinstance(v, str)),
+    "prepared": lambda v: isinstance(v, dict),
+}
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class QuarantinedRecord:
+    """A ledger entry that failed its checks on load: kept aside, shown in ``devplug status``."""
+
+    index: int
+    reason: str
+    raw: object
+
+    def devices(self) -> list[str]:
+        """The device IDs the entry seems to name (best effort, for the operator)."""
+        if not isinstance(self.raw, dict):
+            return []
+        found: list[str] = []
+        for key in ("devices", "pending"):
+            value = self.raw.get(key)
+            if isinstance(value, list):
+                found.extend(v for v in value if isinstance(v, str) and v not in found)
+        return found
 
 
 @dataclass(frozen=True)
@@ -94,6 +161,13 @@ class LedgerSnapshot:
 
     record_ids: frozenset[str]
     touched: dict[str, AllocationRecord]
+
+
+def _kept_quarantine(index: int, entry: object) -> QuarantinedRecord:
+    """A record quarantined by an earlier load, as the file keeps it."""
+    if isinstance(entry, dict) and isinstance(entry.get("reason"), str) and "record" in entry:
+        return QuarantinedRecord(index=index, reason=entry["reason"], raw=entry["record"])
+    return QuarantinedRecord(index=index, reason="malformed quarantine entry", raw=entry)
 
 
 def new_record_id() -> str:
@@ -118,20 +192,30 @@ class Ledger:
         self.resource_name = resource_name
         self.path = path
         self.records: dict[str, AllocationRecord] = {}
+        #: Entries that failed their checks on load; kept in the file, never acted on.
+        self.quarantined: list[QuarantinedRecord] = []
         self.recovered_from_corruption: Path | None = None
+        #: True when there was no ledger to load (first start, or the file was lost or corrupt):
+        #: what the kubelet's checkpoint says pods held is then adopted (see the reconciler).
+        self.lost = False
 
     # --- persistence
 
     def load(self) -> None:
         """Read the ledger file if there is one.
 
-        A corrupt or unreadable file is moved aside (``ledger.json.corrupt-<time>``)
+        A file that is not a ledger of this resource at all (not JSON, another
+        format or resource) is moved aside (``ledger.json.corrupt-<time>``)
         with an error log line, and the ledger starts empty, flagged so the
-        reconciler rebuilds it from PodResources.
+        reconciler rebuilds it from PodResources and the kubelet's checkpoint.
+        A single malformed record is quarantined instead: logged, kept in the
+        file under ``quarantined`` and shown in ``devplug status``, while every
+        other record is loaded and acted on as usual.
         """
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
+            self.lost = True
             return
         except OSError as exc:
             raise StateError(f"{self.path}: cannot read the allocation ledger: {exc}") from exc
@@ -141,11 +225,17 @@ class Ledger:
                 raise ValueError(f"unsupported format {data.get('format') if isinstance(data, dict) else data!r}")
             if data.get("resource") != self.resource_name:
                 raise ValueError(f"it belongs to resource {data.get('resource')!r}")
-            records = [AllocationRecord.from_json(r) for r in data["allocations"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            entries = data["allocations"]
+            if not isinstance(entries, list):
+                raise ValueError("'allocations' is not a list")
+            kept = data.get("quarantined", [])
+            if not isinstance(kept, list):
+                raise ValueError("'quarantined' is not a list")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             os.replace(self.path, aside)
             self.recovered_from_corruption = aside
+            self.lost = True
             log.error(
                 "[%s] allocation ledger %s is corrupt (%s); moved it to %s and rebuilding from PodResources",
                 self.resource_name,
@@ -154,14 +244,35 @@ class Ledger:
                 aside,
             )
             return
-        self.records = {r.id: r for r in records}
+        self.records = {}
+        self.quarantined = [_kept_quarantine(i, entry) for i, entry in enumerate(kept)]
+        for index, entry in enumerate(entries):
+            try:
+                record = AllocationRecord.from_json(entry)
+                if record.id in self.records:
+                    raise ValueError(f"record id {record.id!r} is used twice")
+            except ValueError as exc:
+                bad = QuarantinedRecord(index=index, reason=str(exc), raw=entry)
+                self.quarantined.append(bad)
+                log.error(
+                    "[%s] allocation ledger %s: record #%d quarantined (%s); devices it names: %s",
+                    self.resource_name,
+                    self.path,
+                    index,
+                    exc,
+                    ", ".join(bad.devices()) or "none",
+                )
+                continue
+            self.records[record.id] = record
 
     def serialize(self) -> bytes:
-        data = {
+        data: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "resource": self.resource_name,
             "allocations": [r.to_json() for r in self.records.values()],
         }
+        if self.quarantined:
+            data["quarantined"] = [{"reason": q.reason, "record": q.raw} for q in self.quarantined]
         # Compact: written twice per Allocate, so the C encoder (no indent, no key sorting) matters.
         return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
@@ -219,11 +330,33 @@ class Ledger:
         target.pending.extend(d for d in ids if d not in held)
         return target
 
-    def confirm(self, record: AllocationRecord, allocation: ContainerAllocation) -> None:
-        """The Allocate for ``record``'s pending devices succeeded."""
+    def confirm(self, record: AllocationRecord, allocation: ContainerAllocation, now: float) -> None:
+        """The Allocate for ``record``'s pending devices succeeded (answered at ``now``)."""
+        record.allocated_at = now
         record.devices.extend(d for d in record.pending if d not in record.devices)
         record.pending.clear()
         record.prepared = prepared_summary(allocation)
+
+    def adopt(
+        self, devices: Iterable[str], now: float, source: str, *, pod: str | None = None, pod_uid: str | None = None
+    ) -> AllocationRecord | None:
+        """Take into the ledger devices a pod holds that no record has (a lost or rebuilt ledger).
+
+        ``source`` says where they were found ("PodResources", "the kubelet's
+        checkpoint"); hooks called for an adopted record are flagged as retries,
+        since the daemon may have called them before it lost its ledger.
+        Returns the new record, or None when every device was held already.
+        """
+        held = self.held_devices()
+        fresh = sorted({d for d in devices if d not in held})
+        if not fresh:
+            return None
+        seen = now if pod is not None else None
+        record = AllocationRecord(
+            id=new_record_id(), devices=fresh, created=now, pod=pod, pod_uid=pod_uid, seen_at=seen, adopted=source
+        )
+        self.records[record.id] = record
+        return record
 
     def remove(self, record: AllocationRecord) -> None:
         self.records.pop(record.id, None)

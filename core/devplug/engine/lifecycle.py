@@ -1,30 +1,58 @@
 """A resource's device lifecycle: preferred allocation, allocate, pre-start, post-stop, deallocate, release.
 
-Every kubelet request is checked against the device table before a driver
-hook sees it, and every change of the ledger is written to disk before the
-kubelet gets an answer.
+Every kubelet request is checked against the device table and the ledger
+before a driver hook sees it, and every change of the ledger is written to
+disk before the kubelet gets an answer. Every operation holds the locks of the
+devices it touches (:mod:`devplug.engine.devicelocks`), so operations on one
+device never overlap.
+
+Tenancies. The kubelet hands a finished or rejected pod's devices to the next
+pod at once, and its Allocate names no pod. So when an Allocate asks for a
+device the ledger still holds, the earlier allocation is either reused by a
+later container of the same pod (the kubelet gives an init container's devices
+to the pod's next containers, with nothing released in between; Kubernetes
+v1.32 ``pkg/kubelet/cm/devicemanager/manager.go`` Allocate and
+devicesToAllocate) or it is a new tenancy, and the previous one must be
+released (post-stop, deallocate) before the driver prepares the devices again.
+The engine decides on evidence:
+
+* an allocation whose devices PodResources ever listed is never reused: the
+  kubelet reuses only the devices of non-restartable init containers, and
+  PodResources lists only app and sidecar containers;
+* otherwise the kubelet is asked: the engine sends a ListAndWatch message,
+  which makes it rewrite its checkpoint with the devices it attributes now
+  (:mod:`devplug.engine.checkpointview`). Before this Allocate the kubelet
+  already dropped inactive pods (``UpdateAllocatedDevices``), so if it still
+  attributes the devices to the allocation's pod, that pod is the one being
+  admitted: a reuse. If it does not, the pod finished, was rejected or deleted;
+* with no evidence at all (no checkpoint, no stream), it is treated as a new
+  tenancy: the devices are cleaned first. That never cleans a device under a
+  running container (the kubelet allocates only devices no active pod holds,
+  or, for reuse, before any container of the pod started); its cost is one
+  extra release between an init container and its pod's app container.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from devplug.drivers import DriverHooks
+from devplug.engine.checkpointview import CheckpointView, pods_holding
+from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
 from devplug.errors import DriverError, HookTimeoutError, RequestError
 from devplug.types import ContainerAllocation, Device
 
-__all__ = ["DeviceLifecycle", "Release", "StaleCheck"]
-
-StaleCheck = Callable[[Sequence[AllocationRecord]], Awaitable[list[AllocationRecord]]]
+__all__ = ["DeviceLifecycle", "Release"]
 
 log = logging.getLogger("devplug.engine")
 
@@ -39,9 +67,10 @@ class Release:
     pod: str | None
     finished_at: float
     duration_s: float
+    retry: bool = False
 
 
-def _ids(ids: Sequence[str]) -> str:
+def _ids(ids: Iterable[str]) -> str:
     return ", ".join(ids)
 
 
@@ -56,6 +85,8 @@ class DeviceLifecycle:
         runner: HookRunner,
         ledger: Ledger,
         save: Callable[[], Awaitable[None]],
+        checkpoint: CheckpointView,
+        on_allocated: Callable[[], None] = lambda: None,
     ) -> None:
         self.resource_name = resource_name
         self.table = table
@@ -63,19 +94,51 @@ class DeviceLifecycle:
         self.runner = runner
         self.ledger = ledger
         self._save = save
+        self.checkpoint = checkpoint
+        self._on_allocated = on_allocated
+        self.locks = DeviceLocks()
         self.recent_releases: deque[Release] = deque(maxlen=50)
         #: IDs of the records an Allocate in flight is filling; the reconciler leaves them alone.
         self.allocating: set[str] = set()
-        #: Called after every successful Allocate (wakes the reconciler).
-        self.on_allocated: Callable[[], None] = lambda: None
-        #: Given the live records holding devices asked for again, returns those whose pod is gone.
-        self.stale_check: StaleCheck | None = None
-        self._release_lock = asyncio.Lock()
+        #: The last failure of each record's release ("post_stop: ..."), until it succeeds.
+        self.release_failures: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def release_wait(self) -> float:
+        """How long an Allocate waits for a release of its devices still running: its two hooks' timeouts."""
+        return 2 * self.runner.timeout
 
     # --- validation
 
+    def _check_ids(self, containers: Sequence[Sequence[str]], call: str) -> None:
+        """Unknown (neither advertised nor held), duplicate or no IDs: refuse the whole request."""
+        unknown: list[str] = []
+        duplicate: list[str] = []
+        seen: set[str] = set()
+        for ids in containers:
+            for dev_id in ids:
+                if dev_id in seen:
+                    duplicate.append(dev_id)
+                seen.add(dev_id)
+                if dev_id not in self.table and not self.ledger.holders(dev_id):
+                    unknown.append(dev_id)
+        problems = []
+        if unknown:
+            problems.append(f"unknown device IDs: {_ids(unknown)}")
+        if duplicate:
+            problems.append(f"duplicate device IDs: {_ids(sorted(set(duplicate)))}")
+        if not seen and not problems:
+            problems.append("no device IDs requested")
+        if problems:
+            raise RequestError(f"{self.resource_name}: {call}: " + "; ".join(problems) + "; nothing was done")
+
     def _check_servable(self, containers: Sequence[Sequence[str]]) -> None:
+        """Every device must be known and healthy as the driver reports it.
+
+        A device withheld (advertised unhealthy) only while a release of it
+        runs passes: the Allocate waits for that release.
+        """
         unknown: list[str] = []
         unhealthy: list[str] = []
         duplicate: list[str] = []
@@ -85,10 +148,10 @@ class DeviceLifecycle:
                 if dev_id in seen:
                     duplicate.append(dev_id)
                 seen.add(dev_id)
-                dev = self.table.advertised(dev_id)
+                dev = self.table.reported(dev_id)
                 if dev is None:
                     unknown.append(dev_id)
-                elif not dev.healthy:
+                elif not dev.healthy or self.table.degraded is not None:
                     unhealthy.append(dev_id)
         problems = []
         if unknown:
@@ -101,6 +164,25 @@ class DeviceLifecycle:
             problems.append("no device IDs requested")
         if problems:
             raise RequestError(f"{self.resource_name}: " + "; ".join(problems) + "; nothing was allocated")
+
+    # --- device locks
+
+    def _closure(self, device_ids: Iterable[str]) -> set[str]:
+        """``device_ids`` and every other device of the records holding them."""
+        ids = set(device_ids)
+        return ids | {d for i in ids for r in self.ledger.holders(i) for d in r.all_devices()}
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> AsyncIterator[None]:
+        """Hold the locks of ``device_ids`` and of every device of the records holding them."""
+        want = self._closure(device_ids)
+        while True:
+            async with self.locks.hold(want, what, timeout):
+                now = self._closure(want)
+                if now <= want:
+                    yield
+                    return
+            want = now  # a record grew while we waited: take its new devices too
 
     # --- kubelet operations
 
@@ -124,16 +206,109 @@ class DeviceLifecycle:
         return result[: max(size, len(must_include))]
 
     async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
-        """Allocate for every container of one request, all or nothing."""
+        """Allocate for every container of one request, all or nothing.
+
+        Devices still held by an earlier allocation are settled first (see the
+        module docstring): a reuse joins that allocation, anything else is
+        released before the driver sees the devices again. An Allocate whose
+        devices are being released waits for that release (at most
+        :attr:`release_wait` seconds) and refuses only if it fails.
+        """
+        self._check_servable_or_releasing(containers)
+        requested = [i for ids in containers for i in ids]
+        try:
+            async with self._hold(requested, "allocate", timeout=self.release_wait):
+                await self._settle(requested)
+                self._check_servable(containers)
+                results = await self._allocate_locked(containers)
+        except DeviceBusyError as exc:
+            raise DriverError(
+                f"{self.resource_name}: device(s) {exc} still busy after {self.release_wait:g} s "
+                "(twice hook_timeout); nothing was allocated"
+            ) from None
+        self._on_allocated()
+        for ids in containers:
+            log.info("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
+        return results
+
+    def _check_servable_or_releasing(self, containers: Sequence[Sequence[str]]) -> None:
+        """The up-front check: :meth:`_check_servable` (a device withheld while its release runs may wait for
+        it), and no device whose earlier allocate timed out and still runs in the driver."""
         self._check_servable(containers)
-        if await self._release_stale_holders(containers):
-            self._check_servable(containers)  # a release withholds devices until it is done
+        flat = [i for ids in containers for i in ids]
+        hung = [i for i in flat for r in self.ledger.holders(i) if r.releasing and r.id in self.allocating]
+        if hung:
+            raise DriverError(
+                f"{self.resource_name}: an earlier allocate of {_ids(hung)} has not returned yet (it timed out); "
+                "nothing was allocated"
+            )
+
+    async def _settle(self, requested: Sequence[str]) -> None:
+        """Finish every earlier tenancy of ``requested`` that is not reused by this Allocate."""
+        holders = {r.id: r for i in requested for r in self.ledger.holders(i)}
+        for record in holders.values():
+            if self.ledger.records.get(record.id) is not record:
+                continue
+            if record.releasing:
+                reason = "finishing its release before the devices are allocated again"
+            else:
+                reuse, reason = await self._tenancy(record)
+                if reuse:
+                    log.info(
+                        "[%s] %s: %s",
+                        self.resource_name,
+                        _ids(record.all_devices()),
+                        reason,
+                        extra={"device": _ids(record.all_devices())},
+                    )
+                    continue
+            try:
+                await self._release_locked(record, reason)
+            except DriverError as exc:
+                failure = type(exc) if isinstance(exc, HookTimeoutError) else DriverError
+                raise failure(
+                    f"{self.resource_name}: {_ids(record.all_devices())} cannot be allocated again: "
+                    f"releasing the previous allocation failed ({exc}); nothing was allocated"
+                ) from exc
+
+    async def _tenancy(self, record: AllocationRecord) -> tuple[bool, str]:
+        """Is an Allocate of ``record``'s devices a reuse by its own pod? Returns (reuse, why)."""
+        if record.pending:
+            return False, "an Allocate that never answered the kubelet held them"
+        if record.seen_at is not None:
+            return False, (
+                f"pod {record.pod} ran with them (PodResources listed them) and the kubelet allocates them again: "
+                "a new tenancy, so the previous one is released first"
+            )
+        checkpoint = await self.checkpoint.fresh(self.table.resend)
+        if checkpoint is None:
+            return False, (
+                f"no evidence the kubelet still gives them to the same pod ({self.checkpoint.last_problem}): "
+                "released first, as a new tenancy"
+            )
+        uids = pods_holding(checkpoint, self.resource_name, record.all_devices())
+        if not uids:
+            return False, (
+                "the kubelet no longer attributes them to any pod (the pod that had them finished, was rejected "
+                "or deleted): a new tenancy, so the previous one is released first"
+            )
+        if record.pod_uid is not None and record.pod_uid not in uids:
+            return False, (
+                f"the kubelet attributes them to pod {', '.join(sorted(uids))}, not to pod {record.pod_uid} "
+                "that got them: the previous allocation is released first"
+            )
+        if record.pod_uid is None and len(uids) == 1:
+            record.pod_uid = next(iter(uids))
+        return (
+            True,
+            f"reused by a later container of pod {', '.join(sorted(uids))} (the kubelet's init-container reuse)",
+        )
+
+    async def _allocate_locked(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         snapshot = self.ledger.snapshot(i for ids in containers for i in ids)
         held_before = self.ledger.held_devices()
         now = time.time()
-        records: list[AllocationRecord] = []
-        for ids in containers:
-            records.append(self.ledger.begin(ids, now))
+        records: list[AllocationRecord] = [self.ledger.begin(ids, now) for ids in containers]
         inflight = {r.id for r in records}
         self.allocating |= inflight
         try:
@@ -142,7 +317,7 @@ class DeviceLifecycle:
             try:
                 for ids, record in zip(containers, records, strict=True):
                     allocation = await self.runner.call("allocate", self.hooks.allocate, tuple(ids))
-                    self.ledger.confirm(record, allocation)
+                    self.ledger.confirm(record, allocation, time.time())
                     results.append(allocation)
             except DriverError as exc:
                 hung = exc.still_running if isinstance(exc, HookTimeoutError) else None
@@ -157,26 +332,7 @@ class DeviceLifecycle:
             await self._save()
         finally:
             self.allocating -= inflight
-        self.on_allocated()
-        for ids in containers:
-            log.info("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
         return results
-
-    async def _release_stale_holders(self, containers: Sequence[Sequence[str]]) -> bool:
-        """Release allocations whose pod is gone but whose devices the kubelet hands out again.
-
-        Returns whether anything was released.
-        """
-        if self.stale_check is None:
-            return False
-        holders = {r.id: r for ids in containers for i in ids for r in self.ledger.holders(i) if not r.releasing}
-        if not holders:
-            return False
-        stale = await self.stale_check(list(holders.values()))
-        for record in stale:
-            if record.id in self.ledger.records:
-                await self.release(record, f"pod {record.pod} is gone and the kubelet allocates its devices again")
-        return bool(stale)
 
     def _undo_when_returned(
         self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float
@@ -204,6 +360,7 @@ class DeviceLifecycle:
                     _ids(fresh),
                     extra={"device": _ids(fresh)},
                 )
+                self.allocating.discard(record.id)
                 await self.release(record, "undoing an allocate that returned after its timeout")
             except DriverError as exc:
                 log.error("[%s] undoing the late allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
@@ -220,113 +377,179 @@ class DeviceLifecycle:
             if not fresh:
                 continue
             try:
-                await self.runner.call("deallocate", self.hooks.deallocate, tuple(fresh))
+                await self.runner.call("deallocate", self.hooks.deallocate, tuple(fresh), False)
             except DriverError as exc:
                 log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
-        self._check_known(device_ids)
-        await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
+        """PreStartContainer: only for devices allocated to a live allocation, healthy, each named once."""
+        self._check_ids([device_ids], "PreStartContainer")
+        async with self._hold(device_ids, "pre_start"):
+            problems = []
+            live = {i for i in device_ids for r in self.ledger.holders(i) if not r.releasing and i in r.devices}
+            not_allocated = [i for i in device_ids if i not in live]
+            releasing = [i for i in not_allocated if i in self.ledger.releasing_devices()]
+            never = [i for i in not_allocated if i not in releasing]
+            if never:
+                problems.append(f"device IDs not allocated: {_ids(never)}")
+            if releasing:
+                problems.append(f"device IDs being released: {_ids(releasing)}")
+            unhealthy = [i for i in device_ids if i in live and not self._reported_healthy(i)]
+            if unhealthy:
+                problems.append(f"unhealthy device IDs: {_ids(unhealthy)}")
+            if problems:
+                raise RequestError(
+                    f"{self.resource_name}: PreStartContainer: " + "; ".join(problems) + "; nothing was done"
+                )
+            await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
+
+    def _reported_healthy(self, device_id: str) -> bool:
+        dev = self.table.reported(device_id)
+        return dev is not None and dev.healthy and self.table.degraded is None
 
     async def post_stop(self, device_ids: Sequence[str]) -> None:
         """The KEP's PostStopContainer: clean up after one container.
 
         Devices already post-stopped in their allocation, or already released
-        (the reconciler got there first), are not post-stopped again.
+        (the reconciler got there first), are skipped and logged.
         """
-        self._check_known(device_ids)
-        async with self._release_lock:
+        self._check_ids([device_ids], "PostStopContainer")
+        async with self._hold(device_ids, "post_stop"):
             records = self._holders_of(device_ids)
-            owed = [i for i in device_ids if any(i in r.all_devices() and i not in r.post_stopped for r in records)]
+            owed = [i for i in device_ids if any(i in r.devices and i not in r.post_stopped for r in records)]
             now = time.time()
             for record in records:
                 record.kep_at = now
             if owed and self.hooks.implements("post_stop"):
-                await self.runner.call("post_stop", self.hooks.post_stop, tuple(owed))
+                retry = any(i in r.post_stop_begun or r.adopted is not None for r in records for i in owed)
+                for record in records:
+                    record.post_stop_begun.extend(i for i in owed if i in record.devices)
+                await self._save()
+                await self.runner.call("post_stop", self.hooks.post_stop, tuple(owed), retry)
             for record in records:
-                record.mark_post_stopped(owed)
+                record.mark_post_stopped([i for i in owed if i in record.devices])
             if records:
                 await self._save()
             skipped = [i for i in device_ids if i not in owed]
             if skipped:
-                log.info("[%s] PostStopContainer: %s already cleaned up", self.resource_name, _ids(skipped))
+                log.info("[%s] PostStopContainer: %s already cleaned up or released", self.resource_name, _ids(skipped))
 
     async def deallocate(self, device_ids: Sequence[str]) -> None:
-        """The KEP's Deallocate: the devices are free once the driver is done (skipped if already released)."""
-        self._check_known(device_ids)
-        async with self._release_lock:
+        """The KEP's Deallocate: the devices are free once the driver is done (those already released skipped)."""
+        self._check_ids([device_ids], "Deallocate")
+        async with self._hold(device_ids, "deallocate"):
             start = time.monotonic()
             records = self._holders_of(device_ids)
-            if not records:
-                log.info("[%s] Deallocate: %s already released", self.resource_name, _ids(device_ids))
+            held = [i for i in device_ids if any(i in r.all_devices() for r in records)]
+            skipped = [i for i in device_ids if i not in held]
+            if skipped:
+                log.info("[%s] Deallocate: %s already released", self.resource_name, _ids(skipped))
+            if not held:
                 return
+            retry = any(r.deallocate_begun or r.adopted is not None for r in records)
             for record in records:
                 record.releasing = True
+                record.deallocate_begun = True
                 record.kep_at = time.time()
             self._sync_withheld()
             await self._save()
             try:
                 if self.hooks.implements("deallocate"):
-                    await self.runner.call("deallocate", self.hooks.deallocate, tuple(device_ids))
+                    await self.runner.call("deallocate", self.hooks.deallocate, tuple(held), retry)
             except DriverError:
                 for record in records:
                     record.releasing = False
                 self._sync_withheld()
                 await self._save()
                 raise
-            emptied = self.ledger.drop_devices(device_ids)
+            emptied = self.ledger.drop_devices(held)
             for record in records:
                 if record.id in self.ledger.records:
                     record.releasing = False
+                    record.deallocate_begun = False
             self._sync_withheld()
             await self._save()
             for record in emptied:
-                self._released(record, tuple(device_ids), "KEP Deallocate", start)
+                self._released(record, tuple(held), "KEP Deallocate", start, retry)
 
     def _holders_of(self, device_ids: Sequence[str]) -> list[AllocationRecord]:
         return list({r.id: r for i in device_ids for r in self.ledger.holders(i)}.values())
 
-    def _check_known(self, device_ids: Sequence[str]) -> None:
-        unknown = [i for i in device_ids if i not in self.table and not self.ledger.holders(i)]
-        if unknown:
-            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(unknown)}")
-
-    # --- releases found by the engine (reconciler, start-up)
+    # --- releases found by the engine (reconciler, start-up, a new tenancy)
 
     async def release(self, record: AllocationRecord, reason: str) -> None:
-        """Release one allocation: post-stop (the devices not yet post-stopped), then deallocate; once.
+        """Release one allocation: post-stop (the devices not yet post-stopped), then deallocate.
 
         The devices are advertised unhealthy from the first step until the
         driver's deallocate returned, so the kubelet never offers a device the
-        driver still holds. Releases, and the KEP's PostStopContainer and
-        Deallocate, run one at a time, so an allocation the kubelet released
-        meanwhile is not released again. A failing hook leaves the record
-        releasing; the caller retries later.
+        driver still holds. An allocation released meanwhile (KEP Deallocate, a
+        new tenancy's Allocate) is not released again. A failing hook leaves
+        the record releasing; the caller retries later.
         """
-        async with self._release_lock:
-            if self.ledger.records.get(record.id) is not record:
-                return  # released meanwhile (KEP Deallocate)
-            start = time.monotonic()
-            owed = tuple(record.all_devices())
-            if not record.releasing:
-                record.releasing = True
-                self._sync_withheld()
-                await self._save()
-            log.info("[%s] releasing %s (%s)", self.resource_name, _ids(owed), reason, extra={"device": _ids(owed)})
+        async with self._hold(record.all_devices(), "release"):
+            await self._release_locked(record, reason)
+
+    async def _release_locked(self, record: AllocationRecord, reason: str) -> None:
+        """:meth:`release`, with the devices' locks held.
+
+        Each hook's intent is written to the ledger before the hook is called
+        and its completion after: a daemon killed in between calls it again on
+        restart with ``retry=True``.
+        """
+        if self.ledger.records.get(record.id) is not record:
+            return  # released meanwhile
+        start = time.monotonic()
+        owed = tuple(record.all_devices())
+        if not record.releasing:
+            record.releasing = True
+            self._sync_withheld()
+            await self._save()
+        log.info("[%s] releasing %s (%s)", self.resource_name, _ids(owed), reason, extra={"device": _ids(owed)})
+        retried = False
+        try:
             to_stop = tuple(d for d in record.devices if d not in record.post_stopped)
             if to_stop:
                 if self.hooks.implements("post_stop"):
-                    await self.runner.call("post_stop", self.hooks.post_stop, to_stop)
+                    retry = record.adopted is not None or any(d in record.post_stop_begun for d in to_stop)
+                    retried |= retry
+                    record.post_stop_begun.extend(d for d in to_stop if d not in record.post_stop_begun)
+                    await self._save()
+                    self.locks.set_activity(owed, "release: post_stop")
+                    await self._call_release_hook(record, "post_stop", self.hooks.post_stop, to_stop, retry)
                 record.mark_post_stopped(to_stop)
-                await self._save()
             if owed and self.hooks.implements("deallocate"):
-                await self.runner.call("deallocate", self.hooks.deallocate, owed)
-            self.ledger.remove(record)
-            self._sync_withheld()
-            await self._save()
-            self._released(record, owed, reason, start)
+                retry = record.adopted is not None or record.deallocate_begun
+                retried |= retry
+                record.deallocate_begun = True
+                await self._save()
+                self.locks.set_activity(owed, "release: deallocate")
+                await self._call_release_hook(record, "deallocate", self.hooks.deallocate, owed, retry)
+        finally:
+            self.locks.set_activity(owed, "release")
+        self.ledger.remove(record)
+        self.release_failures.pop(record.id, None)
+        self._sync_withheld()
+        await self._save()
+        self._released(record, owed, reason, start, retried)
 
-    def _released(self, record: AllocationRecord, devices: tuple[str, ...], reason: str, start: float) -> None:
+    async def _call_release_hook(
+        self,
+        record: AllocationRecord,
+        hook: str,
+        fn: Callable[[Sequence[str], bool], None],
+        device_ids: tuple[str, ...],
+        retry: bool,
+    ) -> None:
+        try:
+            await self.runner.call(hook, fn, device_ids, retry)
+        except DriverError as exc:
+            self.release_failures[record.id] = f"{hook}: {exc}"
+            await self._save()  # keep what was done (post-stopped devices) before the failure
+            raise
+
+    def _released(
+        self, record: AllocationRecord, devices: tuple[str, ...], reason: str, start: float, retry: bool
+    ) -> None:
         release = Release(
             record_id=record.id,
             device_ids=devices,
@@ -334,13 +557,15 @@ class DeviceLifecycle:
             pod=record.pod,
             finished_at=time.time(),
             duration_s=time.monotonic() - start,
+            retry=retry,
         )
         self.recent_releases.append(release)
         log.info(
-            "[%s] released %s (%s)",
+            "[%s] released %s (%s)%s",
             self.resource_name,
             _ids(devices),
             reason,
+            "; hooks called again after a restart (retry)" if retry else "",
             extra={"device": _ids(devices)},
         )
 

@@ -1,35 +1,55 @@
 """Release detection on kubelets that never call Deallocate.
 
-The reconciler compares each resource's ledger with the kubelet's
-PodResources List, every ``[release] interval`` seconds while anything is
-allocated (it does not poll at all while nothing is). An allocation whose
-devices no listed pod uses any more is released through the driver
-(post-stop, then deallocate), once. It is careful not to release by mistake:
+The reconciler compares each resource's ledger with what the kubelet
+attributes to live containers, every ``[release] interval`` seconds while
+anything is allocated (it does not poll at all while nothing is). An
+allocation is released through the driver (post-stop, then deallocate) once
+the kubelet no longer attributes its devices to any container; whether its pod
+object still exists does not matter (Kubernetes v1.32 lists a finished pod in
+PodResources ``List``, without devices). It is careful not to release by
+mistake:
 
-* a fresh allocation not yet visible in PodResources (admission in progress)
-  is left alone for ``grace_period`` seconds;
-* an Allocate still in flight is never touched;
+* devices PodResources lists under a container are held; devices it does not
+  list are released only once the kubelet's own checkpoint, rewritten on
+  request (:mod:`devplug.engine.checkpointview`), attributes them to no pod
+  either: that covers init containers (never listed) and the window right
+  after a kubelet restart, when ``List`` answers successfully with no pods
+  while pods run;
+* without that evidence (no checkpoint, no stream to the kubelet), an answer
+  of PodResources right after it (re)appeared (daemon start, an outage, a
+  kubelet restart: its socket changed) releases nothing until ``grace_period``
+  has passed since;
+* a fresh allocation not yet visible (admission in progress) is left alone for
+  ``grace_period`` seconds; an Allocate still in flight is never touched;
 * when PodResources cannot be read (an outage, RESOURCE_EXHAUSTED), nothing
   is released, and the reconciler backs off;
-* allocations released through the KEP's Deallocate are gone from the ledger,
-  so they are not released twice.
+* allocations released through the KEP's Deallocate, or by a new tenancy's
+  Allocate, are gone from the ledger, so they are not released twice.
+
+Its loop is supervised: an unexpected error is logged, shown in ``devplug
+status`` and the loop is restarted; a failure in one resource's pass never
+stops another resource's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from devplug.config import ReleaseConfig
-from devplug.engine.ledger import AllocationRecord, new_record_id
+from devplug.engine.checkpointview import CheckpointView, pods_holding
+from devplug.engine.ledger import AllocationRecord
 from devplug.engine.podresources import DeviceUse, PodResourcesClient
 from devplug.engine.resource import Resource, wait_any
+from devplug.engine.supervise import supervise
 from devplug.errors import DriverError
 
 __all__ = ["Reconciler"]
@@ -38,23 +58,33 @@ log = logging.getLogger("devplug.engine")
 
 
 class Reconciler:
-    """Keeps every resource's ledger in step with PodResources."""
+    """Keeps every resource's ledger in step with what the kubelet attributes."""
 
-    def __init__(self, resources: Sequence[Resource], pod_resources_socket: Any, release: ReleaseConfig) -> None:
+    def __init__(
+        self,
+        resources: Sequence[Resource],
+        pod_resources_socket: Path,
+        release: ReleaseConfig,
+        checkpoint: CheckpointView,
+        wake: asyncio.Event,
+    ) -> None:
         self.resources = list(resources)
         self.client = PodResourcesClient(pod_resources_socket)
+        self.checkpoint = checkpoint
         self.interval = release.interval
         self.grace = release.grace_period
-        self._wake = asyncio.Event()
+        self._wake = wake
         self._releasing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.last_error: str | None = None
         self.last_success: float | None = None
         self.polls = 0
         self._delay = self.interval
-        for resource in self.resources:
-            resource.on_allocated = self.wake
-            resource.stale_check = self.stale_records
+        #: Since when PodResources has answered without a break (None: it has not, or it just failed).
+        self.trusted_from: float | None = None
+        self._socket_id: tuple[int, int] | None = None
+        #: Per resource, the last error of its pass (a bug or a bad record), for ``devplug status``.
+        self.resource_errors: dict[str, str] = {}
 
     def wake(self) -> None:
         """Something was allocated: start polling (if idle)."""
@@ -67,6 +97,10 @@ class Reconciler:
             "polls": self.polls,
             "last_success": self.last_success,
             "last_error": self.last_error,
+            "trusted_from": self.trusted_from,
+            "checkpoint": str(self.checkpoint.path),
+            "checkpoint_problem": self.checkpoint.last_problem,
+            "resource_errors": dict(self.resource_errors),
         }
 
     def _busy(self) -> bool:
@@ -78,20 +112,33 @@ class Reconciler:
         return any(r.lifecycle is None and not r.stopping for r in self.resources)
 
     async def run(self) -> None:
-        """Poll while anything is allocated; sleep on an event while nothing is."""
+        """Poll while anything is allocated; sleep on an event while nothing is. Restarted if it fails."""
         try:
-            while True:
-                if not self._busy():
-                    self._wake.clear()
-                    if self._starting():
-                        await wait_any(self._wake, timeout=self.interval)
-                        continue
-                    await self._wake.wait()
-                    continue
-                await self.reconcile_once()
-                await asyncio.sleep(self._delay)
+            await supervise("the release reconciler", self._loop, report=self._report, stopping=lambda: False)
         finally:
             await self.client.close()
+
+    def _report(self, reason: str | None) -> None:
+        self.last_error = reason
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._busy():
+                self._wake.clear()
+                if self._starting():
+                    await wait_any(self._wake, timeout=self.interval)
+                    continue
+                await self._wake.wait()
+                continue
+            await self.reconcile_once()
+            await asyncio.sleep(self._delay)
+
+    def _pod_resources_socket_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.client.socket)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     async def reconcile_once(self) -> bool:
         """One pass over every resource; returns False when PodResources could not be read."""
@@ -101,14 +148,20 @@ class Reconciler:
         except grpc.aio.AioRpcError as exc:
             self._failed(f"{exc.code().name}: {exc.details()}", exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
             return False
+        now = time.time()
+        socket_id = self._pod_resources_socket_id()
+        if self.trusted_from is None or socket_id != self._socket_id:
+            if self.trusted_from is not None:
+                log.info("PodResources at %s was recreated (kubelet restart)", self.client.socket)
+            self.trusted_from = now
+        self._socket_id = socket_id
         if self.last_error is not None:
             log.info("PodResources readable again at %s", self.client.socket)
         self.last_error = None
-        self.last_success = time.time()
+        self.last_success = now
         self._delay = self.interval
-        for resource in self.resources:
-            if resource.lifecycle is not None and not resource.stopping:
-                self._reconcile_resource(resource, use, time.time())
+        ready = [r for r in self.resources if r.lifecycle is not None and not r.stopping]
+        await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r in ready))
         return True
 
     def _failed(self, detail: str, exhausted: bool) -> None:
@@ -119,14 +172,28 @@ class Reconciler:
                 detail,
             )
         self.last_error = detail
+        self.trusted_from = None
         self._delay = min(self._delay * 2, self.interval * 10) if exhausted else self.interval
 
-    def _reconcile_resource(self, resource: Resource, use: DeviceUse, now: float) -> None:
-        assert resource.lifecycle is not None
+    async def _reconcile_guarded(self, resource: Resource, use: DeviceUse, now: float) -> None:
+        try:
+            await self._reconcile_resource(resource, use, now)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if self.resource_errors.get(resource.name) != reason:
+                log.exception("[%s] release reconciliation failed; other resources go on", resource.name)
+            self.resource_errors[resource.name] = reason
+        else:
+            self.resource_errors.pop(resource.name, None)
+
+    async def _reconcile_resource(self, resource: Resource, use: DeviceUse, now: float) -> None:
+        lifecycle = resource.lifecycle
+        assert lifecycle is not None
         used = use.get(resource.name, {})
         changed = False
+        candidates: list[AllocationRecord] = []
         for record in resource.ledger:
-            if record.id in self._releasing or record.id in resource.lifecycle.allocating:
+            if record.id in self._releasing or record.id in lifecycle.allocating:
                 continue
             if record.kep_at is not None and now - record.kep_at < self.grace:
                 continue  # the kubelet is releasing it through the KEP's calls
@@ -141,19 +208,46 @@ class Reconciler:
                     changed = True
                 record.seen_at = now
                 continue
-            if record.seen_at is None and now - record.created < self.grace and not record.pending:
+            if record.pending:
+                self._start_release(resource, record, "an Allocate that never completed")
+                continue
+            if record.seen_at is None and now - record.created < self.grace:
                 continue  # admission in progress: not listed yet
-            if record.seen_at is not None:
-                reason = f"pod {record.pod} no longer holds them"
-            elif record.pending:
-                reason = "an Allocate that never completed"
-            else:
-                reason = f"no pod took them within the {self.grace:g} s grace period"
-            self._start_release(resource, record, reason)
+            candidates.append(record)
+        if candidates:
+            changed |= await self._release_unattributed(resource, candidates, now)
         if self._adopt(resource, used, now):
             changed = True
         if changed:
             self._spawn(resource.save_ledger())
+
+    async def _release_unattributed(self, resource: Resource, records: list[AllocationRecord], now: float) -> bool:
+        """Release those of ``records`` (not listed by PodResources) the kubelet attributes to no pod either."""
+        evidence = await self.checkpoint.fresh(resource.table.resend)
+        changed = False
+        for record in records:
+            if evidence is not None:
+                uids = pods_holding(evidence, resource.name, record.all_devices())
+                if uids:
+                    if record.pod_uid is None and len(uids) == 1:
+                        record.pod_uid = next(iter(uids))
+                        changed = True
+                    continue  # an init container's devices, or the kubelet has not reloaded its pods yet
+                why = "the kubelet attributes them to no container any more"
+            else:
+                assert self.trusted_from is not None
+                if now - self.trusted_from < self.grace:
+                    continue  # PodResources just (re)appeared: its pod list may not be loaded yet
+                why = f"PodResources has not listed them for {self.grace:g} s"
+            if record.seen_at is not None:
+                reason = f"pod {record.pod} no longer holds them"
+            elif record.adopted is not None:
+                reason = f"adopted from {record.adopted}, and no pod holds them"
+            else:
+                reason = f"no pod took them within the {self.grace:g} s grace period"
+            log.debug("[%s] releasing %s: %s", resource.name, ", ".join(record.all_devices()), why)
+            self._start_release(resource, record, reason)
+        return changed
 
     def _adopt(self, resource: Resource, used: dict[str, set[str]], now: float) -> bool:
         """Take into the ledger devices pods hold that it does not know (a lost or rebuilt ledger).
@@ -166,8 +260,9 @@ class Reconciler:
             if dev_id not in held:
                 orphans.setdefault(sorted(pods)[0], []).append(dev_id)
         for pod, devices in orphans.items():
-            record = AllocationRecord(id=new_record_id(), devices=sorted(devices), created=now, pod=pod, seen_at=now)
-            resource.ledger.records[record.id] = record
+            record = resource.ledger.adopt(devices, now, "PodResources", pod=pod)
+            if record is None:
+                continue
             log.warning(
                 "[%s] adopted %s held by pod %s but missing from the ledger",
                 resource.name,
@@ -198,32 +293,7 @@ class Reconciler:
                 exc,
             )
             resource.note_hook_failure(exc)
+        except Exception:
+            log.exception("[%s] release of %s failed unexpectedly, will retry", resource.name, record.id)
         finally:
             self._releasing.discard(record.id)
-
-    async def stale_records(self, resource: Resource, records: Sequence[AllocationRecord]) -> list[AllocationRecord]:
-        """Of ``records`` (held devices the kubelet asks to allocate again), those whose pod is gone.
-
-        The kubelet may hand a device to a new pod before the reconciler noticed
-        the old pod ended; those allocations must be released first. A record
-        never seen in PodResources, or a pod still listed, is a reuse by the
-        same pod (init containers' devices); an unreadable PodResources counts
-        as reuse too.
-        """
-        stale = []
-        for record in records:
-            if record.pod is None or record.releasing:
-                continue
-            try:
-                exists = await self.client.pod_exists(record.pod)
-            except grpc.aio.AioRpcError as exc:
-                log.warning(
-                    "[%s] cannot check pod %s (%s); treating as reuse",
-                    resource.name,
-                    record.pod,
-                    exc.code().name,
-                )
-                continue
-            if not exists:
-                stale.append(record)
-        return stale

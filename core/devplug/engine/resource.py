@@ -9,7 +9,7 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -20,12 +20,14 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import KubeletConfig, ResourceConfig
 from devplug.context import DriverContext
 from devplug.drivers import DriverHooks, check_device_list
+from devplug.engine.checkpointview import CheckpointView
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
-from devplug.engine.ledger import AllocationRecord, Ledger
+from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.registration import API_VERSION, Backoff, register
 from devplug.engine.servicer import DevicePluginService
+from devplug.engine.supervise import supervise
 from devplug.errors import DriverError, HookTimeoutError, StateError
 from devplug.resource_names import socket_file_name
 from devplug.types import Device
@@ -83,7 +85,9 @@ class Resource:
         kubelet: KubeletConfig,
         state_dir: Path,
         write_file: Callable[[Path, bytes], Awaitable[None]],
+        checkpoint: CheckpointView,
         on_change: Callable[[], None] = lambda: None,
+        on_allocated: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -116,11 +120,8 @@ class Resource:
         self._started_driver = False
         self._socket_inode: int | None = None
         self._running: asyncio.Event | None = None  # set once run() has returned
-        #: Set by the reconciler: wake it after an allocation, and ask it which holders are stale.
-        self.on_allocated: Callable[[], None] = lambda: None
-        self.stale_check: Callable[[Resource, Sequence[AllocationRecord]], Awaitable[list[AllocationRecord]]] | None = (
-            None
-        )
+        self.checkpoint = checkpoint
+        self._on_allocated = on_allocated
 
     # --- driver start
 
@@ -138,11 +139,18 @@ class Resource:
         await self.runner.call("start", hooks.start, ctx)
         self.hooks = hooks
         self._started_driver = True
-        self.lifecycle = DeviceLifecycle(self.name, self.table, hooks, self.runner, self.ledger, self.save_ledger)
-        self.lifecycle.on_allocated = self.on_allocated
-        if self.stale_check is not None:
-            check = self.stale_check
-            self.lifecycle.stale_check = lambda records: check(self, records)
+        self.lifecycle = DeviceLifecycle(
+            self.name,
+            self.table,
+            hooks,
+            self.runner,
+            self.ledger,
+            self.save_ledger,
+            self.checkpoint,
+            self._on_allocated,
+        )
+        if self.ledger.lost:
+            await self._adopt_from_checkpoint()
         self.table.set_withheld(self.ledger.releasing_devices())
         try:
             devices = await self.runner.call("list_devices", hooks.list_devices)
@@ -157,6 +165,37 @@ class Resource:
             len(devices),
             ", ".join(hooks.implemented()),
         )
+
+    async def _adopt_from_checkpoint(self) -> None:
+        """The ledger was lost: take in what the kubelet's checkpoint says pods held, before registering.
+
+        Read before this resource registers (a ListAndWatch message makes the
+        kubelet rewrite the file, dropping pods that ended meanwhile), so the
+        devices of pods that ended while the daemon was down are adopted too
+        and then released by the reconciler; those of running pods stay held.
+        """
+        self.ledger.lost = False
+        checkpoint = self.checkpoint.current()
+        if checkpoint is None:
+            return
+        by_pod: dict[str, set[str]] = {}
+        for entry in checkpoint.entries_for(self.name):
+            by_pod.setdefault(entry.pod_uid, set()).update(entry.device_ids)
+        now = time.time()
+        adopted = []
+        for uid, devices in sorted(by_pod.items()):
+            record = self.ledger.adopt(devices, now, "the kubelet's checkpoint", pod_uid=uid)
+            if record is not None:
+                adopted.append(record)
+                log.warning(
+                    "[%s] allocation ledger lost: adopted %s, which the kubelet's checkpoint gives to pod %s",
+                    self.name,
+                    ", ".join(record.devices),
+                    uid,
+                    extra={"device": ", ".join(record.devices)},
+                )
+        if adopted:
+            await self.save_ledger()
 
     async def save_ledger(self) -> None:
         await self._write_file(self.ledger.path, self.ledger.serialize())
@@ -179,16 +218,44 @@ class Resource:
             try:
                 await self.start_driver()
                 break
-            except (DriverError, StateError) as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                expected = isinstance(exc, DriverError | StateError)
                 self.state = ResourceState.FAILED
-                self.last_error = str(exc)
+                self.last_error = str(exc) if expected else f"start failed: {type(exc).__name__}: {exc}"
                 self._on_change()
                 delay = backoff.next()
-                log.error("[%s] driver start failed, retrying in %.0f s: %s", self.name, delay, exc)
+                log.error(
+                    "[%s] driver start failed, retrying in %.0f s: %s",
+                    self.name,
+                    delay,
+                    self.last_error,
+                    exc_info=None if expected else exc,
+                )
+                await self._reset_after_failed_start()
                 await asyncio.sleep(delay)
         if self.stopping:
             return
-        await asyncio.gather(self.run(), self.health_loop())
+        await asyncio.gather(
+            self.run(),
+            supervise(
+                f"[{self.name}] the health loop", self.health_loop, report=self._report, stopping=lambda: self.stopping
+            ),
+        )
+
+    def _report(self, reason: str | None) -> None:
+        self.last_error = reason
+        self._on_change()
+
+    async def _reset_after_failed_start(self) -> None:
+        """Forget a half-done start, so the next attempt begins afresh (the driver's start is called again)."""
+        if self._started_driver and self.hooks is not None:
+            with contextlib.suppress(DriverError):
+                await self.runner.call("stop", self.hooks.stop)
+        self.hooks = None
+        self.lifecycle = None
+        self._started_driver = False
 
     # --- serving and registration
 

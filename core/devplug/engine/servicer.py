@@ -152,6 +152,7 @@ class DevicePluginService:
         """The whole list at once, then again on every change, until the peer or the daemon ends it."""
         self.observer.stream_opened()
         closed = self._closed
+        self.table.watchers += 1
         try:
             version = self.table.version
             yield self.table.encoded()
@@ -164,6 +165,7 @@ class DevicePluginService:
                 version = self.table.version
                 yield self.table.encoded()
         finally:
+            self.table.watchers -= 1
             by_peer = not (closed.done() or self.observer.stopping)
             self.observer.stream_closed(by_peer)
 

@@ -56,9 +56,17 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
                 "pod": r.pod,
                 "finished_at": r.finished_at,
                 "duration_s": round(r.duration_s, 4),
+                "retry": r.retry,
             }
             for r in list(resource.lifecycle.recent_releases)[-10:]
         ]
+        failures = {
+            ", ".join(record.all_devices()): resource.lifecycle.release_failures[record.id]
+            for record in resource.ledger
+            if record.id in resource.lifecycle.release_failures
+        }
+    else:
+        failures = {}
     return {
         "name": resource.name,
         "driver": resource.config.driver,
@@ -79,6 +87,10 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
         "devices_listed": "all" if every else "allocated, releasing or unhealthy",
         "devices": devices,
         "recent_releases": releases,
+        "release_failures": failures,
+        "quarantined_records": [
+            {"index": q.index, "reason": q.reason, "devices": q.devices()} for q in resource.ledger.quarantined
+        ],
     }
 
 

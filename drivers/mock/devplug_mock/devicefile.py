@@ -11,9 +11,13 @@ directive, surrounding whitespace ignored:
 ``fail=<hook>[,<hook>...]``
     those hooks raise :class:`devplug.DriverError` naming the device;
 ``delay=<hook>:<seconds>``
-    that hook sleeps that long before doing anything.
+    that hook sleeps that long before doing anything;
+``crash=<hook>[,<hook>...]``
+    right after those hooks returned (and the call was logged), the whole
+    daemon process is killed with SIGKILL: the crash between a hook's return
+    and the engine recording it, for crash tests.
 
-The hooks ``fail`` and ``delay`` take are those in :data:`DIRECTIVE_HOOKS`.
+The hooks ``fail``, ``delay`` and ``crash`` take are those in :data:`DIRECTIVE_HOOKS`.
 Blank lines and lines starting with ``#`` are skipped. Any other line, or a
 directive with a bad value, is ignored and reported in
 :attr:`DeviceFile.problems`, which the driver logs with the file's name.
@@ -61,6 +65,7 @@ class DeviceFile:
     unhealthy: bool = False
     numa_nodes: tuple[int, ...] = ()
     fail: frozenset[str] = frozenset()
+    crash: frozenset[str] = frozenset()
     delays: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     problems: tuple[str, ...] = ()
 
@@ -74,7 +79,9 @@ class DeviceFile:
         )
 
     def __hash__(self) -> int:
-        return hash((self.id, self.unhealthy, self.numa_nodes, self.fail, tuple(sorted(self.delays.items()))))
+        return hash(
+            (self.id, self.unhealthy, self.numa_nodes, self.fail, self.crash, tuple(sorted(self.delays.items())))
+        )
 
 
 def is_device_name(name: str) -> bool:
@@ -124,6 +131,7 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
     unhealthy = False
     numa: tuple[int, ...] = ()
     fail: set[str] = set()
+    crash: set[str] = set()
     delays: dict[str, float] = {}
     problems: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -139,6 +147,8 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
                 numa = _parse_numa(value)
             elif sep and key == "fail":
                 fail.update(_parse_hook(h.strip(), line) for h in value.split(","))
+            elif sep and key == "crash":
+                crash.update(_parse_hook(h.strip(), line) for h in value.split(","))
             elif sep and key == "delay":
                 hook, seconds = _parse_delay(value, line)
                 delays[hook] = seconds
@@ -151,6 +161,7 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
         unhealthy=unhealthy,
         numa_nodes=numa,
         fail=frozenset(fail),
+        crash=frozenset(crash),
         delays=MappingProxyType(delays),
         problems=tuple(problems),
     )

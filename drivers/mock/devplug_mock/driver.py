@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -185,14 +186,14 @@ class MockDriver:
         self._hook("pre_start", device_ids, lambda: None)
 
     @hookimpl
-    def post_stop(self, device_ids: Sequence[str]) -> None:
-        """Record the call (and obey ``fail=``/``delay=``)."""
-        self._hook("post_stop", device_ids, lambda: None)
+    def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
+        """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
+        self._hook("post_stop", device_ids, lambda: None, extra={"retry": True} if retry else None)
 
     @hookimpl
-    def deallocate(self, device_ids: Sequence[str]) -> None:
-        """Record the call (and obey ``fail=``/``delay=``)."""
-        self._hook("deallocate", device_ids, lambda: None)
+    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+        """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
+        self._hook("deallocate", device_ids, lambda: None, extra={"retry": True} if retry else None)
 
     # --- internals
 
@@ -225,6 +226,10 @@ class MockDriver:
             self.calls.record(hook, ids, error=str(exc), extra=extra)
             raise
         self.calls.record(hook, ids, extra=extra)
+        crashing = [f.id for f in files if hook in f.crash]
+        if crashing:
+            self._log.warning("crash=%s in %s: killing the daemon (SIGKILL)", hook, self.directory / crashing[0])
+            os.kill(os.getpid(), signal.SIGKILL)
         return result
 
     @staticmethod

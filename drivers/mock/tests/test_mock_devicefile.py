@@ -24,8 +24,11 @@ def test_several_numa_nodes() -> None:
 
 
 def test_directives() -> None:
-    parsed = parse_device_file("mock0", "fail=allocate, pre_start\ndelay=deallocate:0.5\n# a comment\n\n")
+    parsed = parse_device_file(
+        "mock0", "fail=allocate, pre_start\ndelay=deallocate:0.5\ncrash=post_stop,deallocate\n# a comment\n\n"
+    )
     assert parsed.fail == {"allocate", "pre_start"}
+    assert parsed.crash == {"post_stop", "deallocate"}
     assert dict(parsed.delays) == {"deallocate": 0.5}
     assert parsed.problems == ()
     assert parsed.device == Device("mock0")  # directives do not change the device
@@ -40,6 +43,7 @@ def test_directives() -> None:
         ("numa=-1", "not a NUMA node"),
         ("numa=²", "not a NUMA node"),
         ("fail=list_devices", "unknown hook"),
+        ("crash=stop", "unknown hook"),
         ("delay=allocate", "delay=<hook>:<seconds>"),
         ("delay=allocate:soon", "not a number"),
         ("delay=allocate:-1", ">= 0"),

@@ -1,0 +1,83 @@
+"""Per-device serialization: one operation at a time on any device.
+
+Allocate, PreStart, the KEP's PostStopContainer and Deallocate, and releases
+found by the reconciler each hold the locks of every device they touch for
+their whole run, so a Deallocate can never race an Allocate of the same device
+and an Allocate waits for a release of its devices that is still running.
+Locks are taken in sorted order, so two operations never deadlock. Each held
+device also says what holds it (``activity``), for refusals that name it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+
+__all__ = ["DeviceBusyError", "DeviceLocks"]
+
+
+class DeviceBusyError(Exception):
+    """The devices stayed locked longer than the caller was willing to wait."""
+
+    def __init__(self, busy: dict[str, str]) -> None:
+        self.busy = busy
+        super().__init__(", ".join(f"{d} ({what})" for d, what in sorted(busy.items())))
+
+
+async def _acquire(lock: asyncio.Lock, timeout: float | None) -> bool:
+    """Acquire ``lock`` within ``timeout`` seconds; never leaves it acquired when returning False."""
+    if timeout is None:
+        await lock.acquire()
+        return True
+    waiter = asyncio.ensure_future(lock.acquire())
+    done, _ = await asyncio.wait((waiter,), timeout=timeout)
+    if done:
+        return True
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    if waiter.done() and not waiter.cancelled():
+        lock.release()  # acquired just as the time ran out
+    return False
+
+
+class DeviceLocks:
+    """An :class:`asyncio.Lock` per device ID, created on first use. Event loop thread only."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: What holds each locked device ("allocate", "release: post_stop", ...).
+        self.activity: dict[str, str] = {}
+
+    def locked(self, device_id: str) -> bool:
+        lock = self._locks.get(device_id)
+        return lock is not None and lock.locked()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> AsyncIterator[None]:
+        """Hold every device's lock for the block; :class:`DeviceBusyError` after ``timeout`` seconds."""
+        ids = sorted(set(device_ids))
+        taken: list[str] = []
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            for dev_id in ids:
+                lock = self._locks.setdefault(dev_id, asyncio.Lock())
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                if not await _acquire(lock, remaining):
+                    busy = {d: self.activity.get(d, "busy") for d in ids if d not in taken and self.locked(d)}
+                    raise DeviceBusyError(busy or {dev_id: self.activity.get(dev_id, "busy")})
+                taken.append(dev_id)
+                self.activity[dev_id] = what
+            yield
+        finally:
+            for dev_id in taken:
+                self.activity.pop(dev_id, None)
+                self._locks[dev_id].release()
+
+    def set_activity(self, device_ids: Iterable[str], what: str) -> None:
+        """Say what the holder of these (held) devices is doing now."""
+        for dev_id in device_ids:
+            if self.locked(dev_id):
+                self.activity[dev_id] = what
