@@ -218,9 +218,9 @@ class PodLifecycle:
     async def _finish(self, record: PodRecord, *, kep_mode: bool) -> list[str]:
         self.load_pods()  # the pod's status reaches the kubelet through the pod manager
         record.phase = PodPhase.FINISHED
-        failures = await self._release(record, post_stop=True) if kep_mode else []
+        # The containers have ended by now; a KEP kubelet tells the plugin afterwards.
         self._record("pod-finished", "", f"{record.label} (uid {record.uid})", ())
-        return failures
+        return await self._release(record, post_stop=True) if kep_mode else []
 
     async def _release(self, record: PodRecord, *, post_stop: bool) -> list[str]:
         """The KEP's calls for a pod that is no longer live: PostStopContainer per container, then Deallocate."""
