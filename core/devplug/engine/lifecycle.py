@@ -20,6 +20,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
 from devplug.errors import DriverError, HookTimeoutError, RequestError
+from devplug.logsafe import id_list
 from devplug.types import ContainerAllocation, Device
 
 __all__ = ["DeviceLifecycle", "Release", "StaleCheck"]
@@ -92,11 +93,11 @@ class DeviceLifecycle:
                     unhealthy.append(dev_id)
         problems = []
         if unknown:
-            problems.append(f"unknown device IDs: {_ids(unknown)}")
+            problems.append(f"unknown device IDs: {id_list(unknown)}")
         if unhealthy:
-            problems.append(f"unhealthy device IDs: {_ids(unhealthy)}")
+            problems.append(f"unhealthy device IDs: {id_list(unhealthy)}")
         if duplicate:
-            problems.append(f"duplicate device IDs: {_ids(sorted(set(duplicate)))}")
+            problems.append(f"duplicate device IDs: {id_list(sorted(set(duplicate)))}")
         if not seen and not problems:
             problems.append("no device IDs requested")
         if problems:
@@ -110,7 +111,7 @@ class DeviceLifecycle:
             raise RequestError(f"{self.resource_name}: allocation_size {size} is negative")
         unknown = [i for i in (*available, *must_include) if i not in self.table]
         if unknown:
-            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(sorted(set(unknown)))}")
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {id_list(sorted(set(unknown)))}")
         offered: list[Device] = []
         for dev_id in dict.fromkeys((*must_include, *available)):
             dev = self.table.advertised(dev_id)
@@ -289,7 +290,7 @@ class DeviceLifecycle:
     def _check_known(self, device_ids: Sequence[str]) -> None:
         unknown = [i for i in device_ids if i not in self.table and not self.ledger.holders(i)]
         if unknown:
-            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(unknown)}")
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {id_list(unknown)}")
 
     # --- releases found by the engine (reconciler, start-up)
 
