@@ -115,6 +115,9 @@ class Resource:
         self._recovering = False
         self._started_driver = False
         self._socket_inode: int | None = None
+        #: The ListAndWatch stream the kubelet opened after the latest Register (only its end is a restart sign).
+        self._kubelet_stream: int | None = None
+        self._awaiting_kubelet_stream = False
         self._running: asyncio.Event | None = None  # set once run() has returned
         #: Set by the reconciler: wake it after an allocation, and ask it which holders are stale.
         self.on_allocated: Callable[[], None] = lambda: None
@@ -260,9 +263,12 @@ class Resource:
             while not self.stopping and not self._restart.is_set():
                 try:
                     inode = self._kubelet_inode()
+                    self._kubelet_stream = None
+                    self._awaiting_kubelet_stream = True  # the next stream opened is the kubelet's
                     if not await self._register_unless_restarted():
                         break  # the socket went away meanwhile: serve afresh first
                 except (grpc.aio.AioRpcError, OSError) as exc:
+                    self._awaiting_kubelet_stream = False
                     detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                     self.last_error = f"registration failed: {detail}"
                     delay = backoff.next()
@@ -344,12 +350,24 @@ class Resource:
 
     # --- the stream observer protocol (ListAndWatch)
 
-    def stream_opened(self) -> None:
-        log.debug("[%s] ListAndWatch stream opened", self.name)
+    def stream_opened(self, stream: int) -> None:
+        """The first stream opened after a Register is the kubelet's (it opens one per registration)."""
+        if self._awaiting_kubelet_stream:
+            self._awaiting_kubelet_stream = False
+            self._kubelet_stream = stream
+            log.debug("[%s] ListAndWatch stream %d opened (the kubelet's)", self.name, stream)
+        else:
+            log.debug("[%s] ListAndWatch stream %d opened (another client's)", self.name, stream)
 
-    def stream_closed(self, by_peer: bool) -> None:
-        if by_peer and not self.stopping:
+    def stream_closed(self, stream: int, by_peer: bool) -> None:
+        """Only the end of the kubelet's own stream means the kubelet went away; other clients come and go."""
+        if not by_peer or self.stopping:
+            return
+        if stream == self._kubelet_stream:
+            self._kubelet_stream = None
             self.trigger_reregister("the kubelet ended the ListAndWatch stream")
+        else:
+            log.debug("[%s] ListAndWatch stream %d of another client ended; not a kubelet restart", self.name, stream)
 
     # --- device list refresh, health, recovery
 

@@ -14,6 +14,7 @@ serializer), so a change never re-encodes the whole list.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -43,15 +44,20 @@ class StreamObserver(Protocol):
     @property
     def stopping(self) -> bool: ...
 
-    def stream_opened(self) -> None: ...
+    def stream_opened(self, stream: int) -> None:
+        """ListAndWatch stream number ``stream`` (unique in the process) opened."""
 
-    def stream_closed(self, by_peer: bool) -> None: ...
+    def stream_closed(self, stream: int, by_peer: bool) -> None:
+        """Stream ``stream`` ended: by its client (``by_peer``), or because devplug ended it."""
 
     def note_hook_failure(self, exc: DriverError) -> None: ...
 
 
 def _identity(data: bytes) -> bytes:
     return data
+
+
+_stream_numbers = itertools.count(1)
 
 
 def check_request_ids(resource_name: str, *groups: Iterable[str]) -> None:
@@ -166,7 +172,8 @@ class DevicePluginService:
         self, request: dp.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         """The whole list at once, then again on every change, until the peer or the daemon ends it."""
-        self.observer.stream_opened()
+        stream = next(_stream_numbers)
+        self.observer.stream_opened(stream)
         closed = self._closed
         try:
             version = self.table.version
@@ -181,7 +188,7 @@ class DevicePluginService:
                 yield self.table.encoded()
         finally:
             by_peer = not (closed.done() or self.observer.stopping)
-            self.observer.stream_closed(by_peer)
+            self.observer.stream_closed(stream, by_peer)
 
     async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
         for creq in request.container_requests:
