@@ -21,11 +21,14 @@
 
 Every error is a :class:`~devplug.errors.ConfigError` naming the file, the
 table (resource) and the key, with a hint. Relative paths are taken relative to
-the config file's folder.
+the config file's folder. Durations must be finite and within sane bounds
+(:data:`LIMITS`): NaN or infinity would make a poll loop spin or a grace period
+end at once.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -133,13 +136,26 @@ def _path(value: Any, base: Path | None, where: str) -> Path:
     return path
 
 
-def _seconds(value: Any, where: str, minimum: float = 0.0, allow_zero: bool = True) -> float:
+#: (lowest, highest, whether 0 means "off") for every duration key, in seconds.
+LIMITS: dict[str, tuple[float, float, bool]] = {
+    "release.interval": (0.01, 3600.0, False),  # PodResources allows ~100 calls/s
+    "release.grace_period": (0.0, 86400.0, False),
+    "health_interval": (0.01, 86400.0, True),
+    "hook_timeout": (0.01, 86400.0, False),
+}
+
+
+def _seconds(value: Any, where: str, limit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number of seconds, got {value!r}")
-    if value < minimum or (not allow_zero and value == 0):
-        bound = f"more than {minimum}" if not allow_zero else f"at least {minimum}"
-        raise ConfigError(f"{where}: must be {bound} seconds, got {value!r}")
-    return float(value)
+    low, high, zero_is_off = LIMITS[limit]
+    seconds = float(value)
+    if zero_is_off and seconds == 0:
+        return 0.0
+    if not math.isfinite(seconds) or not low <= seconds <= high:
+        off = " (or 0 for never)" if zero_is_off else ""
+        raise ConfigError(f"{where}: must be a finite number of seconds from {low:g} to {high:g}{off}, got {value!r}")
+    return seconds
 
 
 _TOP = {"kubelet": None, "state": None, "release": None, "resources": None}
@@ -175,12 +191,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     rdef = ReleaseConfig()
     release = ReleaseConfig(
         interval=_seconds(
-            release_t.get("interval", rdef.interval),
-            _where(source, "release", "interval"),
-            allow_zero=False,
+            release_t.get("interval", rdef.interval), _where(source, "release", "interval"), "release.interval"
         ),
         grace_period=_seconds(
-            release_t.get("grace_period", rdef.grace_period), _where(source, "release", "grace_period")
+            release_t.get("grace_period", rdef.grace_period),
+            _where(source, "release", "grace_period"),
+            "release.grace_period",
         ),
     )
     resources_t = _table(data, "resources", source)
@@ -225,8 +241,8 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
         driver=driver,
         driver_class=driver_class,
         options=options,
-        health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval"),
-        hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", allow_zero=False),
+        health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval", "health_interval"),
+        hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", "hook_timeout"),
     )
 
 
