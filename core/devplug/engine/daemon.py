@@ -18,6 +18,7 @@ from devplug.config import Config
 from devplug.engine.lock import StateLock
 from devplug.engine.reconciler import Reconciler
 from devplug.engine.resource import Resource
+from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.status import STATUS_FILE, build_status
 from devplug.watch import DirectoryWatcher
 
@@ -87,6 +88,8 @@ class Daemon:
         self._loop = asyncio.get_running_loop()
         if self._stop_requested:
             self._stop.set()
+        prepare_state_dir(self.state_dir)
+        check_replaceable(self.state_dir / STATUS_FILE, "the status file")
         self.lock.acquire()
         try:
             plugin_dir = self.config.kubelet.device_plugin_dir

@@ -26,8 +26,9 @@ from devplug.engine.ledger import AllocationRecord, Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.registration import API_VERSION, Backoff, register
 from devplug.engine.servicer import DevicePluginService
+from devplug.engine.statedir import prepare_resource_dir
 from devplug.errors import DriverError, HookTimeoutError, StateError
-from devplug.resource_names import socket_file_name
+from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.types import Device
 
 __all__ = ["Resource", "ResourceState"]
@@ -90,7 +91,8 @@ class Resource:
         self.kubelet = kubelet
         self.socket_name = socket_file_name(self.name, len(str(kubelet.device_plugin_dir)))
         self.socket_path = kubelet.device_plugin_dir / self.socket_name
-        self.state_dir = state_dir / "resources" / self.socket_name.removesuffix(".sock")
+        self._state_root = state_dir
+        self.state_dir = resource_state_dir(state_dir, self.name)
         self.driver_state_dir = self.state_dir / "driver"
         self._write_file = write_file
         self._on_change = on_change
@@ -129,7 +131,7 @@ class Resource:
 
     async def start_driver(self) -> None:
         """Create the driver instance, call its ``start`` and ``list_devices``, load the ledger."""
-        self.driver_state_dir.mkdir(parents=True, exist_ok=True)
+        prepare_resource_dir(self._state_root, self.name)
         self.ledger.load()
         cls = self.config.driver_class
         try:
@@ -187,7 +189,7 @@ class Resource:
                 self.last_error = str(exc)
                 self._on_change()
                 delay = backoff.next()
-                log.error("[%s] driver start failed, retrying in %.0f s: %s", self.name, delay, exc)
+                log.error("[%s] start failed, retrying in %.0f s: %s", self.name, delay, exc)
                 await asyncio.sleep(delay)
         if self.stopping:
             return
