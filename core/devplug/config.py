@@ -13,6 +13,9 @@
     interval = 1.0        # seconds between PodResources polls
     grace_period = 10.0   # seconds a fresh allocation may stay invisible in PodResources
 
+    [shutdown]
+    timeout = 20.0        # seconds SIGTERM may take; hooks still running then are abandoned
+
     [resources."example.com/mock"]
     driver = "mock"
     options = { directory = "/var/run/devplug/mock", count = 4 }
@@ -50,6 +53,7 @@ __all__ = [
     "KubeletConfig",
     "ReleaseConfig",
     "ResourceConfig",
+    "ShutdownConfig",
     "StateConfig",
     "load_config",
     "parse_config",
@@ -85,6 +89,13 @@ class ReleaseConfig:
 
 
 @dataclass(frozen=True)
+class ShutdownConfig:
+    """How long SIGTERM may take before driver hooks still running are abandoned."""
+
+    timeout: float = 20.0
+
+
+@dataclass(frozen=True)
 class ResourceConfig:
     """One resource: its name, its driver (class and validated options), and its timings."""
 
@@ -104,6 +115,7 @@ class Config:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     state: StateConfig = field(default_factory=StateConfig)
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     resources: tuple[ResourceConfig, ...] = ()
 
 
@@ -140,6 +152,7 @@ def _path(value: Any, base: Path | None, where: str) -> Path:
 LIMITS: dict[str, tuple[float, float, bool]] = {
     "release.interval": (0.01, 3600.0, False),  # PodResources allows ~100 calls/s
     "release.grace_period": (0.0, 86400.0, False),
+    "shutdown.timeout": (0.1, 3600.0, False),
     "health_interval": (0.01, 86400.0, True),
     "hook_timeout": (0.01, 86400.0, False),
 }
@@ -158,10 +171,11 @@ def _seconds(value: Any, where: str, limit: str) -> float:
     return seconds
 
 
-_TOP = {"kubelet": None, "state": None, "release": None, "resources": None}
+_TOP = {"kubelet": None, "state": None, "release": None, "shutdown": None, "resources": None}
 _KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None}
 _STATE = {"dir": None}
 _RELEASE = {"interval": None, "grace_period": None}
+_SHUTDOWN = {"timeout": None}
 _RESOURCE = {"driver": None, "options": None, "health_interval": None, "hook_timeout": None}
 
 
@@ -199,6 +213,15 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
             "release.grace_period",
         ),
     )
+    shutdown_t = _table(data, "shutdown", source)
+    _check_keys(shutdown_t, _SHUTDOWN, source, "shutdown")
+    shutdown = ShutdownConfig(
+        timeout=_seconds(
+            shutdown_t.get("timeout", ShutdownConfig().timeout),
+            _where(source, "shutdown", "timeout"),
+            "shutdown.timeout",
+        )
+    )
     resources_t = _table(data, "resources", source)
     if not resources_t:
         raise ConfigError(
@@ -211,6 +234,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         kubelet=kubelet,
         state=state,
         release=release,
+        shutdown=shutdown,
         resources=resources,
     )
 
