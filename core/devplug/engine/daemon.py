@@ -28,6 +28,7 @@ from devplug.engine.resource import Resource
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.status import STATUS_FILE, build_status
+from devplug.errors import ConfigError
 from devplug.watch import DirectoryWatcher
 
 __all__ = ["Daemon", "run_daemon"]
@@ -94,10 +95,24 @@ class Daemon:
 
     # --- running
 
+    def _prepare_plugin_dir(self) -> Path:
+        plugin_dir = self.config.kubelet.device_plugin_dir
+        where = f"{self.config.path or '<config>'}: kubelet.device_plugin_dir"
+        try:
+            plugin_dir.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(f"{where}: {plugin_dir} exists and is not a folder") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot create {plugin_dir}: {exc.strerror or exc}") from exc
+        if not plugin_dir.is_dir():
+            raise ConfigError(f"{where}: {plugin_dir} is not a folder")
+        return plugin_dir
+
     async def run(self) -> list[str]:
         """Serve until stopped; return the driver hooks abandoned at shutdown (described), empty if none.
 
-        Raises :class:`~devplug.errors.StateError` if the state dir is taken or unusable.
+        Raises :class:`~devplug.errors.StateError` if the state dir is taken
+        or unusable, :class:`~devplug.errors.ConfigError` if the plugin folder is.
         """
         self._loop = asyncio.get_running_loop()
         if self._stop_requested:
@@ -107,8 +122,7 @@ class Daemon:
         self.lock.acquire()
         abandoned: list[str] = []
         try:
-            plugin_dir = self.config.kubelet.device_plugin_dir
-            plugin_dir.mkdir(parents=True, exist_ok=True)
+            plugin_dir = self._prepare_plugin_dir()
             loop = self._loop
 
             def plugin_dir_changed(names: frozenset[str]) -> None:

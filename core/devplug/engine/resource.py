@@ -8,6 +8,7 @@ import contextlib
 import enum
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -216,13 +217,30 @@ class Resource:
         service = DevicePluginService(self.lifecycle, self.table, self.options(), self)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((service.handler(),))
-        server.add_insecure_port(f"unix:{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix:{self.socket_path}")
+        except RuntimeError:  # gRPC says only that binding failed: ask the kernel why
+            await server.stop(None)
+            raise self._bind_error() from None
         await server.start()
         os.chmod(self.socket_path, 0o600)
         self._servers.add(server)
         self._service = service
         self._socket_inode = self.socket_path.stat().st_ino
         return service
+
+    def _bind_error(self) -> OSError:
+        """Why the plugin socket cannot be bound (a read-only folder, a folder at its path), as the kernel says."""
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.bind(str(self.socket_path))
+        except OSError as exc:
+            return exc
+        finally:
+            probe.close()
+        with contextlib.suppress(OSError):
+            self.socket_path.unlink()
+        return OSError(f"gRPC could not bind {self.socket_path}")
 
     async def _stop_server(self, server: grpc.aio.Server, grace: float) -> None:
         await server.stop(grace)
@@ -242,6 +260,7 @@ class Resource:
                     await self._serve_and_register()
                 except Exception as exc:  # never leave the resource unregistered for good
                     self.last_error = f"serving failed: {type(exc).__name__}: {exc}"
+                    self._on_change()
                     log.exception("[%s] serving failed; starting over", self.name)
                     await wait_any(self._restart, timeout=1.0)
         finally:
@@ -255,7 +274,8 @@ class Resource:
                 await self._serve()
             except OSError as exc:
                 # e.g. the kubelet, starting, deleted the fresh socket before it could be set up: serve again.
-                self.last_error = f"serving on {self.socket_path} failed: {exc}"
+                self.last_error = f"serving on {self.socket_path} failed: {exc.strerror or exc}"
+                self._on_change()
                 log.warning("[%s] %s; retrying", self.name, self.last_error)
                 await wait_any(self._restart, timeout=backoff.next())
                 continue
@@ -273,6 +293,7 @@ class Resource:
                     self._awaiting_kubelet_stream = False
                     detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                     self.last_error = f"registration failed: {detail}"
+                    self._on_change()
                     delay = backoff.next()
                     log.warning(
                         "[%s] registration with %s failed (%s); retrying in %.2f s",
