@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from devplug import hookspecs
-from devplug.config import _KUBELET, _RELEASE, _RESOURCE, _STATE
+from devplug.config import _KUBELET, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
 from devplug.drivers import HOOK_NAMES
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -24,7 +24,7 @@ def test_every_hookspec_is_in_the_hook_list() -> None:
 
 
 def test_every_config_key_is_documented() -> None:
-    for table, keys in (("kubelet", _KUBELET), ("state", _STATE), ("release", _RELEASE)):
+    for table, keys in (("kubelet", _KUBELET), ("state", _STATE), ("release", _RELEASE), ("shutdown", _SHUTDOWN)):
         for key in keys:
             assert f"`[{table}] {key}`" in README, f"[{table}] {key}"
     for key in _RESOURCE:

@@ -20,14 +20,14 @@ from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.resource_names import resource_state_dir
 from devplug_mock import read_calls
 
 __all__ = ["measure"]
 
 
 def _ledger_path(node: Node, resource: str) -> Path:
-    state = Path(node.config["state"]["dir"])
-    return state / "resources" / node.socket(resource).name.removesuffix(".sock") / "ledger.json"
+    return resource_state_dir(Path(node.config["state"]["dir"]), resource) / "ledger.json"
 
 
 def _all_seen(ledger: Path, count: int) -> bool:

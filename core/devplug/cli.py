@@ -1,7 +1,9 @@
 """The ``devplug`` command. The only place that turns errors into exit codes and prints for the user.
 
 Exit codes: 0 success, 1 the demo's lifecycle went wrong, 2 bad config or
-usage, 3 the state dir is taken or unusable, 4 a driver could not be loaded.
+usage, 3 the state dir is taken or unusable, 4 a driver could not be loaded,
+5 the daemon stopped but abandoned driver hooks that had not returned (or a
+shutdown that overran ``[shutdown] timeout``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ EXIT_DEMO_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_STATE = 3
 EXIT_DRIVER = 4
+EXIT_ABANDONED = 5
 
 
 def _fail(exc: DevplugError) -> NoReturn:
@@ -60,9 +63,12 @@ def run(config_path: Path, log_format: str, log_level: str) -> None:
         config = load_config(config_path)
         from devplug.engine.daemon import run_daemon
 
-        run_daemon(config)
+        abandoned = run_daemon(config)
     except DevplugError as exc:
         _fail(exc)
+    if abandoned:
+        click.echo(f"devplug: error: stopped, abandoning {'; '.join(abandoned)}", err=True)
+        sys.exit(EXIT_ABANDONED)
 
 
 @main.command("check-config")

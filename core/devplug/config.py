@@ -13,6 +13,9 @@
     interval = 1.0        # seconds between PodResources polls
     grace_period = 10.0   # seconds a fresh allocation may stay invisible in PodResources
 
+    [shutdown]
+    timeout = 20.0        # seconds SIGTERM may take; hooks still running then are abandoned
+
     [resources."example.com/mock"]
     driver = "mock"
     options = { directory = "/var/run/devplug/mock", count = 4 }
@@ -21,11 +24,14 @@
 
 Every error is a :class:`~devplug.errors.ConfigError` naming the file, the
 table (resource) and the key, with a hint. Relative paths are taken relative to
-the config file's folder.
+the config file's folder. Durations must be finite and within sane bounds
+(:data:`LIMITS`): NaN or infinity would make a poll loop spin or a grace period
+end at once.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +53,7 @@ __all__ = [
     "KubeletConfig",
     "ReleaseConfig",
     "ResourceConfig",
+    "ShutdownConfig",
     "StateConfig",
     "load_config",
     "parse_config",
@@ -82,6 +89,13 @@ class ReleaseConfig:
 
 
 @dataclass(frozen=True)
+class ShutdownConfig:
+    """How long SIGTERM may take before driver hooks still running are abandoned."""
+
+    timeout: float = 20.0
+
+
+@dataclass(frozen=True)
 class ResourceConfig:
     """One resource: its name, its driver (class and validated options), and its timings."""
 
@@ -101,6 +115,7 @@ class Config:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     state: StateConfig = field(default_factory=StateConfig)
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     resources: tuple[ResourceConfig, ...] = ()
 
 
@@ -133,19 +148,34 @@ def _path(value: Any, base: Path | None, where: str) -> Path:
     return path
 
 
-def _seconds(value: Any, where: str, minimum: float = 0.0, allow_zero: bool = True) -> float:
+#: (lowest, highest, whether 0 means "off") for every duration key, in seconds.
+LIMITS: dict[str, tuple[float, float, bool]] = {
+    "release.interval": (0.01, 3600.0, False),  # PodResources allows ~100 calls/s
+    "release.grace_period": (0.0, 86400.0, False),
+    "shutdown.timeout": (0.1, 3600.0, False),
+    "health_interval": (0.01, 86400.0, True),
+    "hook_timeout": (0.01, 86400.0, False),
+}
+
+
+def _seconds(value: Any, where: str, limit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number of seconds, got {value!r}")
-    if value < minimum or (not allow_zero and value == 0):
-        bound = f"more than {minimum}" if not allow_zero else f"at least {minimum}"
-        raise ConfigError(f"{where}: must be {bound} seconds, got {value!r}")
-    return float(value)
+    low, high, zero_is_off = LIMITS[limit]
+    seconds = float(value)
+    if zero_is_off and seconds == 0:
+        return 0.0
+    if not math.isfinite(seconds) or not low <= seconds <= high:
+        off = " (or 0 for never)" if zero_is_off else ""
+        raise ConfigError(f"{where}: must be a finite number of seconds from {low:g} to {high:g}{off}, got {value!r}")
+    return seconds
 
 
-_TOP = {"kubelet": None, "state": None, "release": None, "resources": None}
+_TOP = {"kubelet": None, "state": None, "release": None, "shutdown": None, "resources": None}
 _KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None}
 _STATE = {"dir": None}
 _RELEASE = {"interval": None, "grace_period": None}
+_SHUTDOWN = {"timeout": None}
 _RESOURCE = {"driver": None, "options": None, "health_interval": None, "hook_timeout": None}
 
 
@@ -175,13 +205,22 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     rdef = ReleaseConfig()
     release = ReleaseConfig(
         interval=_seconds(
-            release_t.get("interval", rdef.interval),
-            _where(source, "release", "interval"),
-            allow_zero=False,
+            release_t.get("interval", rdef.interval), _where(source, "release", "interval"), "release.interval"
         ),
         grace_period=_seconds(
-            release_t.get("grace_period", rdef.grace_period), _where(source, "release", "grace_period")
+            release_t.get("grace_period", rdef.grace_period),
+            _where(source, "release", "grace_period"),
+            "release.grace_period",
         ),
+    )
+    shutdown_t = _table(data, "shutdown", source)
+    _check_keys(shutdown_t, _SHUTDOWN, source, "shutdown")
+    shutdown = ShutdownConfig(
+        timeout=_seconds(
+            shutdown_t.get("timeout", ShutdownConfig().timeout),
+            _where(source, "shutdown", "timeout"),
+            "shutdown.timeout",
+        )
     )
     resources_t = _table(data, "resources", source)
     if not resources_t:
@@ -195,6 +234,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         kubelet=kubelet,
         state=state,
         release=release,
+        shutdown=shutdown,
         resources=resources,
     )
 
@@ -225,8 +265,8 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
         driver=driver,
         driver_class=driver_class,
         options=options,
-        health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval"),
-        hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", allow_zero=False),
+        health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval", "health_interval"),
+        hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", "hook_timeout"),
     )
 
 

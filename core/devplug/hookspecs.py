@@ -117,7 +117,9 @@ def preferred_allocation(available: Sequence[Device], must_include: Sequence[str
     ``must_include``, which must all be chosen). Return the chosen IDs, or
     ``None`` to let the core default pack the devices on as few NUMA nodes as
     possible (:func:`devplug.allocation.pack_numa`). The first non-``None``
-    result is used; IDs outside ``available`` are dropped by the engine.
+    result is used; the engine puts ``must_include`` first, drops IDs outside
+    ``available`` and answers at most ``size`` IDs (the kubelet would pick at
+    random among any more).
     """
 
 

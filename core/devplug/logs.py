@@ -1,4 +1,9 @@
-"""Log output for the daemon: readable lines by default, one JSON object a line for machines."""
+"""Log output for the daemon: readable lines by default, one JSON object a line for machines.
+
+Either way a message cannot forge a line: the text format escapes control
+characters in it (a device ID holding a newline shows as ``\\n``), and JSON
+escapes them by itself.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import re
 import sys
 import time
 from typing import Literal
+
+from devplug.logsafe import escape
 
 __all__ = ["JsonFormatter", "setup_logging"]
 
@@ -46,6 +53,10 @@ class JsonFormatter(logging.Formatter):
 
 
 class _TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.message)
+        return super().formatMessage(record)
+
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         return f"{stamp}.{int(record.msecs):03d}"

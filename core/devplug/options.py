@@ -8,17 +8,24 @@ A driver declares its options as a dataclass on its class::
         count: int | None = None
         mode: Literal["on-allocate", "at-start"] = "on-allocate"
 
-Supported field types: ``str``, ``int``, ``float`` (ints accepted), ``bool``,
+Supported field types: ``str``, ``int``, ``float`` (ints accepted; never NaN or infinity), ``bool``,
 ``pathlib.Path`` (from a string), ``Literal[...]``, ``X | None``,
 ``list[X]``, ``tuple[X, ...]`` and ``dict[str, X]`` of those. A field without a
 default is required. Unknown keys, missing keys and wrong types are
 :class:`~devplug.errors.ConfigError` naming the file, the resource and the key;
 a ``ValueError`` raised by the dataclass's ``__post_init__`` becomes one too.
+
+A folder option that must not point into the kernel's own trees (``/proc``,
+``/sys``, ``/dev``) checks itself with :func:`refuse_kernel_trees` in
+``__post_init__``: reading files there can block forever (``/proc/kmsg``) or
+change the system.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -27,7 +34,7 @@ from typing import Any, Literal, TypeVar, Union
 
 from devplug.errors import ConfigError
 
-__all__ = ["describe_type", "parse_options", "unknown_key_hint"]
+__all__ = ["KERNEL_TREES", "describe_type", "parse_options", "refuse_kernel_trees", "unknown_key_hint"]
 
 T = TypeVar("T")
 
@@ -95,6 +102,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{where}: expected a finite number, got {value!r}")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -107,6 +116,36 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     else:
         raise TypeError(f"unsupported option type {tp!r} at {where}")
     raise ConfigError(f"{where}: expected {describe_type(tp)}, got {type(value).__name__} {value!r}")
+
+
+#: The kernel's own trees: their files are not data files (reads block, consume or change kernel state).
+KERNEL_TREES: tuple[Path, ...] = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def refuse_kernel_trees(path: Path, key: str, allowed: Path | None = None) -> None:
+    """Raise ``ValueError`` naming ``key`` when ``path`` lies in ``/proc``, ``/sys`` or ``/dev``.
+
+    Both the path as written (``..`` removed) and the path its links lead to
+    are checked. ``allowed`` is the one tree the option is meant for (a
+    sysfs root may be ``/sys``), refused nowhere else.
+    """
+    written = Path(os.path.abspath(path))
+    _refuse_in_trees(written, path, key, allowed, "")
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, RuntimeError):  # unreadable links (EACCES) or a loop: what was written was checked
+        return
+    if resolved != written:
+        _refuse_in_trees(resolved, path, key, allowed, f" (it leads to {resolved})")
+
+
+def _refuse_in_trees(seen: Path, path: Path, key: str, allowed: Path | None, via: str) -> None:
+    for tree in KERNEL_TREES:
+        if tree != allowed and (seen == tree or tree in seen.parents):
+            raise ValueError(
+                f"{key}: {path} is inside {tree}{via}, a kernel tree this option must not point into "
+                "(reading files there can block forever or change the system)"
+            )
 
 
 def parse_options(schema: type[T] | None, table: Mapping[str, Any], where: str) -> T | None:

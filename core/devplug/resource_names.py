@@ -1,11 +1,12 @@
-"""The kubelet's rule for extended resource names, and socket names derived from them."""
+"""The kubelet's rule for extended resource names, and the socket and state folder names derived from them."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
-__all__ = ["invalid_resource_name_reason", "socket_file_name"]
+__all__ = ["invalid_resource_name_reason", "legacy_state_folder_names", "resource_state_dir", "socket_file_name"]
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
@@ -55,3 +56,26 @@ def socket_file_name(resource_name: str, directory_len: int = 0) -> str:
         return safe
     digest = hashlib.sha256(resource_name.encode()).hexdigest()[:16]
     return f"devplug-{digest}.sock"
+
+
+def resource_state_dir(state_dir: Path, resource_name: str) -> Path:
+    """The folder of ``resource_name``'s own state: ``<state dir>/resources/<domain>/<name>``.
+
+    Keyed by the resource name alone, so nothing else (the plugin folder, the
+    socket name) can move it. A valid name (see
+    :func:`invalid_resource_name_reason`) gives two plain file names: no
+    ``/``, no ``..``, at most 244 and 63 characters.
+    """
+    domain, _, short = resource_name.partition("/")
+    return state_dir / "resources" / domain / short
+
+
+def legacy_state_folder_names(resource_name: str) -> tuple[str, ...]:
+    """The names ``resources/<name>`` a resource's state folder had before :func:`resource_state_dir`.
+
+    They followed the socket file name, which turned into a hash when the
+    plugin folder's path was long: ``devplug-<domain>_<name>`` or
+    ``devplug-<16 hex digits>``. Fixed here for good, whatever sockets are named later.
+    """
+    digest = hashlib.sha256(resource_name.encode()).hexdigest()[:16]
+    return "devplug-" + resource_name.replace("/", "_"), f"devplug-{digest}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from devplug.logsafe import escape
+
 __all__ = ["format_status"]
 
 
@@ -20,7 +22,7 @@ def _ago(stamp: float | None) -> str:
 
 
 def format_status(data: dict[str, Any]) -> str:
-    """The status file's content as lines for a terminal."""
+    """The status file's content as lines for a terminal (control characters in it escaped)."""
     state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
     lines = [f"devplug daemon pid {data.get('pid')}: {state}, config {data.get('config') or '-'}"]
     release = data.get("release") or {}
@@ -71,4 +73,4 @@ def format_status(data: dict[str, Any]) -> str:
                     f"    {_ago(rel.get('finished_at')):>8}  {', '.join(rel['devices'])}  "
                     f"({rel['reason']}; took {rel['duration_s'] * 1000:.0f} ms)"
                 )
-    return "\n".join(lines)
+    return "\n".join(escape(line) for line in lines)

@@ -24,6 +24,8 @@ __all__ = [
     "Health",
     "Mount",
     "Topology",
+    "MAX_DEVICE_ID_BYTES",
+    "device_id_problem",
 ]
 
 _CDI_NAME = re.compile(
@@ -59,13 +61,36 @@ class Topology:
 
 NO_TOPOLOGY = Topology()
 
+#: The longest device ID (in bytes of UTF-8) devplug advertises, so the longest the kubelet can send back.
+#: The kubelet has no limit of its own: it keeps whatever IDs ListAndWatch brought and sends only those.
+MAX_DEVICE_ID_BYTES = 256
+
+
+def device_id_problem(device_id: object) -> str | None:
+    """Why ``device_id`` cannot be a device ID, or ``None`` if it can.
+
+    A device ID is a non-empty string of printable characters without
+    whitespace, at most :data:`MAX_DEVICE_ID_BYTES` bytes long. The kubelet only
+    ever sends IDs a plugin advertised, so a request holding anything else was
+    not made by the kubelet.
+    """
+    if not isinstance(device_id, str) or not device_id:
+        return "it must be a non-empty string"
+    if not device_id.isprintable() or any(ch.isspace() for ch in device_id):
+        return "it must be printable and contain no whitespace or control characters"
+    size = len(device_id.encode(errors="surrogatepass"))
+    if size > MAX_DEVICE_ID_BYTES:
+        return f"it is {size} bytes long, more than {MAX_DEVICE_ID_BYTES}"
+    return None
+
 
 @dataclass(frozen=True)
 class Device:
     """One device a resource advertises to the kubelet.
 
     ``id`` is the kubelet's device ID: unique within the resource, stable across
-    restarts (pods hold devices by ID), printable, without whitespace.
+    restarts (pods hold devices by ID), printable, without whitespace, at most
+    :data:`MAX_DEVICE_ID_BYTES` bytes.
     """
 
     id: str
@@ -73,10 +98,10 @@ class Device:
     topology: Topology = NO_TOPOLOGY
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"Device.id must be a non-empty string, got {self.id!r}")
-        if not self.id.isprintable() or any(ch.isspace() for ch in self.id):
-            raise ValueError(f"Device.id {self.id!r} must be printable and contain no whitespace")
+        problem = device_id_problem(self.id)
+        if problem is not None:
+            shown = repr(self.id) if not isinstance(self.id, str) else repr(self.id[:80])
+            raise ValueError(f"Device.id {shown}: {problem}")
         if not isinstance(self.health, Health):
             object.__setattr__(self, "health", Health(self.health))
         if not isinstance(self.topology, Topology):

@@ -289,7 +289,7 @@ def test_kep_mode_removal_calls_post_stop_per_container_then_deallocate_once(plu
             assert [list(r.devices_ids) for r in plugin.requests("PostStopContainer")] == [["a"], ["a", "b"]]
             assert [list(r.devices_ids) for r in plugin.requests("Deallocate")] == [["a", "b"]]
             kinds = [e.kind for e in kubelet.events][-5:]
-            assert kinds == ["post-stop", "post-stop", "deallocate", "pod-finished", "pod-removed"]
+            assert kinds == ["pod-finished", "post-stop", "post-stop", "deallocate", "pod-removed"]
             assert gpu(kubelet).in_use == {"c"}
             await plugin.stop()
 

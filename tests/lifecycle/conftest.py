@@ -25,7 +25,7 @@ import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, KubeletEvent, PodSpec, ResourceView
-from devplug.resource_names import socket_file_name
+from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.testing.plugin import RunningDaemon
 from devplug_mock import read_calls
 
@@ -215,10 +215,7 @@ class Lab:
         return self._current(daemon).state_dir
 
     def ledger_path(self, resource: str = RESOURCE, daemon: RunningDaemon | None = None) -> Path:
-        daemon = self._current(daemon)
-        plugin_dir = daemon.config["kubelet"]["device_plugin_dir"]
-        sock = socket_file_name(resource, len(str(plugin_dir)))
-        return daemon.state_dir / "resources" / sock.removesuffix(".sock") / "ledger.json"
+        return resource_state_dir(self._current(daemon).state_dir, resource) / "ledger.json"
 
     def ledger(self, resource: str = RESOURCE) -> list[dict[str, Any]]:
         """The allocation records on disk (empty when there is no ledger file yet)."""

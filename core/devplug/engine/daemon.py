@@ -1,5 +1,12 @@
 """The daemon: every configured resource in one process, the state lock, the plugin-folder
-watch that notices kubelet restarts, release reconciliation, status, and signals."""
+watch that notices kubelet restarts, release reconciliation, status, and signals.
+
+Shutdown is bounded by ``[shutdown] timeout``: past it, whatever is still
+running is abandoned. Driver hooks run in daemon threads, so one stuck in a
+call that never returns cannot keep the process alive; :meth:`Daemon.run`
+returns what it abandoned (logged, one line per hook) so the CLI can exit
+non-zero.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import json
 import logging
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 
 from devplug.atomic import write_atomic
@@ -19,7 +26,10 @@ from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.engine.lock import StateLock
 from devplug.engine.reconciler import Reconciler
 from devplug.engine.resource import Resource
+from devplug.engine.serial import SerialThread
+from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.status import STATUS_FILE, build_status
+from devplug.errors import ConfigError
 from devplug.watch import DirectoryWatcher
 
 __all__ = ["Daemon", "run_daemon"]
@@ -27,6 +37,10 @@ __all__ = ["Daemon", "run_daemon"]
 log = logging.getLogger("devplug.engine")
 
 STATUS_DEBOUNCE_S = 0.25
+#: How long the last status write may take once the shutdown timed out.
+FINAL_WRITE_S = 2.0
+#: How often shutdown looks whether hooks still running returned.
+HOOK_POLL_S = 0.05
 
 
 class Daemon:
@@ -36,7 +50,7 @@ class Daemon:
         self.config = config
         self.state_dir = config.state.dir
         self.lock = StateLock(self.state_dir)
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-writer")
+        self._writer = SerialThread("state-writer")
         self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
         release_wake = asyncio.Event()
         self.resources = [
@@ -63,8 +77,7 @@ class Daemon:
 
     async def write_file(self, path: Path, data: bytes) -> None:
         """Write a state file atomically, in the state-writer thread (writes keep their order)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, functools.partial(write_atomic, path, data))
+        await asyncio.wrap_future(self._writer.submit(functools.partial(write_atomic, path, data)))
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (thread-safe; before :meth:`run` started, it stops at once)."""
@@ -95,15 +108,34 @@ class Daemon:
 
     # --- running
 
-    async def run(self) -> None:
-        """Serve until stopped; raises :class:`~devplug.errors.StateError` if the state dir is taken."""
+    def _prepare_plugin_dir(self) -> Path:
+        plugin_dir = self.config.kubelet.device_plugin_dir
+        where = f"{self.config.path or '<config>'}: kubelet.device_plugin_dir"
+        try:
+            plugin_dir.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(f"{where}: {plugin_dir} exists and is not a folder") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot create {plugin_dir}: {exc.strerror or exc}") from exc
+        if not plugin_dir.is_dir():
+            raise ConfigError(f"{where}: {plugin_dir} is not a folder")
+        return plugin_dir
+
+    async def run(self) -> list[str]:
+        """Serve until stopped; return the driver hooks abandoned at shutdown (described), empty if none.
+
+        Raises :class:`~devplug.errors.StateError` if the state dir is taken
+        or unusable, :class:`~devplug.errors.ConfigError` if the plugin folder is.
+        """
         self._loop = asyncio.get_running_loop()
         if self._stop_requested:
             self._stop.set()
+        prepare_state_dir(self.state_dir)
+        check_replaceable(self.state_dir / STATUS_FILE, "the status file")
         self.lock.acquire()
+        abandoned: list[str] = []
         try:
-            plugin_dir = self.config.kubelet.device_plugin_dir
-            plugin_dir.mkdir(parents=True, exist_ok=True)
+            plugin_dir = self._prepare_plugin_dir()
             loop = self._loop
 
             def plugin_dir_changed(names: frozenset[str]) -> None:
@@ -123,24 +155,62 @@ class Daemon:
                 ", ".join(r.name for r in self.resources),
             )
             await self._stop.wait()
-            log.info("shutting down")
-            reconciling.cancel()
-            await asyncio.gather(*(r.stop() for r in self.resources))
-            for life in lives:
-                life.cancel()
-            await asyncio.gather(*lives, reconciling, return_exceptions=True)
-            await self._write_status(stopped=True)
+            timeout = self.config.shutdown.timeout
+            log.info("shutting down (at most %g s, [shutdown] timeout)", timeout)
+            deadline = loop.time() + timeout
+            stopping = asyncio.ensure_future(self._shut_down(lives, reconciling))
+            done, _ = await asyncio.wait((stopping,), timeout=timeout)
+            if not done:
+                stopping.cancel()
+                await asyncio.wait((stopping,), timeout=FINAL_WRITE_S)
+                abandoned.append(f"the shutdown did not finish within {timeout:g} s ([shutdown] timeout)")
+            else:
+                await self._hooks_return(deadline)
+            abandoned.extend(self._abandoned_hooks())
+            for problem in abandoned:
+                log.error("abandoned at shutdown: %s", problem)
+            await self._final_status()
         finally:
             if self._watcher is not None:
                 self._watcher.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._loop.remove_signal_handler(sig)
-            self._writer.shutdown(wait=True)
+            self._writer.close()  # every write was awaited, or given up on by _final_status
             self.lock.release()
-            log.info("stopped")
+            log.info("stopped" if not abandoned else "stopped, abandoning what did not finish")
+        return abandoned
+
+    async def _shut_down(self, lives: Sequence[asyncio.Future[None]], reconciling: asyncio.Future[None]) -> None:
+        """Stop accepting, finish in-flight calls, stop the drivers; unbounded (the caller bounds it)."""
+        reconciling.cancel()
+        await asyncio.gather(*(r.stop() for r in self.resources))
+        for life in lives:
+            life.cancel()
+        await asyncio.gather(*lives, reconciling, return_exceptions=True)
+
+    async def _hooks_return(self, deadline: float) -> None:
+        """Give hooks still running (a release finishing in the background) until ``deadline`` to return."""
+        loop = asyncio.get_running_loop()
+        while any(r.runner.running() for r in self.resources) and loop.time() < deadline:
+            await asyncio.sleep(HOOK_POLL_S)
+
+    def _abandoned_hooks(self) -> list[str]:
+        """The driver hooks that have not returned (stuck, or abandoned earlier after their hook_timeout)."""
+        return [hook.describe() for r in self.resources for hook in r.runner.running()]
+
+    async def _final_status(self) -> None:
+        """Write the status as stopped after every write queued before, giving up after :data:`FINAL_WRITE_S`
+        (a hung disk must not hang the exit)."""
+        writing = asyncio.ensure_future(self._write_status(stopped=True))
+        done, _ = await asyncio.wait((writing,), timeout=FINAL_WRITE_S)
+        if not done:
+            writing.cancel()
+            log.error("the final status write did not finish within %g s", FINAL_WRITE_S)
+        elif writing.exception() is not None:
+            log.error("the final status write failed: %s", writing.exception())
 
 
-def run_daemon(config: Config) -> None:
-    """Run the daemon in the foreground until SIGTERM/SIGINT."""
-    asyncio.run(Daemon(config).run())
+def run_daemon(config: Config) -> list[str]:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; returns what was abandoned at shutdown."""
+    return asyncio.run(Daemon(config).run())

@@ -1,15 +1,19 @@
-"""Running a driver's blocking hooks without stalling the event loop."""
+"""Running a driver's blocking hooks without stalling the event loop, or the daemon's exit."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from devplug.engine.serial import SerialThread
 from devplug.errors import DriverError, HookTimeoutError
+
+__all__ = ["HookRunner", "RunningHook"]
 
 T = TypeVar("T")
 
@@ -22,31 +26,61 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+@dataclass(frozen=True, eq=False)
+class RunningHook:
+    """A hook call that has not returned yet (in time, or at all)."""
+
+    resource: str
+    hook: str
+    started: float  # time.monotonic()
+
+    def describe(self) -> str:
+        return f"[{self.resource}] driver hook {self.hook} (running for {time.monotonic() - self.started:.1f} s)"
+
+
 class HookRunner:
     """Runs one resource's driver hooks in a thread of its own, one at a time, each under a timeout.
 
     A hook that does not return in time is abandoned: its thread is left to
     finish on its own and a fresh thread serves the next hook, so a hung driver
     never blocks its resource forever (nor, being in its own thread, any other
-    resource). Failures come out as :class:`DriverError` carrying the resource,
-    the hook and the driver's message.
+    resource). :meth:`running` tells which hooks have not returned, abandoned
+    ones included, so shutdown can name them. Failures come out as
+    :class:`DriverError` carrying the resource, the hook and the driver's message.
     """
 
     def __init__(self, resource_name: str, timeout: float) -> None:
         self.resource_name = resource_name
         self.timeout = timeout
-        self._executor = self._new_executor()
+        self._thread = self._new_thread()
         self._lock = asyncio.Lock()
+        self._running: set[RunningHook] = set()
+        self._running_lock = threading.Lock()
 
-    def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hooks[{self.resource_name}]")
+    def _new_thread(self) -> SerialThread:
+        return SerialThread(f"hooks[{self.resource_name}]")
+
+    def running(self) -> list[RunningHook]:
+        """The hook calls that have not returned, oldest first (abandoned ones included)."""
+        with self._running_lock:
+            return sorted(self._running, key=lambda h: h.started)
+
+    def _tracked(self, hook: str, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """``fn(*args)`` in the hook thread, listed in :meth:`running` meanwhile."""
+        running = RunningHook(self.resource_name, hook, time.monotonic())
+        with self._running_lock:
+            self._running.add(running)
+        try:
+            return fn(*args)
+        finally:
+            with self._running_lock:
+                self._running.discard(running)
 
     async def call(self, hook: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """Run ``fn(*args)`` (the hook called ``hook``) in the resource's hook thread and return its result."""
         limit = self.timeout if timeout is None else timeout
         async with self._lock:
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
+            future = asyncio.wrap_future(self._thread.submit(lambda: self._tracked(hook, fn, args)))
             try:
                 done, _ = await asyncio.wait((future,), timeout=limit)
                 if not done:
@@ -58,7 +92,8 @@ class HookRunner:
                     timeout_error.still_running = future
                     future.add_done_callback(_consume)
                     raise timeout_error
-                return future.result()
+                result: T = future.result()
+                return result
             except asyncio.CancelledError:
                 future.add_done_callback(_consume)
                 raise
@@ -81,9 +116,9 @@ class HookRunner:
                 ) from exc
 
     def _abandon(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._executor = self._new_executor()
+        self._thread.close()
+        self._thread = self._new_thread()
 
     def close(self) -> None:
-        """Let the hook thread go; a hook still running finishes in the background."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Let the hook thread go; a hook still running finishes in the background (see :meth:`running`)."""
+        self._thread.close()

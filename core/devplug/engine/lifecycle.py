@@ -50,6 +50,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
 from devplug.errors import DriverError, HookTimeoutError, RequestError
+from devplug.logsafe import id_list
 from devplug.types import ContainerAllocation, Device
 
 __all__ = ["DeviceLifecycle", "Release"]
@@ -71,7 +72,8 @@ class Release:
 
 
 def _ids(ids: Iterable[str]) -> str:
-    return ", ".join(ids)
+    """Device IDs for a message or log line: at most a few, escaped, and a count of the rest."""
+    return id_list(list(ids))
 
 
 class DeviceLifecycle:
@@ -155,11 +157,11 @@ class DeviceLifecycle:
                     unhealthy.append(dev_id)
         problems = []
         if unknown:
-            problems.append(f"unknown device IDs: {_ids(unknown)}")
+            problems.append(f"unknown device IDs: {id_list(unknown)}")
         if unhealthy:
-            problems.append(f"unhealthy device IDs: {_ids(unhealthy)}")
+            problems.append(f"unhealthy device IDs: {id_list(unhealthy)}")
         if duplicate:
-            problems.append(f"duplicate device IDs: {_ids(sorted(set(duplicate)))}")
+            problems.append(f"duplicate device IDs: {id_list(sorted(set(duplicate)))}")
         if not seen and not problems:
             problems.append("no device IDs requested")
         if problems:
@@ -187,12 +189,34 @@ class DeviceLifecycle:
     # --- kubelet operations
 
     async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-        """The preferred devices for one container, always within ``available`` and ``must_include``."""
+        """The preferred devices for one container: ``must_include`` first, then the driver's choice;
+        at most ``size`` IDs, all within ``available``.
+
+        The kubelet (``devicesToAllocate`` in its device manager) puts ``must_include``
+        (devices already chosen) into ``available``, asks only while it has fewer than
+        ``size``, and takes from the answer, in no set order, the free devices it
+        offered until it has ``size``: an ID outside ``available`` is ignored and IDs
+        past ``size`` are dropped at random. So a request no kubelet sends (a
+        must-include outside ``available``, more must-includes than ``size``) is
+        refused, and the answer never holds more than ``size`` IDs.
+        """
         if size < 0:
             raise RequestError(f"{self.resource_name}: allocation_size {size} is negative")
+        offered_ids = set(available)
+        outside = [i for i in dict.fromkeys(must_include) if i not in offered_ids]
+        if outside:
+            raise RequestError(
+                f"{self.resource_name}: must_include device IDs not in available: {id_list(outside)} "
+                "(the kubelet always offers the devices it must include)"
+            )
+        if len(set(must_include)) > size:
+            raise RequestError(
+                f"{self.resource_name}: {len(set(must_include))} must_include device IDs for allocation_size {size} "
+                "(the kubelet asks only while fewer than allocation_size devices are chosen)"
+            )
         unknown = [i for i in (*available, *must_include) if i not in self.table]
         if unknown:
-            raise RequestError(f"{self.resource_name}: unknown device IDs: {_ids(sorted(set(unknown)))}")
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {id_list(sorted(set(unknown)))}")
         offered: list[Device] = []
         for dev_id in dict.fromkeys((*must_include, *available)):
             dev = self.table.advertised(dev_id)
@@ -203,7 +227,7 @@ class DeviceLifecycle:
         )
         allowed = {d.id for d in offered}
         result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in allowed]
-        return result[: max(size, len(must_include))]
+        return result[:size]
 
     async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         """Allocate for every container of one request, all or nothing.

@@ -1,10 +1,17 @@
-"""One daemon per state folder: an exclusive lock naming its holder."""
+"""One daemon per state folder: an exclusive lock naming its holder.
+
+The lock file is opened with ``O_NOFOLLOW`` and must be a regular file of the
+daemon's user: a link planted at its place would otherwise get the daemon's
+PID written into (and later truncate) whatever it points to.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from devplug.errors import AlreadyRunningError, StateError
@@ -21,6 +28,13 @@ def _describe(pid_text: str) -> str:
     return f"pid {pid}" + (f" ({cmdline})" if cmdline else "")
 
 
+def _target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
 class StateLock:
     """``<state dir>/devplug.lock``, held with ``flock`` for the daemon's lifetime (released by the kernel on exit)."""
 
@@ -30,11 +44,24 @@ class StateLock:
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`AlreadyRunningError` naming the process that holds it."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateError(
+                    f"{self.path}: the daemon lock is a symbolic link (to {_target(self.path)}); devplug does not "
+                    "follow links in its state dir: remove it"
+                ) from exc
             raise StateError(f"{self.path}: cannot open the daemon lock: {exc.strerror or exc}") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            what = "is not a regular file" if not stat.S_ISREG(st.st_mode) else f"belongs to uid {st.st_uid}"
+            raise StateError(
+                f"{self.path}: the daemon lock {what}, not a file of the daemon's user (uid {os.geteuid()}); remove it"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

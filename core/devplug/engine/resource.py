@@ -8,6 +8,7 @@ import contextlib
 import enum
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,9 +28,10 @@ from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.registration import API_VERSION, Backoff, register
 from devplug.engine.servicer import DevicePluginService
+from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.supervise import supervise
 from devplug.errors import DriverError, HookTimeoutError, StateError
-from devplug.resource_names import socket_file_name
+from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.types import Device
 
 __all__ = ["Resource", "ResourceState"]
@@ -94,7 +96,8 @@ class Resource:
         self.kubelet = kubelet
         self.socket_name = socket_file_name(self.name, len(str(kubelet.device_plugin_dir)))
         self.socket_path = kubelet.device_plugin_dir / self.socket_name
-        self.state_dir = state_dir / "resources" / self.socket_name.removesuffix(".sock")
+        self._state_root = state_dir
+        self.state_dir = resource_state_dir(state_dir, self.name)
         self.driver_state_dir = self.state_dir / "driver"
         self._write_file = write_file
         self._on_change = on_change
@@ -119,6 +122,9 @@ class Resource:
         self._recovering = False
         self._started_driver = False
         self._socket_inode: int | None = None
+        #: The ListAndWatch stream the kubelet opened after the latest Register (only its end is a restart sign).
+        self._kubelet_stream: int | None = None
+        self._awaiting_kubelet_stream = False
         self._running: asyncio.Event | None = None  # set once run() has returned
         self.checkpoint = checkpoint
         self._on_allocated = on_allocated
@@ -127,7 +133,7 @@ class Resource:
 
     async def start_driver(self) -> None:
         """Create the driver instance, call its ``start`` and ``list_devices``, load the ledger."""
-        self.driver_state_dir.mkdir(parents=True, exist_ok=True)
+        prepare_resource_dir(self._state_root, self.name)
         self.ledger.load()
         cls = self.config.driver_class
         try:
@@ -227,7 +233,7 @@ class Resource:
                 self._on_change()
                 delay = backoff.next()
                 log.error(
-                    "[%s] driver start failed, retrying in %.0f s: %s",
+                    "[%s] start failed, retrying in %.0f s: %s",
                     self.name,
                     delay,
                     self.last_error,
@@ -278,13 +284,30 @@ class Resource:
         service = DevicePluginService(self.lifecycle, self.table, self.options(), self)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((service.handler(),))
-        server.add_insecure_port(f"unix:{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix:{self.socket_path}")
+        except RuntimeError:  # gRPC says only that binding failed: ask the kernel why
+            await server.stop(None)
+            raise self._bind_error() from None
         await server.start()
         os.chmod(self.socket_path, 0o600)
         self._servers.add(server)
         self._service = service
         self._socket_inode = self.socket_path.stat().st_ino
         return service
+
+    def _bind_error(self) -> OSError:
+        """Why the plugin socket cannot be bound (a read-only folder, a folder at its path), as the kernel says."""
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.bind(str(self.socket_path))
+        except OSError as exc:
+            return exc
+        finally:
+            probe.close()
+        with contextlib.suppress(OSError):
+            self.socket_path.unlink()
+        return OSError(f"gRPC could not bind {self.socket_path}")
 
     async def _stop_server(self, server: grpc.aio.Server, grace: float) -> None:
         await server.stop(grace)
@@ -304,6 +327,7 @@ class Resource:
                     await self._serve_and_register()
                 except Exception as exc:  # never leave the resource unregistered for good
                     self.last_error = f"serving failed: {type(exc).__name__}: {exc}"
+                    self._on_change()
                     log.exception("[%s] serving failed; starting over", self.name)
                     await wait_any(self._restart, timeout=1.0)
         finally:
@@ -317,7 +341,8 @@ class Resource:
                 await self._serve()
             except OSError as exc:
                 # e.g. the kubelet, starting, deleted the fresh socket before it could be set up: serve again.
-                self.last_error = f"serving on {self.socket_path} failed: {exc}"
+                self.last_error = f"serving on {self.socket_path} failed: {exc.strerror or exc}"
+                self._on_change()
                 log.warning("[%s] %s; retrying", self.name, self.last_error)
                 await wait_any(self._restart, timeout=backoff.next())
                 continue
@@ -327,11 +352,15 @@ class Resource:
             while not self.stopping and not self._restart.is_set():
                 try:
                     inode = self._kubelet_inode()
+                    self._kubelet_stream = None
+                    self._awaiting_kubelet_stream = True  # the next stream opened is the kubelet's
                     if not await self._register_unless_restarted():
                         break  # the socket went away meanwhile: serve afresh first
                 except (grpc.aio.AioRpcError, OSError) as exc:
+                    self._awaiting_kubelet_stream = False
                     detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                     self.last_error = f"registration failed: {detail}"
+                    self._on_change()
                     delay = backoff.next()
                     log.warning(
                         "[%s] registration with %s failed (%s); retrying in %.2f s",
@@ -411,12 +440,24 @@ class Resource:
 
     # --- the stream observer protocol (ListAndWatch)
 
-    def stream_opened(self) -> None:
-        log.debug("[%s] ListAndWatch stream opened", self.name)
+    def stream_opened(self, stream: int) -> None:
+        """The first stream opened after a Register is the kubelet's (it opens one per registration)."""
+        if self._awaiting_kubelet_stream:
+            self._awaiting_kubelet_stream = False
+            self._kubelet_stream = stream
+            log.debug("[%s] ListAndWatch stream %d opened (the kubelet's)", self.name, stream)
+        else:
+            log.debug("[%s] ListAndWatch stream %d opened (another client's)", self.name, stream)
 
-    def stream_closed(self, by_peer: bool) -> None:
-        if by_peer and not self.stopping:
+    def stream_closed(self, stream: int, by_peer: bool) -> None:
+        """Only the end of the kubelet's own stream means the kubelet went away; other clients come and go."""
+        if not by_peer or self.stopping:
+            return
+        if stream == self._kubelet_stream:
+            self._kubelet_stream = None
             self.trigger_reregister("the kubelet ended the ListAndWatch stream")
+        else:
+            log.debug("[%s] ListAndWatch stream %d of another client ended; not a kubelet restart", self.name, stream)
 
     # --- device list refresh, health, recovery
 

@@ -3,16 +3,20 @@
 This module is the only place where the engine's errors become gRPC status
 codes: a request naming unknown, unhealthy or duplicate devices gets
 INVALID_ARGUMENT, a driver that fails gets INTERNAL (DEADLINE_EXCEEDED for a
-hook timeout), both with the message. ListAndWatch sends pre-encoded bytes
-from the device table (identity serializer), so a change never re-encodes the
-whole list.
+hook timeout), both with the message. Device IDs no kubelet could send (not a
+valid :class:`~devplug.types.Device` ID: control characters, whitespace, too
+long) are refused before anything else looks at the request. Messages and log
+lines repeat request data escaped and bounded (:mod:`devplug.logsafe`).
+ListAndWatch sends pre-encoded bytes from the device table (identity
+serializer), so a change never re-encodes the whole list.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -23,6 +27,8 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.errors import DevplugError, DriverError, HookTimeoutError, RequestError
+from devplug.logsafe import bounded, id_list
+from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
 __all__ = ["SERVICE_NAME", "DevicePluginService", "StreamObserver"]
 
@@ -38,15 +44,31 @@ class StreamObserver(Protocol):
     @property
     def stopping(self) -> bool: ...
 
-    def stream_opened(self) -> None: ...
+    def stream_opened(self, stream: int) -> None:
+        """ListAndWatch stream number ``stream`` (unique in the process) opened."""
 
-    def stream_closed(self, by_peer: bool) -> None: ...
+    def stream_closed(self, stream: int, by_peer: bool) -> None:
+        """Stream ``stream`` ended: by its client (``by_peer``), or because devplug ended it."""
 
     def note_hook_failure(self, exc: DriverError) -> None: ...
 
 
 def _identity(data: bytes) -> bytes:
     return data
+
+
+_stream_numbers = itertools.count(1)
+
+
+def check_request_ids(resource_name: str, *groups: Iterable[str]) -> None:
+    """Refuse (:class:`RequestError`) IDs the kubelet could never send: it only sends IDs a plugin advertised."""
+    bad = [i for ids in groups for i in ids if device_id_problem(i) is not None]
+    if bad:
+        reason = device_id_problem(bad[0])
+        raise RequestError(
+            f"{resource_name}: malformed device IDs (no kubelet sends them: a device ID is printable, without "
+            f"whitespace, at most {MAX_DEVICE_ID_BYTES} bytes): {id_list(bad)} (the first: {reason}); nothing was done"
+        )
 
 
 class DevicePluginService:
@@ -123,19 +145,19 @@ class DevicePluginService:
             try:
                 return await method(request)
             except RequestError as exc:
-                log.warning("[%s] %s refused: %s", self.lifecycle.resource_name, name, exc)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                log.warning("[%s] %s refused: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(str(exc)))
             except HookTimeoutError as exc:
-                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, exc)
+                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
                 self.observer.note_hook_failure(exc)
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, bounded(str(exc)))
             except DriverError as exc:
-                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, exc)
+                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
                 self.observer.note_hook_failure(exc)
-                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+                await context.abort(grpc.StatusCode.INTERNAL, bounded(str(exc)))
             except DevplugError as exc:
-                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, exc)
-                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+                log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
+                await context.abort(grpc.StatusCode.INTERNAL, bounded(str(exc)))
             raise AssertionError("unreachable: context.abort raises")
 
         call.__name__ = name
@@ -150,7 +172,8 @@ class DevicePluginService:
         self, request: dp.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         """The whole list at once, then again on every change, until the peer or the daemon ends it."""
-        self.observer.stream_opened()
+        stream = next(_stream_numbers)
+        self.observer.stream_opened(stream)
         closed = self._closed
         self.table.watchers += 1
         try:
@@ -167,9 +190,11 @@ class DevicePluginService:
         finally:
             self.table.watchers -= 1
             by_peer = not (closed.done() or self.observer.stopping)
-            self.observer.stream_closed(by_peer)
+            self.observer.stream_closed(stream, by_peer)
 
     async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        for creq in request.container_requests:
+            check_request_ids(self.lifecycle.resource_name, creq.available_deviceIDs, creq.must_include_deviceIDs)
         responses = []
         for creq in request.container_requests:
             chosen = await self.lifecycle.preferred(
@@ -180,19 +205,23 @@ class DevicePluginService:
 
     async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         containers = [list(c.devices_ids) for c in request.container_requests]
+        check_request_ids(self.lifecycle.resource_name, *containers)
         if not containers:
             raise RequestError(f"{self.lifecycle.resource_name}: Allocate without container requests")
         allocations = await self.lifecycle.allocate(containers)
         return dp.AllocateResponse(container_responses=[allocation_to_pb(a) for a in allocations])
 
     async def pre_start_container(self, request: dp.PreStartContainerRequest) -> dp.PreStartContainerResponse:
+        check_request_ids(self.lifecycle.resource_name, request.devices_ids)
         await self.lifecycle.pre_start(list(request.devices_ids))
         return dp.PreStartContainerResponse()
 
     async def post_stop_container(self, request: dp.PostStopContainerRequest) -> dp.PostStopContainerResponse:
+        check_request_ids(self.lifecycle.resource_name, request.devices_ids)
         await self.lifecycle.post_stop(list(request.devices_ids))
         return dp.PostStopContainerResponse()
 
     async def deallocate(self, request: dp.DeallocateRequest) -> dp.DeallocateResponse:
+        check_request_ids(self.lifecycle.resource_name, request.devices_ids)
         await self.lifecycle.deallocate(list(request.devices_ids))
         return dp.DeallocateResponse()

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from devplug.engine.resource import Resource
+from devplug.engine.statusschema import check_status
 from devplug.errors import StateError
 from devplug.types import Device
 
 __all__ = ["STATUS_FILE", "build_status", "read_status"]
 
 STATUS_FILE = "status.json"
+#: A status file larger than this is not the daemon's (10k listed devices take about 2 MiB).
+MAX_STATUS_BYTES = 64 * 1024 * 1024
 
 
 #: Resources with more devices list only the interesting ones (allocated, releasing, unhealthy).
@@ -114,15 +118,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read_regular(path: Path) -> bytes:
+    """The file's bytes; refuses (``ValueError``) a FIFO or device, which could block, and a huge file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_STATUS_BYTES:
+            raise ValueError(f"{st.st_size} bytes, more than a status file ever holds")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_status(state_dir: Path) -> dict[str, Any]:
-    """The running daemon's status; :class:`StateError` when no daemon is running for ``state_dir``."""
+    """The daemon's last status (``running`` added); :class:`StateError` when there is none or it is malformed."""
     path = state_dir / STATUS_FILE
     try:
-        data: dict[str, Any] = json.loads(path.read_bytes())
+        raw = _read_regular(path)
     except FileNotFoundError:
         raise StateError(f"no devplug daemon status at {path}: is the daemon running with this state dir?") from None
-    except (OSError, ValueError) as exc:
-        raise StateError(f"{path}: unreadable status file: {exc}") from exc
-    pid = data.get("pid")
-    data["running"] = isinstance(pid, int) and _alive(pid) and not data.get("stopped")
+    except OSError as exc:
+        raise StateError(f"{path}: unreadable status file: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise StateError(f"{path}: not a devplug status file: {exc}") from None
+    try:
+        data = check_status(json.loads(raw))
+    except RecursionError:
+        raise StateError(f"{path}: not a devplug status file: JSON nested too deeply") from None
+    except ValueError as exc:  # JSON syntax, bad UTF-8, or the wrong shape
+        raise StateError(f"{path}: not a devplug status file: {exc}") from None
+    data["running"] = _alive(data["pid"]) and not data.get("stopped")
     return data

@@ -61,14 +61,18 @@ def dev_config(
     *,
     release_interval: float = 0.2,
     grace_period: float = 2.0,
+    shutdown_timeout: float | None = None,
 ) -> dict[str, Any]:
     """A config whose kubelet folders and state dir all live under ``root`` (the dev kubelet's layout)."""
-    return {
+    config: dict[str, Any] = {
         "kubelet": {
             "device_plugin_dir": str(root / "device-plugins"),
             "pod_resources_socket": str(root / "pod-resources" / "kubelet.sock"),
         },
         "state": {"dir": str(root / "state")},
         "release": {"interval": release_interval, "grace_period": grace_period},
-        "resources": {name: dict(table) for name, table in resources.items()},
     }
+    if shutdown_timeout is not None:
+        config["shutdown"] = {"timeout": shutdown_timeout}
+    config["resources"] = {name: dict(table) for name, table in resources.items()}
+    return config

@@ -29,6 +29,7 @@ from devplug import (
     Mount,
     hookimpl,
 )
+from devplug.options import refuse_kernel_trees
 from devplug.watch import DirectoryWatcher
 from devplug_mock.calllog import CallLog
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
@@ -47,7 +48,9 @@ _module_log = logging.getLogger("devplug_mock")
 class MockOptions:
     """The mock driver's options, from ``[resources."<name>".options]``.
 
-    ``directory``: the folder whose files are the devices (created at start).
+    ``directory``: the folder whose files are the devices (created at start);
+    never inside ``/proc``, ``/sys`` or ``/dev``, whose files are not device
+    files to read (``/proc/kmsg`` blocks a reader forever).
     ``count``: when set, ``start`` creates the empty files ``mock0`` ..
     ``mock<count-1>`` that are missing.
     """
@@ -60,6 +63,7 @@ class MockOptions:
             if not isinstance(self.directory, str) or not self.directory:
                 raise ValueError(f"directory: expected a path, got {self.directory!r}")
             object.__setattr__(self, "directory", Path(self.directory))
+        refuse_kernel_trees(self.directory, "directory")
         count = self.count
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
             raise ValueError(f"count: must be an integer >= 0, got {count!r}")

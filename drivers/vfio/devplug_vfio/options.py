@@ -22,10 +22,13 @@ device. Bridges are never taken (vfio-pci refuses them).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from devplug.options import refuse_kernel_trees
 
 __all__ = ["BindMode", "VfioOptions"]
 
@@ -79,7 +82,9 @@ class VfioOptions:
     the kernel permits); other foreign devices are still refused.
     ``sysfs_root``, ``dev_root``: where this daemon finds the host's sysfs and
     /dev (a container may mount them elsewhere); device specs handed to the
-    kubelet always name the host's own ``/dev/vfio/...`` paths.
+    kubelet always name the host's own ``/dev/vfio/...`` paths. Neither may
+    point into another kernel tree (``sysfs_root`` under ``/proc`` or ``/dev``,
+    ``dev_root`` under ``/proc`` or ``/sys``).
     ``rescan_interval``: seconds between scans for hot-plugged or removed
     devices (0: only when the engine lists devices or checks health).
     """
@@ -114,5 +119,9 @@ class VfioOptions:
             )
         if self.bind not in ("on-allocate", "at-start"):
             raise ValueError(f"bind: expected 'on-allocate' or 'at-start', got {self.bind!r}")
-        if self.rescan_interval < 0:
-            raise ValueError(f"rescan_interval: must be at least 0 seconds, got {self.rescan_interval!r}")
+        if not math.isfinite(self.rescan_interval) or not 0 <= self.rescan_interval <= 86400:
+            raise ValueError(
+                f"rescan_interval: must be a finite number of seconds from 0 to 86400, got {self.rescan_interval!r}"
+            )
+        refuse_kernel_trees(self.sysfs_root, "sysfs_root", allowed=Path("/sys"))
+        refuse_kernel_trees(self.dev_root, "dev_root", allowed=Path("/dev"))

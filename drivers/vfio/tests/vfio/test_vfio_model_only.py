@@ -50,7 +50,7 @@ def test_config_builds_the_driver_with_normalised_options() -> None:
         ({"vendors": ["8086"], "bind": "now"}, r"bind: expected one of 'on-allocate', 'at-start'"),
         ({"vendors": ["8086"], "vendor": ["8086"]}, "vendor: unknown key; did you mean 'vendors'"),
         ({"vendors": "8086"}, "vendors: expected a list of a string"),
-        ({"vendors": ["8086"], "rescan_interval": -1}, "rescan_interval: must be at least 0"),
+        ({"vendors": ["8086"], "rescan_interval": -1}, "rescan_interval: must be a finite number of seconds from 0"),
     ],
 )
 def test_config_errors_name_the_resource_and_the_key(options: dict[str, Any], message: str) -> None:

@@ -1,0 +1,129 @@
+"""The shape of ``status.json``, checked before ``devplug status`` uses it.
+
+The file is the daemon's, but anyone who can write the state dir (or a
+disk error) can leave something else there: a list, wrong types, JSON nested
+a million deep. :func:`check_status` says what is wrong and where
+(``resources[0].counts.devices: expected an integer, got "x"``) instead of
+the reader failing with a traceback. Keys the reader does not use are not
+checked, so newer daemons may add some.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MAX_PID", "check_status"]
+
+#: The largest PID Linux hands out (pid_max is at most 2^22).
+MAX_PID = 4194304
+
+
+class _Optional:
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
+Number = (int, float)
+
+_RELEASE = {
+    "devices": [str],
+    "reason": str,
+    "pod?": _Optional(str),
+    "finished_at?": _Optional(Number),
+    "duration_s": Number,
+}
+_DEVICE = {
+    "id": str,
+    "health": str,
+    "driver_health?": str,
+    "numa_nodes?": [int],
+    "allocated?": bool,
+    "pod?": _Optional(str),
+    "releasing?": bool,
+}
+_COUNTS = {"devices?": int, "healthy?": int, "unhealthy?": int, "allocated?": int, "releasing?": int}
+_RESOURCE = {
+    "name": str,
+    "driver": str,
+    "state": str,
+    "socket?": str,
+    "registrations?": int,
+    "registered_at?": _Optional(Number),
+    "last_error?": _Optional(str),
+    "degraded?": _Optional(str),
+    "hooks?": [str],
+    "counts?": _COUNTS,
+    "devices_listed?": str,
+    "devices?": [_DEVICE],
+    "recent_releases?": [_RELEASE],
+}
+_STATUS = {
+    "pid": int,
+    "started_at?": _Optional(Number),
+    "written_at?": _Optional(Number),
+    "config?": _Optional(str),
+    "stopped?": bool,
+    "release?": _Optional(
+        {
+            "interval?": _Optional(Number),
+            "grace_period?": _Optional(Number),
+            "polls?": int,
+            "last_success?": _Optional(Number),
+            "last_error?": _Optional(str),
+        }
+    ),
+    "resources?": [_RESOURCE],
+}
+
+
+def _describe(spec: Any) -> str:
+    if isinstance(spec, _Optional):
+        return f"{_describe(spec.spec)} or null"
+    if isinstance(spec, list):
+        return "a list"
+    if isinstance(spec, dict):
+        return "an object"
+    if spec is Number:
+        return "a number"
+    return {int: "an integer", str: "a string", bool: "true or false"}[spec]
+
+
+def _matches(value: Any, spec: Any) -> bool:
+    if isinstance(spec, _Optional):
+        return value is None or _matches(value, spec.spec)
+    if isinstance(spec, list):
+        return isinstance(value, list)
+    if isinstance(spec, dict):
+        return isinstance(value, dict)
+    if spec is bool:
+        return isinstance(value, bool)
+    return isinstance(value, spec) and not isinstance(value, bool)
+
+
+def _check(value: Any, spec: Any, where: str) -> None:
+    if not _matches(value, spec):
+        shown = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
+        raise ValueError(f"{where or 'the top level'}: expected {_describe(spec)}, got {shown[:80]}")
+    if isinstance(spec, _Optional):
+        if value is not None:
+            _check(value, spec.spec, where)
+    elif isinstance(spec, list):
+        for i, item in enumerate(value):
+            _check(item, spec[0], f"{where}[{i}]")
+    elif isinstance(spec, dict):
+        for key, sub in spec.items():
+            name = key.rstrip("?")
+            inner = f"{where}.{name}" if where else name
+            if name in value:
+                _check(value[name], sub, inner)
+            elif not key.endswith("?"):
+                raise ValueError(f"{inner}: missing")
+
+
+def check_status(data: Any) -> dict[str, Any]:
+    """``data`` if it is shaped like a status file; ``ValueError`` naming the first bad field otherwise."""
+    _check(data, _STATUS, "")
+    if not 0 < data["pid"] <= MAX_PID:
+        raise ValueError(f"pid: {data['pid']} is not a process ID")
+    checked: dict[str, Any] = data
+    return checked
