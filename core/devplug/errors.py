@@ -12,6 +12,7 @@
     │                                 or duplicate device IDs); nothing was done
     ├── AllocationConflictError       two contributions to one container allocation disagree
     ├── StateError                    the daemon's own files (lock, ledger) cannot be used
+    │   ├── StateWriteError           a state file could not be written (full disk): request refused
     │   └── AlreadyRunningError       another daemon holds the state dir's lock
     └── KubeletError                  the dev kubelet refused or failed a request
 
@@ -71,6 +72,18 @@ class AllocationConflictError(DevplugError):
 
 class StateError(DevplugError):
     """The daemon's state directory, lock or ledger cannot be used."""
+
+
+class StateWriteError(StateError):
+    """A state file (the allocation ledger) could not be written: a full disk, a quota, an I/O error.
+
+    ``no_space`` is True for the errors more space would cure (ENOSPC, EDQUOT,
+    EFBIG). The request that needed the write was not served and changed nothing.
+    """
+
+    def __init__(self, message: str, no_space: bool) -> None:
+        super().__init__(message)
+        self.no_space = no_space
 
 
 class AlreadyRunningError(StateError):

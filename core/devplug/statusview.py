@@ -60,6 +60,8 @@ def format_status(data: dict[str, Any]) -> str:
                 flags.append("releasing")
             numa = ",".join(str(n) for n in dev.get("numa_nodes", [])) or "-"
             lines.append(f"    {dev['id']:<24} {dev['health']:<10} numa={numa:<4} {' '.join(flags)}")
+        if res.get("state_error"):
+            lines.append(f"  STATE WRITE FAILED: {res['state_error']} (Allocate is refused until it can write)")
         for devices, failure in (res.get("release_failures") or {}).items():
             lines.append(f"  release of {devices} failing: {failure}")
         for bad in res.get("quarantined_records") or []:

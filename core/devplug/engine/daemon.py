@@ -37,6 +37,8 @@ __all__ = ["Daemon", "run_daemon"]
 log = logging.getLogger("devplug.engine")
 
 STATUS_DEBOUNCE_S = 0.25
+#: How soon a status write that failed (a full disk) is tried again.
+STATUS_RETRY_S = 1.0
 #: How long the last status write may take once the shutdown timed out.
 FINAL_WRITE_S = 2.0
 #: How often shutdown looks whether hooks still running returned.
@@ -71,6 +73,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._stop_requested = False
         self._status_pending = False
+        self._status_failing = False
         self.started_at = time.time()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watcher: DirectoryWatcher | None = None
@@ -98,7 +101,19 @@ class Daemon:
         status = build_status(self.resources, self.started_at, str(self.config.path) if self.config.path else None)
         status["stopped"] = stopped
         status["release"] = self.reconciler.describe()
-        await self.write_file(self.state_dir / STATUS_FILE, (json.dumps(status, separators=(",", ":")) + "\n").encode())
+        data = (json.dumps(status, separators=(",", ":")) + "\n").encode()
+        try:
+            await self.write_file(self.state_dir / STATUS_FILE, data)
+        except OSError as exc:  # a full disk: say so, and try again in a while (the status must catch up)
+            if not self._status_failing:
+                log.error("cannot write %s: %s; retrying every %g s", self.state_dir / STATUS_FILE, exc, STATUS_RETRY_S)
+            self._status_failing = True
+            if self._loop is not None and not stopped:
+                self._loop.call_later(STATUS_RETRY_S, self._status_changed)
+            return
+        if self._status_failing:
+            log.info("%s written again", self.state_dir / STATUS_FILE)
+        self._status_failing = False
 
     # --- the plugin folder
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
 from collections import deque
@@ -49,7 +50,7 @@ from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
-from devplug.errors import DriverError, HookTimeoutError, RequestError
+from devplug.errors import DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
 from devplug.types import ContainerAllocation, Device
 
@@ -336,7 +337,11 @@ class DeviceLifecycle:
         inflight = {r.id for r in records}
         self.allocating |= inflight
         try:
-            await self._save()
+            try:
+                await self._save()
+            except OSError as exc:  # nothing was written, no hook ran: put the ledger back as it was
+                self.ledger.restore(snapshot, inflight)
+                raise self._write_failed(exc) from exc
             results: list[ContainerAllocation] = []
             try:
                 for ids, record in zip(containers, records, strict=True):
@@ -353,10 +358,25 @@ class DeviceLifecycle:
                 await self._save()
                 failure = HookTimeoutError if hung is not None else DriverError  # hangs degrade the resource
                 raise failure(f"{exc}; the allocation was rolled back") from exc
-            await self._save()
+            try:
+                await self._save()
+            except OSError as exc:  # the kubelet must not get an answer the ledger does not hold: undo
+                await self._undo(containers, held_before)
+                self.ledger.restore(snapshot, inflight)
+                with contextlib.suppress(OSError):  # the begin records on disk are released after a crash
+                    await self._save()
+                raise self._write_failed(exc) from exc
         finally:
             self.allocating -= inflight
         return results
+
+    def _write_failed(self, exc: OSError) -> StateWriteError:
+        no_space = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        return StateWriteError(
+            f"{self.resource_name}: cannot write the allocation ledger {self.ledger.path}: "
+            f"{exc.strerror or exc}; nothing was allocated",
+            no_space,
+        )
 
     def _undo_when_returned(
         self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float

@@ -128,6 +128,8 @@ class Resource:
         self._running: asyncio.Event | None = None  # set once run() has returned
         self.checkpoint = checkpoint
         self._on_allocated = on_allocated
+        #: Why the last ledger write failed (a full disk), until one succeeds; shown in ``devplug status``.
+        self.state_error: str | None = None
 
     # --- driver start
 
@@ -204,7 +206,14 @@ class Resource:
             await self.save_ledger()
 
     async def save_ledger(self) -> None:
-        await self._write_file(self.ledger.path, self.ledger.serialize())
+        """Write the ledger; a failure (a full disk) is kept as :attr:`state_error` until a write succeeds."""
+        try:
+            await self._write_file(self.ledger.path, self.ledger.serialize())
+        except OSError as exc:
+            self.state_error = f"cannot write {self.ledger.path}: {exc.strerror or exc} (at {time.time():.0f})"
+            self._on_change()
+            raise
+        self.state_error = None
         self._on_change()
 
     def options(self) -> dp.DevicePluginOptions:

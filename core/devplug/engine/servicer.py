@@ -26,7 +26,7 @@ from devplug.api.convert import allocation_to_pb
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.errors import DevplugError, DriverError, HookTimeoutError, RequestError
+from devplug.errors import DevplugError, DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
@@ -155,6 +155,10 @@ class DevicePluginService:
                 log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
                 self.observer.note_hook_failure(exc)
                 await context.abort(grpc.StatusCode.INTERNAL, bounded(str(exc)))
+            except StateWriteError as exc:
+                log.error("[%s] %s refused: %s", self.lifecycle.resource_name, name, exc)
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.no_space else grpc.StatusCode.UNAVAILABLE
+                await context.abort(code, bounded(str(exc)))
             except DevplugError as exc:
                 log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
                 await context.abort(grpc.StatusCode.INTERNAL, bounded(str(exc)))

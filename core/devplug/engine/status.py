@@ -92,6 +92,7 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
         "devices": devices,
         "recent_releases": releases,
         "release_failures": failures,
+        "state_error": resource.state_error,
         "quarantined_records": [
             {"index": q.index, "reason": q.reason, "devices": q.devices()} for q in resource.ledger.quarantined
         ],

@@ -23,6 +23,13 @@ class _Optional:
         self.spec = spec
 
 
+class _Map:
+    """An object with any string keys, every value of ``spec``."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
 Number = (int, float)
 
 _RELEASE = {
@@ -31,7 +38,9 @@ _RELEASE = {
     "pod?": _Optional(str),
     "finished_at?": _Optional(Number),
     "duration_s": Number,
+    "retry?": bool,
 }
+_QUARANTINED = {"index?": int, "reason?": str, "devices?": [str]}
 _DEVICE = {
     "id": str,
     "health": str,
@@ -56,6 +65,9 @@ _RESOURCE = {
     "devices_listed?": str,
     "devices?": [_DEVICE],
     "recent_releases?": [_RELEASE],
+    "release_failures?": _Map(str),
+    "quarantined_records?": [_QUARANTINED],
+    "state_error?": _Optional(str),
 }
 _STATUS = {
     "pid": int,
@@ -70,6 +82,8 @@ _STATUS = {
             "polls?": int,
             "last_success?": _Optional(Number),
             "last_error?": _Optional(str),
+            "checkpoint_problem?": _Optional(str),
+            "resource_errors?": _Map(str),
         }
     ),
     "resources?": [_RESOURCE],
@@ -79,6 +93,8 @@ _STATUS = {
 def _describe(spec: Any) -> str:
     if isinstance(spec, _Optional):
         return f"{_describe(spec.spec)} or null"
+    if isinstance(spec, _Map):
+        return "an object"
     if isinstance(spec, list):
         return "a list"
     if isinstance(spec, dict):
@@ -91,6 +107,8 @@ def _describe(spec: Any) -> str:
 def _matches(value: Any, spec: Any) -> bool:
     if isinstance(spec, _Optional):
         return value is None or _matches(value, spec.spec)
+    if isinstance(spec, _Map):
+        return isinstance(value, dict)
     if isinstance(spec, list):
         return isinstance(value, list)
     if isinstance(spec, dict):
@@ -107,6 +125,9 @@ def _check(value: Any, spec: Any, where: str) -> None:
     if isinstance(spec, _Optional):
         if value is not None:
             _check(value, spec.spec, where)
+    elif isinstance(spec, _Map):
+        for key, item in value.items():
+            _check(item, spec.spec, f"{where}.{key}")
     elif isinstance(spec, list):
         for i, item in enumerate(value):
             _check(item, spec[0], f"{where}[{i}]")

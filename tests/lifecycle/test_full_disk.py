@@ -1,0 +1,89 @@
+"""A full disk under the state dir during Allocate (issue 9, item 4): a clear RESOURCE_EXHAUSTED naming the
+ledger, the ledger exactly as before, no driver hook, and the condition in ``devplug status``.
+
+The state dir is put on a real, tiny tmpfs and filled up, so the daemon meets
+the kernel's own ENOSPC. Mounting needs root (CI runs as root).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+if TYPE_CHECKING:
+    from tests.lifecycle.conftest import Lab
+
+
+def _mount_tmpfs(where: Path, size: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs to fill up needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=False)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+
+
+def _write_until_full(path: Path) -> int | None:
+    """Append zeros to ``path`` until a write fails; returns that failure's errno."""
+    with path.open("wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * 4096)
+        except OSError as exc:
+            return exc.errno
+
+
+def _fill(folder: Path) -> Path:
+    """Write a file in ``folder`` until the filesystem is full; returns it."""
+    filler = folder / "filler"
+    assert _write_until_full(filler) == errno.ENOSPC
+    return filler
+
+
+@pytest.fixture
+def small_state(lab: Lab, tmp_path: Path) -> Iterator[Path]:
+    """Run the lab's daemon with its state dir on a 512 KiB tmpfs; unmounted after the daemon stopped."""
+    lab.start()
+    state = lab.state_dir()
+    lab.daemon.process.stop()  # type: ignore[union-attr]
+    backup = tmp_path / "state-backup"
+    shutil.copytree(state, backup, symlinks=True)
+    _mount_tmpfs(state, "512k")
+    try:
+        shutil.copytree(backup, state, symlinks=True, dirs_exist_ok=True)
+        lab.restart_process()
+        yield state
+    finally:
+        if lab.daemon is not None and lab.daemon.process.running():
+            lab.daemon.process.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def test_allocate_on_a_full_disk_is_refused_cleanly_and_changes_nothing(lab: Lab, small_state: Path) -> None:
+    lab.allocate("mock0")
+    before = lab.ledger_path().read_bytes()
+    filler = _fill(small_state)
+    with pytest.raises(grpc.RpcError) as info:
+        lab.allocate("mock1")
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = info.value.details() or ""
+    assert str(lab.ledger_path()) in details and "No space left on device" in details
+    assert "nothing was allocated" in details and "Traceback" not in details
+    assert lab.ledger_path().read_bytes() == before
+    assert lab.calls("allocate", "mock1", ok=None) == []
+    assert "Traceback" not in lab.log()
+    filler.unlink()  # the status, written again as soon as there is room, says what happened
+    lab.wait(
+        lambda: "No space left on device" in (lab.resource_status().get("state_error") or ""),
+        what="the status to show the failed ledger write",
+    )
+    lab.allocate("mock1")
+    lab.wait(lambda: lab.resource_status().get("state_error") is None, what="the state error to clear")
+    assert {d for r in lab.ledger() for d in r["devices"]} == {"mock0", "mock1"}
