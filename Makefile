@@ -28,8 +28,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Each driver's tests are checked on their own, so every driver may have its own tests/conftest.py
+# (mypy would otherwise see several modules named conftest).
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	@set -e; for t in $(wildcard drivers/*/tests); do \
+		echo "mypy $$t"; MYPYPATH=core:$$(dirname $$t):$$t $(BIN)/mypy $$t/*.py; done
 
 unit: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -1,8 +1,5 @@
 """Fixtures for devplug-vfio's tests: two kernels behind one scenario, and the VM that runs the real one.
 
-(The tests live in ``tests/vfio/`` so that mypy, which maps ``drivers/vfio`` as
-a package base, does not confuse this conftest with the root ``tests/conftest.py``.)
-
 A scenario test takes the ``backend`` fixture, parametrized over:
 
 * ``model`` -- :class:`devplug.testing.pcisysfs.PciSysfsModel`, laid out like the VM;
@@ -39,7 +36,7 @@ from devplug_vfio import VfioDriver, VfioOptions
 
 IN_GUEST = os.environ.get("DEVPLUG_VM_GUEST") == "1"
 REQUIRE_VM = os.environ.get("DEVPLUG_REQUIRE_VM") == "1"
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 RESOURCE = "example.com/vfio"
 
 # The machine of tools/vm/run_guest.py; the model copies it.
