@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devplug.drivers import load_driver_class
-from devplug.errors import ConfigError, DevplugError, DriverLoadError
+from devplug.drivers import check_driver_resources, load_driver_class
+from devplug.errors import ConfigError, DriverLoadError
 from devplug.options import describe_type, parse_options, unknown_key_hint
 from devplug.resource_names import invalid_resource_name_reason
 
@@ -228,7 +228,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
             f'{source}: no resources configured; add a table like [resources."example.com/mock"] with driver = "mock"'
         )
     resources = tuple(_parse_resource(name, table, source, base) for name, table in resources_t.items())
-    _check_across_resources(resources, source)
+    check_driver_resources(((rc.name, rc.driver, rc.driver_class, rc.options) for rc in resources), source)
     return Config(
         path=Path(source) if base is not None else None,
         kubelet=kubelet,
@@ -268,24 +268,6 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
         health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval", "health_interval"),
         hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", "hook_timeout"),
     )
-
-
-def _check_across_resources(resources: tuple[ResourceConfig, ...], source: str) -> None:
-    """Let each driver class check all of its resources together (``check_resources``), e.g. for overlaps."""
-    by_class: dict[type, dict[str, Any]] = {}
-    names: dict[type, str] = {}
-    for rc in resources:
-        by_class.setdefault(rc.driver_class, {})[rc.name] = rc.options
-        names[rc.driver_class] = rc.driver
-    for cls, options in by_class.items():
-        check = getattr(cls, "check_resources", None)
-        if check is None:
-            continue
-        try:
-            check(options)
-        except (ValueError, DevplugError) as exc:
-            listed = ", ".join(f'"{name}"' for name in options)
-            raise ConfigError(f"{source}: resources {listed} (driver {names[cls]}): {exc}") from exc
 
 
 def _resolve_option_paths(schema: Any, table: Mapping[str, Any], base: Path | None) -> dict[str, Any]:

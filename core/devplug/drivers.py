@@ -28,6 +28,8 @@ from devplug.allocation import pack_numa
 from devplug.context import DriverContext
 from devplug.errors import (
     AllocationConflictError,
+    ConfigError,
+    DevplugError,
     DriverError,
     DriverLoadError,
     DriverNotFoundError,
@@ -36,10 +38,13 @@ from devplug.types import ContainerAllocation, Device, Health, merge_allocations
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "DriverCapabilities",
     "DriverHooks",
     "DriverInfo",
     "HOOK_NAMES",
     "driver_hook_names",
+    "check_driver_resources",
+    "construct_driver",
     "installed_drivers",
     "load_driver_class",
 ]
@@ -48,18 +53,13 @@ ENTRY_POINT_GROUP = "devplug.drivers"
 DISABLE_ENV = "DEVPLUG_DISABLE_DRIVERS"
 TRACE_ENV = "DEVPLUG_TRACE_HOOKS"
 
-#: Every hook of the driver contract, in lifecycle order.
-HOOK_NAMES: tuple[str, ...] = (
-    "start",
-    "stop",
-    "list_devices",
-    "check_health",
-    "preferred_allocation",
-    "allocate",
-    "pre_start",
-    "post_stop",
-    "deallocate",
+#: Every hook of the driver contract, in lifecycle order (the order of :mod:`devplug.hookspecs`).
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, spec in vars(hookspecs).items() if hasattr(spec, f"{hookspecs.PROJECT_NAME}_spec")
 )
+
+#: The optional hooks whose presence changes what the engine advertises to the kubelet or calls.
+OPTIONAL_HOOKS = frozenset(HOOK_NAMES) - {"start", "stop", "list_devices"}
 
 log = logging.getLogger("devplug.drivers")
 
@@ -136,6 +136,81 @@ def driver_hook_names(cls: type) -> list[str]:
     return [name for name in HOOK_NAMES if hasattr(getattr(cls, name, None), marker)]
 
 
+def construct_driver(resource: str, driver: str, cls: type, options: Any) -> object:
+    """The driver instance for one resource: ``cls(options)``, or ``cls()`` for a driver without ``Options``.
+
+    Called by the engine when it starts the resource; :class:`DriverError`
+    (naming the resource and driver) when the constructor raises.
+    """
+    try:
+        return cls() if getattr(cls, "Options", None) is None else cls(options)
+    except Exception as exc:
+        raise DriverError(f"{resource}: creating driver {driver!r} failed: {exc}") from exc
+
+
+def check_driver_resources(resources: Iterable[tuple[str, str, type, Any]], source: str) -> None:
+    """Let each driver class check all of its resources together, e.g. for two claiming one device.
+
+    ``resources`` are (resource name, driver name, driver class, options);
+    each class's ``check_resources(options by resource name)`` is called once.
+    A ``ValueError`` or :class:`~devplug.errors.DevplugError` it raises becomes
+    a :class:`~devplug.errors.ConfigError` naming ``source``, the resources and the driver.
+    """
+    by_class: dict[type, dict[str, Any]] = {}
+    names: dict[type, str] = {}
+    for name, driver, cls, options in resources:
+        by_class.setdefault(cls, {})[name] = options
+        names[cls] = driver
+    for cls, options in by_class.items():
+        check = getattr(cls, "check_resources", None)
+        if check is None:
+            continue
+        try:
+            check(options)
+        except (ValueError, DevplugError) as exc:
+            listed = ", ".join(f'"{name}"' for name in options)
+            raise ConfigError(f"{source}: resources {listed} (driver {names[cls]}): {exc}") from exc
+
+
+@dataclass(frozen=True)
+class DriverCapabilities:
+    """Which hooks a driver (with its extra plugins) implements, computed once when it is loaded.
+
+    The engine derives the kubelet options from it (``pre_start_required``,
+    ``get_preferred_allocation_available`` and the KEP's two flags) and skips
+    optional hooks a driver does not have.
+    """
+
+    implemented: tuple[str, ...]
+
+    def has(self, hook: str) -> bool:
+        return hook in self.implemented
+
+    @property
+    def pre_start(self) -> bool:
+        return self.has("pre_start")
+
+    @property
+    def preferred_allocation(self) -> bool:
+        return self.has("preferred_allocation")
+
+    @property
+    def allocate(self) -> bool:
+        return self.has("allocate")
+
+    @property
+    def check_health(self) -> bool:
+        return self.has("check_health")
+
+    @property
+    def post_stop(self) -> bool:
+        return self.has("post_stop")
+
+    @property
+    def deallocate(self) -> bool:
+        return self.has("deallocate")
+
+
 class _CoreDefaults:
     """The core's fallbacks, registered ``trylast`` in every resource's plugin manager."""
 
@@ -179,6 +254,10 @@ class DriverHooks:
     def implemented(self) -> list[str]:
         """The hooks the driver (and any extra plugins) implement, in lifecycle order."""
         return [name for name in HOOK_NAMES if self.implements(name)]
+
+    def capabilities(self) -> DriverCapabilities:
+        """What the driver implements now, as a frozen value."""
+        return DriverCapabilities(tuple(self.implemented()))
 
     # --- lifecycle
 

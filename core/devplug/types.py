@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from devplug.errors import AllocationConflictError
@@ -96,6 +96,10 @@ class Device:
     id: str
     health: Health = Health.HEALTHY
     topology: Topology = NO_TOPOLOGY
+    #: What a container gets for this device (device nodes, mounts, envs, CDI names), for drivers without an
+    #: ``allocate`` hook: the engine merges the allocations of a request's devices. A driver's ``allocate``
+    #: wins when it has one.
+    allocation: ContainerAllocation | None = field(default=None, compare=True, hash=False)
 
     def __post_init__(self) -> None:
         problem = device_id_problem(self.id)
@@ -106,6 +110,8 @@ class Device:
             object.__setattr__(self, "health", Health(self.health))
         if not isinstance(self.topology, Topology):
             raise ValueError(f"Device {self.id!r}: topology must be a Topology, got {self.topology!r}")
+        if self.allocation is not None and not isinstance(self.allocation, ContainerAllocation):
+            raise ValueError(f"Device {self.id!r}: allocation must be a ContainerAllocation, got {self.allocation!r}")
 
     @property
     def healthy(self) -> bool:
@@ -114,7 +120,7 @@ class Device:
 
     def with_health(self, health: Health) -> Device:
         """This device with another health."""
-        return Device(self.id, health, self.topology)
+        return replace(self, health=health)
 
 
 def _absolute(kind: str, name: str, path: str) -> None:

@@ -216,7 +216,7 @@ def test_no_rate_limit_when_disabled(plugin_dir: Path) -> None:
 
 
 def test_token_bucket_refills_at_its_rate() -> None:
-    from devplug.devkubelet.podresources import TokenBucket
+    from devplug.devkubelet.podresources_server import TokenBucket
 
     now = [0.0]
     bucket = TokenBucket(2.0, 2, clock=lambda: now[0])

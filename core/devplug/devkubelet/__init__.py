@@ -21,7 +21,7 @@ never more kindly. Each module names the kubelet source it follows:
   PostStopContainer/Deallocate in KEP mode;
 * :mod:`~devplug.devkubelet.checkpointing` -- ``kubelet_internal_checkpoint``,
   written (temp file + rename) exactly when the kubelet writes it and read back at start;
-* :mod:`~devplug.devkubelet.podresources` -- List (every pod the pod manager
+* :mod:`~devplug.devkubelet.podresources_server` -- List (every pod the pod manager
   has, after ``UpdateAllocatedDevices``), Get (behind KubeletPodResourcesGet,
   off by default), GetAllocatableResources, rate limit;
 * :mod:`~devplug.devkubelet.kubelet` -- start-up cleanup, checkpoint restore,

@@ -60,9 +60,9 @@ from devplug.devkubelet.model import (
 )
 from devplug.devkubelet.plugin_client import PluginClient, unix_target
 from devplug.devkubelet.poddevices import DeviceAllocateInfo
-from devplug.devkubelet.podresources import PodResourcesServicer, add_podresources_servicer
+from devplug.devkubelet.podresources_server import PodResourcesServicer, add_podresources_servicer
 from devplug.devkubelet.pods import PodManager, PodRecord
-from devplug.devkubelet.registration import RegistrationServicer, add_registration_servicer
+from devplug.devkubelet.registration_server import RegistrationServicer, add_registration_servicer
 from devplug.devkubelet.resources import Resource, cleanup_plugin_directory, describe_predicate, is_socket
 from devplug.errors import KubeletError
 

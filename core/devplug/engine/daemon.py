@@ -22,6 +22,7 @@ from pathlib import Path
 
 from devplug.atomic import write_atomic
 from devplug.config import Config
+from devplug.engine.asynctools import BackgroundTasks
 from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.engine.lock import StateLock
 from devplug.engine.reconciler import Reconciler
@@ -74,6 +75,7 @@ class Daemon:
         self._stop_requested = False
         self._status_pending = False
         self._status_failing = False
+        self._tasks = BackgroundTasks()
         self.started_at = time.time()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watcher: DirectoryWatcher | None = None
@@ -94,7 +96,7 @@ class Daemon:
         if self._status_pending or self._loop is None:
             return
         self._status_pending = True
-        self._loop.call_later(STATUS_DEBOUNCE_S, lambda: asyncio.ensure_future(self._write_status()))
+        self._loop.call_later(STATUS_DEBOUNCE_S, lambda: self._tasks.spawn(self._write_status()))
 
     async def _write_status(self, stopped: bool = False) -> None:
         self._status_pending = False

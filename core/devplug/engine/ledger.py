@@ -16,6 +16,7 @@ the answer.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import json
@@ -23,11 +24,12 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplug.atomic import write_atomic
 from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
@@ -163,6 +165,10 @@ class LedgerSnapshot:
     touched: dict[str, AllocationRecord]
 
 
+async def _write_in_thread(path: Path, data: bytes) -> None:
+    await asyncio.to_thread(write_atomic, path, data)
+
+
 def _kept_quarantine(index: int, entry: object) -> QuarantinedRecord:
     """A record quarantined by an earlier load, as the file keeps it."""
     if isinstance(entry, dict) and isinstance(entry.get("reason"), str) and "record" in entry:
@@ -188,9 +194,19 @@ def prepared_summary(allocation: ContainerAllocation) -> dict[str, Any]:
 class Ledger:
     """The allocation records of one resource, in memory; :meth:`serialize` gives the file's bytes."""
 
-    def __init__(self, resource_name: str, path: Path) -> None:
+    def __init__(
+        self,
+        resource_name: str,
+        path: Path,
+        write: Callable[[Path, bytes], Awaitable[None]] | None = None,
+        on_saved: Callable[[], None] = lambda: None,
+    ) -> None:
         self.resource_name = resource_name
         self.path = path
+        self._write = write or _write_in_thread
+        self._on_saved = on_saved
+        #: Why the last write failed (a full disk), until one succeeds; shown in ``devplug status``.
+        self.write_error: str | None = None
         self.records: dict[str, AllocationRecord] = {}
         #: Entries that failed their checks on load; kept in the file, never acted on.
         self.quarantined: list[QuarantinedRecord] = []
@@ -265,6 +281,21 @@ class Ledger:
                 continue
             self.records[record.id] = record
 
+    async def save(self) -> None:
+        """Write the ledger to its file (atomically, through ``write``); ``OSError`` when it cannot be.
+
+        A failure is kept as :attr:`write_error` until a write succeeds; every
+        outcome is reported through ``on_saved`` (the status is rewritten).
+        """
+        try:
+            await self._write(self.path, self.serialize())
+        except OSError as exc:
+            self.write_error = f"cannot write {self.path}: {exc.strerror or exc} (at {time.time():.0f})"
+            self._on_saved()
+            raise
+        self.write_error = None
+        self._on_saved()
+
     def serialize(self) -> bytes:
         data: dict[str, Any] = {
             "format": FORMAT_VERSION,
@@ -336,6 +367,10 @@ class Ledger:
         record.devices.extend(d for d in record.pending if d not in record.devices)
         record.pending.clear()
         record.prepared = prepared_summary(allocation)
+
+    def add(self, record: AllocationRecord) -> None:
+        """Keep a record made elsewhere (an undo in progress)."""
+        self.records[record.id] = record
 
     def adopt(
         self, devices: Iterable[str], now: float, source: str, *, pod: str | None = None, pod_uid: str | None = None

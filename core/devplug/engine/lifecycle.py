@@ -44,15 +44,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass
 from typing import Any
 
-from devplug.drivers import DriverHooks
+from devplug.engine.asynctools import BackgroundTasks
 from devplug.engine.checkpointview import CheckpointView, pods_holding
 from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks
 from devplug.engine.devicetable import DeviceTable
-from devplug.engine.hookrunner import HookRunner
+from devplug.engine.driver import AsyncDriver
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
-from devplug.errors import DriverError, HookTimeoutError, RequestError, StateWriteError
+from devplug.errors import AllocationConflictError, DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
-from devplug.types import ContainerAllocation, Device
+from devplug.types import ContainerAllocation, Device, merge_allocations
 
 __all__ = ["DeviceLifecycle", "Release"]
 
@@ -84,19 +84,15 @@ class DeviceLifecycle:
         self,
         resource_name: str,
         table: DeviceTable,
-        hooks: DriverHooks,
-        runner: HookRunner,
+        driver: AsyncDriver,
         ledger: Ledger,
-        save: Callable[[], Awaitable[None]],
         checkpoint: CheckpointView,
         on_allocated: Callable[[], None] = lambda: None,
     ) -> None:
         self.resource_name = resource_name
         self.table = table
-        self.hooks = hooks
-        self.runner = runner
+        self.driver = driver
         self.ledger = ledger
-        self._save = save
         self.checkpoint = checkpoint
         self._on_allocated = on_allocated
         self.locks = DeviceLocks()
@@ -105,12 +101,12 @@ class DeviceLifecycle:
         self.allocating: set[str] = set()
         #: The last failure of each record's release ("post_stop: ..."), until it succeeds.
         self.release_failures: dict[str, str] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
 
     @property
     def release_wait(self) -> float:
         """How long an Allocate waits for a release of its devices still running: its two hooks' timeouts."""
-        return 2 * self.runner.timeout
+        return 2 * self.driver.runner.timeout
 
     # --- validation
 
@@ -223,9 +219,7 @@ class DeviceLifecycle:
             dev = self.table.advertised(dev_id)
             if dev is not None and (dev.healthy or dev_id in must_include):
                 offered.append(dev)
-        chosen = await self.runner.call(
-            "preferred_allocation", self.hooks.preferred_allocation, offered, tuple(must_include), size
-        )
+        chosen = await self.driver.preferred_allocation(offered, must_include, size)
         allowed = {d.id for d in offered}
         result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in allowed]
         return result[:size]
@@ -338,14 +332,14 @@ class DeviceLifecycle:
         self.allocating |= inflight
         try:
             try:
-                await self._save()
+                await self.ledger.save()
             except OSError as exc:  # nothing was written, no hook ran: put the ledger back as it was
                 self.ledger.restore(snapshot, inflight)
                 raise self._write_failed(exc) from exc
             results: list[ContainerAllocation] = []
             try:
                 for ids, record in zip(containers, records, strict=True):
-                    allocation = await self.runner.call("allocate", self.hooks.allocate, tuple(ids))
+                    allocation = await self._allocation(ids)
                     self.ledger.confirm(record, allocation, time.time())
                     results.append(allocation)
             except DriverError as exc:
@@ -355,16 +349,16 @@ class DeviceLifecycle:
                 self.ledger.restore(snapshot, inflight)
                 if hung is not None:
                     self._undo_when_returned(hung, containers[len(results)], held_before, now)
-                await self._save()
+                await self.ledger.save()
                 failure = HookTimeoutError if hung is not None else DriverError  # hangs degrade the resource
                 raise failure(f"{exc}; the allocation was rolled back") from exc
             try:
-                await self._save()
+                await self.ledger.save()
             except OSError as exc:  # the kubelet must not get an answer the ledger does not hold: undo
                 await self._undo(containers, held_before)
                 self.ledger.restore(snapshot, inflight)
                 with contextlib.suppress(OSError):  # the begin records on disk are released after a crash
-                    await self._save()
+                    await self.ledger.save()
                 raise self._write_failed(exc) from exc
         finally:
             self.allocating -= inflight
@@ -377,6 +371,16 @@ class DeviceLifecycle:
             f"{exc.strerror or exc}; nothing was allocated",
             no_space,
         )
+
+    async def _allocation(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        """The driver's ``allocate`` answer, or for a driver without that hook what its devices declare."""
+        if self.driver.capabilities.allocate:
+            return await self.driver.allocate(device_ids)
+        parts = [d.allocation for i in device_ids if (d := self.table.reported(i)) is not None and d.allocation]
+        try:
+            return merge_allocations(parts) if parts else ContainerAllocation()
+        except AllocationConflictError as exc:
+            raise DriverError(f"{self.resource_name}: the devices' allocation data conflict: {exc}") from exc
 
     def _undo_when_returned(
         self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float
@@ -391,7 +395,7 @@ class DeviceLifecycle:
         if not fresh:
             return
         record = AllocationRecord(id=new_record_id(), pending=fresh, created=now, releasing=True)
-        self.ledger.records[record.id] = record
+        self.ledger.add(record)
         self.allocating.add(record.id)  # the reconciler leaves it alone while the hook still runs
         self._sync_withheld()
 
@@ -411,9 +415,7 @@ class DeviceLifecycle:
             finally:
                 self.allocating.discard(record.id)
 
-        task = asyncio.ensure_future(undo())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(undo())
 
     async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> None:
         for ids in reversed(containers):
@@ -421,7 +423,7 @@ class DeviceLifecycle:
             if not fresh:
                 continue
             try:
-                await self.runner.call("deallocate", self.hooks.deallocate, tuple(fresh), False)
+                await self.driver.deallocate(fresh, False)
             except DriverError as exc:
                 log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
 
@@ -445,7 +447,8 @@ class DeviceLifecycle:
                 raise RequestError(
                     f"{self.resource_name}: PreStartContainer: " + "; ".join(problems) + "; nothing was done"
                 )
-            await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
+            if self.driver.capabilities.pre_start:
+                await self.driver.pre_start(device_ids)
 
     def _reported_healthy(self, device_id: str) -> bool:
         dev = self.table.reported(device_id)
@@ -464,16 +467,16 @@ class DeviceLifecycle:
             now = time.time()
             for record in records:
                 record.kep_at = now
-            if owed and self.hooks.implements("post_stop"):
+            if owed and self.driver.capabilities.post_stop:
                 retry = any(i in r.post_stop_begun or r.adopted is not None for r in records for i in owed)
                 for record in records:
                     record.post_stop_begun.extend(i for i in owed if i in record.devices)
-                await self._save()
-                await self.runner.call("post_stop", self.hooks.post_stop, tuple(owed), retry)
+                await self.ledger.save()
+                await self.driver.post_stop(owed, retry)
             for record in records:
                 record.mark_post_stopped([i for i in owed if i in record.devices])
             if records:
-                await self._save()
+                await self.ledger.save()
             skipped = [i for i in device_ids if i not in owed]
             if skipped:
                 log.info("[%s] PostStopContainer: %s already cleaned up or released", self.resource_name, _ids(skipped))
@@ -496,15 +499,15 @@ class DeviceLifecycle:
                 record.deallocate_begun = True
                 record.kep_at = time.time()
             self._sync_withheld()
-            await self._save()
+            await self.ledger.save()
             try:
-                if self.hooks.implements("deallocate"):
-                    await self.runner.call("deallocate", self.hooks.deallocate, tuple(held), retry)
+                if self.driver.capabilities.deallocate:
+                    await self.driver.deallocate(held, retry)
             except DriverError:
                 for record in records:
                     record.releasing = False
                 self._sync_withheld()
-                await self._save()
+                await self.ledger.save()
                 raise
             emptied = self.ledger.drop_devices(held)
             for record in records:
@@ -512,7 +515,7 @@ class DeviceLifecycle:
                     record.releasing = False
                     record.deallocate_begun = False
             self._sync_withheld()
-            await self._save()
+            await self.ledger.save()
             for record in emptied:
                 self._released(record, tuple(held), "KEP Deallocate", start, retry)
 
@@ -547,48 +550,48 @@ class DeviceLifecycle:
         if not record.releasing:
             record.releasing = True
             self._sync_withheld()
-            await self._save()
+            await self.ledger.save()
         log.info("[%s] releasing %s (%s)", self.resource_name, _ids(owed), reason, extra={"device": _ids(owed)})
         retried = False
         try:
             to_stop = tuple(d for d in record.devices if d not in record.post_stopped)
             if to_stop:
-                if self.hooks.implements("post_stop"):
+                if self.driver.capabilities.post_stop:
                     retry = record.adopted is not None or any(d in record.post_stop_begun for d in to_stop)
                     retried |= retry
                     record.post_stop_begun.extend(d for d in to_stop if d not in record.post_stop_begun)
-                    await self._save()
+                    await self.ledger.save()
                     self.locks.set_activity(owed, "release: post_stop")
-                    await self._call_release_hook(record, "post_stop", self.hooks.post_stop, to_stop, retry)
+                    await self._call_release_hook(record, "post_stop", self.driver.post_stop, to_stop, retry)
                 record.mark_post_stopped(to_stop)
-            if owed and self.hooks.implements("deallocate"):
+            if owed and self.driver.capabilities.deallocate:
                 retry = record.adopted is not None or record.deallocate_begun
                 retried |= retry
                 record.deallocate_begun = True
-                await self._save()
+                await self.ledger.save()
                 self.locks.set_activity(owed, "release: deallocate")
-                await self._call_release_hook(record, "deallocate", self.hooks.deallocate, owed, retry)
+                await self._call_release_hook(record, "deallocate", self.driver.deallocate, owed, retry)
         finally:
             self.locks.set_activity(owed, "release")
         self.ledger.remove(record)
         self.release_failures.pop(record.id, None)
         self._sync_withheld()
-        await self._save()
+        await self.ledger.save()
         self._released(record, owed, reason, start, retried)
 
     async def _call_release_hook(
         self,
         record: AllocationRecord,
         hook: str,
-        fn: Callable[[Sequence[str], bool], None],
+        call: Callable[[Sequence[str], bool], Awaitable[None]],
         device_ids: tuple[str, ...],
         retry: bool,
     ) -> None:
         try:
-            await self.runner.call(hook, fn, device_ids, retry)
+            await call(device_ids, retry)
         except DriverError as exc:
             self.release_failures[record.id] = f"{hook}: {exc}"
-            await self._save()  # keep what was done (post-stopped devices) before the failure
+            await self.ledger.save()  # keep what was done (post-stopped devices) before the failure
             raise
 
     def _released(

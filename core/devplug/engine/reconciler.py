@@ -37,7 +37,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,11 @@ import grpc
 import grpc.aio
 
 from devplug.config import ReleaseConfig
+from devplug.engine.asynctools import BackgroundTasks, wait_any
 from devplug.engine.checkpointview import CheckpointView, pods_holding
 from devplug.engine.ledger import AllocationRecord
-from devplug.engine.podresources import DeviceUse, PodResourcesClient
-from devplug.engine.resource import Resource, wait_any
+from devplug.engine.podresources_client import DeviceUse, PodResourcesClient
+from devplug.engine.resource import Resource
 from devplug.engine.supervise import supervise
 from devplug.errors import DriverError
 
@@ -75,7 +76,7 @@ class Reconciler:
         self.grace = release.grace_period
         self._wake = wake
         self._releasing: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         self.last_error: str | None = None
         self.last_success: float | None = None
         self.polls = 0
@@ -219,7 +220,7 @@ class Reconciler:
         if self._adopt(resource, used, now):
             changed = True
         if changed:
-            self._spawn(resource.save_ledger())
+            self._tasks.spawn(resource.ledger.save())
 
     async def _release_unattributed(self, resource: Resource, records: list[AllocationRecord], now: float) -> bool:
         """Release those of ``records`` (not listed by PodResources) the kubelet attributes to no pod either."""
@@ -274,12 +275,7 @@ class Reconciler:
 
     def _start_release(self, resource: Resource, record: AllocationRecord, reason: str) -> None:
         self._releasing.add(record.id)
-        self._spawn(self._release(resource, record, reason))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._release(resource, record, reason))
 
     async def _release(self, resource: Resource, record: AllocationRecord, reason: str) -> None:
         assert resource.lifecycle is not None

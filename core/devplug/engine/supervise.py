@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from devplug.engine.registration import Backoff
+from devplug.engine.asynctools import Backoff
 
 __all__ = ["supervise"]
 

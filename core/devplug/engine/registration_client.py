@@ -1,4 +1,5 @@
-"""Registering a resource with the kubelet."""
+"""The engine's client of the kubelet's Registration service (the dev kubelet serves it in
+:mod:`devplug.devkubelet.registration_server`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import grpc.aio
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 
-__all__ = ["API_VERSION", "REGISTER_METHOD", "Backoff", "register"]
+__all__ = ["API_VERSION", "REGISTER_METHOD", "register"]
 
 API_VERSION = "v1beta1"
 REGISTER_METHOD = "/v1beta1.Registration/Register"
@@ -31,20 +32,3 @@ async def register(kubelet_socket: Path, request: dp.RegisterRequest, timeout: f
             response_deserializer=dp.Empty.FromString,
         )
         await call(request, timeout=timeout)
-
-
-class Backoff:
-    """Capped exponential backoff: ``initial``, doubling, at most ``cap`` seconds."""
-
-    def __init__(self, initial: float = 0.05, cap: float = 5.0) -> None:
-        self.initial = initial
-        self.cap = cap
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._next * 2, self.cap)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial

@@ -1,4 +1,5 @@
-"""A client of the kubelet's PodResources v1 API: which devices pods hold right now."""
+"""The engine's client of the kubelet's PodResources v1 API: which devices pods hold right now (the dev
+kubelet serves it in :mod:`devplug.devkubelet.podresources_server`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,58 @@
+"""Small asyncio helpers the engine shares: waiting on several events, capped backoff, background tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+__all__ = ["Backoff", "BackgroundTasks", "wait_any"]
+
+
+async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Return when any of ``events`` is set, or after ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+class Backoff:
+    """Capped exponential backoff: ``initial``, doubling, at most ``cap`` seconds."""
+
+    def __init__(self, initial: float = 0.05, cap: float = 5.0) -> None:
+        self.initial = initial
+        self.cap = cap
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class BackgroundTasks:
+    """Tasks started and forgotten by their starter, kept referenced until done (asyncio keeps only weak ones)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` in a task of its own; returns the task."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def cancel_all(self) -> None:
+        """Cancel every task still running."""
+        for task in list(self._tasks):
+            task.cancel()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
