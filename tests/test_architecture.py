@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+from devplug import PUBLIC_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "core" / "devplug"
@@ -23,13 +27,60 @@ def _sources(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*.py") if "tests" not in p.parts and "gen" not in p.parts]
 
 
+def _public(module: str) -> bool:
+    return module == "devplug" or any(module == m or module.startswith(m + ".") for m in PUBLIC_MODULES[1:])
+
+
 def test_drivers_use_only_the_public_surface() -> None:
-    forbidden = ("grpc", "google.protobuf", "devplug.api", "devplug.engine", "devplug.devkubelet", "devplug.cli")
+    forbidden = ("grpc", "google.protobuf")
     offences = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for path in _sources(ROOT / "drivers")
         for line, module in _imports(path)
         if module.startswith(forbidden)
+        or ((module == "devplug" or module.startswith("devplug.")) and not _public(module))
+    ]
+    assert offences == []
+
+
+def test_the_public_surface_is_one_list() -> None:
+    import devplug
+
+    readme = (ROOT / "README.md").read_text()
+    doc = devplug.__doc__ or ""
+    for module in PUBLIC_MODULES:
+        assert f"`{module}`" in readme, f"README does not name {module}"
+        assert module == "devplug" or f":mod:`{module}`" in doc, f"devplug's docstring does not name {module}"
+        importlib.import_module(module)
+
+
+def _assignments(path: Path) -> Iterator[tuple[int, ast.Attribute, ast.expr]]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute):
+                    yield node.lineno, target, node.value
+
+
+def test_the_engine_assigns_no_callbacks_after_construction() -> None:
+    """Collaborators arrive through constructors: no ``other.attr = self.method`` or ``= lambda`` in the engine."""
+    offences = []
+    for path in _sources(CORE / "engine"):
+        for line, target, value in _assignments(path):
+            owner = target.value.id if isinstance(target.value, ast.Name) else ""
+            bound = isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self"
+            if owner != "self" and (isinstance(value, ast.Lambda) or bound):
+                offences.append(f"{path.relative_to(ROOT)}:{line} assigns {owner}.{target.attr}")
+    assert offences == []
+
+
+def test_only_drivers_py_loads_or_constructs_drivers() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in _sources(CORE)
+        if path.name != "drivers.py"
+        for i, text in enumerate(path.read_text().splitlines(), 1)
+        if "entry_points(" in text or re.search(r"(?<!\w)driver_class\(", text) or "importlib.metadata" in text
     ]
     assert offences == []
 

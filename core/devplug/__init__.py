@@ -1,6 +1,6 @@
 """devplug: a framework for Kubernetes device plugins, with the whole device lifecycle.
 
-For driver authors, the public surface is this package's root and these modules:
+For driver authors, the public surface is :data:`PUBLIC_MODULES`: this package's root and
 
 * :mod:`devplug.hookspecs` -- the driver contract (read its docstrings);
 * :mod:`devplug.types` -- the value types re-exported here;
@@ -8,7 +8,9 @@ For driver authors, the public surface is this package's root and these modules:
 * :mod:`devplug.atomic` -- crash-safe writes for a driver's own state;
 * :mod:`devplug.allocation` -- the default NUMA-packing preferred allocation;
 * :mod:`devplug.watch` -- directory watching (inotify) for hot-plug;
-* :mod:`devplug.testing` -- the pytest plugin, the dev kubelet fixtures and kernel models.
+* :mod:`devplug.sysfs` -- the one door to sysfs, so tests can put a kernel model behind it;
+* :mod:`devplug.devkubelet` -- the dev kubelet, for tests and demos;
+* :mod:`devplug.testing` -- the pytest plugin, the conformance checks and kernel models.
 
 Everything else (the engine, the generated protobuf code, the CLI) is internal.
 """
@@ -31,10 +33,26 @@ from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, He
 
 __version__ = "0.1.0"
 
+#: The modules drivers may import (and their submodules, for the last two); tests/test_architecture.py and
+#: tests/test_docs.py keep the code and the README to this one list.
+PUBLIC_MODULES: tuple[str, ...] = (
+    "devplug",
+    "devplug.hookspecs",
+    "devplug.types",
+    "devplug.options",
+    "devplug.atomic",
+    "devplug.allocation",
+    "devplug.watch",
+    "devplug.sysfs",
+    "devplug.devkubelet",
+    "devplug.testing",
+)
+
 #: Marks a driver method as the implementation of a hook of the same name.
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 __all__ = [
+    "PUBLIC_MODULES",
     "AllocationConflictError",
     "CDIDevice",
     "ConfigError",

@@ -41,6 +41,7 @@ post_stop → deallocate → … → stop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pluggy
 
@@ -50,6 +51,65 @@ from devplug.types import ContainerAllocation, Device, Health
 PROJECT_NAME = "devplug"
 
 _hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+# --- what a driver class is -----------------------------------------------------
+
+
+@runtime_checkable
+class DriverClass(Protocol):
+    """A driver class, as published in the entry-point group ``devplug.drivers``.
+
+    ``Options`` (optional) is a dataclass describing the driver's options; the
+    core checks each resource's ``options`` table against it (see
+    :mod:`devplug.options`) and constructs one instance per resource with it,
+    ``DriverClass(options)``; a class without ``Options`` is constructed with
+    no argument. Hooks are methods marked ``@hookimpl`` named after the specs
+    below; ``list_devices`` is required.
+
+    Example::
+
+        class FpgaDriver:
+            @dataclass(frozen=True)
+            class Options:
+                cards: int = 1
+
+            def __init__(self, options: Options) -> None:
+                self.options = options
+
+            @hookimpl
+            def list_devices(self):
+                return [Device(f"fpga{i}") for i in range(self.options.cards)]
+    """
+
+    Options: ClassVar[type[Any]]
+
+    def __init__(self, options: Any) -> None: ...
+
+
+@runtime_checkable
+class ChecksResources(Protocol):
+    """A driver class that checks all of its resources together when the config is checked.
+
+    ``check_resources(options)`` is a classmethod, called by ``devplug
+    check-config`` and at daemon start with every resource's options that use
+    the driver, by resource name. It raises ``ValueError`` (or
+    :class:`devplug.ConfigError`) for what no single resource shows.
+
+    Example::
+
+        @classmethod
+        def check_resources(cls, options):
+            seen = {}
+            for resource, opts in options.items():
+                for card in opts.cards:
+                    if card in seen:
+                        raise ValueError(f"card {card} is claimed by {seen[card]} and {resource}")
+                    seen[card] = resource
+    """
+
+    @classmethod
+    def check_resources(cls, options: Mapping[str, Any]) -> None: ...
+
 
 # --- driver instance lifecycle ------------------------------------------------
 
@@ -64,6 +124,13 @@ def start(ctx: DriverContext) -> None:
     through ``ctx``, and keep ``ctx`` for later. Raise :class:`devplug.DriverError`
     with a clear message if the driver cannot work: the resource is then not
     registered, and the engine retries ``start`` with backoff.
+
+    Example::
+
+        @hookimpl
+        def start(self, ctx):
+            self.ctx = ctx  # push changes later with ctx.update_devices(...)
+            self.watcher = start_watching(self.options.folder, on_change=ctx.request_relist)
     """
 
 
@@ -75,6 +142,12 @@ def stop() -> None:
     resource stopped serving, and only if ``start`` succeeded. Stop watcher
     threads and release handles; do not release devices held by pods, which
     stay allocated across daemon restarts.
+
+    Example::
+
+        @hookimpl
+        def stop(self):
+            self.watcher.close()
     """
 
 
@@ -89,18 +162,32 @@ def list_devices() -> Sequence[Device]:
     (``ctx.request_relist()``), and when the engine recovers the resource after
     a failed hook. The first non-``None`` result is used; it replaces the
     device table. Device IDs must be unique.
+
+    Example::
+
+        @hookimpl
+        def list_devices(self):
+            return [Device(name, topology=Topology((numa_of(name),))) for name in self.scan()]
     """
     raise NotImplementedError
 
 
 @_hookspec(firstresult=True)
 def check_health(devices: Sequence[Device]) -> Mapping[str, Health] | None:
-    """Probe the devices and return the health of those that changed, by device ID.
+    """Probe the devices and return their health by device ID.
 
     Called every ``health_interval`` seconds (resource config) with the
-    current device table, when the driver implements it. Drivers that learn
-    about health from events push it through ``ctx.update_devices`` instead.
-    IDs not in the table are ignored. The first non-``None`` result is used.
+    current device table, when the driver implements it. Return every
+    device's health, or only some: the engine applies only what changed and
+    logs each change. Drivers that learn about health from events push it
+    through ``ctx.update_devices`` instead. IDs not in the table are ignored.
+    The first non-``None`` result is used.
+
+    Example::
+
+        @hookimpl
+        def check_health(self, devices):
+            return {d.id: Health.HEALTHY if self.probe(d.id) else Health.UNHEALTHY for d in devices}
     """
 
 
@@ -120,6 +207,13 @@ def preferred_allocation(available: Sequence[Device], must_include: Sequence[str
     result is used; the engine puts ``must_include`` first, drops IDs outside
     ``available`` and answers at most ``size`` IDs (the kubelet would pick at
     random among any more).
+
+    Example::
+
+        @hookimpl
+        def preferred_allocation(self, available, must_include, size):
+            ordered = sorted(available, key=lambda d: self.load_of(d.id))  # least loaded first
+            return [*must_include, *(d.id for d in ordered if d.id not in must_include)][:size]
     """
 
 
@@ -134,6 +228,20 @@ def allocate(device_ids: Sequence[str]) -> ContainerAllocation | None:
     and the results are merged; two that disagree on an env key or a
     container path fail the allocation. If a later container of the same
     request fails, the engine undoes this one through ``deallocate``.
+
+    A driver whose devices always need the same thing may leave this hook out
+    and put a :class:`~devplug.types.ContainerAllocation` on each
+    :class:`~devplug.types.Device` (``Device(id, allocation=...)``): the engine
+    then merges the requested devices' allocations.
+
+    Example::
+
+        @hookimpl
+        def allocate(self, device_ids):
+            return ContainerAllocation(
+                envs={"FPGA_DEVICES": ",".join(device_ids)},
+                devices=tuple(DeviceSpec(f"/dev/{d}", f"/dev/{d}") for d in device_ids),
+            )
     """
 
 
@@ -145,6 +253,13 @@ def pre_start(device_ids: Sequence[str]) -> None:
     included), when the driver implements it (the engine then advertises
     ``pre_start_required``). The kubelet waits at most 30 s; raising fails the
     container's start.
+
+    Example::
+
+        @hookimpl
+        def pre_start(self, device_ids):
+            for dev in device_ids:
+                self.reset_counters(dev)
     """
 
 

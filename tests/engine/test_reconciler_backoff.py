@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.status import read_status
 from devplug.errors import StateError
+from devplug.resource_names import resource_state_dir
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 from devplug_mock import read_calls
@@ -21,6 +23,15 @@ def _release_error(state: Path) -> str:
         return str(read_status(state)["release"]["last_error"] or "")
     except StateError:
         return ""
+
+
+def _pod_in_ledger(state: Path) -> str | None:
+    path = resource_state_dir(state, MOCK) / "ledger.json"
+    try:
+        records = json.loads(path.read_text())["allocations"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((r["pod"] for r in records if r["pod"]), None)
 
 
 def test_resource_exhausted_backs_off_and_releases_nothing_by_mistake(devplug_root: Path, wait_until: Wait) -> None:
@@ -48,6 +59,8 @@ def test_resource_exhausted_backs_off_and_releases_nothing_by_mistake(devplug_ro
             assert "releasing nothing until it answers" in daemon.log_text()
             # Refused reads release nothing: the pod still holds its device.
             assert [c for c in read_calls(mock_dir) if c["hook"] in ("post_stop", "deallocate")] == []
+            # A read got through while the pod ran (so its end, not the fresh-allocation grace, releases it).
+            wait_until(lambda: _pod_in_ledger(state) == "default/p", "a read to see the pod", timeout=15)
             kubelet.remove_pod("p")
             wait_until(
                 lambda: [c["device_ids"] for c in read_calls(mock_dir) if c["hook"] == "deallocate"] == [[device]],

@@ -259,12 +259,7 @@ class VfioDriver:
         """Unhealthy: vanished, taken by another driver while held, or its /dev/vfio/<group> missing."""
         with self._lock:
             present = self.bus.scan()
-            changed = {}
-            for dev in devices:
-                health = self._health(dev.id, present)
-                if health is not dev.health:
-                    changed[dev.id] = health
-            return changed
+            return {dev.id: self._health(dev.id, present) for dev in devices}  # the engine keeps the changes
 
     # --- allocation --------------------------------------------------------------
 

@@ -99,7 +99,8 @@ def test_allocate_binds_and_release_restores_the_real_driver(backend: Any, kit: 
         DeviceSpec(f"/dev/vfio/{group}", f"/dev/vfio/{group}", "rw"),
     )
     assert _state(h)[kit.NIC]["original_driver"] == "e1000e"
-    assert h.hooks.check_health(h.hooks.list_devices()) == {}
+    listed = h.hooks.list_devices()
+    assert h.hooks.check_health(listed) == {d.id: Health.HEALTHY for d in listed}  # every device, all healthy
 
     h.release([kit.NIC])
 
@@ -255,4 +256,5 @@ def test_another_driver_taking_an_allocated_device_makes_it_unhealthy(
     assert h.hooks.check_health(devices) == {kit.NIC: Health.UNHEALTHY}
     h.release([kit.NIC])
     assert kit.driver_of(sysfs, kit.NIC) == "e1000e"
-    assert h.hooks.check_health(h.hooks.list_devices()) == {}
+    listed = h.hooks.list_devices()
+    assert h.hooks.check_health(listed) == {d.id: Health.HEALTHY for d in listed}
