@@ -12,7 +12,6 @@ hook's work, with time.time(); same clock, same machine).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import resource_state_dir
 from devplug_mock import read_calls
 
@@ -30,11 +30,8 @@ def _ledger_path(node: Node, resource: str) -> Path:
     return resource_state_dir(Path(node.config["state"]["dir"]), resource) / "ledger.json"
 
 
-def _all_seen(ledger: Path, count: int) -> bool:
-    try:
-        records = json.loads(ledger.read_bytes())["allocations"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return False
+def _all_seen(ledger: Path, resource: str, count: int) -> bool:
+    records = read_ledger_records(ledger, resource)
     return len(records) == count and all(r.get("seen_at") is not None for r in records)
 
 
@@ -48,7 +45,7 @@ def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[s
         pods[name] = admitted.container("c").devices[resource][0]
     ledger = _ledger_path(node, resource)
     deadline = time.monotonic() + 30
-    while not _all_seen(ledger, len(pods)):
+    while not _all_seen(ledger, resource, len(pods)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the daemon did not see every pod in PodResources within 30 s ({ledger})")
         time.sleep(0.05)

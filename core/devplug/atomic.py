@@ -22,10 +22,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o600, *, sync: bool = True) -> None:
     """Replace ``path`` with ``data``: temporary file in the same folder, fdatasync, rename, fsync the folder.
 
     Crash-safe: ``path`` holds either its old content or ``data``, never a mix.
+    ``sync=False`` skips both syncs: still never a mix after ``kill -9``, but a
+    power loss may leave the old content (for files that are rewritten often
+    and rebuilt anyway, such as the daemon's status).
     """
     path = Path(path)
     # One writer per file and process (the daemon writes state from one thread): the pid and a
@@ -38,7 +41,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
             while view:
                 view = view[os.write(fd, view) :]
             os.fchmod(fd, mode)
-            os.fdatasync(fd)
+            if sync:
+                os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -46,7 +50,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    if sync:
+        _fsync_dir(path.parent)
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
-from devplug.engine.ledger import FORMAT_VERSION, Ledger
+from devplug.engine.journal import segments
+from devplug.engine.ledger import FORMAT_VERSION, Ledger, read_ledger_records
 from devplug.types import ContainerAllocation
 
 
@@ -168,3 +170,101 @@ def test_adopt_takes_only_devices_no_record_holds(tmp_path: Path) -> None:
         "the kubelet's checkpoint",
         None,
     )
+
+
+# --- the journal (issue 11)
+
+
+def _saved(ledger: Ledger) -> None:
+    asyncio.run(ledger.save())
+
+
+def test_changes_are_journaled_and_replayed_on_load(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    a = ledger.begin(["a"], now=1.0)
+    _saved(ledger)
+    ledger.confirm(a, ContainerAllocation(), now=2.0)
+    b = ledger.begin(["b"], now=2.0)
+    _saved(ledger)
+    ledger.remove(b)
+    a.pod = "ns/p"
+    _saved(ledger)
+    assert not ledger.path.exists()  # no snapshot yet: the journal alone holds it
+    again = _ledger(tmp_path)
+    again.load()
+    assert [(r.id, r.devices, r.pending, r.pod) for r in again] == [(a.id, ["a"], [], "ns/p")]
+    assert not again.lost
+    assert read_ledger_records(ledger.path, "example.com/x") == [r.to_json() for r in again]
+
+
+def test_only_changed_records_are_written(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    for i in range(50):
+        ledger.begin([f"d{i}"], now=1.0)
+    _saved(ledger)
+    (segment,) = segments(ledger.path)
+    before = segment[1].stat().st_size
+    ledger.begin(["new"], now=2.0)
+    _saved(ledger)
+    grown = segment[1].stat().st_size - before
+    assert 0 < grown < 600, grown  # one record, not fifty
+
+
+def test_a_torn_journal_tail_is_dropped_with_a_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    kept = ledger.begin(["a"], now=1.0)
+    _saved(ledger)
+    ledger.begin(["b"], now=1.0)
+    _saved(ledger)
+    (_, path) = segments(ledger.path)[0]
+    path.write_bytes(path.read_bytes()[:-7])  # a power loss in the middle of the last frame
+    again = _ledger(tmp_path)
+    again.load()
+    assert [r.id for r in again] == [kept.id]
+    assert "torn frame" in caplog.text
+
+
+def test_compaction_folds_the_journal_into_a_snapshot(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    record = ledger.begin(["a"], now=1.0)
+
+    async def run() -> None:
+        await ledger.save()
+        await ledger.compact()
+        record.pod = "ns/p"  # after the snapshot: into a fresh segment
+        await ledger.save()
+
+    asyncio.run(run())
+    seqs = [seq for seq, _ in segments(ledger.path)]
+    assert seqs == [2]
+    assert json.loads(ledger.path.read_text())["journal_seq"] == 1
+    again = _ledger(tmp_path)
+    again.load()
+    assert [(r.id, r.pod) for r in again] == [(record.id, "ns/p")]
+
+
+def test_an_old_ledger_json_without_journal_loads(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    _write(ledger, [_good("a", "d0")])  # format 1, no journal_seq: written by an earlier devplug
+    ledger.load()
+    assert [r.id for r in ledger] == ["a"]
+    record = next(iter(ledger))
+    record.pod = "ns/q"
+    _saved(ledger)
+    again = _ledger(tmp_path)
+    again.load()
+    assert [(r.id, r.pod) for r in again] == [("a", "ns/q")]
+
+
+def test_the_index_answers_holders_without_scanning(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    a = ledger.begin(["a", "b"], now=1.0)
+    assert ledger.holders("b") == [a] and ledger.holds("a") and not ledger.holds("c")
+    ledger.drop_devices(["a"])
+    assert not ledger.holds("a") and ledger.holders("b") == [a]
+    ledger.remove(a)
+    assert ledger.held_devices() == set()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.engine.ledger import read_ledger_records
 from devplug.engine.status import read_status
 from devplug.errors import StateError
 from devplug.resource_names import resource_state_dir
@@ -26,11 +26,7 @@ def _release_error(state: Path) -> str:
 
 
 def _pod_in_ledger(state: Path) -> str | None:
-    path = resource_state_dir(state, MOCK) / "ledger.json"
-    try:
-        records = json.loads(path.read_text())["allocations"]
-    except (OSError, ValueError, KeyError):
-        return None
+    records = read_ledger_records(resource_state_dir(state, MOCK) / "ledger.json", MOCK)
     return next((r["pod"] for r in records if r["pod"]), None)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from devplug.devkubelet import ContainerSpec, PodSpec
+from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import legacy_state_folder_names
 from devplug.testing.daemon import DaemonProcess
 
@@ -36,10 +37,7 @@ def _run_refused(bench: Bench) -> tuple[int, str]:
 
 
 def _ledger(bench: Bench, resource: str = RESOURCE) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = json.loads((bench.resource_dir(resource) / "ledger.json").read_text())[
-        "allocations"
-    ]
-    return records
+    return read_ledger_records(bench.resource_dir(resource) / "ledger.json", resource)
 
 
 # --- the lock (item 3)

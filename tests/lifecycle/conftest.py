@@ -25,6 +25,8 @@ import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, KubeletEvent, PodSpec, ResourceView
+from devplug.engine.journal import segments
+from devplug.engine.ledger import FORMAT_VERSION, read_ledger_records
 from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.testing.plugin import RunningDaemon
 from devplug_mock import read_calls
@@ -218,13 +220,21 @@ class Lab:
         return resource_state_dir(self._current(daemon).state_dir, resource) / "ledger.json"
 
     def ledger(self, resource: str = RESOURCE) -> list[dict[str, Any]]:
-        """The allocation records on disk (empty when there is no ledger file yet)."""
-        try:
-            data = json.loads(self.ledger_path(resource).read_text())
-        except FileNotFoundError:
-            return []
-        records: list[dict[str, Any]] = data["allocations"]
-        return records
+        """The allocation records on disk, snapshot and journal (empty when there is no ledger yet)."""
+        return read_ledger_records(self.ledger_path(resource), resource)
+
+    def rewrite_ledger(self, records: list[dict[str, Any]], resource: str = RESOURCE) -> None:
+        """Replace the (stopped) daemon's ledger by a snapshot of ``records`` and no journal."""
+        for _, segment in segments(self.ledger_path(resource)):
+            segment.unlink()
+        data = {"format": FORMAT_VERSION, "resource": resource, "journal_seq": 0, "allocations": records}
+        self.ledger_path(resource).write_text(json.dumps(data))
+
+    def delete_ledger(self, resource: str = RESOURCE) -> None:
+        """Lose the (stopped) daemon's ledger: the snapshot and every journal segment."""
+        for _, segment in segments(self.ledger_path(resource)):
+            segment.unlink()
+        self.ledger_path(resource).unlink(missing_ok=True)
 
     def ledger_record(self, device: str, resource: str = RESOURCE) -> dict[str, Any] | None:
         for record in self.ledger(resource):

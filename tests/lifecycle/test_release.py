@@ -121,6 +121,8 @@ def test_init_container_device_reuse_is_one_allocation_released_once(lab: Lab) -
     for dev in app_devs:
         assert lab.count("post_stop", dev) == 1
         assert lab.count("deallocate", dev) == 1
+    # The status is written at most once a second: wait for it to show the release, then check there is one.
+    lab.wait(lambda: lab.resource_status()["recent_releases"], what="the release in the status")
     releases = lab.resource_status()["recent_releases"]
     assert len(releases) == 1
     assert sorted(releases[0]["devices"]) == sorted(app_devs)

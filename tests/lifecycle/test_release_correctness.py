@@ -8,7 +8,6 @@ reconciler, and hooks called again after a crash flagged as retries.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import grpc
@@ -171,12 +170,11 @@ def test_a_malformed_ledger_record_is_quarantined_and_other_releases_go_on(lab: 
     (other,) = lab.admit("other", resource=RESOURCE_B)
     lab.wait_seen(good, "good")
     lab.kill()
-    path = lab.ledger_path()
-    data = json.loads(path.read_text())
-    for record in data["allocations"]:
+    records = lab.ledger()
+    for record in records:
         if bad in record["devices"]:
             record[field] = value
-    path.write_text(json.dumps(data))
+    lab.rewrite_ledger(records)
     lab.restart_process()
     lab.kubelet.remove_pod("good")
     lab.kubelet.remove_pod("other")
@@ -246,7 +244,7 @@ def test_a_lost_ledger_releases_pods_that_ended_while_the_daemon_was_down(lab: L
     lab.wait_seen(kept, "kept")
     lab.kill()
     lab.kubelet.remove_pod("gone")
-    lab.ledger_path().unlink()
+    lab.delete_ledger()
     lab.restart_process()
     lab.wait_released(gone)
     calls = [(c["hook"], c.get("retry", False)) for c in lab.calls(device=gone) if c["hook"] in RELEASE_HOOKS]

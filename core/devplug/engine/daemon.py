@@ -29,7 +29,7 @@ from devplug.engine.reconciler import Reconciler
 from devplug.engine.resource import Resource
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
-from devplug.engine.status import STATUS_FILE, build_status
+from devplug.engine.status import STATUS_FILE, StatusBuilder
 from devplug.errors import ConfigError
 from devplug.watch import DirectoryWatcher
 
@@ -37,7 +37,8 @@ __all__ = ["Daemon", "run_daemon"]
 
 log = logging.getLogger("devplug.engine")
 
-STATUS_DEBOUNCE_S = 0.25
+#: The status file is written at most once a second, after a change (it is for people and probes, not the kubelet).
+STATUS_DEBOUNCE_S = 1.0
 #: How soon a status write that failed (a full disk) is tried again.
 STATUS_RETRY_S = 1.0
 #: How long the last status write may take once the shutdown timed out.
@@ -77,6 +78,8 @@ class Daemon:
         self._status_failing = False
         self._tasks = BackgroundTasks()
         self.started_at = time.time()
+        self._status = StatusBuilder(self.started_at, str(config.path) if config.path else None)
+        self._status_writer = SerialThread("status-writer")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watcher: DirectoryWatcher | None = None
 
@@ -100,12 +103,15 @@ class Daemon:
 
     async def _write_status(self, stopped: bool = False) -> None:
         self._status_pending = False
-        status = build_status(self.resources, self.started_at, str(self.config.path) if self.config.path else None)
+        status = self._status.build(self.resources)
         status["stopped"] = stopped
         status["release"] = self.reconciler.describe()
         data = (json.dumps(status, separators=(",", ":")) + "\n").encode()
-        try:
-            await self.write_file(self.state_dir / STATUS_FILE, data)
+        path = self.state_dir / STATUS_FILE
+        try:  # its own thread, and no fsync: it never waits behind (or delays) a ledger snapshot
+            await asyncio.wrap_future(
+                self._status_writer.submit(functools.partial(write_atomic, path, data, sync=False))
+            )
         except OSError as exc:  # a full disk: say so, and try again in a while (the status must catch up)
             if not self._status_failing:
                 log.error("cannot write %s: %s; retrying every %g s", self.state_dir / STATUS_FILE, exc, STATUS_RETRY_S)
@@ -194,6 +200,7 @@ class Daemon:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._loop.remove_signal_handler(sig)
             self._writer.close()  # every write was awaited, or given up on by _final_status
+            self._status_writer.close()
             self.lock.release()
             log.info("stopped" if not abandoned else "stopped, abandoning what did not finish")
         return abandoned

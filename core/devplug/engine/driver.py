@@ -27,6 +27,12 @@ class AsyncDriver:
         self.hooks = hooks
         self.runner = runner
         self.capabilities: DriverCapabilities = hooks.capabilities()
+        #: The driver's ``allocate`` changes state that outlives a reboot (firmware, persistent modes): the
+        #: ledger's record of an Allocate's intent is fdatasync'ed before the hook runs (class attribute
+        #: ``durable_allocate = True``; a plain write, which survives ``kill -9``, otherwise).
+        self.durable_allocate = bool(getattr(hooks.driver, "durable_allocate", False))
+        if getattr(hooks.driver, "nonblocking_hooks", False):
+            runner.run_inline()
 
     async def start(self, ctx: DriverContext) -> None:
         await self.runner.call("start", self.hooks.start, ctx)

@@ -56,6 +56,16 @@ class HookRunner:
         self._lock = asyncio.Lock()
         self._running: set[RunningHook] = set()
         self._running_lock = threading.Lock()
+        self._inline = False
+
+    def run_inline(self) -> None:
+        """Call hooks on the event loop itself, without the thread hop or the timeout.
+
+        For drivers that declare their hooks never block (``nonblocking_hooks =
+        True``): in-memory bookkeeping, no sysfs, no tools. A hook that blocks
+        anyway stalls every resource, so the default stays the thread.
+        """
+        self._inline = True
 
     def _new_thread(self) -> SerialThread:
         return SerialThread(f"hooks[{self.resource_name}]")
@@ -79,6 +89,14 @@ class HookRunner:
     async def call(self, hook: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """Run ``fn(*args)`` (the hook called ``hook``) in the resource's hook thread and return its result."""
         limit = self.timeout if timeout is None else timeout
+        if self._inline:
+            try:
+                return self._tracked(hook, fn, args)
+            except Exception as exc:
+                failure = self._failure(hook, exc)
+                if failure is exc:
+                    raise
+                raise failure from exc
         async with self._lock:
             future = asyncio.wrap_future(self._thread.submit(lambda: self._tracked(hook, fn, args)))
             try:
@@ -99,21 +117,20 @@ class HookRunner:
                 raise
             except HookTimeoutError:
                 raise
-            except DriverError as exc:
-                if str(exc).startswith(f"{self.resource_name}:"):
-                    raise
-                raise type(exc)(f"{self.resource_name}: {hook}: {exc}") from exc
             except Exception as exc:
-                log.error(
-                    "[%s] driver hook %s raised %s",
-                    self.resource_name,
-                    hook,
-                    type(exc).__name__,
-                    exc_info=exc,
-                )
-                raise DriverError(
-                    f"{self.resource_name}: driver hook {hook} failed: {type(exc).__name__}: {exc}"
-                ) from exc
+                failure = self._failure(hook, exc)
+                if failure is exc:
+                    raise
+                raise failure from exc
+
+    def _failure(self, hook: str, exc: Exception) -> Exception:
+        """What a hook's exception becomes: a :class:`DriverError` naming the resource and hook."""
+        if isinstance(exc, DriverError):
+            if str(exc).startswith(f"{self.resource_name}:"):
+                return exc
+            return type(exc)(f"{self.resource_name}: {hook}: {exc}")
+        log.error("[%s] driver hook %s raised %s", self.resource_name, hook, type(exc).__name__, exc_info=exc)
+        return DriverError(f"{self.resource_name}: driver hook {hook} failed: {type(exc).__name__}: {exc}")
 
     def _abandon(self) -> None:
         self._thread.close()

@@ -1,23 +1,28 @@
 """The allocation ledger: which devices this daemon handed out, and which still need releasing.
 
-One ledger per resource, kept on disk at ``<state dir>/resources/<socket
-name>/ledger.json`` and rewritten atomically on every change, so that a daemon
+One ledger per resource, under ``<state dir>/resources/<domain>/<name>/``: a
+snapshot ``ledger.json`` (written atomically and fsynced by compaction, in the
+background) and the journal segments appended since (``ledger.journal.<seq>``,
+see :mod:`devplug.engine.journal`). Every change is appended as the records it
+touched, with one plain ``write()`` before the kubelet gets an answer: a daemon
 killed at any point finds after restart every device either still used by a pod
-or still owed its release.
+or still owed its release. What a change costs does not grow with the number of
+allocations held (an index maps devices to records; only touched records are
+written). Compaction folds the journal into a new snapshot when it grows
+(:data:`COMPACT_BYTES`) and when the ledger has been idle for a while.
 
 A :class:`AllocationRecord` is one allocation: the devices of one container,
 plus the devices of later containers of the same pod that reused some of them
 (the kubelet hands the devices of finished init containers to app containers
 without any release in between, so those form one allocation and are
 released once). ``pending`` devices are being prepared by an Allocate that has
-not answered yet; after a crash they are released, since the kubelet never got
-the answer.
+not answered yet.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
+import contextlib
 import itertools
 import json
 import logging
@@ -30,10 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from devplug.atomic import write_atomic
+from devplug.engine.journal import JournalSegment, encode_frame, read_journal, segment_path, segments
 from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
-__all__ = ["FORMAT_VERSION", "AllocationRecord", "Ledger", "QuarantinedRecord"]
+__all__ = ["COMPACT_BYTES", "FORMAT_VERSION", "AllocationRecord", "Ledger", "QuarantinedRecord", "read_ledger_records"]
+
+#: Compact the journal into a new snapshot once the segment being written holds this many bytes...
+COMPACT_BYTES = 256 * 1024
+#: ...or once nothing was written for this many seconds.
+COMPACT_IDLE_S = 2.0
 
 FORMAT_VERSION = 1
 log = logging.getLogger("devplug.engine")
@@ -66,11 +77,30 @@ class AllocationRecord:
     kep_at: float | None = None
     adopted: str | None = None
     prepared: dict[str, Any] = field(default_factory=dict)
+    #: The owning ledger's set of changed record IDs (not a field of the file); see ``__setattr__``.
+    _changed: set[str] | None = field(default=None, compare=False, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Every field set marks the record changed in its ledger, so the next save writes it."""
+        object.__setattr__(self, name, value)
+        changed = self.__dict__.get("_changed")
+        if changed is not None and name != "_changed":
+            changed.add(self.id)
 
     def mark_post_stopped(self, device_ids: Iterable[str]) -> None:
         """These devices had their post-stop; ``post_stop_done`` once every device did."""
-        self.post_stopped.extend(d for d in device_ids if d not in self.post_stopped)
+        self.post_stopped = [*self.post_stopped, *(d for d in device_ids if d not in self.post_stopped)]
         self.post_stop_done = all(d in self.post_stopped for d in self.devices)
+
+    def mark_post_stop_begun(self, device_ids: Iterable[str]) -> None:
+        """The driver's post_stop for these devices is about to be called (written before the call)."""
+        self.post_stop_begun = [*self.post_stop_begun, *(d for d in device_ids if d not in self.post_stop_begun)]
+
+    def copy(self) -> AllocationRecord:
+        """An unowned copy (its lists copied), for rolling an Allocate back."""
+        data: dict[str, Any] = {k: (list(v) if isinstance(v, list) else v) for k, v in self.to_json().items()}
+        data["prepared"] = dict(self.prepared)
+        return AllocationRecord(**data)
 
     def all_devices(self) -> list[str]:
         return [*self.devices, *(d for d in self.pending if d not in self.devices)]
@@ -159,9 +189,8 @@ class QuarantinedRecord:
 
 @dataclass(frozen=True)
 class LedgerSnapshot:
-    """The ledger as it was before an Allocate began (see :meth:`Ledger.snapshot`)."""
+    """The records an Allocate's :meth:`Ledger.begin` may change, as they were (see :meth:`Ledger.snapshot`)."""
 
-    record_ids: frozenset[str]
     touched: dict[str, AllocationRecord]
 
 
@@ -192,7 +221,7 @@ def prepared_summary(allocation: ContainerAllocation) -> dict[str, Any]:
 
 
 class Ledger:
-    """The allocation records of one resource, in memory; :meth:`serialize` gives the file's bytes."""
+    """The allocation records of one resource: in memory, indexed by device, persisted as snapshot + journal."""
 
     def __init__(
         self,
@@ -205,34 +234,61 @@ class Ledger:
         self.path = path
         self._write = write or _write_in_thread
         self._on_saved = on_saved
+        self.records: dict[str, AllocationRecord] = {}
+        #: device ID -> IDs of the records holding it (devices and pending).
+        self._index: dict[str, set[str]] = {}
+        self._changed: set[str] = set()
+        self._removed: set[str] = set()
+        self._segment = JournalSegment(segment_path(path, 1))
+        self._snapshot_seq = 0
+        self._compacting: asyncio.Task[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
         #: Why the last write failed (a full disk), until one succeeds; shown in ``devplug status``.
         self.write_error: str | None = None
-        self.records: dict[str, AllocationRecord] = {}
+        #: Counts saves (for the status, which is rebuilt only when something changed).
+        self.version = 0
         #: Entries that failed their checks on load; kept in the file, never acted on.
         self.quarantined: list[QuarantinedRecord] = []
         self.recovered_from_corruption: Path | None = None
         #: True when there was no ledger to load (first start, or the file was lost or corrupt):
-        #: what the kubelet's checkpoint says pods held is then adopted (see the reconciler).
+        #: what the kubelet's checkpoint says pods held is then adopted (see the resource's start).
         self.lost = False
 
-    # --- persistence
+    # --- loading
 
     def load(self) -> None:
-        """Read the ledger file if there is one.
+        """Read the snapshot and replay the journal segments written after it.
 
-        A file that is not a ledger of this resource at all (not JSON, another
-        format or resource) is moved aside (``ledger.json.corrupt-<time>``)
-        with an error log line, and the ledger starts empty, flagged so the
-        reconciler rebuilds it from PodResources and the kubelet's checkpoint.
-        A single malformed record is quarantined instead: logged, kept in the
-        file under ``quarantined`` and shown in ``devplug status``, while every
-        other record is loaded and acted on as usual.
+        A snapshot that is not a ledger of this resource at all (not JSON,
+        another format or resource) is moved aside (``ledger.json.corrupt-<time>``)
+        with an error log line, and the ledger starts from the journal alone,
+        flagged so what pods hold is adopted. A single malformed record is
+        quarantined instead: logged, kept in the snapshot under ``quarantined``
+        and shown in ``devplug status``. A torn journal tail (a power loss) is
+        dropped with a log line.
         """
+        self._reset_memory()
+        snapshot_found = self._load_snapshot()
+        replayed = self._replay_journal()
+        if not snapshot_found and not replayed:
+            self.lost = True
+        newest = max([self._snapshot_seq, *(seq for seq, _ in segments(self.path))])
+        self._segment.close()
+        self._segment = JournalSegment(segment_path(self.path, newest + 1))  # never append after a torn tail
+        self._changed.clear()
+        self._removed.clear()
+
+    def _reset_memory(self) -> None:
+        self.records = {}
+        self._index = {}
+        self.quarantined = []
+        self._snapshot_seq = 0
+
+    def _load_snapshot(self, readonly: bool = False) -> bool:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            self.lost = True
-            return
+            return False
         except OSError as exc:
             raise StateError(f"{self.path}: cannot read the allocation ledger: {exc}") from exc
         try:
@@ -247,11 +303,15 @@ class Ledger:
             kept = data.get("quarantined", [])
             if not isinstance(kept, list):
                 raise ValueError("'quarantined' is not a list")
+            seq = data.get("journal_seq", 0)
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise ValueError(f"'journal_seq' is not a sequence number: {seq!r}")
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            if readonly:
+                return False
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             os.replace(self.path, aside)
             self.recovered_from_corruption = aside
-            self.lost = True
             log.error(
                 "[%s] allocation ledger %s is corrupt (%s); moved it to %s and rebuilding from PodResources",
                 self.resource_name,
@@ -259,53 +319,191 @@ class Ledger:
                 exc,
                 aside,
             )
-            return
-        self.records = {}
+            return False
+        self._snapshot_seq = seq
         self.quarantined = [_kept_quarantine(i, entry) for i, entry in enumerate(kept)]
         for index, entry in enumerate(entries):
-            try:
-                record = AllocationRecord.from_json(entry)
-                if record.id in self.records:
-                    raise ValueError(f"record id {record.id!r} is used twice")
-            except ValueError as exc:
-                bad = QuarantinedRecord(index=index, reason=str(exc), raw=entry)
-                self.quarantined.append(bad)
-                log.error(
-                    "[%s] allocation ledger %s: record #%d quarantined (%s); devices it names: %s",
-                    self.resource_name,
-                    self.path,
-                    index,
-                    exc,
-                    ", ".join(bad.devices()) or "none",
-                )
-                continue
-            self.records[record.id] = record
+            self._load_record(entry, f"record #{index}", index)
+        return True
 
-    async def save(self) -> None:
-        """Write the ledger to its file (atomically, through ``write``); ``OSError`` when it cannot be.
-
-        A failure is kept as :attr:`write_error` until a write succeeds; every
-        outcome is reported through ``on_saved`` (the status is rewritten).
-        """
+    def _load_record(self, entry: object, where: str, index: int) -> None:
         try:
-            await self._write(self.path, self.serialize())
-        except OSError as exc:
-            self.write_error = f"cannot write {self.path}: {exc.strerror or exc} (at {time.time():.0f})"
-            self._on_saved()
-            raise
+            record = AllocationRecord.from_json(entry)
+        except ValueError as exc:
+            self._quarantine(entry, str(exc), where, index)
+            return
+        self._put(record)
+
+    def _quarantine(self, entry: object, reason: str, where: str, index: int) -> None:
+        bad = QuarantinedRecord(index=index, reason=reason, raw=entry)
+        self.quarantined.append(bad)
+        log.error(
+            "[%s] allocation ledger %s: %s quarantined (%s); devices it names: %s",
+            self.resource_name,
+            self.path,
+            where,
+            reason,
+            ", ".join(bad.devices()) or "none",
+        )
+
+    def _replay_journal(self, readonly: bool = False) -> bool:
+        replayed = False
+        for seq, path in segments(self.path):
+            if seq <= self._snapshot_seq:
+                if not readonly:
+                    with contextlib.suppress(OSError):
+                        path.unlink()  # folded into the snapshot by a compaction that was cut short
+                continue
+            try:
+                entries, torn = read_journal(path)
+            except OSError as exc:
+                raise StateError(f"{path}: cannot read the allocation journal: {exc}") from exc
+            if torn is not None:
+                log.warning(
+                    "[%s] allocation journal %s ends with %s (a power loss?); dropped it, kept %d entries before it",
+                    self.resource_name,
+                    path,
+                    torn,
+                    len(entries),
+                )
+            for number, entry in enumerate(entries):
+                replayed = True
+                if "put" in entry:
+                    self._load_record(entry["put"], f"journal {path.name} entry #{number}", number)
+                elif isinstance(entry.get("del"), str):
+                    self._drop(entry["del"])
+                else:
+                    log.error("[%s] %s entry #%d is neither put nor del; ignored", self.resource_name, path, number)
+        return replayed
+
+    # --- saving
+
+    async def save(self, *, sync: bool = False) -> None:
+        """Append the records changed since the last save (and the IDs removed) to the journal.
+
+        One plain ``write()``: it survives ``kill -9`` as soon as it returns.
+        ``sync=True`` also makes it survive a power loss (``fdatasync``, in a
+        thread). ``OSError`` (a full disk) leaves the journal without the
+        entries; the failure is kept as :attr:`write_error` until a write
+        succeeds, and every outcome is reported through ``on_saved``.
+        """
+        frames = b"".join(
+            [
+                *(encode_frame({"put": self.records[i].to_json()}) for i in self._changed if i in self.records),
+                *(encode_frame({"del": i}) for i in self._removed if i not in self.records),
+            ]
+        )
+        if frames:
+            try:
+                self._segment.append(frames)
+                if sync:
+                    await asyncio.to_thread(self._segment.sync)
+            except OSError as exc:
+                self.write_error = f"cannot write {self._segment.path}: {exc.strerror or exc} (at {time.time():.0f})"
+                self._on_saved()
+                raise
+            self._changed.clear()
+            self._removed.clear()
+            self._segment.entries += 1
+            self.version += 1
         self.write_error = None
         self._on_saved()
+        self._schedule_compaction()
 
-    def serialize(self) -> bytes:
+    def _schedule_compaction(self) -> None:
+        if self._compacting is not None and not self._compacting.done():
+            return
+        loop = asyncio.get_running_loop()
+        if self._segment.size >= COMPACT_BYTES:
+            self._compacting = loop.create_task(self.compact())
+            return
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        if self._segment.size:
+            self._idle_timer = loop.call_later(COMPACT_IDLE_S, self._compact_when_idle)
+
+    def _compact_when_idle(self) -> None:
+        self._idle_timer = None
+        if self._segment.size and (self._compacting is None or self._compacting.done()):
+            self._compacting = asyncio.get_running_loop().create_task(self.compact())
+
+    async def compact(self) -> None:
+        """Fold the journal into a new snapshot (atomic, fsynced, in the writer thread), then drop old segments.
+
+        New changes go to a fresh segment from the moment the snapshot is
+        taken, so nothing is lost whatever the order of crashes. A failure
+        (a full disk) is logged and retried at the next compaction.
+        """
+        covered = int(self._segment.path.name.rsplit(".", 1)[1])
+        if not self._segment.size and not any(seq <= covered for seq, _ in segments(self.path)):
+            return  # nothing journaled since the last snapshot
+        data = self.serialize(journal_seq=covered)
+        self._segment.close()
+        self._segment = JournalSegment(segment_path(self.path, covered + 1))
+        try:
+            await self._write(self.path, data)
+        except OSError as exc:
+            log.warning("[%s] compacting the allocation ledger failed, will retry: %s", self.resource_name, exc)
+            return
+        self._snapshot_seq = covered
+        for seq, path in segments(self.path):
+            if seq <= covered:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def serialize(self, journal_seq: int | None = None) -> bytes:
+        """The snapshot file's bytes: every record, the quarantined ones, and the last journal segment it covers."""
         data: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "resource": self.resource_name,
+            "journal_seq": self._snapshot_seq if journal_seq is None else journal_seq,
             "allocations": [r.to_json() for r in self.records.values()],
         }
         if self.quarantined:
             data["quarantined"] = [{"reason": q.reason, "record": q.raw} for q in self.quarantined]
-        # Compact: written twice per Allocate, so the C encoder (no indent, no key sorting) matters.
         return (json.dumps(data, separators=(",", ":")) + "\n").encode()
+
+    def close(self) -> None:
+        """Close the journal segment (at shutdown)."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._segment.close()
+
+    # --- the index
+
+    def _put(self, record: AllocationRecord) -> None:
+        old = self.records.get(record.id)
+        if old is not None:
+            self._unindex(old)
+        object.__setattr__(record, "_changed", self._changed)
+        self.records[record.id] = record
+        for dev in record.all_devices():
+            self._index.setdefault(dev, set()).add(record.id)
+        self._removed.discard(record.id)
+
+    def _unindex(self, record: AllocationRecord) -> None:
+        for dev in record.all_devices():
+            holders = self._index.get(dev)
+            if holders is not None:
+                holders.discard(record.id)
+                if not holders:
+                    del self._index[dev]
+
+    def _drop(self, record_id: str) -> None:
+        record = self.records.pop(record_id, None)
+        if record is not None:
+            self._unindex(record)
+            object.__setattr__(record, "_changed", None)
+        self._changed.discard(record_id)
+        self._removed.add(record_id)
+
+    def _reindex(self, record: AllocationRecord, devices: Iterable[str], pending: Iterable[str]) -> None:
+        """Change a record's device lists, keeping the index right."""
+        self._unindex(record)
+        record.devices = list(devices)
+        record.pending = list(pending)
+        for dev in record.all_devices():
+            self._index.setdefault(dev, set()).add(record.id)
 
     # --- queries
 
@@ -313,30 +511,37 @@ class Ledger:
         return iter(list(self.records.values()))
 
     def holders(self, device_id: str) -> list[AllocationRecord]:
-        return [r for r in self.records.values() if device_id in r.devices or device_id in r.pending]
+        return [self.records[i] for i in self._index.get(device_id, ())]
+
+    def holds(self, device_id: str) -> bool:
+        return device_id in self._index
 
     def held_devices(self) -> set[str]:
-        return {d for r in self.records.values() for d in r.all_devices()}
+        return set(self._index)
 
     def releasing_devices(self) -> set[str]:
         return {d for r in self.records.values() if r.releasing for d in r.all_devices()}
 
     def snapshot(self, device_ids: Iterable[str]) -> LedgerSnapshot:
-        """What :meth:`begin` for ``device_ids`` may change, to :meth:`restore` it: copies of the
-        records holding those devices, and which records exist."""
+        """What :meth:`begin` for ``device_ids`` may change, to :meth:`restore` it: copies of the records
+        holding those devices (found through the index, whatever else is held)."""
         ids = set(device_ids)
-        touched = {r.id: copy.deepcopy(r) for r in self.records.values() if ids.intersection(r.all_devices())}
-        return LedgerSnapshot(frozenset(self.records), touched)
+        touched = {r.id: r.copy() for i in ids for r in self.holders(i)}
+        return LedgerSnapshot(touched)
 
-    def restore(self, snapshot: LedgerSnapshot, created: Iterable[str]) -> None:
-        """Undo :meth:`begin`: drop the records it ``created``, put back the ones it changed.
+    def restore(self, snapshot: LedgerSnapshot, inflight: Iterable[str]) -> None:
+        """Undo :meth:`begin`: drop the records it created, put back the ones it changed.
 
-        Records of other Allocates in flight meanwhile are left alone.
+        ``inflight`` are the records the Allocate's ``begin`` calls returned;
+        records of other Allocates in flight meanwhile are left alone.
         """
-        for record_id in created:
-            if record_id not in snapshot.record_ids:
-                self.records.pop(record_id, None)
-        self.records.update(snapshot.touched)
+        for record_id in inflight:
+            if record_id not in snapshot.touched:
+                self._drop(record_id)
+        for record in snapshot.touched.values():
+            copy_ = record.copy()
+            self._put(copy_)
+            self._changed.add(copy_.id)
 
     # --- changes
 
@@ -347,30 +552,38 @@ class Ledger:
         allocation absorbs the new devices. Returns the record that holds them.
         """
         ids = list(dict.fromkeys(device_ids))
-        overlapping = [r for r in self.records.values() if not r.releasing and set(ids) & set(r.all_devices())]
+        overlapping = list({r.id: r for i in ids for r in self.holders(i) if not r.releasing}.values())
         if overlapping:
             target = overlapping[0]
+            devices, pending = list(target.devices), list(target.pending)
             for other in overlapping[1:]:  # one pod's allocations joined by a container using both
-                target.devices.extend(d for d in other.devices if d not in target.devices)
-                target.pending.extend(d for d in other.pending if d not in target.pending)
-                del self.records[other.id]
+                devices.extend(d for d in other.devices if d not in devices)
+                pending.extend(d for d in other.pending if d not in pending)
+                self._drop(other.id)
         else:
             target = AllocationRecord(id=new_record_id(), created=now)
-            self.records[target.id] = target
-        held = set(target.all_devices())
-        target.pending.extend(d for d in ids if d not in held)
+            self._put(target)
+            self._changed.add(target.id)
+            devices, pending = [], []
+        held = {*devices, *pending}
+        pending.extend(d for d in ids if d not in held)
+        self._reindex(target, devices, pending)
         return target
 
     def confirm(self, record: AllocationRecord, allocation: ContainerAllocation, now: float) -> None:
         """The Allocate for ``record``'s pending devices succeeded (answered at ``now``)."""
         record.allocated_at = now
-        record.devices.extend(d for d in record.pending if d not in record.devices)
-        record.pending.clear()
+        self._reindex(record, [*record.devices, *(d for d in record.pending if d not in record.devices)], [])
         record.prepared = prepared_summary(allocation)
+
+    def settle_pending(self, record: AllocationRecord) -> None:
+        """A record's pending devices turned out to be in use by a pod: they were allocated after all."""
+        self._reindex(record, [*record.devices, *(d for d in record.pending if d not in record.devices)], [])
 
     def add(self, record: AllocationRecord) -> None:
         """Keep a record made elsewhere (an undo in progress)."""
-        self.records[record.id] = record
+        self._put(record)
+        self._changed.add(record.id)
 
     def adopt(
         self, devices: Iterable[str], now: float, source: str, *, pod: str | None = None, pod_uid: str | None = None
@@ -382,28 +595,39 @@ class Ledger:
         since the daemon may have called them before it lost its ledger.
         Returns the new record, or None when every device was held already.
         """
-        held = self.held_devices()
-        fresh = sorted({d for d in devices if d not in held})
+        fresh = sorted({d for d in devices if not self.holds(d)})
         if not fresh:
             return None
         seen = now if pod is not None else None
         record = AllocationRecord(
             id=new_record_id(), devices=fresh, created=now, pod=pod, pod_uid=pod_uid, seen_at=seen, adopted=source
         )
-        self.records[record.id] = record
+        self.add(record)
         return record
 
     def remove(self, record: AllocationRecord) -> None:
-        self.records.pop(record.id, None)
+        self._drop(record.id)
 
     def drop_devices(self, device_ids: Iterable[str]) -> list[AllocationRecord]:
         """Forget ``device_ids`` (released through the KEP's Deallocate); returns the records emptied."""
         ids = set(device_ids)
         emptied = []
-        for record in list(self.records.values()):
-            record.devices = [d for d in record.devices if d not in ids]
-            record.pending = [d for d in record.pending if d not in ids]
+        for record in {r.id: r for i in ids for r in self.holders(i)}.values():
+            self._reindex(
+                record, [d for d in record.devices if d not in ids], [d for d in record.pending if d not in ids]
+            )
             if not record.devices and not record.pending:
-                del self.records[record.id]
+                self._drop(record.id)
                 emptied.append(record)
         return emptied
+
+
+def read_ledger_records(path: Path, resource_name: str) -> list[dict[str, Any]]:
+    """The records a daemon would load from ``path`` (snapshot and journal), as JSON objects; for tests and tools.
+
+    Reads only: nothing is moved aside, nothing is written.
+    """
+    ledger = Ledger(resource_name, path)
+    ledger._load_snapshot(readonly=True)
+    ledger._replay_journal(readonly=True)
+    return [r.to_json() for r in ledger.records.values()]

@@ -246,8 +246,8 @@ class DeviceLifecycle:
                 "(twice hook_timeout); nothing was allocated"
             ) from None
         self._on_allocated()
-        for ids in containers:
-            log.info("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
+        for ids in containers:  # debug: one line per Allocate at info would cost more than the call itself
+            log.debug("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
         return results
 
     def _check_servable_or_releasing(self, containers: Sequence[Sequence[str]]) -> None:
@@ -325,14 +325,14 @@ class DeviceLifecycle:
 
     async def _allocate_locked(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         snapshot = self.ledger.snapshot(i for ids in containers for i in ids)
-        held_before = self.ledger.held_devices()
+        held_before = {i for ids in containers for i in ids if self.ledger.holds(i)}
         now = time.time()
         records: list[AllocationRecord] = [self.ledger.begin(ids, now) for ids in containers]
         inflight = {r.id for r in records}
         self.allocating |= inflight
         try:
             try:
-                await self.ledger.save()
+                await self.ledger.save(sync=self.driver.durable_allocate)  # the intent, before the driver acts
             except OSError as exc:  # nothing was written, no hook ran: put the ledger back as it was
                 self.ledger.restore(snapshot, inflight)
                 raise self._write_failed(exc) from exc
@@ -470,8 +470,8 @@ class DeviceLifecycle:
             if owed and self.driver.capabilities.post_stop:
                 retry = any(i in r.post_stop_begun or r.adopted is not None for r in records for i in owed)
                 for record in records:
-                    record.post_stop_begun.extend(i for i in owed if i in record.devices)
-                await self.ledger.save()
+                    record.mark_post_stop_begun(i for i in owed if i in record.devices)
+                await self.ledger.save(sync=True)
                 await self.driver.post_stop(owed, retry)
             for record in records:
                 record.mark_post_stopped([i for i in owed if i in record.devices])
@@ -559,8 +559,8 @@ class DeviceLifecycle:
                 if self.driver.capabilities.post_stop:
                     retry = record.adopted is not None or any(d in record.post_stop_begun for d in to_stop)
                     retried |= retry
-                    record.post_stop_begun.extend(d for d in to_stop if d not in record.post_stop_begun)
-                    await self.ledger.save()
+                    record.mark_post_stop_begun(to_stop)
+                    await self.ledger.save(sync=True)
                     self.locks.set_activity(owed, "release: post_stop")
                     await self._call_release_hook(record, "post_stop", self.driver.post_stop, to_stop, retry)
                 record.mark_post_stopped(to_stop)
@@ -568,7 +568,7 @@ class DeviceLifecycle:
                 retry = record.adopted is not None or record.deallocate_begun
                 retried |= retry
                 record.deallocate_begun = True
-                await self.ledger.save()
+                await self.ledger.save(sync=True)
                 self.locks.set_activity(owed, "release: deallocate")
                 await self._call_release_hook(record, "deallocate", self.driver.deallocate, owed, retry)
         finally:
@@ -576,7 +576,7 @@ class DeviceLifecycle:
         self.ledger.remove(record)
         self.release_failures.pop(record.id, None)
         self._sync_withheld()
-        await self.ledger.save()
+        await self.ledger.save(sync=True)  # the release path can afford power-loss durability
         self._released(record, owed, reason, start, retried)
 
     async def _call_release_hook(

@@ -203,17 +203,20 @@ class Reconciler:
                 continue
             pods = {p for d in record.all_devices() for p in used.get(d, ())}
             if pods:
+                if record.pending:  # the kubelet got the answer, though its confirm was lost (a power loss)
+                    resource.ledger.settle_pending(record)
+                    changed = True
                 pod = sorted(pods)[0]
                 if record.pod != pod or record.seen_at is None:
                     record.pod = pod
                     changed = True
                 record.seen_at = now
                 continue
+            if record.seen_at is None and now - record.created < self.grace:
+                continue  # admission in progress: not listed yet (and a pending record may yet be listed)
             if record.pending:
                 self._start_release(resource, record, "an Allocate that never completed")
                 continue
-            if record.seen_at is None and now - record.created < self.grace:
-                continue  # admission in progress: not listed yet
             candidates.append(record)
         if candidates:
             changed |= await self._release_unattributed(resource, candidates, now)

@@ -15,7 +15,7 @@ from devplug.engine.statusschema import check_status
 from devplug.errors import StateError
 from devplug.types import Device
 
-__all__ = ["STATUS_FILE", "build_status", "read_status"]
+__all__ = ["STATUS_FILE", "StatusBuilder", "build_status", "read_status"]
 
 STATUS_FILE = "status.json"
 #: A status file larger than this is not the daemon's (10k listed devices take about 2 MiB).
@@ -100,13 +100,49 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
 
 
 def build_status(resources: Iterable[Resource], started_at: float, config_path: str | None) -> dict[str, Any]:
-    return {
-        "pid": os.getpid(),
-        "started_at": started_at,
-        "written_at": time.time(),
-        "config": config_path,
-        "resources": [_resource_status(r) for r in resources],
-    }
+    return StatusBuilder(started_at, config_path).build(resources)
+
+
+def _version(resource: Resource) -> tuple[object, ...]:
+    """Everything a resource's status entry is built from, as cheap counters and scalars."""
+    lifecycle = resource.lifecycle
+    return (
+        resource.table.version,
+        resource.ledger.version,
+        resource.status.state,
+        resource.status.last_error,
+        resource.status.registrations,
+        resource.ledger.write_error,
+        len(resource.ledger.quarantined),
+        None if lifecycle is None else (len(lifecycle.recent_releases), tuple(lifecycle.release_failures)),
+        resource.hooks is not None,
+    )
+
+
+class StatusBuilder:
+    """Builds the status incrementally: a resource's entry is rebuilt only when something it shows changed."""
+
+    def __init__(self, started_at: float, config_path: str | None) -> None:
+        self.started_at = started_at
+        self.config_path = config_path
+        self._cache: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
+
+    def build(self, resources: Iterable[Resource]) -> dict[str, Any]:
+        entries = []
+        for resource in resources:
+            version = _version(resource)
+            cached = self._cache.get(resource.name)
+            if cached is None or cached[0] != version:
+                cached = (version, _resource_status(resource))
+                self._cache[resource.name] = cached
+            entries.append(cached[1])
+        return {
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "written_at": time.time(),
+            "config": self.config_path,
+            "resources": entries,
+        }
 
 
 def _alive(pid: int) -> bool:
