@@ -29,6 +29,7 @@ class Settings:
     devices_10k: int = 10_000
     numa_nodes: int = 4
     per_call: int = 4  # devices per Allocate (one container)
+    held_allocations: int = 1_000  # allocations held during the "held 1000" series
     preferred_size: int = 8
     idle_resources: int = 3
     idle_devices: int = 100
@@ -54,6 +55,7 @@ FULL = Settings(
 
 QUICK = Settings(
     quick=True,
+    held_allocations=100,
     allocate_calls=40,
     block=20,
     warmup=5,

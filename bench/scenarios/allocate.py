@@ -123,13 +123,15 @@ def measure(
     aio = floor_series("floor-aio", floor_aio, settings)
     sync = floor_series("floor-sync", floor_sync, settings)
     unix, pinger = unix_series(unix_socket, host_dir, settings)
+    zero = CallSeries("devplug-zero-work", lambda _: client_1k.options())  # devplug's server, no handler work
     try:
-        for one in (dev, aio, sync, unix):
+        for one in (dev, aio, sync, unix, zero):
             one.warm_up(warm)
-        interleave([dev, aio, sync, unix], n, block)
+        interleave([dev, aio, sync, unix, zero], n, block)
     finally:
         pinger.close()
-    d, fa, fs, u = (summary_ms(s.samples) for s in (dev, aio, sync, unix))
+    d, fa, fs, u, z = (summary_ms(s.samples) for s in (dev, aio, sync, unix, zero))
+    out.update(allocate_zero_work_p50_ms=z["p50"], allocate_zero_work_p99_ms=z["p99"])
     floor = fa if fa["p99"] <= fs["p99"] else fs
     out.update(
         allocate_p50_ms=d["p50"],
@@ -139,6 +141,7 @@ def measure(
         allocate_floor_aio_p99_ms=fa["p99"],
         allocate_floor_sync_p99_ms=fs["p99"],
         allocate_ratio_p99=d["p99"] / floor["p99"],
+        allocate_ratio_p50=d["p50"] / floor["p50"],
         unix_rtt_p50_ms=u["p50"],
         unix_rtt_p99_ms=u["p99"],
     )
@@ -151,6 +154,8 @@ def measure(
     e = summary_ms(empty.samples)
     out.update(allocate_p50_ms_empty_ledger=e["p50"], allocate_p99_ms_empty_ledger=e["p99"])
     _free(client_1k, settings, watcher_1k)
+
+    out.update(_held_series(settings, client_10k, watcher_10k))
 
     # 10,000 devices advertised, same pool pattern, with the aio floor interleaved again
     dev10 = devplug_series("devplug-10k", client_10k, settings, _settler(watcher_10k))
@@ -185,6 +190,33 @@ def measure(
         churn_lists_per_s=(watcher_10k.count - lists_before) / elapsed,
     )
     _free(client_10k, settings, watcher_10k)
+    return out
+
+
+def _held_series(settings: Settings, client: PluginClient, watcher: ListWatcher) -> dict[str, float]:
+    """Allocate on the 10k resource with none held, then with 1,000 allocations held: the cost must not grow.
+
+    Both series free each allocation right after it (so what is held stays
+    constant); the second first allocates devices 9,000-9,999 one per call
+    (untimed) and keeps them.
+    """
+    out: dict[str, float] = {}
+    calls = settings.empty_ledger_calls
+    for label, held in (("0", 0), ("1000", settings.held_allocations)):
+        held_ids = device_ids(held, start=settings.devices_10k - held) if held else []
+        for dev_id in held_ids:
+            client.allocate_ids([dev_id])
+        series = devplug_series(f"devplug-held-{label}", client, settings, _settler(watcher), free_each=True)
+        series.warm_up(settings.warmup)
+        interleave([series], calls, settings.block)
+        summary = summary_ms(series.samples)
+        out[f"allocate_p50_ms_held_{label}"] = summary["p50"]
+        out[f"allocate_p99_ms_held_{label}"] = summary["p99"]
+        client.deallocate(device_ids(settings.devices_1k))
+        if held_ids:
+            client.deallocate(held_ids)
+        watcher.settle()
+    out["allocate_held_ratio_p99"] = out["allocate_p99_ms_held_1000"] / out["allocate_p99_ms_held_0"]
     return out
 
 
