@@ -109,7 +109,7 @@ def test_the_engine_never_touches_sysfs() -> None:
 def test_only_the_cli_exits_or_prints() -> None:
     offences = []
     for path in _sources(CORE):
-        if path.name in ("cli.py", "__main__.py"):
+        if path.name in ("cli.py", "cli_run.py", "__main__.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):

@@ -84,3 +84,19 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     result = _devplug("run", "--config", str(path))
     assert result.returncode == 2
     assert f'{path}: resources."example.com/m".options.colour: unknown key' in result.stderr
+
+
+def test_run_does_not_load_click_or_importlib_metadata(tmp_path: Path) -> None:
+    """The daemon is the long-lived process: what ``devplug run`` imports stays resident (issue 11, idle RSS)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "devplug", "run", "--config", str(tmp_path / "missing.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "missing.toml" in proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "devplug.cli_run" in imported
+    assert not imported & {"click", "importlib.metadata", "hashlib"}, sorted(imported & {"click", "importlib.metadata"})

@@ -1,5 +1,25 @@
-"""``python -m devplug``: the same as the ``devplug`` command."""
+"""The ``devplug`` command (and ``python -m devplug``): ``devplug run`` starts the daemon without loading click
+(:mod:`devplug.cli_run`); every other command, and ``run --help``, is the click CLI of :mod:`devplug.cli`."""
 
-from devplug.cli import main
+from __future__ import annotations
 
-main()
+import os
+import sys
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    # gRPC's C core logs routine connection events (GOAWAY on a kubelet restart) at INFO to stderr.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if args[:1] == ["run"] and not {"-h", "--help"} & set(args[1:]):
+        from devplug.cli_run import main as run
+
+        run(args[1:])
+        return
+    from devplug.cli import main as cli
+
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -17,23 +17,21 @@ from typing import Any, NoReturn
 
 import click
 
-from devplug.errors import DevplugError, DriverLoadError, StateError
+from devplug.cli_run import (
+    EXIT_STATE,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    exit_code,
+    run_command,
+)
+from devplug.errors import DevplugError, DriverLoadError
 
 EXIT_DEMO_FAILED = 1
-EXIT_CONFIG = 2
-EXIT_STATE = 3
-EXIT_DRIVER = 4
-EXIT_ABANDONED = 5
 
 
 def _fail(exc: DevplugError) -> NoReturn:
-    code = EXIT_CONFIG
-    if isinstance(exc, StateError):
-        code = EXIT_STATE
-    elif isinstance(exc, DriverLoadError):
-        code = EXIT_DRIVER
     click.echo(f"devplug: error: {exc}", err=True)
-    sys.exit(code)
+    sys.exit(exit_code(exc))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,29 +44,11 @@ def main() -> None:
 
 @main.command()
 @click.option("--config", "config_path", type=click.Path(path_type=Path), required=True, help="The TOML config.")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 def run(config_path: Path, log_format: str, log_level: str) -> None:
     """Run the daemon: serve every configured resource to the kubelet until SIGTERM/SIGINT."""
-    from devplug.config import load_config
-    from devplug.logs import setup_logging
-
-    setup_logging(log_level, "json" if log_format == "json" else "text")
-    try:
-        config = load_config(config_path)
-        from devplug.engine.daemon import run_daemon
-
-        abandoned = run_daemon(config)
-    except DevplugError as exc:
-        _fail(exc)
-    if abandoned:
-        click.echo(f"devplug: error: stopped, abandoning {'; '.join(abandoned)}", err=True)
-        sys.exit(EXIT_ABANDONED)
+    run_command(config_path, log_format, log_level)
 
 
 @main.command("check-config")

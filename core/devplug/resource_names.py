@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
+import zlib
 from pathlib import Path
 
 __all__ = ["invalid_resource_name_reason", "legacy_state_folder_names", "resource_state_dir", "socket_file_name"]
@@ -54,7 +54,8 @@ def socket_file_name(resource_name: str, directory_len: int = 0) -> str:
     safe = "devplug-" + resource_name.replace("/", "_") + ".sock"
     if directory_len + 1 + len(safe.encode()) <= MAX_SOCKET_PATH:
         return safe
-    digest = hashlib.sha256(resource_name.encode()).hexdigest()[:16]
+    data = resource_name.encode()
+    digest = f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"  # stable; no hashlib (OpenSSL) in the daemon
     return f"devplug-{digest}.sock"
 
 
@@ -77,5 +78,7 @@ def legacy_state_folder_names(resource_name: str) -> tuple[str, ...]:
     plugin folder's path was long: ``devplug-<domain>_<name>`` or
     ``devplug-<16 hex digits>``. Fixed here for good, whatever sockets are named later.
     """
+    import hashlib  # only when an old layout is looked for: the daemon does not need OpenSSL otherwise
+
     digest = hashlib.sha256(resource_name.encode()).hexdigest()[:16]
     return "devplug-" + resource_name.replace("/", "_"), f"devplug-{digest}"

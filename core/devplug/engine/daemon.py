@@ -37,6 +37,9 @@ __all__ = ["Daemon", "run_daemon"]
 
 log = logging.getLogger("devplug.engine")
 
+#: Seconds after start-up when the heap's free pages are given back to the kernel (registration, then the first
+#: compaction and status writes, are done by then).
+TRIM_AFTER_S = (2.0, 8.0)
 #: The status file is written at most once a second, after a change (it is for people and probes, not the kubelet).
 STATUS_DEBOUNCE_S = 1.0
 #: How soon a status write that failed (a full disk) is tried again.
@@ -172,6 +175,9 @@ class Daemon:
             await self._write_status()  # at once: a previous daemon's status must not linger
             lives = [asyncio.ensure_future(r.live()) for r in self.resources]
             reconciling = asyncio.ensure_future(self.reconciler.run())
+            if self._loop is not None:
+                for delay in TRIM_AFTER_S:
+                    self._loop.call_later(delay, _trim_heap)
             log.info(
                 "devplug serving %d resource(s): %s",
                 len(self.resources),
@@ -233,6 +239,21 @@ class Daemon:
             log.error("the final status write did not finish within %g s", FINAL_WRITE_S)
         elif writing.exception() is not None:
             log.error("the final status write failed: %s", writing.exception())
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the kernel once start-up is over (glibc's ``malloc_trim``).
+
+    Start-up parses the config, reads every device and imports the world;
+    most of that is freed again but glibc keeps the pages. Returning them
+    lowers the idle daemon's resident memory (see ``make bench``).
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def run_daemon(config: Config) -> list[str]:

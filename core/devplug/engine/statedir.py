@@ -132,6 +132,11 @@ def _ledger_age(folder: Path) -> float:
 
 def _migrate(resources: Path, resource_name: str, target: Path) -> None:
     """Move the resource's folder of an earlier layout to ``target`` (when ``target`` does not exist yet)."""
+    try:
+        if not any(name.startswith("devplug-") for name in os.listdir(resources)):
+            return  # no earlier layout here (and no hashing needed to know it)
+    except FileNotFoundError:
+        return
     found = [resources / n for n in legacy_state_folder_names(resource_name) if os.path.lexists(resources / n)]
     if not found:
         return
