@@ -121,3 +121,23 @@ def test_only_the_cli_exits_or_prints() -> None:
                         f"{path.relative_to(ROOT)}:{node.lineno} calls {owner + '.' if owner else ''}{name}"
                     )
     assert offences == []
+
+
+def test_the_demo_does_not_import_the_test_kit() -> None:
+    # What the demo and the kit share (a daemon process, TOML writing, the hook-call record) lives outside it.
+    offences = [
+        f"core/devplug/demo.py:{line} imports {module}"
+        for line, module in _imports(CORE / "demo.py")
+        if module == "devplug.testing" or module.startswith("devplug.testing.")
+    ]
+    assert offences == []
+
+
+def test_the_test_kit_depends_on_no_driver() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _sources(CORE / "testing")
+        for line, module in _imports(path)
+        if module.startswith(("devplug_", "devplug-"))
+    ]
+    assert offences == []

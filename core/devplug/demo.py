@@ -25,8 +25,9 @@ from typing import Any
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.status import read_status
 from devplug.errors import ConfigError, StateError
-from devplug.testing.configs import write_toml
-from devplug.testing.daemon import DaemonProcess
+from devplug.hookrecord import read_hook_calls
+from devplug.process import DaemonProcess
+from devplug.tomlwrite import write_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +37,6 @@ else:  # pragma: no cover
 __all__ = ["run_demo"]
 
 Echo = Callable[[str], None]
-CALLS_FILE = ".calls.jsonl"
 
 
 def example_config_text() -> str:
@@ -72,14 +72,6 @@ class _Report:
     def check(self, what: str, ok: bool) -> bool:
         self.checks.append((what, ok))
         return ok
-
-
-def _calls(directory: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (directory / CALLS_FILE).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def _wait(what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -171,7 +163,7 @@ def _lifecycle(
     serve_ids = serve.containers[0].devices[resource]
     check("pods got distinct devices", not set(serve_ids) & set(app_ids))
     kubelet.start_container("serve-0", "server")
-    pre_starts = [c for c in _calls(mock_dir) if c["hook"] == "pre_start"]
+    pre_starts = read_hook_calls(mock_dir, hook="pre_start")
     check("pre-start called at each container start (restart included)", len(pre_starts) >= 3)
 
     state_dir = Path(daemon_state_dir)
@@ -201,13 +193,13 @@ def _lifecycle(
     kubelet.remove_pod("serve-0")
 
     def released() -> bool:
-        done = [c for c in _calls(mock_dir) if c["hook"] == "deallocate" and "error" not in c]
-        return {d for c in done for d in c["device_ids"]} >= set(app_ids) | set(serve_ids)
+        done = read_hook_calls(mock_dir, hook="deallocate", ok=True)
+        return {d for c in done for d in c.device_ids} >= set(app_ids) | set(serve_ids)
 
     how = "the KEP's Deallocate" if kep_mode else "PodResources (stock kubelet)"
     check(f"removed pods' devices post-stopped and deallocated via {how}", _wait("release", released, 15))
-    deallocs = [c for c in _calls(mock_dir) if c["hook"] == "deallocate"]
-    per_device = [d for c in deallocs for d in c["device_ids"]]
+    deallocs = read_hook_calls(mock_dir, hook="deallocate")
+    per_device = [d for c in deallocs for d in c.device_ids]
     check("each device deallocated exactly once", len(per_device) == len(set(per_device)))
     check(
         "every device healthy and free again",
@@ -231,9 +223,9 @@ def _table(report: _Report, kubelet: DevKubeletThread, mock_dir: Path) -> None:
         if event.kind == "list-and-watch":
             continue
         rows.append((event.time, "kubelet", event.kind, ",".join(event.device_ids), event.detail))
-    for call in _calls(mock_dir):
-        detail = f"error: {call['error']}" if "error" in call else ""
-        rows.append((float(call["time"]), "driver", call["hook"], ",".join(call["device_ids"]), detail))
+    for call in read_hook_calls(mock_dir):
+        detail = "" if call.ok else f"error: {call.error}"
+        rows.append((call.time, "driver", call.hook, ",".join(call.device_ids), detail))
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0] if rows else time.time()
     echo = report.echo

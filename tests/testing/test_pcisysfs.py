@@ -145,3 +145,20 @@ def test_host_sysfs_errors_name_the_path(tmp_path: Path) -> None:
     host.write_text(tmp_path / "attr", "value\n")
     assert host.read_text(tmp_path / "attr") == "value"
     assert host.link_name(tmp_path / "attr") is None
+
+
+def test_a_state_file_shares_the_machine_across_instances(tmp_path: Path) -> None:
+    state = tmp_path / "model.json"
+    first = PciSysfsModel(tmp_path / "m", state_file=state)
+    first.add_device(NIC, 0x8086, 0x10D3, 0x020000, numa_node=0, iommu_group=12, driver="e1000e")
+    nic = dev(first, NIC)
+    first.write_text(nic / "driver_override", "vfio-pci")
+    first.write_text(first.sysfs_root / "bus/pci/drivers/e1000e/unbind", NIC)
+    first.set_busy(NIC)
+    # Another process (here: another instance) opens the same machine, as a restarted daemon would.
+    second = PciSysfsModel(tmp_path / "m", state_file=state)
+    assert second.devices == first.devices
+    assert second.drivers == first.drivers
+    second.write_text(second.sysfs_root / "bus/pci/drivers_probe", NIC)
+    assert second.driver_of(NIC) == "vfio-pci"
+    assert PciSysfsModel(tmp_path / "m", state_file=state).driver_of(NIC) == "vfio-pci"

@@ -1,7 +1,21 @@
-"""The test kit for devplug and for third-party drivers.
+"""The test kit for devplug and for third-party drivers (the README's "Testing a driver" shows each part).
 
 * :mod:`devplug.testing.plugin` -- the pytest plugin (entry point ``pytest11``):
-  fixtures for a dev kubelet and a running daemon in a temporary folder.
+  fixtures for a dev kubelet and a running daemon in a temporary folder;
+  importing it imports neither gRPC nor the dev kubelet.
+* :mod:`devplug.testing.conformance` -- :class:`DriverConformance`, the driver
+  contract as tests for a driver's suite to subclass.
+* :mod:`devplug.testing.recorder` -- :class:`HookRecorder`, a driver's record of
+  its hook calls, and :func:`read_hook_calls` to read it back, typed.
+* :mod:`devplug.testing.sink` -- :class:`RecordingSink`, a device sink that
+  records a driver's pushes, for unit tests.
+* :mod:`devplug.testing.entrypoints` -- which drivers the daemon under test can
+  load, and test doubles it can load without their being installed.
 * :mod:`devplug.testing.pcisysfs` -- a model of the kernel's PCI sysfs for drivers
   that bind and unbind devices.
+* :mod:`devplug.testing.configs`, :mod:`devplug.testing.daemon` -- configs laid
+  out for the dev kubelet, and the daemon as a process or in a thread.
+
+Nothing is imported here, so importing the package stays cheap; import the
+module you need.
 """

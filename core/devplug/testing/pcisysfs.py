@@ -56,6 +56,11 @@ What it models, and where the kernel says so (``sysfs-bus-pci`` is
   wait forever, so :meth:`PciSysfsModel.set_busy` makes ``unbind`` fail with
   ``EBUSY`` instead: a fault injection standing for that wait.
 
+Shared across processes: with ``state_file``, the model loads its state
+from that JSON file when it exists and saves it after every change, so a
+daemon under test in a child process (and its successor after a
+``kill -9``) sees one machine. One process at a time may change it.
+
 SR-IOV (``sriov_numvfs``, ``virtfn<N>``, ``physfn``) is not modelled yet; a
 virtual function would be one more :class:`ModelDevice` with a ``physfn``.
 """
@@ -63,13 +68,14 @@ virtual function would be one more :class:`ModelDevice` with a ``physfn``.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from devplug.sysfs import HostSysfs
@@ -122,9 +128,13 @@ class PciSysfsModel:
     ``root`` gets ``sys/`` and ``dev/``; without one a temporary folder is
     made (removed by :meth:`close`). ``iommu`` says whether the machine has an
     IOMMU (groups exist); ``vfio`` whether vfio and vfio-pci are loaded.
+    ``state_file``: where the machine's state is kept (see the module's
+    docstring); when it exists, ``iommu`` and ``vfio`` are read from it.
     """
 
-    def __init__(self, root: Path | None = None, *, iommu: bool = True, vfio: bool = True) -> None:
+    def __init__(
+        self, root: Path | None = None, *, iommu: bool = True, vfio: bool = True, state_file: Path | None = None
+    ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="pcisysfs-")) if root is None else Path(root)
         self._sys = self.root / "sys"
@@ -138,7 +148,10 @@ class PciSysfsModel:
         self.drivers: dict[str, ModelDriver] = {}
         #: Every write made through the model, as (path relative to the sysfs root, data).
         self.writes: list[tuple[str, str]] = []
-        if vfio:
+        self.state_file = state_file
+        if state_file is not None and state_file.exists():
+            self._load(state_file)
+        elif vfio:
             self.drivers[VFIO_PCI] = ModelDriver(VFIO_PCI)
         self._render()
 
@@ -266,6 +279,7 @@ class PciSysfsModel:
         """Make ``unbind`` of the device fail with ``EBUSY`` (user space holds it)."""
         with self._lock:
             self._device(address).busy = busy
+            self._save()
 
     def set_iommu(self, enabled: bool) -> None:
         """Switch the IOMMU on or off (as a reboot with or without ``intel_iommu=on`` would)."""
@@ -424,10 +438,41 @@ class PciSysfsModel:
             except ValueError:
                 raise OSError(errno.EINVAL, f"write {data.strip()!r}: Invalid argument", str(path)) from None
 
+    # --- keeping the state ---------------------------------------------------------
+
+    def _load(self, path: Path) -> None:
+        data = json.loads(path.read_text())
+        self.iommu = bool(data["iommu"])
+        self.vfio_loaded = bool(data["vfio_loaded"])
+        self.devices = {d["address"]: ModelDevice(**d) for d in data["devices"]}
+        self._removed = {d["address"]: ModelDevice(**d) for d in data["removed"]}
+        self.drivers = {
+            d["name"]: ModelDriver(d["name"], {(v, i) for v, i in d["ids"]}, {(v, i) for v, i in d["dynamic_ids"]})
+            for d in data["drivers"]
+        }
+
+    def _save(self) -> None:
+        """Write the state to ``state_file`` (atomically), when there is one."""
+        if self.state_file is None:
+            return
+        data = {
+            "iommu": self.iommu,
+            "vfio_loaded": self.vfio_loaded,
+            "devices": [asdict(d) for d in self.devices.values()],
+            "removed": [asdict(d) for d in self._removed.values()],
+            "drivers": [
+                {"name": d.name, "ids": sorted(d.ids), "dynamic_ids": sorted(d.dynamic_ids)}
+                for d in self.drivers.values()
+            ],
+        }
+        temp = self.state_file.with_name(self.state_file.name + ".tmp")
+        temp.write_text(json.dumps(data))
+        os.replace(temp, self.state_file)
+
     # --- drawing the tree --------------------------------------------------------
 
     def _render(self) -> None:
-        """Redraw ``sys/`` and ``dev/vfio`` from the model's state."""
+        """Redraw ``sys/`` and ``dev/vfio`` from the model's state (and save it, with a ``state_file``)."""
         for top in (self._sys, self._dev):
             if top.exists():
                 shutil.rmtree(top)
@@ -472,6 +517,7 @@ class PciSysfsModel:
             (self._dev / "vfio" / "vfio").touch()
             for group in sorted(vfio_groups):
                 (self._dev / "vfio" / str(group)).touch()
+        self._save()
 
 
 def _attr(path: Path, content: str, writable: bool = False) -> None:

@@ -6,65 +6,120 @@ Fixtures:
   under 108 bytes, so not pytest's ``tmp_path``);
 * ``dev_kubelet`` -- a started :class:`~devplug.devkubelet.DevKubeletThread`
   serving ``<root>/device-plugins/kubelet.sock`` and
-  ``<root>/pod-resources/kubelet.sock``;
+  ``<root>/pod-resources/kubelet.sock`` (set ``dev_kubelet.kep_mode = True``
+  before starting a daemon for a kubelet that calls the KEP's PostStopContainer
+  and Deallocate);
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
   with ``dev_kubelet`` and sent its first device list, and returns the :class:`RunningDaemon`. Daemons still
   running at the end of the test get SIGTERM, and must exit 0.
 
-A driver's suite needs nothing else::
+The daemon finds drivers through their entry points, as in production, so the
+driver must be installed (``pip install -e .``); the factory fails at once,
+naming the installed drivers, when it is not. A driver's suite needs nothing else::
 
     def test_allocate(dev_kubelet, devplug_daemon):
         devplug_daemon({"example.com/x": {"driver": "mine"}})
         pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {"example.com/x": 1})]))
+
+Importing this module (which pytest does in every project where devplug is
+installed) imports neither gRPC nor the dev kubelet: the fixtures import them
+when they are first used.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from devplug.devkubelet import DevKubelet, DevKubeletThread
+from devplug.process import DaemonProcess
 from devplug.testing.configs import dev_config, write_toml
-from devplug.testing.daemon import DaemonProcess
+from devplug.testing.entrypoints import entry_point_env, installed_driver_names, missing_driver_message
+
+if TYPE_CHECKING:
+    from devplug.devkubelet import DevKubelet, DevKubeletThread
 
 __all__ = ["RunningDaemon"]
 
 
 @dataclass
 class RunningDaemon:
-    """A daemon started by the ``devplug_daemon`` fixture."""
+    """A daemon started by the ``devplug_daemon`` fixture: its process, config and the kubelet it serves."""
 
     process: DaemonProcess
     config_path: Path
     config: dict[str, Any]
     root: Path
+    kubelet: DevKubeletThread | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def state_dir(self) -> Path:
+        """The daemon's ``[state] dir`` (lock, ledgers, ``status.json``, and per resource
+        ``resources/<domain>/<name>/driver/``: the folder a driver gets as ``ctx.state_dir``)."""
         return Path(self.config["state"]["dir"])
 
-    def restart(self, kubelet: DevKubeletThread, timeout: float = 10.0) -> None:
-        """Stop (SIGTERM) and start again; wait until every resource registered again."""
+    @property
+    def resources(self) -> list[str]:
+        """The resource names of the config."""
+        return list(self.config["resources"])
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (the crash it must survive); :meth:`restart` starts it again."""
+        self.process.kill()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit code (0 for a clean shutdown)."""
+        return self.process.stop(timeout)
+
+    def restart(self, kubelet: DevKubeletThread | None = None, timeout: float = 15.0) -> None:
+        """Stop it (SIGTERM; nothing when it is already dead, killed say) and start it again on the same config;
+        wait until every resource registered again and sent its first device list."""
+        kubelet = kubelet or self.kubelet
+        assert kubelet is not None, "restart needs the dev kubelet"
         self.process.stop()
-        counts = {name: kubelet.registrations(name) for name in self.config["resources"]}
+        counts = {name: kubelet.registrations(name) for name in self.resources}
         self.process.start()
-        for name, count in counts.items():
-            kubelet.wait_registered(name, timeout=timeout, after=count)
+        _wait_served(kubelet, self, counts, timeout)
+
+    def log_text(self) -> str:
+        """Everything the daemon logged so far (all its runs)."""
+        return self.process.log_text()
 
 
-def _first_list_of(resource: str) -> Callable[[DevKubelet], bool]:
+def _listed_since_registration(resource: str, registrations: int) -> Callable[[DevKubelet], bool]:
+    """True once the resource's registration number ``registrations + 1`` (or later) sent its device list."""
+
     def arrived(kubelet: DevKubelet) -> bool:
-        return bool(kubelet.events_of("list-and-watch", resource))
+        events = [e for e in kubelet.events if e.resource == resource and e.kind in ("register", "list-and-watch")]
+        registers = [i for i, e in enumerate(events) if e.kind == "register"]
+        if len(registers) <= registrations:
+            return False
+        return any(e.kind == "list-and-watch" for e in events[registers[registrations] :])
 
     return arrived
+
+
+def _wait_served(kubelet: DevKubeletThread, daemon: RunningDaemon, after: Mapping[str, int], timeout: float) -> None:
+    """Wait until each resource registered more than ``after[name]`` times and then sent its device list."""
+    for name in daemon.resources:
+        try:
+            kubelet.wait_registered(name, timeout=timeout, after=after.get(name, 0))
+            # ...and the first device list arrived, so pods can be admitted at once.
+            kubelet.wait_for(
+                _listed_since_registration(name, after.get(name, 0)),
+                timeout=timeout,
+                what=f"the first device list of {name}",
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n--- daemon log ---\n{daemon.log_text()}") from exc
 
 
 @pytest.fixture
@@ -79,7 +134,9 @@ def devplug_root() -> Iterator[Path]:
 
 @pytest.fixture
 def dev_kubelet(devplug_root: Path) -> Iterator[DevKubeletThread]:
-    """A started dev kubelet in ``devplug_root``."""
+    """A started dev kubelet in ``devplug_root`` (a stock kubelet; set ``kep_mode`` for a KEP one)."""
+    from devplug.devkubelet import DevKubeletThread
+
     kubelet = DevKubeletThread(
         devplug_root / "device-plugins",
         pod_resources_socket=devplug_root / "pod-resources" / "kubelet.sock",
@@ -94,9 +151,31 @@ def dev_kubelet(devplug_root: Path) -> Iterator[DevKubeletThread]:
 DaemonFactory = Callable[..., RunningDaemon]
 
 
+def _check_drivers_installed(resources: Mapping[str, Mapping[str, Any]], extra_path: Sequence[Path]) -> None:
+    """Fail the test at once (not after the registration timeout) when a resource names a driver
+    the child process would not find."""
+    installed = installed_driver_names(extra_path)
+    for name, table in resources.items():
+        driver = table.get("driver")
+        if isinstance(driver, str) and driver not in installed:
+            pytest.fail(f"devplug_daemon: {missing_driver_message(name, driver, installed)}", pytrace=False)
+
+
 @pytest.fixture
 def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterator[DaemonFactory]:
-    """Start ``devplug run`` on a config of the given resources; wait for their registration."""
+    """Start ``devplug run`` on a config of the given resources; wait for their registration.
+
+    ``devplug_daemon(resources, *, wait=True, timeout=15.0, release_interval=0.2, grace_period=2.0,
+    shutdown_timeout=None, health_interval=None, hook_timeout=None, test_drivers=None, python_path=())``:
+
+    * ``resources`` -- ``{name: {"driver": ..., "options": {...}, ...}}``, the config's resource tables;
+    * ``release_interval``, ``grace_period``, ``shutdown_timeout`` -- the config's ``[release] interval``,
+      ``[release] grace_period`` and ``[shutdown] timeout`` (short defaults, so releases are quick);
+    * ``health_interval``, ``hook_timeout`` -- set on every resource table that does not set its own;
+    * ``test_drivers`` -- ``{name: "module:Class"}``, drivers the daemon may use without being installed,
+      their modules found in ``python_path`` (see :func:`devplug.testing.entrypoints.entry_point_env`);
+    * ``wait`` -- wait until every resource registered and sent its device list (else return at once).
+    """
     started: list[RunningDaemon] = []
 
     def start(
@@ -104,22 +183,29 @@ def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterato
         *,
         wait: bool = True,
         timeout: float = 15.0,
+        health_interval: float | None = None,
+        hook_timeout: float | None = None,
+        test_drivers: Mapping[str, str] | None = None,
+        python_path: Sequence[Path] = (),
         **config_options: Any,
     ) -> RunningDaemon:
-        config = dev_config(devplug_root, resources, **config_options)
+        """Write the config and start the daemon; see the fixture's docstring for the knobs."""
+        tables = {name: dict(table) for name, table in resources.items()}
+        for table in tables.values():
+            if health_interval is not None:
+                table.setdefault("health_interval", health_interval)
+            if hook_timeout is not None:
+                table.setdefault("hook_timeout", hook_timeout)
+        env = entry_point_env(devplug_root / "test-drivers", test_drivers or {}, python_path)
+        _check_drivers_installed(tables, [devplug_root / "test-drivers"] if env else [])
+        config = dev_config(devplug_root, tables, **config_options)
         path = write_toml(devplug_root / f"devplug-{len(started)}.toml", config)
-        process = DaemonProcess(path, devplug_root / f"daemon-{len(started)}.log")
-        daemon = RunningDaemon(process, path, config, devplug_root)
+        process = DaemonProcess(path, devplug_root / f"daemon-{len(started)}.log", env=env)
+        daemon = RunningDaemon(process, path, config, devplug_root, dev_kubelet, env)
         started.append(daemon)
         process.start()
         if wait:
-            for name in resources:
-                try:
-                    dev_kubelet.wait_registered(name, timeout=timeout)
-                    # ...and the first device list arrived, so pods can be admitted at once.
-                    dev_kubelet.wait_for(_first_list_of(name), timeout=timeout, what=f"the first device list of {name}")
-                except TimeoutError as exc:
-                    raise TimeoutError(f"{exc}\n--- daemon log ---\n{process.log_text()}") from exc
+            _wait_served(dev_kubelet, daemon, {}, timeout)
         return daemon
 
     yield start

@@ -2,9 +2,10 @@
 
 Operators and tests drive it by editing files (see :mod:`devplug_mock.devicefile`
 for what a device file may say), and read what the engine asked of it in the
-call log (:mod:`devplug_mock.calllog`). Files added, removed or edited reach
-the engine at once through the :class:`devplug.DriverContext`, by way of a
-:class:`devplug.watch.DirectoryWatcher` on the folder.
+call log (:mod:`devplug_mock.calllog`, kept by the kit's
+:class:`devplug.testing.recorder.HookRecorder`). Files added, removed or
+edited reach the engine at once through the :class:`devplug.DriverContext`,
+by way of a :class:`devplug.watch.DirectoryWatcher` on the folder.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from devplug import (
     hookimpl,
 )
 from devplug.options import refuse_kernel_trees
+from devplug.testing.recorder import HookRecorder
 from devplug.watch import DirectoryWatcher
-from devplug_mock.calllog import CallLog
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
 
 __all__ = ["MockDriver", "MockOptions"]
@@ -84,7 +85,7 @@ class MockDriver:
     def __init__(self, options: MockOptions) -> None:
         self.options = options
         self.directory = Path(options.directory).absolute()
-        self.calls = CallLog(self.directory)
+        self.calls = HookRecorder(self.directory, logger=_module_log)
         self._ctx: DriverContext | None = None
         self._watcher: DirectoryWatcher | None = None
         self._lock = threading.Lock()
@@ -192,12 +193,12 @@ class MockDriver:
     @hookimpl
     def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
         """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
-        self._hook("post_stop", device_ids, lambda: None, extra={"retry": True} if retry else None)
+        self._hook("post_stop", device_ids, lambda: None, retry=retry)
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
         """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
-        self._hook("deallocate", device_ids, lambda: None, extra={"retry": True} if retry else None)
+        self._hook("deallocate", device_ids, lambda: None, retry=retry)
 
     # --- internals
 
@@ -207,13 +208,15 @@ class MockDriver:
         device_ids: Sequence[str],
         body: Callable[[], T],
         extra: Mapping[str, Any] | None = None,
+        retry: bool = False,
     ) -> T:
-        """Run one hook: its devices' ``delay=`` (the longest), their ``fail=``, ``body``; then log the call.
+        """Note the call's start; run its devices' ``delay=`` (the longest), their ``fail=``, ``body``; log the call.
 
         Directives are read from the files at the call, so a test can edit a
         file and call the hook at once.
         """
         ids = list(device_ids)
+        self.calls.begin(hook, ids, retry=retry, extra=extra)
         try:
             files = [f for f in (read_device_file(self.directory, i) for i in ids) if f is not None]
             delay = max((f.delays.get(hook, 0.0) for f in files), default=0.0)
@@ -227,9 +230,9 @@ class MockDriver:
                 )
             result = body()
         except Exception as exc:
-            self.calls.record(hook, ids, error=str(exc), extra=extra)
+            self.calls.record(hook, ids, retry=retry, error=str(exc), extra=extra)
             raise
-        self.calls.record(hook, ids, extra=extra)
+        self.calls.record(hook, ids, retry=retry, extra=extra)
         crashing = [f.id for f in files if hook in f.crash]
         if crashing:
             self._log.warning("crash=%s in %s: killing the daemon (SIGKILL)", hook, self.directory / crashing[0])

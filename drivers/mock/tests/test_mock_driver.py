@@ -1,4 +1,4 @@
-"""The mock driver behind the core's real facade (DriverHooks), with a recording DeviceSink.
+"""The mock driver behind the core's real facade (DriverHooks), with the kit's recording DeviceSink.
 
 Devices and health, hot-plug pushes, allocation and the call log, the test directives.
 """
@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,57 +18,10 @@ import pytest
 
 from devplug import Device, DeviceSpec, DriverContext, DriverError, Health, Mount, Topology
 from devplug.drivers import HOOK_NAMES, DriverHooks
+from devplug.testing.sink import RecordingSink
 from devplug_mock import CALLS_FILE, DIRECTIVE_HOOKS, MockDriver, MockOptions, read_calls
 
 WAIT = 5.0  # seconds: a generous bound on "soon"; tests wait on conditions, never assert on timing
-
-
-@dataclass(frozen=True)
-class Push:
-    """One push the driver made through its context."""
-
-    kind: str  # "replace", "update" or "relist"
-    devices: tuple[Device, ...] = ()
-    removed: tuple[str, ...] = ()
-
-
-class RecordingSink:
-    """A DeviceSink that keeps the engine's view of the devices and every push, thread-safe."""
-
-    def __init__(self) -> None:
-        self.pushes: list[Push] = []
-        self.table: dict[str, Device] = {}
-        self._cond = threading.Condition()
-
-    def replace_devices(self, devices: list[Device]) -> None:
-        with self._cond:
-            self.pushes.append(Push("replace", tuple(devices)))
-            self.table = {d.id: d for d in devices}
-            self._cond.notify_all()
-
-    def update_devices(self, changed: list[Device], removed: list[str]) -> None:
-        with self._cond:
-            self.pushes.append(Push("update", tuple(changed), tuple(removed)))
-            for dev in changed:
-                self.table[dev.id] = dev
-            for dev_id in removed:
-                self.table.pop(dev_id, None)
-            self._cond.notify_all()
-
-    def request_relist(self) -> None:
-        with self._cond:
-            self.pushes.append(Push("relist"))
-            self._cond.notify_all()
-
-    def load(self, devices: list[Device]) -> None:
-        """Set the table as the engine does after ``list_devices`` (not a push)."""
-        with self._cond:
-            self.table = {d.id: d for d in devices}
-
-    def wait_for(self, predicate: Callable[[dict[str, Device]], bool]) -> bool:
-        """Wait until the table satisfies ``predicate``; False after :data:`WAIT` seconds."""
-        with self._cond:
-            return self._cond.wait_for(lambda: predicate(self.table), timeout=WAIT)
 
 
 @dataclass

@@ -28,10 +28,11 @@ from typing import Any, Protocol
 
 import pytest
 
-from devplug import Device, DriverContext
+from devplug import DriverContext
 from devplug.drivers import DriverHooks
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.pcisysfs import PciSysfsModel
+from devplug.testing.sink import RecordingSink
 from devplug_vfio import VfioDriver, VfioOptions
 
 IN_GUEST = os.environ.get("DEVPLUG_VM_GUEST") == "1"
@@ -278,22 +279,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # --- driving the driver as the engine does ------------------------------------------
 
 
-class RecordingSink:
-    """A DeviceSink that keeps what the driver pushed."""
-
-    def __init__(self) -> None:
-        self.pushes: list[list[Device]] = []
-
-    def replace_devices(self, devices: list[Device]) -> None:
-        self.pushes.append(list(devices))
-
-    def update_devices(self, changed: list[Device], removed: list[str]) -> None:
-        raise AssertionError("the vfio driver pushes whole lists")
-
-    def request_relist(self) -> None:
-        raise AssertionError("the vfio driver does not ask for relists")
-
-
 @dataclass
 class Harness:
     """One driver instance behind the core's facade, with its context and sink."""
@@ -327,7 +312,7 @@ def make_harness(tmp_path: Path) -> Iterator[HarnessFactory]:
         state = state_dir if state_dir is not None else tmp_path / "state" / resource.replace("/", "_")
         state.mkdir(parents=True, exist_ok=True)
         driver = VfioDriver(opts, access=sysfs)
-        sink = RecordingSink()
+        sink = RecordingSink(kinds=("replace",))  # the vfio driver pushes whole lists
         harness = Harness(driver, DriverHooks(resource, driver), DriverContext(resource, state, sink), sink)
         made.append(harness)
         return harness

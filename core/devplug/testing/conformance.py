@@ -1,0 +1,304 @@
+"""The driver contract as tests: subclass :class:`DriverConformance` in a driver's suite to get them.
+
+Every check runs the real thing: ``devplug run`` as a child process (the
+driver loaded through its entry point), the dev kubelet over unix sockets,
+and the driver's own record of its hook calls
+(:class:`devplug.testing.recorder.HookRecorder`), which is how the checks see
+what the daemon asked of the driver. The kit knows nothing of any driver: a
+subclass says what is driver-specific::
+
+    from devplug.testing.conformance import DriverConformance
+
+    class TestFpgaConformance(DriverConformance):
+        driver = "fpga"                   # the entry-point name
+        device_count = 2                  # devices the options below give
+        bad_option_key = "cards"          # the key bad_options gets wrong
+
+        def options(self, folder):        # options for a resource living in a fresh folder
+            return {"bitstream_dir": str(folder), "cards": 2}
+
+        def bad_options(self, folder):
+            return {"bitstream_dir": str(folder), "cards": -1}
+
+The driver must record its calls with a ``HookRecorder`` on
+:meth:`DriverConformance.calls_dir` (by default the folder itself) and
+implement ``list_devices``; the checks, one test each:
+
+* ``test_advertises_its_devices`` -- every device registered, listed to the kubelet, healthy;
+* ``test_allocates_a_pod`` -- a pod gets distinct advertised devices, the ``allocate`` hook (when the driver
+  records one) saw exactly them, and the kubelet got the driver's answer (:meth:`check_allocation`);
+* ``test_releases_exactly_once[stock|kep]`` -- after the pod is removed, each release hook (``post_stop`` then
+  ``deallocate``, as far as the driver implements them: :attr:`release_hooks`) ran once, not flagged as a retry,
+  after the pod was gone; a restart repeats nothing; the device is healthy again. On a stock kubelet
+  (PodResources) and on a KEP one (PostStopContainer, Deallocate);
+* ``test_a_release_killed_midway_is_finished_after_restart`` -- ``kill -9`` while a release hook runs (made
+  slow by :meth:`slow_release`; skipped when it returns False); after a restart the interrupted hook runs again,
+  once, with ``retry=True``, the later ones once; the hooks are at least once, so this is exactly what is allowed;
+* ``test_check_config_*`` -- ``devplug check-config`` accepts :meth:`options`, and refuses an unknown key and
+  :meth:`bad_options` with exit code 2, naming the file, the resource and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.hookrecord import RELEASE_HOOKS, HookCall, read_hook_calls
+from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.entrypoints import entry_point_env
+from devplug.testing.plugin import RunningDaemon
+from devplug.types import ContainerAllocation
+
+__all__ = ["DriverConformance", "poll_until"]
+
+#: Seconds any awaited condition may take: a generous bound on "soon", never a timing assertion.
+WAIT = 30.0
+
+
+def poll_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail the test naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
+        time.sleep(0.02)
+
+
+class DriverConformance:
+    """The contract checks every driver passes; subclass it as ``Test<Driver>Conformance`` and fill in below.
+
+    Required: :attr:`driver`, :attr:`device_count`, :meth:`options`. The rest has defaults.
+    """
+
+    #: The driver's entry-point name (what operators write as ``driver = "..."``).
+    driver: ClassVar[str] = ""
+    #: The resource name the checks serve.
+    resource: ClassVar[str] = "example.com/conformance"
+    #: How many devices :meth:`options` gives (at least 1; the allocation check takes up to 2).
+    device_count: ClassVar[int] = 1
+    #: The release hooks the driver implements, in the order the engine calls them.
+    release_hooks: ClassVar[tuple[str, ...]] = RELEASE_HOOKS
+    #: Whether the driver records its ``allocate`` calls (a driver with no ``allocate`` hook has none).
+    records_allocate: ClassVar[bool] = True
+    #: The option key :meth:`bad_options` gets wrong, which ``check-config`` must name.
+    bad_option_key: ClassVar[str] = ""
+    #: Test doubles the daemon may load without their being installed: ``{name: "module:Class"}``.
+    test_drivers: ClassVar[Mapping[str, str]] = {}
+    #: Where the modules of :attr:`test_drivers` are.
+    python_path: ClassVar[Sequence[Path]] = ()
+
+    # --- what a driver's subclass supplies ----------------------------------------------------------
+
+    def options(self, folder: Path) -> Mapping[str, Any]:
+        """The driver's options for a resource whose files live in ``folder`` (a fresh, empty folder).
+
+        Called before the daemon starts; may prepare ``folder`` (a fake device tree, say).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define options(folder)")
+
+    def calls_dir(self, folder: Path) -> Path:
+        """Where the driver's :class:`~devplug.testing.recorder.HookRecorder` writes (default: ``folder``)."""
+        return folder
+
+    def check_allocation(self, device_ids: Sequence[str], allocation: ContainerAllocation, folder: Path) -> None:
+        """Assert that ``allocation`` is what the driver answers for ``device_ids`` (default: no check).
+
+        Called with what the kubelet received for the pod's container.
+        """
+
+    def slow_release(self, folder: Path, device_id: str) -> bool:
+        """Make the next release of ``device_id`` take long (at least a minute) so a ``kill -9`` lands in it.
+
+        Return False when the driver cannot (the kill check is then skipped).
+        """
+        return False
+
+    def fast_release(self, folder: Path, device_id: str) -> None:
+        """Undo :meth:`slow_release`: releases of ``device_id`` take their normal time again."""
+
+    def bad_options(self, folder: Path) -> Mapping[str, Any] | None:
+        """Options with one wrong value, at :attr:`bad_option_key` (``None``: no such check)."""
+        return None
+
+    # --- fixtures ---------------------------------------------------------------------------------------
+
+    @pytest.fixture
+    def conformance_folder(self, devplug_root: Path) -> Path:
+        """The driver's folder for this test, under the short ``devplug_root``."""
+        folder = devplug_root / "driver"
+        folder.mkdir()
+        return folder
+
+    # --- helpers ------------------------------------------------------------------------------------------
+
+    def resource_table(self, folder: Path) -> dict[str, Any]:
+        """The config's table for :attr:`resource`."""
+        return {"driver": self.driver, "options": dict(self.options(folder))}
+
+    def start_daemon(self, devplug_daemon: Callable[..., RunningDaemon], folder: Path) -> RunningDaemon:
+        """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s)."""
+        return devplug_daemon(
+            {self.resource: self.resource_table(folder)},
+            release_interval=0.1,
+            grace_period=1.0,
+            test_drivers=self.test_drivers,
+            python_path=self.python_path,
+        )
+
+    def release_calls(self, folder: Path, device_id: str, *, started: bool = False) -> list[HookCall]:
+        """The recorded release-hook calls touching ``device_id``, finished (or with ``started``, begun)."""
+        calls = read_hook_calls(self.calls_dir(folder), device=device_id, started=started)
+        return [c for c in calls if c.hook in self.release_hooks]
+
+    def admit(self, kubelet: DevKubeletThread, pod: str, count: int) -> tuple[str, ...]:
+        """Admit a one-container pod asking ``count`` devices; the device IDs it got."""
+        admitted = kubelet.admit_pod(PodSpec(pod, [ContainerSpec("app", {self.resource: count})]))
+        return admitted.container("app").devices[self.resource]
+
+    def wait_healthy(self, kubelet: DevKubeletThread, device_id: str) -> None:
+        """Wait until the kubelet sees ``device_id`` healthy."""
+
+        def healthy() -> bool:
+            view = kubelet.resource(self.resource)
+            device = None if view is None else view.device(device_id)
+            return device is not None and device.healthy
+
+        poll_until(healthy, f"{device_id} advertised healthy")
+
+    def _released(self, folder: Path, device_id: str, times: int = 1) -> Callable[[], bool]:
+        last = self.release_hooks[-1]
+        return lambda: sum(c.hook == last and c.ok for c in self.release_calls(folder, device_id)) >= times
+
+    def _check_config(self, folder: Path, options: Mapping[str, Any]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+        table = {"driver": self.driver, "options": dict(options)}
+        path = write_toml(folder / "check.toml", dev_config(folder, {self.resource: table}))
+        env = entry_point_env(folder / "test-drivers", self.test_drivers, self.python_path)
+        done = subprocess.run(
+            [sys.executable, "-m", "devplug", "check-config", str(path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=120,
+        )
+        return path, done
+
+    # --- the checks -----------------------------------------------------------------------------------------
+
+    def test_advertises_its_devices(
+        self, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon], conformance_folder: Path
+    ) -> None:
+        self.start_daemon(devplug_daemon, conformance_folder)
+
+        def listed() -> bool:
+            view = dev_kubelet.resource(self.resource)
+            return view is not None and view.capacity == self.device_count == view.allocatable
+
+        poll_until(listed, f"{self.device_count} healthy devices of {self.resource} listed to the kubelet")
+        view = dev_kubelet.resource(self.resource)
+        assert view is not None
+        assert view.registered
+        assert len({d.id for d in view.devices}) == self.device_count
+
+    def test_allocates_a_pod(
+        self, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon], conformance_folder: Path
+    ) -> None:
+        self.start_daemon(devplug_daemon, conformance_folder)
+        count = min(2, self.device_count)
+        admitted = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("app", {self.resource: count})]))
+        container = admitted.container("app")
+        ids = container.devices[self.resource]
+        view = dev_kubelet.resource(self.resource)
+        assert view is not None
+        assert len(set(ids)) == count
+        assert set(ids) <= {d.id for d in view.devices}
+        if self.records_allocate:
+            calls = read_hook_calls(self.calls_dir(conformance_folder), hook="allocate")
+            assert [(sorted(c.device_ids), c.ok) for c in calls] == [(sorted(ids), True)]
+        self.check_allocation(ids, container.allocations[self.resource], conformance_folder)
+
+    @pytest.mark.parametrize("kubelet", ["stock", "kep"])
+    def test_releases_exactly_once(
+        self,
+        kubelet: str,
+        dev_kubelet: DevKubeletThread,
+        devplug_daemon: Callable[..., RunningDaemon],
+        conformance_folder: Path,
+    ) -> None:
+        dev_kubelet.kep_mode = kubelet == "kep"
+        daemon = self.start_daemon(devplug_daemon, conformance_folder)
+        (dev,) = self.admit(dev_kubelet, "p", 1)
+        assert self.release_calls(conformance_folder, dev) == [], "released while the pod runs"
+        removed_at = time.time()
+        dev_kubelet.remove_pod("p")
+        poll_until(self._released(conformance_folder, dev), f"{dev} to be released after its pod was removed")
+        self.wait_healthy(dev_kubelet, dev)
+        daemon.restart()  # a daemon reading its own state back repeats nothing
+        assert daemon.stop() == 0
+        calls = self.release_calls(conformance_folder, dev)
+        assert [(c.hook, c.retry, c.error) for c in calls] == [(h, False, None) for h in self.release_hooks]
+        began = self.release_calls(conformance_folder, dev, started=True)
+        assert began, "the driver records no call starts (HookRecorder.call or .begin)"
+        assert min(c.time for c in began) >= removed_at, "a release began before the pod was removed"
+
+    def test_a_release_killed_midway_is_finished_after_restart(
+        self, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon], conformance_folder: Path
+    ) -> None:
+        daemon = self.start_daemon(devplug_daemon, conformance_folder)
+        (dev,) = self.admit(dev_kubelet, "p", 1)
+        if not self.slow_release(conformance_folder, dev):
+            pytest.skip(f"{type(self).__name__}.slow_release cannot make a release slow")
+        dev_kubelet.remove_pod("p")
+
+        def running() -> str | None:
+            done = [c.hook for c in self.release_calls(conformance_folder, dev)]
+            began = [c.hook for c in self.release_calls(conformance_folder, dev, started=True)]
+            return next((h for h in self.release_hooks if began.count(h) > done.count(h)), None)
+
+        hook = poll_until(running, f"a release hook of {dev} to start")
+        daemon.kill()
+        finished = [c.hook for c in self.release_calls(conformance_folder, dev)]
+        assert hook not in finished, f"{hook} finished before the kill: slow_release did not make it slow enough"
+
+        self.fast_release(conformance_folder, dev)
+        daemon.restart()
+        poll_until(self._released(conformance_folder, dev), f"{dev}'s release to be finished after the restart")
+        self.wait_healthy(dev_kubelet, dev)
+        assert daemon.stop() == 0
+        calls = self.release_calls(conformance_folder, dev)
+        assert [c.hook for c in calls] == list(self.release_hooks), "each release hook finishes exactly once"
+        assert all(c.ok for c in calls)
+        killed = self.release_hooks.index(hook)
+        assert calls[killed].retry, f"the {hook} call after the restart must be flagged retry=True"
+        assert not any(c.retry for c in calls[:killed]), "hooks finished before the kill are not retried"
+
+    def test_check_config_accepts_the_options(self, conformance_folder: Path) -> None:
+        _, done = self._check_config(conformance_folder, self.options(conformance_folder))
+        assert done.returncode == 0, done.stderr
+
+    def test_check_config_names_an_unknown_option(self, conformance_folder: Path) -> None:
+        options = {**self.options(conformance_folder), "no_such_option": 1}
+        path, done = self._check_config(conformance_folder, options)
+        assert done.returncode == 2, done.stderr
+        for part in (str(path), self.resource, "no_such_option"):
+            assert part in done.stderr, f"{part!r} not named in: {done.stderr}"
+
+    def test_check_config_names_a_bad_option(self, conformance_folder: Path) -> None:
+        bad = self.bad_options(conformance_folder)
+        if bad is None:
+            pytest.skip(f"{type(self).__name__}.bad_options gives no bad options")
+        assert self.bad_option_key, "set bad_option_key to the key bad_options gets wrong"
+        path, done = self._check_config(conformance_folder, bad)
+        assert done.returncode == 2, done.stderr
+        for part in (str(path), self.resource, self.bad_option_key):
+            assert part in done.stderr, f"{part!r} not named in: {done.stderr}"

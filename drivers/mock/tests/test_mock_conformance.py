@@ -1,0 +1,41 @@
+"""The mock driver against the kit's driver contract checks (:class:`devplug.testing.conformance.DriverConformance`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from devplug import ContainerAllocation, DeviceSpec, Mount
+from devplug.testing.conformance import DriverConformance
+
+
+class TestMockConformance(DriverConformance):
+    driver = "mock"
+    resource = "example.com/mock"
+    device_count = 3
+    bad_option_key = "count"
+
+    def options(self, folder: Path) -> Mapping[str, Any]:
+        return {"directory": str(folder / "devices"), "count": self.device_count}
+
+    def calls_dir(self, folder: Path) -> Path:
+        return folder / "devices"  # the mock keeps its record in its device folder
+
+    def check_allocation(self, device_ids: Sequence[str], allocation: ContainerAllocation, folder: Path) -> None:
+        devices = folder / "devices"
+        assert allocation == ContainerAllocation(
+            envs={"MOCK_DEVICES": ",".join(device_ids)},
+            devices=tuple(DeviceSpec(f"/dev/mock/{i}", str(devices / i), "rw") for i in device_ids),
+            mounts=tuple(Mount(f"/var/run/mock/{i}", str(devices / i), read_only=True) for i in device_ids),
+        )
+
+    def slow_release(self, folder: Path, device_id: str) -> bool:
+        (folder / "devices" / device_id).write_text("delay=post_stop:120\n")
+        return True
+
+    def fast_release(self, folder: Path, device_id: str) -> None:
+        (folder / "devices" / device_id).write_text("")
+
+    def bad_options(self, folder: Path) -> Mapping[str, Any]:
+        return {"directory": str(folder / "devices"), "count": -1}

@@ -1,0 +1,47 @@
+"""The README's driver guide stays in step with the kit: every example of "Testing a driver" runs as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from devplug.testing.conformance import DriverConformance
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _section() -> str:
+    text = README.read_text()
+    return text[text.index("### Testing a driver") : text.index("## The wire contract")]
+
+
+def _examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", _section(), re.S)
+
+
+def test_every_example_of_the_testing_guide_runs(tmp_path: Path) -> None:
+    examples = _examples()
+    assert len(examples) >= 5
+    assert any("DriverConformance" in e for e in examples)
+    for i, source in enumerate(examples):
+        (tmp_path / f"test_example_{i}.py").write_text(source)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    # The conformance example's checks ran too (none skipped: the mock can make a release slow).
+    assert re.search(r"\b1[0-9] passed\b", done.stdout), done.stdout[-2000:]
+    assert "skipped" not in done.stdout
+
+
+def test_the_conformance_knobs_the_guide_names_exist() -> None:
+    section = _section()
+    for name in re.findall(r"`(\w+)`", section[section.index("**Conformance.**") : section.index("**Recording")]):
+        if name.islower() and "_" in name and name not in ("post_stop", "check_config", "retry"):
+            assert hasattr(DriverConformance, name), name
