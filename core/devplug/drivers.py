@@ -48,6 +48,7 @@ __all__ = [
     "driver_hook_names",
     "check_driver_resources",
     "construct_driver",
+    "driver_names",
     "installed_drivers",
     "load_driver_class",
 ]
@@ -93,9 +94,9 @@ def _metadata_field(text: str, field: str) -> str:
     return "?"
 
 
-def _distributions() -> Iterator[tuple[Path, str]]:
-    """Each distribution's metadata folder on ``sys.path``, with its METADATA (or PKG-INFO) text."""
-    for entry in sys.path:
+def _distributions(paths: Sequence[str] | None = None) -> Iterator[tuple[Path, str]]:
+    """Each distribution's metadata folder on ``paths`` (``sys.path``), with its METADATA (or PKG-INFO) text."""
+    for entry in sys.path if paths is None else paths:
         folder = Path(entry or ".")
         try:
             children = sorted(folder.iterdir())
@@ -112,7 +113,7 @@ def _distributions() -> Iterator[tuple[Path, str]]:
                     continue
 
 
-def entry_points(group: str) -> list[tuple[EntryPoint, str, str]]:
+def entry_points(group: str, paths: Sequence[str] | None = None) -> list[tuple[EntryPoint, str, str]]:
     """The entry points of ``group`` of every distribution on ``sys.path``: (entry point, distribution, version).
 
     Read from the distributions' ``entry_points.txt`` directly (what
@@ -121,7 +122,7 @@ def entry_points(group: str) -> list[tuple[EntryPoint, str, str]]:
     """
     found: list[tuple[EntryPoint, str, str]] = []
     seen: set[str] = set()
-    for folder, meta in _distributions():
+    for folder, meta in _distributions(paths):
         dist = _metadata_field(meta, "name")
         key = dist.lower().replace("_", "-")
         if key in seen:
@@ -188,6 +189,14 @@ def installed_drivers() -> dict[str, DriverInfo]:
             continue
         found[ep.name] = DriverInfo(name=ep.name, distribution=dist, version=version, entry_point=ep)
     return dict(sorted(found.items()))
+
+
+def driver_names(extra_paths: Sequence[str] = ()) -> list[str]:
+    """The names of the drivers installed here, plus those declared under ``extra_paths``, less the disabled."""
+    found = {ep.name for ep, _, _ in entry_points(ENTRY_POINT_GROUP)}
+    if extra_paths:
+        found.update(ep.name for ep, _, _ in entry_points(ENTRY_POINT_GROUP, extra_paths))
+    return sorted(found - _disabled())
 
 
 def load_driver_class(name: str, where: str = "") -> type:

@@ -51,6 +51,7 @@ class Load:
                 try:
                     self.lab.grpc_call("Deallocate", request, dp.DeallocateResponse)
                 except grpc.RpcError:
+                    self.answered.discard(device)  # the kill cut the Deallocate: it may or may not have happened
                     return
                 self.answered.discard(device)
 

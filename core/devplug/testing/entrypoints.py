@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 
 __all__ = ["ENTRY_POINT_GROUP", "installed_driver_names", "missing_driver_message", "entry_point_env"]
@@ -30,12 +29,9 @@ _DIST_NAME = "devplug_test_drivers"
 def installed_driver_names(extra_path: Sequence[Path] = ()) -> list[str]:
     """The driver names a ``devplug run`` child would find: entry points of this Python's installed
     distributions and of those under ``extra_path``, without the ones ``DEVPLUG_DISABLE_DRIVERS`` hides."""
-    names = {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    if extra_path:
-        for dist in metadata.distributions(path=[str(p) for p in extra_path]):
-            names.update(ep.name for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP)
-    disabled = {n.strip() for n in os.environ.get(_DISABLE_ENV, "").split(",") if n.strip()}
-    return sorted(names - disabled)
+    from devplug.drivers import driver_names  # what the daemon's own discovery finds
+
+    return driver_names([str(p) for p in extra_path])
 
 
 def missing_driver_message(resource: str, driver: str, installed: Sequence[str]) -> str:
