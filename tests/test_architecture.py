@@ -34,6 +34,32 @@ def test_drivers_use_only_the_public_surface() -> None:
     assert offences == []
 
 
+#: What a driver may import from devplug (README, "Writing a driver").
+PUBLIC_SURFACE = (
+    "devplug",
+    "devplug.hookspecs",
+    "devplug.types",
+    "devplug.options",
+    "devplug.atomic",
+    "devplug.allocation",
+    "devplug.watch",
+    "devplug.sysfs",
+    "devplug.pci",
+    "devplug.testing",
+)
+
+
+def test_drivers_import_from_devplug_only_its_public_surface() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _sources(ROOT / "drivers")
+        for line, module in _imports(path)
+        if (module == "devplug" or module.startswith("devplug."))
+        and not any(module == m or (m == "devplug.testing" and module.startswith(m + ".")) for m in PUBLIC_SURFACE)
+    ]
+    assert offences == []
+
+
 def test_only_engine_devkubelet_and_api_import_generated_code() -> None:
     allowed = {"engine", "devkubelet", "api"}
     offences = [

@@ -8,6 +8,7 @@ For driver authors, the public surface is this package's root and these modules:
 * :mod:`devplug.atomic` -- crash-safe writes for a driver's own state;
 * :mod:`devplug.allocation` -- the default NUMA-packing preferred allocation;
 * :mod:`devplug.watch` -- directory watching (inotify) for hot-plug;
+* :mod:`devplug.sysfs`, :mod:`devplug.pci` -- sysfs access, and PCI bind/unbind through vfio-pci;
 * :mod:`devplug.testing` -- the pytest plugin, the dev kubelet fixtures and kernel models.
 
 Everything else (the engine, the generated protobuf code, the CLI) is internal.
