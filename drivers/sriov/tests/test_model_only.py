@@ -187,7 +187,7 @@ def test_vfio_mode_selects_vfs_by_their_own_driver_while_bound(
 # --- config ---------------------------------------------------------------------------------
 
 
-def _tables(model: PciSysfsModel, **resources: dict[str, Any]) -> dict[str, Any]:
+def _tables(model: PciSysfsModel, resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
     roots = {"sysfs_root": str(model.sysfs_root), "dev_root": str(model.dev_root)}
     return {name: {"driver": "sriov", "options": {**options, **roots}} for name, options in resources.items()}
 
@@ -215,7 +215,7 @@ def test_config_errors_name_the_resource_and_the_key(options: dict[str, Any], me
 def test_two_resources_claiming_one_vf_is_a_config_error_naming_both(model: PciSysfsModel) -> None:
     tables = _tables(
         model,
-        **{
+        {
             "example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vfs": ["ens1f0#0-2"]},
             "example.com/b": {"vfs": [f"{NIC_PF}#2-3"]},
         },
@@ -229,7 +229,7 @@ def test_two_resources_claiming_one_vf_is_a_config_error_naming_both(model: PciS
 def test_two_resources_setting_one_pf_up_differently_is_a_config_error(model: PciSysfsModel) -> None:
     tables = _tables(
         model,
-        **{
+        {
             "example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vfs": ["ens1f0#0-1"]},
             "example.com/b": {"pfs": [NIC_PF], "num_vfs": 8, "vfs": ["ens1f0#2-3"]},
         },
@@ -244,12 +244,12 @@ def test_selectors_are_checked_against_the_node(model: PciSysfsModel) -> None:
         ({"pfs": ["ens1f0"], "num_vfs": 9}, f"num_vfs = 9 but {NIC_PF} supports at most 8 VFs"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            parse_config({"resources": _tables(model, **{"example.com/a": options})}, source="dp.toml")
+            parse_config({"resources": _tables(model, {"example.com/a": options})}, source="dp.toml")
 
 
-def _config_file(tmp_path: Path, model: PciSysfsModel, **resources: dict[str, Any]) -> Path:
+def _config_file(tmp_path: Path, model: PciSysfsModel, resources: dict[str, dict[str, Any]]) -> Path:
     return write_toml(
-        tmp_path / "devplug.toml", {"state": {"dir": str(tmp_path / "state")}, "resources": _tables(model, **resources)}
+        tmp_path / "devplug.toml", {"state": {"dir": str(tmp_path / "state")}, "resources": _tables(model, resources)}
     )
 
 
@@ -263,14 +263,14 @@ def test_check_config_validates_against_the_node_and_changes_nothing(tmp_path: P
     bad = _config_file(
         tmp_path,
         model,
-        **{"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4}, "example.com/b": {"vfs": ["ens1f0#3"]}},
+        {"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4}, "example.com/b": {"vfs": ["ens1f0#3"]}},
     )
     result = subprocess.run(
         [sys.executable, "-m", "devplug", "check-config", str(bad)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2, result.stderr
     assert f"VF 3 of {NIC_PF} is claimed by both example.com/a and example.com/b" in result.stderr
-    good = _config_file(tmp_path, model, **{"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4}})
+    good = _config_file(tmp_path, model, {"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4}})
     result = subprocess.run(
         [sys.executable, "-m", "devplug", "check-config", str(good)], capture_output=True, text=True, timeout=60
     )
@@ -282,9 +282,7 @@ def test_setup_dry_run_prints_what_would_be_written_and_writes_nothing(
     tmp_path: Path, model: PciSysfsModel, kit: ModuleType
 ) -> None:
     before = _tree(model)
-    path = _config_file(
-        tmp_path, model, **{"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vf_driver": "vfio-pci"}}
-    )
+    path = _config_file(tmp_path, model, {"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vf_driver": "vfio-pci"}})
     result = kit.run_setup("--config", str(path), "--dry-run")
     assert result.returncode == 0, result.stderr
     folder = f"{model.sysfs_root}/bus/pci/devices/{NIC_PF}"
