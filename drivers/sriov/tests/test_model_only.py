@@ -239,10 +239,11 @@ def test_two_resources_setting_one_pf_up_differently_is_a_config_error(model: Pc
 
 
 def test_selectors_are_checked_against_the_node(model: PciSysfsModel) -> None:
-    for options, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"pfs": ["ens9f9"]}, "pfs: 'ens9f9' names no SR-IOV physical function on this node"),
         ({"pfs": ["ens1f0"], "num_vfs": 9}, f"num_vfs = 9 but {NIC_PF} supports at most 8 VFs"),
-    ]:
+    ]
+    for options, message in cases:
         with pytest.raises(ConfigError, match=message):
             parse_config({"resources": _tables(model, {"example.com/a": options})}, source="dp.toml")
 
