@@ -19,27 +19,19 @@ from devplug_sriov.sriov import PhysFn, SriovBus
 __all__ = ["check_resources"]
 
 
-def _vf_count(pf: PhysFn, targets: Mapping[str, tuple[str, int]]) -> int:
-    return targets[pf.address][1] if pf.address in targets else pf.num_vfs
-
-
 def check_resources(options_by_resource: Mapping[str, SriovOptions]) -> None:
     """Raise ``ValueError`` naming the resources (and the PF or VF) of the first conflict found."""
-    nodes: dict[str, dict[str, PhysFn]] = {}
+    nodes: dict[str, dict[str, PhysFn] | None] = {}
     targets: dict[tuple[str, str], tuple[str, int]] = {}
     autoprobes: dict[tuple[str, str], tuple[str, bool]] = {}
     set_ups: dict[str, dict[str, PhysFn]] = {}
     for resource, options in options_by_resource.items():
         root = os.path.realpath(options.sysfs_root)
         if root not in nodes:
-            sysfs = HostSysfs(options.sysfs_root, options.dev_root)
-            if not sysfs.is_dir(options.sysfs_root / "bus" / "pci" / "devices"):
-                nodes[root] = {}
-                continue
-            nodes[root] = SriovBus(PciBus(sysfs)).physfns()
+            nodes[root] = _read_node(options)
         present = nodes[root]
-        if not present and not os.path.isdir(options.sysfs_root / "bus" / "pci" / "devices"):
-            continue  # no sysfs to read here: start checks the rest
+        if present is None:
+            continue  # no sysfs to read here (checking on another machine): start checks the rest
         set_up, errors = resolve_pfs(options, present)
         if errors:
             raise ValueError(f"{resource}: " + "; ".join(errors))
@@ -70,7 +62,7 @@ def check_resources(options_by_resource: Mapping[str, SriovOptions]) -> None:
         if resource not in set_ups:
             continue
         per_root = {a: c for (r, a), (_, c) in targets.items() if r == root}
-        for pf in nodes[root].values():
+        for pf in (nodes[root] or {}).values():
             count = per_root.get(pf.address, pf.num_vfs)
             for index in range(count):
                 if not _pools(options, pf, index, set_ups[resource]):
@@ -81,6 +73,17 @@ def check_resources(options_by_resource: Mapping[str, SriovOptions]) -> None:
                         f"VF {index} of {pf.address} is claimed by both {other} and {resource}: a VF belongs to one "
                         "resource; narrow one resource's vfs ranges"
                     )
+
+
+def _read_node(options: SriovOptions) -> dict[str, PhysFn] | None:
+    """The node's SR-IOV PFs, or ``None`` where there is no PCI sysfs to read."""
+    sysfs = HostSysfs(options.sysfs_root, options.dev_root)
+    if not sysfs.is_dir(options.sysfs_root / "bus" / "pci" / "devices"):
+        return None
+    try:
+        return SriovBus(PciBus(sysfs)).physfns()
+    except OSError:
+        return None
 
 
 def _pools(options: SriovOptions, pf: PhysFn, index: int, set_up: Mapping[str, PhysFn]) -> bool:

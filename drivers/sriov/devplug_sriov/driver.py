@@ -39,20 +39,29 @@ def env_name(resource_name: str) -> str:
 
 
 class _Allocated:
-    """VFs held by pods, across every sriov resource of this process (the set-up never removes them)."""
+    """VFs held by pods, per sysfs root, across every sriov resource of this process.
 
-    _held: ClassVar[dict[str, set[str]]] = {}
+    The set-up of one resource must not remove VFs another resource (sharing
+    the PF) has handed to pods.
+    """
+
+    _held: ClassVar[dict[tuple[str, str], set[str]]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def publish(cls, key: str, addresses: set[str]) -> None:
+    def publish(cls, root: str, resource: str, addresses: set[str]) -> None:
         with cls._lock:
-            cls._held[key] = set(addresses)
+            cls._held[(root, resource)] = set(addresses)
 
     @classmethod
-    def all(cls) -> set[str]:
+    def withdraw(cls, root: str, resource: str) -> None:
         with cls._lock:
-            return set().union(*cls._held.values()) if cls._held else set()
+            cls._held.pop((root, resource), None)
+
+    @classmethod
+    def on(cls, root: str) -> set[str]:
+        with cls._lock:
+            return {a for (r, _), held in cls._held.items() if r == root for a in held}
 
 
 class SriovDriver:
@@ -108,7 +117,8 @@ class SriovDriver:
             if self.options.vf_driver == "vfio-pci":
                 self._check_vfio()
             self._finish_interrupted()
-            writes = plan_setup(self.sriov, self.options, _Allocated.all(), ctx.resource_name)
+            held = _Allocated.on(os.path.realpath(self.bus.sys))
+            writes = plan_setup(self.sriov, self.options, held, ctx.resource_name)
             for write in writes:
                 ctx.log.info("set-up: %s", write.describe(self.bus.sys))
             apply(self.sriov, writes)
@@ -126,6 +136,8 @@ class SriovDriver:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._ctx is not None:
+            _Allocated.withdraw(os.path.realpath(self.bus.sys), self._ctx.resource_name)
 
     def _check_vfio(self) -> None:
         if not self.access.is_dir(self.bus.drivers_dir / VFIO_PCI):
@@ -149,8 +161,8 @@ class SriovDriver:
         self._publish_allocated()
 
     def _publish_allocated(self) -> None:
-        key = f"{os.path.realpath(self.bus.sys)}|{self._ctx.resource_name if self._ctx else id(self)}"
-        _Allocated.publish(key, set(self._records))
+        assert self._ctx is not None, "start was not called"
+        _Allocated.publish(os.path.realpath(self.bus.sys), self._ctx.resource_name, set(self._records))
 
     def _finish_interrupted(self) -> None:
         """Releases a crash (or a failed reset) left half done are finished now; a half-done bind waits."""
@@ -351,9 +363,9 @@ class SriovDriver:
 
     def _reset(self, address: str, record: VfRecord) -> None:
         pf = self.sriov.physfn(record.pf)
-        if pf is None or pf.netdev is None:
-            if self.options.vf_driver == "kernel" and pf is not None and pf.netdev is None:
-                return  # not a network VF: there are no netlink settings to reset
+        if pf is None:
             raise DriverError(f"{address}: its PF {record.pf} vanished; cannot reset VF {record.index}")
+        if pf.netdev is None:
+            return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
         self.links.reset_vf(pf.netdev, record.index, self.settings)
         self._log().info("%s: reset (%s VF %d)", address, pf.netdev, record.index)

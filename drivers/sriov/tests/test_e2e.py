@@ -71,7 +71,7 @@ def test_two_vfs_bound_for_a_pod_and_restored_once_before_the_next(
     sysfs = backend.sysfs
     options: dict[str, Any] = {"pfs": [kit.PF], "num_vfs": 2, "vf_driver": "vfio-pci", "rescan_interval": 0.2}
     vfs = (kit.vf(0), kit.vf(1))
-    logs: Any = None
+    daemon: Any = None
     with contextlib.ExitStack() as stack:
         if backend.name == "model":
             options |= {"sysfs_root": str(sysfs.sysfs_root), "dev_root": str(sysfs.dev_root)}
@@ -83,10 +83,17 @@ def test_two_vfs_bound_for_a_pod_and_restored_once_before_the_next(
             kubelet.wait_for(lambda k: bool(k.events_of("list-and-watch", RESOURCE)), timeout=kit.WAIT)
         else:
             daemon = request.getfixturevalue("devplug_daemon")({RESOURCE: {"driver": "sriov", "options": options}})
-            logs = daemon.process.log_text
 
         assert _pod(kubelet, "first") == vfs
         assert [kit.driver_of(sysfs, a) for a in vfs] == ["vfio-pci", "vfio-pci"]
+
+        if daemon is not None:  # kill -9 while the pod holds the VFs: the restart re-creates nothing
+            registrations = kubelet.registrations(RESOURCE)
+            daemon.process.kill()
+            daemon.process.start()
+            kubelet.wait_registered(RESOURCE, timeout=kit.WAIT, after=registrations)
+            assert kit.attr(sysfs, kit.PF, "sriov_numvfs") == "2"
+            assert [kit.driver_of(sysfs, a) for a in vfs] == ["vfio-pci", "vfio-pci"]
 
         kubelet.remove_pod("first")
 
@@ -100,8 +107,9 @@ def test_two_vfs_bound_for_a_pod_and_restored_once_before_the_next(
 
         assert _pod(kubelet, "second") == vfs
         assert [kit.driver_of(sysfs, a) for a in vfs] == ["vfio-pci", "vfio-pci"]
-        if logs is not None:
-            assert logs().count(f"[{RESOURCE}] released ") == 1, logs()  # one release between the pods
+        if daemon is not None:
+            log = daemon.process.log_text()
+            assert log.count(f"[{RESOURCE}] released ") == 1, log  # one release between the pods
 
 
 def test_a_pod_gets_two_network_vfs_and_the_next_pod_gets_them_reset_once(

@@ -304,3 +304,14 @@ def test_setup_refuses_a_pf_without_driver_clearly(model: PciSysfsModel, links: 
         SriovDriver.check_resources(
             {"example.com/a": SriovOptions(pfs=("ens1f0",), sysfs_root=model.sysfs_root, dev_root=model.dev_root)}
         )
+
+
+def test_the_setup_never_removes_vfs_another_resource_has_handed_out(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    low = make_harness(model, links, resource="example.com/low", pfs=["ens1f0"], num_vfs=2, vfs=["ens1f0#0"]).start()
+    low.hooks.allocate([nic_vf(0)])
+    other = make_harness(model, links, resource="example.com/high", pfs=["ens1f0"], num_vfs=4, vfs=["ens1f0#1-3"])
+    with pytest.raises(DriverError, match=rf"example.com/high: cannot change {NIC_PF} from 2 to 4 VFs.*{nic_vf(0)}"):
+        other.start()
+    assert model.numvfs_of(NIC_PF) == 2
