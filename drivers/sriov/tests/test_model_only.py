@@ -3,6 +3,7 @@ failing resets, two resources, the config through the core's parser and ``devplu
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -315,3 +316,15 @@ def test_the_setup_never_removes_vfs_another_resource_has_handed_out(
     with pytest.raises(DriverError, match=rf"example.com/high: cannot change {NIC_PF} from 2 to 4 VFs.*{nic_vf(0)}"):
         other.start()
     assert model.numvfs_of(NIC_PF) == 2
+
+
+def test_model_sriov_rules_only_the_model_can_stage(model: PciSysfsModel) -> None:
+    numvfs = model.sysfs_root / f"bus/pci/devices/{NIC_PF}/sriov_numvfs"
+    model.write_text(numvfs, "2")  # autoprobe 1 (the default): the VF driver takes new VFs at once
+    assert [model.driver_of(nic_vf(i)) for i in range(2)] == ["iavf", "iavf"]
+    assert model.listdir(model.sysfs_root / f"bus/pci/devices/{nic_vf(1)}/net") == ["ens1f0v1"]
+    model.write_text(numvfs, "0")
+    model.unload_driver("i40e")
+    with pytest.raises(OSError, match="no driver bound") as info:  # sriov_numvfs_store: -ENOENT without a PF driver
+        model.write_text(numvfs, "2")
+    assert info.value.errno == errno.ENOENT
