@@ -18,6 +18,7 @@ import pytest
 from devplug_sriov import STATE_FILE
 
 from devplug import DeviceSpec, DriverError, Health
+from devplug.testing.configs import write_toml
 
 VFIO = {"vf_driver": "vfio-pci"}
 
@@ -209,3 +210,40 @@ def test_a_crash_while_restoring_is_finished_on_restart(backend: Any, kit: Modul
     assert _state(restarted) == {}
     restarted.release([kit.vf(0)], retry=True)
     assert kit.driver_of(sysfs, kit.vf(0)) is None
+
+
+# --- the set-up command -----------------------------------------------------------------
+
+
+def test_the_setup_command_dry_run_then_for_real(backend: Any, kit: ModuleType, tmp_path: Path) -> None:
+    sysfs = backend.sysfs
+    options: dict[str, Any] = {"pfs": [kit.PF], "num_vfs": 2, **VFIO}
+    if backend.name == "model":
+        options |= {"sysfs_root": str(sysfs.sysfs_root), "dev_root": str(sysfs.dev_root)}
+    config = write_toml(
+        tmp_path / "devplug.toml",
+        {
+            "state": {"dir": str(tmp_path / "state")},
+            "resources": {"example.com/vf": {"driver": "sriov", "options": options}},
+        },
+    )
+    folder = f"{sysfs.sysfs_root}/bus/pci/devices/{kit.PF}"
+
+    dry = kit.run_setup("--config", str(config), "--dry-run")
+
+    assert dry.returncode == 0, dry.stderr
+    assert [line.split("  #")[0] for line in dry.stdout.splitlines()] == [
+        f"would write 0 to {folder}/sriov_drivers_autoprobe",
+        f"would write 2 to {folder}/sriov_numvfs",
+    ]
+    assert kit.attr(sysfs, kit.PF, "sriov_numvfs") == "0"
+    assert kit.attr(sysfs, kit.PF, "sriov_drivers_autoprobe") == "1"
+    if backend.name == "model":
+        return  # the model's effects happen only through its own access layer, not in another process
+
+    done = kit.run_setup("--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert kit.attr(sysfs, kit.PF, "sriov_numvfs") == "2"
+    assert kit.attr(sysfs, kit.PF, "sriov_drivers_autoprobe") == "0"
+    again = kit.run_setup("--config", str(config))
+    assert again.stdout == "[example.com/vf] nothing to write: the PFs are set up\n"
