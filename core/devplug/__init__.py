@@ -9,6 +9,7 @@ For driver authors, the public surface is :data:`PUBLIC_MODULES`: this package's
 * :mod:`devplug.allocation` -- the default NUMA-packing preferred allocation;
 * :mod:`devplug.watch` -- directory watching (inotify) for hot-plug;
 * :mod:`devplug.sysfs` -- the one door to sysfs, so tests can put a kernel model behind it;
+* :mod:`devplug.pci` -- PCI functions moved to vfio-pci and back (shared by vfio and sriov);
 * :mod:`devplug.devkubelet` -- the dev kubelet, for tests and demos;
 * :mod:`devplug.testing` -- the pytest plugin, the conformance checks and kernel models.
 
@@ -44,6 +45,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "devplug.allocation",
     "devplug.watch",
     "devplug.sysfs",
+    "devplug.pci",
     "devplug.devkubelet",
     "devplug.testing",
 )

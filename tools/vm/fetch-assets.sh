@@ -10,12 +10,13 @@
 #   the modules the guest needs, with their dependencies, are extracted;
 # * busybox depmod rebuilds the module index, as dpkg-deb -x does not run depmod.
 #
-# Result: .vm/vmlinux, .vm/modules/lib/modules/<version>/..., .vm/kernel-version.
+# Result: .vm/vmlinux, .vm/modules/lib/modules/<version>/..., .vm/kernel-version, .vm/modules-wanted.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 VM="$ROOT/.vm"
-MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay"
+# nvme: the SR-IOV physical function devplug-sriov is tested on (QEMU 7.2 has no SR-IOV NIC).
+MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay nvme"
 
 log() { echo "fetch-assets: $*" >&2; }
 
@@ -43,6 +44,7 @@ fi
 version="${pkg#linux-image-}"
 
 if [ -f "$VM/kernel-version" ] && [ "$(cat "$VM/kernel-version")" = "$version" ] \
+  && [ "$(cat "$VM/modules-wanted" 2>/dev/null)" = "$MODULES" ] \
   && [ -s "$VM/vmlinux" ] && [ -f "$VM/modules/lib/modules/$version/modules.dep" ]; then
   log "assets for $version already in $VM"
   exit 0
@@ -122,6 +124,7 @@ while start != -1:
 sys.exit("no xz-compressed ELF kernel found in " + sys.argv[1])
 PY
 echo "$version" > "$VM.new/kernel-version"
+echo "$MODULES" > "$VM.new/modules-wanted"  # a changed list extracts again
 rm -rf "$VM"
 mv "$VM.new" "$VM"
 log "kernel $version ready in $VM ($(du -sh "$VM" | cut -f1))"

@@ -12,7 +12,9 @@ at fixed addresses the tests rely on:
 * ``0000:00:04.0`` an ``e1000e`` NIC (8086:10d3) bound to the e1000e driver, alone in its group;
 * ``0000:00:05.0`` and ``0000:00:05.1``: two functions of a multi-function ``edu``
   device, which share one IOMMU group (conventional PCI has no ACS);
-* ``0000:00:06.0`` an empty PCIe root port (a bridge, on pcieport), which vfio-pci's probe refuses.
+* ``0000:00:06.0`` an empty PCIe root port (a bridge, on pcieport), which vfio-pci's probe refuses;
+* ``0000:01:00.0`` behind the root port ``0000:00:07.0``: an NVMe controller (1b36:0010, on the nvme
+  driver) with SR-IOV, at most 4 virtual functions (``sriov_totalvfs``), each in its own IOMMU group.
 
 The guest mounts the host's ``/`` read-only (9p) under a tmpfs overlay and
 chroots into it, so ``<repo>/.venv/bin/pytest`` runs there with
@@ -121,6 +123,11 @@ def qemu_command(initramfs: Path, results: Path, iommu: bool) -> list[str]:
         "-device", "edu,addr=05.0,multifunction=on",
         "-device", "edu,addr=05.1",
         "-device", "pcie-root-port,id=rp6,bus=pcie.0,addr=06.0,chassis=6",
+        # SR-IOV: QEMU requires the subsystem and both flexible-resource options (vq >= 2 x VFs, vi >= VFs).
+        "-device", "pcie-root-port,id=rp7,bus=pcie.0,addr=07.0,chassis=7",
+        "-device", "nvme-subsys,id=nvmesubsys0,nqn=devplug-sriov",
+        "-device", "nvme,serial=devplugsriov,subsys=nvmesubsys0,bus=rp7,addr=00.0,sriov_max_vfs=4,"
+        "sriov_vq_flexible=8,sriov_vi_flexible=4",
     ]  # fmt: skip
     return [
         QEMU,

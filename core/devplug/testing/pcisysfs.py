@@ -61,8 +61,31 @@ from that JSON file when it exists and saves it after every change, so a
 daemon under test in a child process (and its successor after a
 ``kill -9``) sees one machine. One process at a time may change it.
 
-SR-IOV (``sriov_numvfs``, ``virtfn<N>``, ``physfn``) is not modelled yet; a
-virtual function would be one more :class:`ModelDevice` with a ``physfn``.
+
+* SR-IOV (:meth:`PciSysfsModel.enable_sriov` gives a physical function the
+  capability):
+
+  - ``sriov_totalvfs`` (sysfs-bus-pci, ".../sriov_totalvfs"): read-only, the
+    most VFs the PF supports;
+  - ``sriov_numvfs`` (sysfs-bus-pci, ".../sriov_numvfs"; errors as
+    ``drivers/pci/iov.c``, ``sriov_numvfs_store``): reads the enabled count.
+    Writing the current count changes nothing and succeeds; writing 0
+    removes every VF; writing N > 0 creates VFs 0..N-1 when none exist. A
+    change between two non-zero counts is refused with ``EBUSY`` ("Disable
+    before enabling"), a count above ``sriov_totalvfs`` with ``ERANGE``, and
+    any write while the PF has no driver with ``ENOENT``;
+  - ``virtfn<N>`` on the PF and ``physfn`` on each VF: links between the two
+    (``drivers/pci/iov.c``, ``pci_iov_sysfs_link``); a VF's address is the PF's
+    routing ID plus ``sriov_offset`` + N x ``sriov_stride``, its device ID
+    ``sriov_vf_device``, each VF in an IOMMU group of its own (as QEMU's);
+  - ``sriov_drivers_autoprobe`` (sysfs-bus-pci, ".../sriov_drivers_autoprobe"):
+    1 (the default) probes drivers for VFs as they are created; 0 leaves new
+    VFs without a driver until one is bound explicitly. It applies to VFs
+    created after the write.
+  - Network VFs: with ``netdev`` a PF on a driver shows ``net/<netdev>``, and a
+    VF bound to its VF driver shows ``net/<netdev>v<N>``; with ``rdma`` such a
+    VF also shows ``infiniband_verbs/uverbs<M>`` and the dev root gets
+    ``infiniband/uverbs<M>`` (and ``infiniband/rdma_cm``).
 """
 
 from __future__ import annotations
@@ -80,7 +103,7 @@ from pathlib import Path
 
 from devplug.sysfs import HostSysfs
 
-__all__ = ["VFIO_PCI", "ModelDevice", "ModelDriver", "PciSysfsModel"]
+__all__ = ["VFIO_PCI", "ModelDevice", "ModelDriver", "ModelSriov", "PciSysfsModel"]
 
 VFIO_PCI = "vfio-pci"
 _ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -115,11 +138,37 @@ class ModelDevice:
     driver: str | None = None
     driver_override: str | None = None
     busy: bool = False
+    sriov: ModelSriov | None = None
+    physfn: str | None = None
+    vf_index: int | None = None
+
+    netdev_name: str | None = None
+    rdma: int | None = None
+
+    @property
+    def netdev(self) -> str | None:
+        """The network interface the device shows while a (non-vfio) driver holds it, if any."""
+        return self.netdev_name if self.driver not in (None, VFIO_PCI) else None
 
     @property
     def is_bridge(self) -> bool:
         """True for bridges, which have a type 1 header and which vfio-pci refuses."""
         return (self.class_ >> 8) in _BRIDGE_CLASSES
+
+
+@dataclass
+class ModelSriov:
+    """The SR-IOV capability of a physical function."""
+
+    total_vfs: int
+    vf_device: int
+    offset: int = 1
+    stride: int = 1
+    vf_driver: str | None = None
+    netdev: str | None = None
+    rdma: bool = False
+    autoprobe: bool = True
+    vfs: list[str] = field(default_factory=list)
 
 
 class PciSysfsModel:
@@ -275,6 +324,38 @@ class PciSysfsModel:
             del self.drivers[name]
             self._render()
 
+    def enable_sriov(
+        self,
+        address: str,
+        total_vfs: int,
+        vf_device: int,
+        *,
+        offset: int = 1,
+        stride: int = 1,
+        vf_driver: str | None = None,
+        netdev: str | None = None,
+        rdma: bool = False,
+    ) -> None:
+        """Give the physical function at ``address`` the SR-IOV capability (no VF enabled yet).
+
+        ``vf_driver`` names the kernel driver matching the VF ID (loaded if it
+        is not); ``netdev`` makes the PF a NIC with that interface name, its
+        VFs named ``<netdev>v<N>``; ``rdma`` gives those VFs verbs devices.
+        """
+        with self._lock:
+            dev = self._device(address)
+            dev.sriov = ModelSriov(total_vfs, vf_device, offset, stride, vf_driver, netdev, rdma)
+            dev.netdev_name = netdev
+            if vf_driver is not None:
+                self.load_driver(vf_driver, ids=[(dev.vendor, vf_device)])
+            self._render()
+
+    def numvfs_of(self, address: str) -> int:
+        """How many VFs the PF has enabled."""
+        with self._lock:
+            sriov = self._device(address).sriov
+            return len(sriov.vfs) if sriov is not None else 0
+
     def set_busy(self, address: str, busy: bool = True) -> None:
         """Make ``unbind`` of the device fail with ``EBUSY`` (user space holds it)."""
         with self._lock:
@@ -380,7 +461,7 @@ class PciSysfsModel:
         if (
             len(parts) == 4
             and parts[:2] == ("devices", _ROOT_BUS)
-            and parts[3] in ("driver_override", "remove", "numa_node")
+            and parts[3] in ("driver_override", "remove", "numa_node", "sriov_numvfs", "sriov_drivers_autoprobe")
         ):
             self._device_file(self.devices[parts[2]], parts[3], data, path)
             return
@@ -432,6 +513,14 @@ class PciSysfsModel:
         elif name == "remove":
             if data.strip() not in ("", "0"):
                 self._remove(dev)
+        elif name == "sriov_numvfs":
+            self._set_numvfs(dev, data.strip(), path)
+        elif name == "sriov_drivers_autoprobe":
+            assert dev.sriov is not None
+            try:
+                dev.sriov.autoprobe = _kstrtobool(data.strip())
+            except ValueError:
+                raise OSError(errno.EINVAL, f"write {data.strip()!r}: Invalid argument", str(path)) from None
         else:  # numa_node: root may override the firmware's value
             try:
                 dev.numa_node = int(data.strip())
@@ -469,6 +558,50 @@ class PciSysfsModel:
         temp.write_text(json.dumps(data))
         os.replace(temp, self.state_file)
 
+    def _set_numvfs(self, pf: ModelDevice, value: str, path: Path) -> None:
+        """``sriov_numvfs_store``: same count is a no-op, 0 disables, otherwise only from 0."""
+        sriov = pf.sriov
+        assert sriov is not None
+        try:
+            wanted = int(value, 0)
+            if wanted < 0:
+                raise ValueError(value)
+        except ValueError:
+            raise OSError(errno.EINVAL, f"write {value!r}: Invalid argument", str(path)) from None
+        if wanted == len(sriov.vfs):
+            return
+        if pf.driver is None:
+            raise OSError(errno.ENOENT, f"write {value!r}: No such file or directory (no driver bound)", str(path))
+        if wanted == 0:
+            for address in sriov.vfs:
+                vf = self.devices.pop(address, None)
+                if vf is not None:
+                    vf.driver = None
+            sriov.vfs = []
+            return
+        if wanted > sriov.total_vfs:
+            raise OSError(errno.ERANGE, f"write {value!r}: Numerical result out of range", str(path))
+        if sriov.vfs:
+            raise OSError(errno.EBUSY, f"write {value!r}: Device or resource busy", str(path))
+        domain, bus, rest = pf.address.split(":")
+        slot, function = rest.split(".")
+        routing = (int(bus, 16) << 8) | (int(slot, 16) << 3) | int(function)
+        next_group = max([d.iommu_group or 0 for d in self.devices.values()] + [-1]) + 1
+        next_rdma = max([d.rdma for d in self.devices.values() if d.rdma is not None] + [-1]) + 1
+        for index in range(wanted):
+            rid = routing + sriov.offset + index * sriov.stride
+            address = f"{domain}:{rid >> 8:02x}:{(rid >> 3) & 0x1F:02x}.{rid & 0x7}"
+            vf = ModelDevice(address, pf.vendor, sriov.vf_device, pf.class_, pf.numa_node, next_group + index)
+            vf.physfn, vf.vf_index = pf.address, index
+            if sriov.netdev is not None:
+                vf.netdev_name = f"{sriov.netdev}v{index}"
+                if sriov.rdma:
+                    vf.rdma = next_rdma + index
+            self.devices[address] = vf
+            sriov.vfs.append(address)
+            if sriov.autoprobe:
+                self._attach(vf)
+
     # --- drawing the tree --------------------------------------------------------
 
     def _render(self) -> None:
@@ -500,6 +633,7 @@ class PciSysfsModel:
             _attr(folder / "driver_override", dev.driver_override or "(null)", writable=True)
             _attr(folder / "remove", "", writable=True)
             (bus / "devices" / dev.address).symlink_to(f"../../../devices/{_ROOT_BUS}/{dev.address}")
+            self._render_sriov(dev, folder)
             group = self._group(dev)
             if group is not None:
                 members = groups / str(group) / "devices"
@@ -512,12 +646,46 @@ class PciSysfsModel:
                 link.symlink_to(f"../../../../devices/{_ROOT_BUS}/{dev.address}")
                 if dev.driver == VFIO_PCI and group is not None:
                     vfio_groups.add(group)
+        rdma = [d.rdma for d in self.devices.values() if d.rdma is not None and d.netdev is not None]
+        if rdma:
+            (self._dev / "infiniband").mkdir()
+            (self._dev / "infiniband" / "rdma_cm").touch()
+            for number in rdma:
+                (self._dev / "infiniband" / f"uverbs{number}").touch()
         if self.vfio_loaded:
             (self._dev / "vfio").mkdir()
             (self._dev / "vfio" / "vfio").touch()
             for group in sorted(vfio_groups):
                 (self._dev / "vfio" / str(group)).touch()
         self._save()
+
+    def _render_sriov(self, dev: ModelDevice, folder: Path) -> None:
+        """SR-IOV attributes and links, network interfaces and verbs devices of one device."""
+        if dev.sriov is not None:
+            sriov = dev.sriov
+            _attr(folder / "sriov_totalvfs", str(sriov.total_vfs))
+            _attr(folder / "sriov_numvfs", str(len(sriov.vfs)), writable=True)
+            _attr(folder / "sriov_offset", str(sriov.offset))
+            _attr(folder / "sriov_stride", str(sriov.stride))
+            _attr(folder / "sriov_vf_device", f"{sriov.vf_device:x}")
+            _attr(folder / "sriov_drivers_autoprobe", "1" if sriov.autoprobe else "0", writable=True)
+            for index, address in enumerate(sriov.vfs):
+                (folder / f"virtfn{index}").symlink_to(f"../{address}")
+        if dev.physfn is not None:
+            (folder / "physfn").symlink_to(f"../{dev.physfn}")
+        if dev.netdev is not None:
+            (folder / "net" / dev.netdev).mkdir(parents=True)
+            if dev.rdma is not None:
+                (folder / "infiniband_verbs" / f"uverbs{dev.rdma}").mkdir(parents=True)
+
+
+def _kstrtobool(value: str) -> bool:
+    """The kernel's ``kstrtobool``: 1/y/Y/on and 0/n/N/off."""
+    if value[:1] in ("1", "y", "Y") or value.lower() == "on":
+        return True
+    if value[:1] in ("0", "n", "N") or value.lower() == "off":
+        return False
+    raise ValueError(value)
 
 
 def _attr(path: Path, content: str, writable: bool = False) -> None:

@@ -5,7 +5,7 @@ groups them by IOMMU group (:mod:`devplug_vfio.selection`) and advertises the
 members of every usable group, by PCI address. In ``on-allocate`` mode a free
 device stays on its own driver; ``allocate`` moves its whole group to
 vfio-pci and ``deallocate`` gives each device back to the driver it had
-(:mod:`devplug_vfio.pci`). In ``at-start`` mode the groups move at ``start``
+(:mod:`devplug.pci`). In ``at-start`` mode the groups move at ``start``
 and stay. Each move is recorded before sysfs is touched
 (:mod:`devplug_vfio.state`), so a crash part-way is finished on restart.
 
@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
+from devplug.pci import VFIO_PCI, PciBus, PciDevice
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_vfio.claims import Claims
 from devplug_vfio.options import VfioOptions
-from devplug_vfio.pci import VFIO_PCI, PciBus, PciDevice
 from devplug_vfio.selection import GroupPlan, plan_groups, selects
 from devplug_vfio.state import DeviceRecord, StateStore
 

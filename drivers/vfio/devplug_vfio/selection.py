@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from devplug.pci import PciDevice
 from devplug_vfio.options import VfioOptions
-from devplug_vfio.pci import PciDevice
 
 __all__ = ["Group", "GroupPlan", "plan_groups", "selects"]
 

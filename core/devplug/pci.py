@@ -1,5 +1,7 @@
-"""PCI devices as sysfs shows them, and the two moves this driver makes: to vfio-pci and back.
+"""PCI devices as sysfs shows them, and the two moves bind/unbind drivers make: to vfio-pci and back.
 
+Shared by the drivers that hand PCI functions to containers through vfio-pci
+(devplug-vfio, devplug-sriov), so the kernel's rules are written down once.
 Everything goes through a :class:`devplug.sysfs.SysfsAccess`. The moves follow
 the kernel's ``driver_override`` mechanism (``Documentation/ABI/testing/sysfs-bus-pci``):
 
@@ -27,7 +29,7 @@ __all__ = ["VFIO_PCI", "PciBus", "PciDevice"]
 VFIO_PCI = "vfio-pci"
 _BRIDGE_CLASSES = (0x0604, 0x0609)
 
-log = logging.getLogger("devplug_vfio")
+log = logging.getLogger("devplug.pci")
 
 
 @dataclass(frozen=True)

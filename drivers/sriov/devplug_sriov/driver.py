@@ -1,0 +1,371 @@
+"""The sriov driver: VFs created from config, pooled, handed to pods, and reset or restored on release.
+
+Per resource, ``start`` finishes what a crash interrupted, sets the PFs up
+(:mod:`devplug_sriov.setup`), and advertises the pooled VFs by PCI address
+with their NUMA node. ``allocate`` gives ``PCIDEVICE_<RESOURCE>`` (the SR-IOV
+CNI convention) and, in ``vfio-pci`` mode, binds each VF to vfio-pci
+(:mod:`devplug.pci`, shared with devplug-vfio) and hands out its
+``/dev/vfio`` nodes; RDMA verbs devices go along when the VF has them.
+``deallocate`` resets a kernel-mode VF through netlink on its PF
+(:mod:`devplug_sriov.netlink`) or gives a vfio-bound VF back to its own
+driver. Every step is recorded first (:mod:`devplug_sriov.state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
+from devplug.pci import VFIO_PCI, PciBus
+from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug_sriov.netlink import NetlinkVfLinks, VfLinks, VfSettings
+from devplug_sriov.options import SriovOptions
+from devplug_sriov.selection import resolve_pfs, selects_vf
+from devplug_sriov.setup import apply, plan_setup
+from devplug_sriov.sriov import PhysFn, SriovBus, VirtFn
+from devplug_sriov.state import StateStore, VfRecord
+
+__all__ = ["SriovDriver", "env_name"]
+
+
+def env_name(resource_name: str) -> str:
+    """``PCIDEVICE_<RESOURCE>``: upper case, ``.``, ``/`` and ``-`` as ``_`` (the SR-IOV CNI's variable)."""
+    return "PCIDEVICE_" + re.sub(r"[./-]", "_", resource_name.upper())
+
+
+class _Allocated:
+    """VFs held by pods, per sysfs root, across every sriov resource of this process.
+
+    The set-up of one resource must not remove VFs another resource (sharing
+    the PF) has handed to pods.
+    """
+
+    _held: ClassVar[dict[tuple[str, str], set[str]]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def publish(cls, root: str, resource: str, addresses: set[str]) -> None:
+        with cls._lock:
+            cls._held[(root, resource)] = set(addresses)
+
+    @classmethod
+    def withdraw(cls, root: str, resource: str) -> None:
+        with cls._lock:
+            cls._held.pop((root, resource), None)
+
+    @classmethod
+    def on(cls, root: str) -> set[str]:
+        with cls._lock:
+            return {a for (r, _), held in cls._held.items() if r == root for a in held}
+
+
+class SriovDriver:
+    """devplug's sriov driver (entry point ``sriov``); one instance per resource.
+
+    ``access`` replaces the host's sysfs (tests pass
+    :class:`devplug.testing.pcisysfs.PciSysfsModel`), ``links`` the netlink
+    side (tests pass :class:`devplug_sriov.vfmodel.VfLinkModel`).
+    """
+
+    Options: ClassVar[type[SriovOptions]] = SriovOptions
+
+    @classmethod
+    def check_resources(cls, options_by_resource: Mapping[str, SriovOptions]) -> None:
+        """Refuse selectors that name no PF, two resources claiming one VF, or disagreeing PF set-ups.
+
+        Reads sysfs, changes nothing. Where there is no sysfs to read, only
+        what the options show alone is checked (``start`` checks the rest).
+        """
+        from devplug_sriov.check import check_resources
+
+        check_resources(options_by_resource)
+
+    def __init__(
+        self, options: SriovOptions, *, access: SysfsAccess | None = None, links: VfLinks | None = None
+    ) -> None:
+        self.options = options
+        self.access: SysfsAccess = access or HostSysfs(options.sysfs_root, options.dev_root)
+        self.bus = PciBus(self.access)
+        self.sriov = SriovBus(self.bus)
+        self.links: VfLinks = links or NetlinkVfLinks(options.netns)
+        self.settings = VfSettings(spoofchk=options.spoofchk, trust=options.trust)
+        self._lock = threading.RLock()
+        self._ctx: DriverContext | None = None
+        self._store: StateStore | None = None
+        self._records: dict[str, VfRecord] = {}
+        self._pool: dict[str, VirtFn] = {}
+        self._pfs: dict[str, PhysFn] = {}
+        self._advertised: dict[str, Device] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle --------------------------------------------------------------
+
+    @hookimpl
+    def start(self, ctx: DriverContext) -> None:
+        """Finish interrupted releases, set the PFs up, take the pool, watch for VFs vanishing or appearing."""
+        with self._lock:
+            self._ctx = ctx
+            self._store = StateStore(ctx.state_dir)
+            self._records = self._store.load()
+            self._publish_allocated()
+            if self.options.vf_driver == "vfio-pci":
+                self._check_vfio()
+            self._finish_interrupted()
+            held = _Allocated.on(os.path.realpath(self.bus.sys))
+            writes = plan_setup(self.sriov, self.options, held, ctx.resource_name)
+            for write in writes:
+                ctx.log.info("set-up: %s", write.describe(self.bus.sys))
+            apply(self.sriov, writes)
+            self._advertised = {d.id: d for d in self._scan()}
+        if self.options.rescan_interval > 0:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._rescan_loop, name=f"sriov-rescan {ctx.resource_name}")
+            self._thread.daemon = True
+            self._thread.start()
+
+    @hookimpl
+    def stop(self) -> None:
+        """Stop watching; VFs stay as they are (pods may hold them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._ctx is not None:
+            _Allocated.withdraw(os.path.realpath(self.bus.sys), self._ctx.resource_name)
+
+    def _check_vfio(self) -> None:
+        if not self.access.is_dir(self.bus.drivers_dir / VFIO_PCI):
+            raise DriverError(
+                f"vf_driver = 'vfio-pci' but vfio-pci is not available ({self.bus.drivers_dir / VFIO_PCI} is "
+                "missing): modprobe vfio-pci"
+            )
+        if not self.bus.iommu_groups():
+            raise DriverError(
+                f"vf_driver = 'vfio-pci' but there are no IOMMU groups under {self.bus.groups_dir}: boot with "
+                "intel_iommu=on (Intel) or amd_iommu=on (AMD)"
+            )
+
+    def _log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+        assert self._ctx is not None, "start was not called"
+        return self._ctx.log
+
+    def _save(self) -> None:
+        assert self._store is not None, "start was not called"
+        self._store.save(self._records)
+        self._publish_allocated()
+
+    def _publish_allocated(self) -> None:
+        assert self._ctx is not None, "start was not called"
+        _Allocated.publish(os.path.realpath(self.bus.sys), self._ctx.resource_name, set(self._records))
+
+    def _finish_interrupted(self) -> None:
+        """Releases a crash (or a failed reset) left half done are finished now; a half-done bind waits."""
+        pending = [a for a, r in self._records.items() if r.phase in ("restoring", "resetting")]
+        if not pending:
+            return
+        self._log().info("finishing the interrupted release of %s", ", ".join(pending))
+        try:
+            self._release(pending)
+        except DriverError as exc:
+            self._log().error("could not finish releasing: %s", exc)
+
+    # --- devices ----------------------------------------------------------------
+
+    def _scan(self) -> list[Device]:
+        """Read the PFs and the pool; devices seen before that vanished stay, unhealthy."""
+        present = self.sriov.physfns()
+        set_up, _ = resolve_pfs(self.options, present)
+        pool: dict[str, VirtFn] = {}
+        for pf in present.values():
+            for vf in self.sriov.virtfns(pf):
+                record = self._records.get(vf.address)
+                own = record.original_driver if record is not None else vf.dev.driver
+                if selects_vf(self.options, vf, pf, own, set_up):
+                    pool[vf.address] = vf
+        self._pool, self._pfs = pool, present
+        out: dict[str, Device] = {}
+        for address, vf in pool.items():
+            topology = Topology((vf.dev.numa_node,)) if vf.dev.numa_node >= 0 else Topology()
+            out[address] = Device(address, self._health(address), topology)
+        for address, old in self._advertised.items():
+            if address not in out:
+                out[address] = old.with_health(Health.UNHEALTHY)  # vanished: a VF count changed behind our back
+        return [out[a] for a in sorted(out)]
+
+    def _health(self, address: str) -> Health:
+        vf = self._pool.get(address)
+        if vf is None or not self.bus.exists(address):
+            return Health.UNHEALTHY
+        record = self._records.get(address)
+        if record is not None and record.phase == "resetting":
+            return Health.UNHEALTHY  # its last reset failed (the reason is logged and in devplug status)
+        if record is not None and record.phase == "bound" and self.bus.driver(address) != VFIO_PCI:
+            return Health.UNHEALTHY  # another driver took it from the pod
+        if self.options.pf_link_health:
+            pf = self._pfs.get(vf.pf)
+            if pf is None or pf.netdev is None:
+                return Health.UNHEALTHY
+            try:
+                if not self.links.link_up(pf.netdev):
+                    return Health.UNHEALTHY
+            except DriverError:
+                return Health.UNHEALTHY
+        return Health.HEALTHY
+
+    def refresh(self, push: bool = True) -> list[Device]:
+        """Retry failed resets, rescan; push the list when it changed."""
+        with self._lock:
+            failed = [a for a, r in self._records.items() if r.phase == "resetting"]
+            if failed:
+                try:
+                    self._release(failed)
+                except DriverError as exc:
+                    self._log().debug("reset still failing: %s", exc)
+            devices = self._scan()
+            changed = devices != list(self._advertised.values())
+            self._advertised = {d.id: d for d in devices}
+        if push and changed and self._ctx is not None:
+            self._ctx.set_devices(devices)
+        return devices
+
+    def _rescan_loop(self) -> None:
+        while not self._stop.wait(self.options.rescan_interval):
+            try:
+                self.refresh()
+            except Exception as exc:
+                self._log().error("rescan failed: %s", exc)
+
+    @hookimpl
+    def list_devices(self) -> Sequence[Device]:
+        """The pooled VFs, by PCI address, with their NUMA node."""
+        return self.refresh(push=False)
+
+    @hookimpl
+    def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health] | None:
+        """Unhealthy: vanished, reset failed, taken from vfio-pci while held, or (optionally) its PF's link down."""
+        with self._lock:
+            self._scan()
+            changed = {}
+            for dev in devices:
+                health = self._health(dev.id)
+                if health is not dev.health:
+                    changed[dev.id] = health
+            return changed
+
+    # --- allocation --------------------------------------------------------------
+
+    @hookimpl
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation | None:
+        """``PCIDEVICE_<RESOURCE>``; vfio-pci mode binds the VFs and hands out their groups; RDMA devices."""
+        with self._lock:
+            vfs = []
+            for address in device_ids:
+                vf = self._pool.get(address)
+                if vf is None or not self.bus.exists(address):
+                    raise DriverError(f"{address}: not a VF of this resource any more (it vanished)")
+                vfs.append(vf)
+            phase = "binding" if self.options.vf_driver == "vfio-pci" else "allocated"
+            for vf in vfs:
+                old = self._records.get(vf.address)
+                original = old.original_driver if old is not None else vf.dev.driver
+                self._records[vf.address] = VfRecord(vf.pf, vf.index, original, phase)  # type: ignore[arg-type]
+            self._save()
+            specs: list[DeviceSpec] = []
+            if self.options.vf_driver == "vfio-pci":
+                try:
+                    specs = self._bind(vfs)
+                except DriverError:
+                    self._undo([vf.address for vf in vfs])
+                    raise
+            specs += self._rdma_specs(vfs)
+            assert self._ctx is not None
+            return ContainerAllocation(
+                envs={env_name(self._ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
+            )
+
+    def _bind(self, vfs: Sequence[VirtFn]) -> list[DeviceSpec]:
+        groups = []
+        for vf in vfs:
+            self.bus.bind_vfio(vf.address)
+            dev = self.bus.read(vf.address)
+            if dev is None or dev.iommu_group is None or not self.access.exists(self.bus.vfio_node(dev.iommu_group)):
+                raise DriverError(f"{vf.address}: bound to vfio-pci but its /dev/vfio group node did not appear")
+            groups.append(dev.iommu_group)
+            self._records[vf.address].phase = "bound"
+        self._save()
+        # Host paths: dev_root is only where this daemon sees the host's /dev.
+        specs = [DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rw")]
+        return specs + [DeviceSpec(f"/dev/vfio/{g}", f"/dev/vfio/{g}", "rw") for g in sorted(set(groups))]
+
+    def _rdma_specs(self, vfs: Sequence[VirtFn]) -> list[DeviceSpec]:
+        names = [n for vf in vfs for n in self.sriov.verbs(vf.address)]
+        if not names:
+            return []
+        specs = [DeviceSpec(f"/dev/infiniband/{n}", f"/dev/infiniband/{n}", "rw") for n in names]
+        if self.access.exists(self.bus.access.dev_root / "infiniband" / "rdma_cm"):
+            specs.append(DeviceSpec("/dev/infiniband/rdma_cm", "/dev/infiniband/rdma_cm", "rw"))
+        return specs
+
+    def _undo(self, addresses: Sequence[str]) -> None:
+        try:
+            self._release(addresses)
+        except DriverError as exc:
+            self._log().error("could not undo the failed allocation: %s", exc)
+
+    @hookimpl
+    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+        """Reset each network VF through netlink, or give a vfio-bound VF back to its driver.
+
+        At least once: with ``retry`` (after a crash) a VF already released
+        has no record and is skipped; one whose reset fails stays unhealthy,
+        and the failure (raised) names it and why.
+        """
+        with self._lock:
+            self._release([a for a in device_ids if a in self._records])
+
+    def _release(self, addresses: Sequence[str]) -> None:
+        """Restore (vfio-pci) or reset (kernel) each VF; records of those that failed stay for a retry."""
+        if not addresses:
+            return
+        for address in addresses:
+            record = self._records[address]
+            if record.phase in ("binding", "bound", "restoring"):
+                record.phase = "restoring"
+            else:
+                record.phase = "resetting"
+        self._save()
+        failures = []
+        for address in addresses:
+            record = self._records[address]
+            if not self.bus.exists(address):
+                self._log().warning("%s vanished before it was released", address)
+                del self._records[address]
+                continue
+            try:
+                if record.phase == "restoring":
+                    self.bus.restore(address, record.original_driver)
+                else:
+                    self._reset(address, record)
+            except DriverError as exc:
+                record.reason = str(exc)
+                failures.append(str(exc))
+                continue
+            del self._records[address]
+        self._save()
+        if failures:
+            raise DriverError("; ".join(failures))
+
+    def _reset(self, address: str, record: VfRecord) -> None:
+        pf = self.sriov.physfn(record.pf)
+        if pf is None:
+            raise DriverError(f"{address}: its PF {record.pf} vanished; cannot reset VF {record.index}")
+        if pf.netdev is None:
+            return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
+        self.links.reset_vf(pf.netdev, record.index, self.settings)
+        self._log().info("%s: reset (%s VF %d)", address, pf.netdev, record.index)

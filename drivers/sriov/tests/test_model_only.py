@@ -1,0 +1,330 @@
+"""What only the models can stage: network VFs (MAC, VLAN, trust on a PF), RDMA, NUMA, PF links,
+failing resets, two resources, the config through the core's parser and ``devplug check-config``, the dry run."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from devplug_sriov import STATE_FILE, SriovDriver, SriovOptions
+from devplug_sriov.netlink import VfSettings
+from devplug_sriov.vfmodel import VfLinkModel
+
+from devplug import ConfigError, DeviceSpec, DriverError, Health, Topology
+from devplug.config import parse_config
+from devplug.testing.configs import write_toml
+from devplug.testing.pcisysfs import PciSysfsModel
+
+NIC_PF = "0000:3b:00.0"  # ens1f0: an X710-like PF on i40e, NUMA node 1, VFs at 3b:02.0 onwards (offset 16)
+NIC2_PF = "0000:86:00.0"  # ens2f0, NUMA node 0
+
+
+def nic_vf(index: int, bus: str = "3b") -> str:
+    return f"0000:{bus}:02.{index}"
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> PciSysfsModel:
+    built = PciSysfsModel(tmp_path / "machine")
+    built.add_device(NIC_PF, 0x8086, 0x1572, 0x020000, numa_node=1, iommu_group=20, driver="i40e")
+    built.enable_sriov(NIC_PF, 8, 0x154C, offset=16, vf_driver="iavf", netdev="ens1f0")
+    built.add_device(NIC2_PF, 0x8086, 0x1572, 0x020000, numa_node=0, iommu_group=21, driver="i40e")
+    built.enable_sriov(NIC2_PF, 8, 0x154C, offset=16, vf_driver="iavf", netdev="ens2f0", rdma=True)
+    return built
+
+
+@pytest.fixture
+def links() -> VfLinkModel:
+    made = VfLinkModel()
+    made.add_pf("ens1f0", 8)
+    made.add_pf("ens2f0", 8)
+    return made
+
+
+def _state(harness: Any) -> dict[str, Any]:
+    path = Path(harness.ctx.state_dir) / STATE_FILE
+    return json.loads(path.read_text())["vfs"] if path.exists() else {}
+
+
+# --- kernel (netdevice) mode ---------------------------------------------------------------
+
+
+def test_kernel_mode_hands_out_addresses_and_resets_through_netlink_on_release(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    h = make_harness(model, links, pfs=["ens1f0"], num_vfs=4, vfs=["ens1f0#0-1"]).start()
+    assert model.numvfs_of(NIC_PF) == 4
+    devices = h.hooks.list_devices()
+    assert [(d.id, d.topology) for d in devices] == [(nic_vf(0), Topology((1,))), (nic_vf(1), Topology((1,)))]
+    assert model.driver_of(nic_vf(0)) == "iavf"  # autoprobe stays 1 in kernel mode
+
+    allocation = h.hooks.allocate([nic_vf(0), nic_vf(1)])
+    assert allocation.envs == {"PCIDEVICE_EXAMPLE_COM_VF": f"{nic_vf(0)},{nic_vf(1)}"}
+    assert allocation.devices == ()
+    links.set_vf("ens1f0", 0, mac="02:00:00:00:00:01", vlan=100, trust=True, spoofchk=False)  # the tenant's
+
+    h.release([nic_vf(0), nic_vf(1)])
+
+    assert links.resets == [("ens1f0", 0), ("ens1f0", 1)]
+    assert links.vf("ens1f0", 0) == VfSettings(mac="00:00:00:00:00:00", vlan=0, spoofchk=True, trust=False)
+    assert model.driver_of(nic_vf(0)) == "iavf"
+    h.release([nic_vf(0), nic_vf(1)], retry=True)  # at least once: already done, nothing more
+    assert len(links.resets) == 2
+
+
+def test_reset_defaults_come_from_the_options(model: PciSysfsModel, links: VfLinkModel, make_harness: Any) -> None:
+    h = make_harness(model, links, vfs=["ens1f0#0"], spoofchk=False, trust=True)
+    model.write_text(model.sysfs_root / f"bus/pci/devices/{NIC_PF}/sriov_numvfs", "1")
+    h.start()
+    h.hooks.allocate([nic_vf(0)])
+    h.release([nic_vf(0)])
+    assert links.vf("ens1f0", 0) == VfSettings(spoofchk=False, trust=True)
+
+
+def test_a_vf_that_cannot_be_reset_stays_unhealthy_with_the_reason(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    h = make_harness(model, links, pfs=["ens1f0"], num_vfs=2).start()
+    table = h.hooks.list_devices()
+    h.hooks.allocate([nic_vf(0)])
+    links.refuse.add(("ens1f0", 0))
+
+    with pytest.raises(DriverError, match="ens1f0 VF 0: the kernel refused to reset its settings"):
+        h.release([nic_vf(0)])
+
+    assert h.hooks.check_health(table) == {nic_vf(0): Health.UNHEALTHY}
+    assert [d.health for d in h.hooks.list_devices()] == [Health.UNHEALTHY, Health.HEALTHY]
+    assert "Operation not supported" in _state(h)[nic_vf(0)]["reason"]
+    links.refuse.clear()  # fixed: the next rescan's retry succeeds
+    assert {d.id: d.health for d in h.driver.refresh()}[nic_vf(0)] is Health.HEALTHY
+    assert links.resets == [("ens1f0", 0)]
+    assert _state(h) == {}
+
+
+def test_a_crash_while_resetting_is_finished_on_restart(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any, kit: ModuleType
+) -> None:
+    class Dying(VfLinkModel):
+        def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
+            raise kit.SimulatedCrash("killed during the netlink reset")
+
+    h = make_harness(model, Dying(), pfs=["ens1f0"], num_vfs=2).start()
+    h.hooks.allocate([nic_vf(1)])
+    with pytest.raises(kit.SimulatedCrash):
+        h.release([nic_vf(1)])
+    assert _state(h)[nic_vf(1)]["phase"] == "resetting"
+
+    restarted = make_harness(model, links, state_dir=h.ctx.state_dir, pfs=["ens1f0"], num_vfs=2).start()
+    assert links.resets == [("ens1f0", 1)]
+    assert model.numvfs_of(NIC_PF) == 2  # nothing re-created
+    restarted.release([nic_vf(1)], retry=True)
+    assert links.resets == [("ens1f0", 1)]
+
+
+def test_pf_link_down_makes_its_vfs_unhealthy_when_asked(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    watched = make_harness(model, links, pfs=["ens1f0"], num_vfs=1, pf_link_health=True).start()
+    plain = make_harness(model, links, resource="example.com/plain", pfs=["ens2f0"], num_vfs=1).start()
+    watched_table, plain_table = watched.hooks.list_devices(), plain.hooks.list_devices()
+    links.set_link("ens1f0", False)
+    links.set_link("ens2f0", False)
+    assert watched.hooks.check_health(watched_table) == {nic_vf(0): Health.UNHEALTHY}
+    assert plain.hooks.check_health(plain_table) == {}
+    links.set_link("ens1f0", True)
+    assert [d.health for d in watched.hooks.list_devices()] == [Health.HEALTHY]
+
+
+def test_rdma_vfs_bring_their_verbs_devices(model: PciSysfsModel, links: VfLinkModel, make_harness: Any) -> None:
+    h = make_harness(model, links, pfs=["ens2f0"], num_vfs=2).start()
+    allocation = h.hooks.allocate([nic_vf(0, "86")])
+    verbs = model.sysfs_root / f"bus/pci/devices/{nic_vf(0, '86')}/infiniband_verbs"
+    (name,) = model.listdir(verbs)
+    assert allocation.devices == (
+        DeviceSpec(f"/dev/infiniband/{name}", f"/dev/infiniband/{name}", "rw"),
+        DeviceSpec("/dev/infiniband/rdma_cm", "/dev/infiniband/rdma_cm", "rw"),
+    )
+    assert allocation.envs == {"PCIDEVICE_EXAMPLE_COM_VF": nic_vf(0, "86")}
+
+
+# --- pools ----------------------------------------------------------------------------------
+
+
+def test_pools_by_pf_range_vendor_device_and_driver(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    low = make_harness(model, links, resource="example.com/low", pfs=["ens1f0"], num_vfs=4, vfs=["ens1f0#0-1"])
+    high = make_harness(model, links, resource="example.com/high", vfs=[f"{NIC_PF}#2-3"])
+    assert low.start().ids() == [nic_vf(0), nic_vf(1)]
+    assert high.start().ids() == [nic_vf(2), nic_vf(3)]
+    by_id = make_harness(model, links, resource="example.com/id", vf_devices=["8086:154c"]).start()
+    assert by_id.ids() == [nic_vf(i) for i in range(4)]
+    model.write_text(model.sysfs_root / f"bus/pci/devices/{NIC2_PF}/sriov_numvfs", "2")
+    assert by_id.ids() == [*(nic_vf(i) for i in range(4)), nic_vf(0, "86"), nic_vf(1, "86")]
+    by_driver = make_harness(model, links, resource="example.com/drv", vf_kernel_drivers=["iavf"]).start()
+    assert len(by_driver.ids()) == 6
+    nothing = make_harness(model, links, resource="example.com/none", vf_kernel_drivers=["mlx5_core"]).start()
+    assert nothing.ids() == []
+
+
+def test_vfio_mode_selects_vfs_by_their_own_driver_while_bound(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    model.write_text(model.sysfs_root / f"bus/pci/devices/{NIC_PF}/sriov_numvfs", "2")  # autoprobe 1: on iavf
+    h = make_harness(model, links, vf_kernel_drivers=["iavf"], vf_driver="vfio-pci", autoprobe=True).start()
+    h.hooks.allocate([nic_vf(0)])
+    assert model.driver_of(nic_vf(0)) == "vfio-pci"
+    assert h.ids() == [nic_vf(0), nic_vf(1)]  # still selected: its own driver is iavf
+    h.release([nic_vf(0)])
+    assert model.driver_of(nic_vf(0)) == "iavf"
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+def _tables(model: PciSysfsModel, resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    roots = {"sysfs_root": str(model.sysfs_root), "dev_root": str(model.dev_root)}
+    return {name: {"driver": "sriov", "options": {**options, **roots}} for name, options in resources.items()}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "at least one of pfs, vfs, vf_devices or vf_kernel_drivers"),
+        ({"pfs": ["ens 1"]}, "pfs: 'ens 1' is not a PCI address"),
+        ({"vfs": ["ens1f0"]}, "vfs: 'ens1f0' is not '<pf>#<first>-<last>'"),
+        ({"vfs": ["ens1f0#3-1"]}, "the range ends before it starts"),
+        ({"vfs": ["8086:1572#0"]}, "name the PF by address or interface name"),
+        ({"num_vfs": 4, "vf_devices": ["8086:154c"]}, "num_vfs: say on which physical functions"),
+        ({"pfs": ["ens1f0"], "vf_driver": "vfio"}, r"vf_driver: expected one of 'kernel', 'vfio-pci'"),
+        ({"pfs": ["ens1f0"], "vf_devices": ["154c"]}, "vf_devices: '154c' is not a 'vendor:device'"),
+        ({"pfs": ["ens1f0"], "num_vf": 4}, "num_vf: unknown key; did you mean 'num_vfs'"),
+    ],
+)
+def test_config_errors_name_the_resource_and_the_key(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as excinfo:
+        parse_config({"resources": {"example.com/vf": {"driver": "sriov", "options": options}}}, source="dp.toml")
+    assert 'dp.toml: resources."example.com/vf".options' in str(excinfo.value)
+
+
+def test_two_resources_claiming_one_vf_is_a_config_error_naming_both(model: PciSysfsModel) -> None:
+    tables = _tables(
+        model,
+        {
+            "example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vfs": ["ens1f0#0-2"]},
+            "example.com/b": {"vfs": [f"{NIC_PF}#2-3"]},
+        },
+    )
+    with pytest.raises(ConfigError, match=f"VF 2 of {NIC_PF} is claimed by both example.com/a and example.com/b"):
+        parse_config({"resources": tables}, source="dp.toml")
+    tables["example.com/b"]["options"]["vfs"] = [f"{NIC_PF}#3"]
+    assert len(parse_config({"resources": tables}, source="dp.toml").resources) == 2
+
+
+def test_two_resources_setting_one_pf_up_differently_is_a_config_error(model: PciSysfsModel) -> None:
+    tables = _tables(
+        model,
+        {
+            "example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vfs": ["ens1f0#0-1"]},
+            "example.com/b": {"pfs": [NIC_PF], "num_vfs": 8, "vfs": ["ens1f0#2-3"]},
+        },
+    )
+    with pytest.raises(ConfigError, match=f"example.com/a and example.com/b both set up {NIC_PF}, with num_vfs = 4"):
+        parse_config({"resources": tables}, source="dp.toml")
+
+
+def test_selectors_are_checked_against_the_node(model: PciSysfsModel) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"pfs": ["ens9f9"]}, "pfs: 'ens9f9' names no SR-IOV physical function on this node"),
+        ({"pfs": ["ens1f0"], "num_vfs": 9}, f"num_vfs = 9 but {NIC_PF} supports at most 8 VFs"),
+    ]
+    for options, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"resources": _tables(model, {"example.com/a": options})}, source="dp.toml")
+
+
+def _config_file(tmp_path: Path, model: PciSysfsModel, resources: dict[str, dict[str, Any]]) -> Path:
+    return write_toml(
+        tmp_path / "devplug.toml", {"state": {"dir": str(tmp_path / "state")}, "resources": _tables(model, resources)}
+    )
+
+
+def _tree(model: PciSysfsModel) -> dict[str, str]:
+    folder = model.sysfs_root / "bus/pci/devices" / NIC_PF
+    return {name: model.read_text(folder / name) for name in ("sriov_numvfs", "sriov_drivers_autoprobe")}
+
+
+def test_check_config_validates_against_the_node_and_changes_nothing(tmp_path: Path, model: PciSysfsModel) -> None:
+    before = _tree(model)
+    bad = _config_file(
+        tmp_path,
+        model,
+        {"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4}, "example.com/b": {"vfs": ["ens1f0#3"]}},
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "check-config", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"VF 3 of {NIC_PF} is claimed by both example.com/a and example.com/b" in result.stderr
+    good = _config_file(tmp_path, model, {"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4}})
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "check-config", str(good)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert _tree(model) == before
+
+
+def test_setup_dry_run_prints_what_would_be_written_and_writes_nothing(
+    tmp_path: Path, model: PciSysfsModel, kit: ModuleType
+) -> None:
+    before = _tree(model)
+    path = _config_file(tmp_path, model, {"example.com/a": {"pfs": ["ens1f0"], "num_vfs": 4, "vf_driver": "vfio-pci"}})
+    result = kit.run_setup("--config", str(path), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    folder = f"{model.sysfs_root}/bus/pci/devices/{NIC_PF}"
+    assert result.stdout.splitlines() == [
+        f"would write 0 to {folder}/sriov_drivers_autoprobe  # VFs stay without a driver until vfio-pci takes them "
+        "[example.com/a]",
+        f"would write 4 to {folder}/sriov_numvfs  # 0 -> 4 VFs [example.com/a]",
+    ]
+    assert _tree(model) == before
+
+
+def test_setup_refuses_a_pf_without_driver_clearly(model: PciSysfsModel, links: VfLinkModel, make_harness: Any) -> None:
+    model.unload_driver("i40e")
+    with pytest.raises(DriverError, match=f"{NIC_PF} has no driver bound; the kernel creates VFs only through"):
+        make_harness(model, links, pfs=[NIC_PF], num_vfs=2).start()
+    with pytest.raises(ValueError, match="pfs: 'ens1f0' names no SR-IOV physical function"):
+        # without its driver the PF has no interface either, so the name selects nothing
+        SriovDriver.check_resources(
+            {"example.com/a": SriovOptions(pfs=("ens1f0",), sysfs_root=model.sysfs_root, dev_root=model.dev_root)}
+        )
+
+
+def test_the_setup_never_removes_vfs_another_resource_has_handed_out(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    low = make_harness(model, links, resource="example.com/low", pfs=["ens1f0"], num_vfs=2, vfs=["ens1f0#0"]).start()
+    low.hooks.allocate([nic_vf(0)])
+    other = make_harness(model, links, resource="example.com/high", pfs=["ens1f0"], num_vfs=4, vfs=["ens1f0#1-3"])
+    with pytest.raises(DriverError, match=rf"example.com/high: cannot change {NIC_PF} from 2 to 4 VFs.*{nic_vf(0)}"):
+        other.start()
+    assert model.numvfs_of(NIC_PF) == 2
+
+
+def test_model_sriov_rules_only_the_model_can_stage(model: PciSysfsModel) -> None:
+    numvfs = model.sysfs_root / f"bus/pci/devices/{NIC_PF}/sriov_numvfs"
+    model.write_text(numvfs, "2")  # autoprobe 1 (the default): the VF driver takes new VFs at once
+    assert [model.driver_of(nic_vf(i)) for i in range(2)] == ["iavf", "iavf"]
+    assert model.listdir(model.sysfs_root / f"bus/pci/devices/{nic_vf(1)}/net") == ["ens1f0v1"]
+    model.write_text(numvfs, "0")
+    model.unload_driver("i40e")
+    with pytest.raises(OSError, match="no driver bound") as info:  # sriov_numvfs_store: -ENOENT without a PF driver
+        model.write_text(numvfs, "2")
+    assert info.value.errno == errno.ENOENT

@@ -1,0 +1,68 @@
+"""The netlink side for real: pyroute2 against the running kernel, in a network namespace of the test's own.
+
+The PF is a veth interface there. Its link state is real; the VF attributes
+(MAC, VLAN, spoof-check, trust, link state) are not emulated by any virtual
+device: the kernel answers ``EOPNOTSUPP`` (``do_setvfinfo`` finds no
+``ndo_set_vf_*``), which is exactly a reset that fails. What a successful
+reset does to those attributes is covered by :mod:`devplug_sriov.vfmodel`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from devplug_sriov.netlink import NetlinkVfLinks, VfSettings
+
+from devplug import DriverError, Health
+from devplug.testing.pcisysfs import PciSysfsModel
+
+PF = "0000:3b:00.0"
+VF0 = "0000:3b:02.0"
+
+
+def test_link_state_is_read_from_the_kernel(netns: Any, kit: ModuleType) -> None:
+    links = NetlinkVfLinks(netns.name)
+    assert links.link_up("pf0") is False
+    kit.set_link(netns, "pf0", True)
+    kit.set_link(netns, "pf0peer", True)
+    kit.eventually(lambda: links.link_up("pf0"), "pf0 up with carrier")
+    kit.set_link(netns, "pf0peer", False)  # no carrier: down for the VFs' purpose
+    kit.eventually(lambda: not links.link_up("pf0"), "pf0 without carrier")
+    with pytest.raises(DriverError, match=f"network interface nope not found in network namespace {netns.name}"):
+        links.link_up("nope")
+
+
+def test_a_reset_the_kernel_refuses_names_the_pf_the_vf_and_why(netns: Any) -> None:
+    links = NetlinkVfLinks(netns.name)
+    with pytest.raises(DriverError) as info:
+        links.reset_vf("pf0", 0, VfSettings())
+    message = str(info.value)
+    assert message.startswith("pf0 VF 0: the kernel refused to reset its settings")
+    assert f"in network namespace {netns.name}" in message
+    assert "Operation not supported" in message
+
+
+def test_the_driver_with_real_netlink_keeps_an_unresettable_vf_unhealthy(
+    netns: Any, kit: ModuleType, make_harness: Any, tmp_path: Path
+) -> None:
+    model = PciSysfsModel(tmp_path / "machine")
+    model.add_device(PF, 0x8086, 0x1572, 0x020000, iommu_group=20, driver="i40e")
+    model.enable_sriov(PF, 4, 0x154C, offset=16, vf_driver="iavf", netdev="pf0")
+    links = NetlinkVfLinks(netns.name)
+    h = make_harness(model, links, pfs=["pf0"], num_vfs=1, pf_link_health=True, netns=netns.name).start()
+    assert [d.health for d in h.hooks.list_devices()] == [Health.UNHEALTHY]  # pf0 is down
+    kit.set_link(netns, "pf0", True)
+    kit.set_link(netns, "pf0peer", True)
+    kit.eventually(lambda: [d.health for d in h.hooks.list_devices()] == [Health.HEALTHY], "VF healthy with pf0 up")
+    table = h.hooks.list_devices()
+
+    h.hooks.allocate([VF0])
+    with pytest.raises(
+        DriverError, match=r"pf0 VF 0: the kernel refused to reset its settings.*Operation not supported"
+    ):
+        h.release([VF0])
+
+    assert h.hooks.check_health(table) == {VF0: Health.UNHEALTHY}
