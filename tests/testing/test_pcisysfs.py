@@ -162,3 +162,16 @@ def test_a_state_file_shares_the_machine_across_instances(tmp_path: Path) -> Non
     second.write_text(second.sysfs_root / "bus/pci/drivers_probe", NIC)
     assert second.driver_of(NIC) == "vfio-pci"
     assert PciSysfsModel(tmp_path / "m", state_file=state).driver_of(NIC) == "vfio-pci"
+
+
+def test_the_state_file_keeps_sriov(tmp_path: Path) -> None:
+    """A model shared through ``state_file`` keeps a PF's SR-IOV capability and its VFs across processes."""
+    state = tmp_path / "model.json"
+    model = PciSysfsModel(tmp_path / "one", state_file=state)
+    pf = model.add_device("0000:01:00.0", 0x1B36, 0x0010, 0x010802, driver="nvme")
+    model.enable_sriov(pf.address, total_vfs=4, vf_device=0x0010)
+    model.write_text(model.sysfs_root / "bus/pci/devices" / pf.address / "sriov_numvfs", "2")
+    again = PciSysfsModel(tmp_path / "two", state_file=state)
+    kept = again.devices[pf.address]
+    assert kept.sriov is not None and kept.sriov.total_vfs == 4 and len(kept.sriov.vfs) == 2
+    assert all(again.devices[vf].physfn == pf.address for vf in kept.sriov.vfs)

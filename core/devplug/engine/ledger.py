@@ -627,7 +627,22 @@ def read_ledger_records(path: Path, resource_name: str) -> list[dict[str, Any]]:
 
     Reads only: nothing is moved aside, nothing is written.
     """
-    ledger = Ledger(resource_name, path)
-    ledger._load_snapshot(readonly=True)
-    ledger._replay_journal(readonly=True)
+    for _ in range(20):  # a compaction between reading the snapshot and the segments: read again
+        before = _stamp(path)
+        ledger = Ledger(resource_name, path)
+        ledger._load_snapshot(readonly=True)
+        try:
+            ledger._replay_journal(readonly=True)
+        except StateError:
+            continue  # a segment deleted under us by that compaction
+        if _stamp(path) == before:
+            break
     return [r.to_json() for r in ledger.records.values()]
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)

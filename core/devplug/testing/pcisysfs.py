@@ -100,6 +100,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from devplug.sysfs import HostSysfs
 
@@ -169,6 +170,12 @@ class ModelSriov:
     rdma: bool = False
     autoprobe: bool = True
     vfs: list[str] = field(default_factory=list)
+
+
+def _device_from_json(data: dict[str, Any]) -> ModelDevice:
+    """A device as ``state_file`` keeps it (``asdict``), its SR-IOV capability included."""
+    sriov = data.get("sriov")
+    return ModelDevice(**{**data, "sriov": ModelSriov(**sriov) if isinstance(sriov, dict) else None})
 
 
 class PciSysfsModel:
@@ -533,8 +540,8 @@ class PciSysfsModel:
         data = json.loads(path.read_text())
         self.iommu = bool(data["iommu"])
         self.vfio_loaded = bool(data["vfio_loaded"])
-        self.devices = {d["address"]: ModelDevice(**d) for d in data["devices"]}
-        self._removed = {d["address"]: ModelDevice(**d) for d in data["removed"]}
+        self.devices = {d["address"]: _device_from_json(d) for d in data["devices"]}
+        self._removed = {d["address"]: _device_from_json(d) for d in data["removed"]}
         self.drivers = {
             d["name"]: ModelDriver(d["name"], {(v, i) for v, i in d["ids"]}, {(v, i) for v, i in d["dynamic_ids"]})
             for d in data["drivers"]

@@ -29,6 +29,8 @@ import math
 import os
 import re
 import stat
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,15 +169,46 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
     )
 
 
+#: A file changed more recently than this is always read again: file times tick coarsely (a few ms), so two
+#: writes of the same size within one tick would look alike to the cache.
+SETTLED_S = 1.0
+
+_Stamp = tuple[int, int, int, int, int]
+_cache: dict[str, tuple[_Stamp, DeviceFile]] = {}
+_cache_lock = threading.Lock()
+
+
 def read_device_file(directory: Path, name: str) -> DeviceFile | None:
-    """Read and parse ``directory/name``; ``None`` when it is not (or no longer) a device file."""
+    """Read and parse ``directory/name``; ``None`` when it is not (or no longer) a device file.
+
+    Parsed files are cached by path, keyed on device, inode, size and
+    modification time, and used again while those hold, unless the file
+    changed within the last :data:`SETTLED_S` seconds: every hook reads its
+    devices' directives, and re-parsing 1,000 files per call was most of a
+    GetPreferredAllocation's time.
+    """
     if not is_device_name(name):
         return None
     path = directory / name
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key = str(path)
+    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # ctime: no one can set it back
+    settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLED_S * 1e9
+    with _cache_lock:
+        cached = _cache.get(key)
+    if settled and cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return parse_device_file(name, text)
+    parsed = parse_device_file(name, text)
+    if settled:
+        with _cache_lock:
+            _cache[key] = (stamp, parsed)
+    return parsed

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
 from devplug import Device, Health, Topology
-from devplug_mock.devicefile import is_device_name, natural_key, parse_device_file
+from devplug_mock import devicefile
+from devplug_mock.devicefile import is_device_name, natural_key, parse_device_file, read_device_file
 
 
 def test_an_empty_file_is_a_healthy_device_without_topology() -> None:
@@ -81,3 +86,24 @@ def test_natural_key() -> None:
 )
 def test_device_names(name: str, ok: bool) -> None:
     assert is_device_name(name) is ok
+
+
+def test_settled_files_are_parsed_once_and_changes_are_always_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "mock0"
+    path.write_text("delay=allocate:1.0\n")
+    monkeypatch.setattr(devicefile, "SETTLED_S", 0.0)  # every file counts as settled at once
+    first = read_device_file(tmp_path, "mock0")
+    assert first is not None and read_device_file(tmp_path, "mock0") is first  # parsed once
+    monkeypatch.setattr(devicefile, "SETTLED_S", 1.0)  # the real setting
+    path.write_text("delay=allocate:2.0\n")  # same size, just now: read again whatever the file times say
+    changed = read_device_file(tmp_path, "mock0")
+    assert changed is not None and dict(changed.delays) == {"allocate": 2.0}
+    path.write_text("delay=allocate:3.0\n")
+    again = read_device_file(tmp_path, "mock0")
+    assert again is not None and dict(again.delays) == {"allocate": 3.0}
+    old = time.time() - 10
+    os.utime(path, (old, old))  # an old modification time, but the change (ctime) is recent: read again
+    touched = read_device_file(tmp_path, "mock0")
+    assert touched is not None and dict(touched.delays) == {"allocate": 3.0}
