@@ -258,6 +258,7 @@ class FpgaDriver:
                         target.card, region, image, self.options.default_afu_id, self._recorder(target.id)
                     )
         except FpgaError as exc:
+            store.set([t.id for t in fresh], "programming")  # the tool is done: forget its PID
             self._log().error("programming %s failed: %s%s", image, exc, _shown(exc.output))
             undone = []
             for target in fresh:
@@ -306,6 +307,7 @@ class FpgaDriver:
                 self.backend.deprogram(target.card, region, self._recorder(target.id))
                 self.backend.verify(target.card, region, self._recorder(target.id))
         except FpgaError as exc:
+            store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
             marker = store.quarantine(target.id, str(exc), exc.output)
             self._log().error(
                 "%s failed to deprogram; out of service until %s is deleted: %s%s",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from devplug.testing.dflsysfs import DflModel, model_image
 AFU = "0b1a4c0000000000000000000000b1a4"
 
 
-def _check(tmp_path: Path, resources: dict[str, dict[str, object]]) -> subprocess.CompletedProcess[str]:
+def _check(tmp_path: Path, resources: Mapping[str, Mapping[str, object]]) -> subprocess.CompletedProcess[str]:
     config = {"state": {"dir": str(tmp_path / "state")}, "resources": resources}
     path = tmp_path / "devplug.toml"
     path.write_text(dumps_toml(config))
@@ -82,3 +83,19 @@ def test_a_good_config_passes(tmp_path: Path) -> None:
     }
     result = _check(tmp_path, {"example.com/fpga": {"driver": "fpga", "options": options}})
     assert result.returncode == 0, result.stderr
+
+
+def test_the_commented_fpga_resource_of_the_example_config_is_valid_once_uncommented(tmp_path: Path) -> None:
+    example = (Path(__file__).resolve().parents[3] / "config.example.toml").read_text()
+    block = example[example.index('# [resources."example.com/fpga-region"]') :]
+    lines = [line[2:] for line in block.splitlines() if line.startswith("# ") and not line.startswith("# #")]
+    blank = tmp_path / "blank.gbs"
+    blank.write_bytes(b"")
+    text = "\n".join(lines).replace("/opt/fpga/blank.gbs", str(blank)).replace("/var/lib/devplug", str(tmp_path))
+    path = tmp_path / "fpga.toml"
+    path.write_text(f'[state]\ndir = "{tmp_path / "state"}"\n\n{text}\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "example.com/fpga-region: driver fpga" in result.stdout
