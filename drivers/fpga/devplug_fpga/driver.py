@@ -172,7 +172,8 @@ class FpgaDriver:
             self._reasons[target.id] = reason
             node = target.card.numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
-            devices.append(Device(target.id, Health.UNHEALTHY if reason else Health.HEALTHY, topology))
+            health = Health.UNHEALTHY if reason else Health.HEALTHY
+            devices.append(Device(target.id, health, topology, reason))
         self._advertised = {d.id: d for d in devices}
         return devices
 
@@ -192,11 +193,16 @@ class FpgaDriver:
 
     @hookimpl
     def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health] | None:
-        """Errors, temperature, nodes and cards, overlaps and quarantine markers, read again."""
+        """Errors, temperature, nodes and cards, overlaps and quarantine markers, read again.
+
+        Changes are pushed whole (with their reasons, for ``devplug status``), so nothing is returned.
+        """
         with self._lock:
             self._refresh()
-            current = {d.id: d.health for d in self._devices()}
-            return {d.id: current[d.id] for d in devices if d.id in current and current[d.id] is not d.health}
+            current = self._devices()
+            if self._ctx is not None and {d.id: d for d in current} != {d.id: d for d in devices}:
+                self._ctx.set_devices(current)
+            return {}
 
     # --- allocation ---------------------------------------------------------------------------
 

@@ -285,6 +285,14 @@ class Lab:
         found: dict[str, Any] = self.wait(read, what="the status file of the running daemon")
         return found
 
+    def reason(self, device: str) -> str | None:
+        """Why ``device`` is unhealthy, as ``devplug status`` shows it (``None``: no reason given)."""
+        for dev in self.status()["resources"][0]["devices"]:
+            if dev["id"] == device:
+                found: str | None = dev.get("reason")
+                return found
+        return None
+
     def log(self) -> str:
         return self._daemon().process.log_text()
 

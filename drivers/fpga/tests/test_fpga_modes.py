@@ -26,7 +26,8 @@ def test_a_card_and_its_regions_exclude_each_other_across_a_kill_9(lab: Any) -> 
     lab.wait(lambda: all(lab.health(o) == "Unhealthy" for o in _overlaps(device)), what="the overlapping devices out")
     others = [d for d in (CARD, *REGIONS) if d != device and d not in _overlaps(device)]
     assert all(lab.health(d) == "Healthy" for d in others)
-    assert f"overlaps {device}" in lab.log()  # the reason, for the operator
+    for other in _overlaps(device):  # the reason, for the operator
+        lab.wait(lambda o=other: lab.reason(o) == f"overlaps {device}, which is allocated", what=f"{other}'s reason")
 
     lab.kill()
     lab.restart()

@@ -77,6 +77,7 @@ def test_a_failed_deprogram_keeps_the_device_out_of_service_until_the_operator_c
     assert "flash controller timeout" in shown
     assert f"rm {marker}" in shown
     assert "flash controller timeout" in lab.log()
+    lab.wait(lambda: "out of service: command" in (lab.reason(CARD) or ""), what="the device's reason in status")
     with pytest.raises(KubeletError, match="no healthy devices"):
         lab.admit("next")
     assert len(lab.tool.calls("deprogram", "start")) == 1  # retries do not run the tool again
