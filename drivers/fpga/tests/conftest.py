@@ -316,3 +316,9 @@ class Lab:
 def lab(devplug_root: Path, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon]) -> Lab:
     """The bench; daemons it started are stopped (SIGTERM, must exit 0) by ``devplug_daemon``."""
     return Lab(devplug_root, dev_kubelet, devplug_daemon)
+
+
+@pytest.fixture
+def tool(tmp_path: Path) -> FakeTool:
+    """The fake vendor tool alone, in ``tmp_path/tool``."""
+    return FakeTool(tmp_path / "tool")
