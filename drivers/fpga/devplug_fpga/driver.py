@@ -296,8 +296,12 @@ class FpgaDriver:
 
     # --- release --------------------------------------------------------------------------------
 
-    def _clean(self, target: Target) -> None:
-        """Deprogram and verify ``target``, exactly once: a clean record is never redone; failures quarantine."""
+    def _clean(self, target: Target, retry: bool = False) -> None:
+        """Deprogram and verify ``target``, exactly once: a clean record is never redone; failures quarantine.
+
+        ``retry`` (the engine calling again after a crash or a failure) only changes what is logged: the
+        driver's own record says what was done.
+        """
         store = self._state()
         quarantined = store.quarantined()
         if target.id in quarantined:
@@ -305,8 +309,13 @@ class FpgaDriver:
                 f"{target.id} is out of service: {quarantined[target.id]}; once the card is fixed, clear it: "
                 f"rm {store.marker(target.id)}"
             )
-        if store.phase(target.id) == "clean":
+        phase = store.phase(target.id)
+        if phase == "clean":
+            if retry:
+                self._log().info("%s was deprogrammed and verified before; not again", target.id)
             return
+        if phase == "deprogramming":
+            self._log().info("%s: finishing a deprogram that was cut short", target.id, extra={"device": target.id})
         store.set([target.id], "deprogramming")
         try:
             for region in target.regions:
@@ -335,12 +344,10 @@ class FpgaDriver:
     def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
         """Deprogram, then verify, each device; on a retry, devices already clean are left alone."""
         with self._lock:
-            if retry:
-                self._log().info("post_stop again after a restart or failure: %s", ", ".join(device_ids))
             failures = []
             for target in self._targets_of(device_ids):
                 try:
-                    self._clean(target)
+                    self._clean(target, retry)
                 except FpgaError as exc:
                     failures.append(str(exc))
             self._push()
@@ -358,7 +365,7 @@ class FpgaDriver:
                 if phase is None:
                     continue
                 try:
-                    self._clean(target)
+                    self._clean(target, retry)
                 except FpgaError as exc:
                     failures.append(str(exc))
                     continue

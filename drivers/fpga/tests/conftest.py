@@ -39,11 +39,12 @@ TENANT_AFU = "7e4a47000000000000000000000007e4"
 WAIT = 20.0
 
 #: The fake vendor tool: ``fpga-tool <verb> --card A --region R [--image I]``.
-#: It appends ``{"verb", "args", "event": "start"|"done", "pid"}`` to ``calls.jsonl`` beside it and keeps
+#: It appends ``{"verb", "args", "event", "pid"}`` to ``calls.jsonl`` beside it (events: ``start``, ``hanging``,
+#: ``orphaned``, ``failed``, ``done``) and keeps
 #: each region's content in ``cards/<address>-<region>``: ``program`` writes the image's name, ``deprogram``
 #: writes ``blank``, ``verify`` fails unless the region is blank. ``behaviour.json`` beside it may say, per
-#: verb: ``{"exit": 3, "stderr": "..."}`` to fail, ``{"hang": true}`` to wait until ``release-<verb>``
-#: exists or its parent (the daemon) dies, ``{"hang": true, "then": "done"}`` to finish normally afterwards.
+#: verb (or ``"<verb>:<region>"``): ``{"exit": 3, "stderr": "..."}`` to fail, ``{"hang": true}`` to wait until
+#: ``release-<verb>`` exists (then go on) or its parent (the daemon) dies (then exit 137).
 FAKE_TOOL = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -59,10 +60,12 @@ def log(event):
 
 log("start")
 try:
-    behaviour = json.loads((here / "behaviour.json").read_text()).get(verb, {})
+    table = json.loads((here / "behaviour.json").read_text())
+    behaviour = table.get(f"{verb}:{args.get('--region')}", table.get(verb, {}))
 except FileNotFoundError:
     behaviour = {}
 if behaviour.get("hang"):
+    log("hanging")
     while not (here / f"release-{verb}").exists():
         if os.getppid() != parent:
             log("orphaned")
@@ -115,9 +118,9 @@ class FakeTool:
         self.path.write_text(f"#!{sys.executable}\n{FAKE_TOOL}")
         self.path.chmod(0o755)
 
-    def behave(self, **verbs: Mapping[str, Any]) -> None:
-        """Set what each verb does (see :data:`FAKE_TOOL`); verbs not named behave normally."""
-        (self.folder / "behaviour.json").write_text(json.dumps(verbs))
+    def behave(self, verbs: Mapping[str, Mapping[str, Any]] | None = None, **by_verb: Mapping[str, Any]) -> None:
+        """Set what each verb (or ``"verb:region"``) does (see :data:`FAKE_TOOL`); others behave normally."""
+        (self.folder / "behaviour.json").write_text(json.dumps({**(verbs or {}), **by_verb}))
 
     def release(self, verb: str) -> None:
         """Let a hanging ``verb`` go on."""
