@@ -237,8 +237,14 @@ class DflModel:
             raise OSError(errno.EINVAL, f"DFL_FPGA_FME_PORT_PR: Invalid argument (no port {port_id})", str(node))
         image = ctypes.string_at(address, size) if size else b""
         hold = self._control / "pr-hold"
-        while hold.exists():  # a slow PR; a test removes the file, or kills the process
-            time.sleep(0.01)
+        if hold.exists():  # a slow PR; a test removes the file, or kills the process
+            waiting = self._control / f"pr-waiting.{fme}.{port_id}"
+            waiting.write_text(str(os.getpid()))
+            try:
+                while hold.exists():
+                    time.sleep(0.01)
+            finally:
+                waiting.unlink(missing_ok=True)
         port = self._port_of(fme_dir, port_id)
         failure = self._control / f"pr-fail.{fme}"
         match = _IMAGE_HEADER.match(image)
@@ -423,6 +429,10 @@ class DflModel:
     def hold_pr(self) -> None:
         """Make PRs block until :meth:`release_pr` (or until the process is killed)."""
         (self._control / "pr-hold").write_text("")
+
+    def pr_waiting(self) -> list[str]:
+        """The PRs held by :meth:`hold_pr` right now, as ``<fme>.<port_id>`` (a killed caller leaves its entry)."""
+        return sorted(p.name[len("pr-waiting.") :] for p in self._control.glob("pr-waiting.*"))
 
     def release_pr(self) -> None:
         """Let held PRs finish."""

@@ -182,3 +182,23 @@ def test_kill_9_between_two_regions_of_one_release_redoes_only_the_unfinished_on
     per_region = [c["args"]["--region"] for c in lab.tool.calls("deprogram", "done")]
     assert sorted(per_region) == ["0", "1"]  # each deprogrammed to the end exactly once
     assert f"{first} was deprogrammed and verified before; not again" in lab.log()
+
+
+def test_kill_9_mid_partial_reconfiguration_is_finished_on_restart_once(lab: Any) -> None:
+    card = lab.model.add_card(CARD, ports=1, afu_id=BLANK_AFU)
+    lab.start(lab.dfl_options())
+    (device,) = lab.admit("tenant")
+    lab.model.set_afu_id(card.ports[0], TENANT_AFU)
+    lab.model.hold_pr()
+    lab.kubelet.remove_pod("tenant")
+    lab.wait(lab.model.pr_waiting, what="the blank image's PR under way")
+
+    lab.kill()  # the PR dies with the daemon: the region still holds the tenant's bitstream
+    lab.model.release_pr()
+    assert lab.model.afu_id(card.ports[0]) == TENANT_AFU
+    lab.restart()
+
+    lab.wait(lambda: lab.released(device), what=f"{device} released after the restart")
+    assert lab.model.afu_id(card.ports[0]) == BLANK_AFU
+    assert len([e for e in lab.model.programs(port_id=0) if e.get("afu_id") == BLANK_AFU]) == 1
+    assert "finishing a deprogram that was cut short" in lab.log()
