@@ -69,12 +69,10 @@ class _LoopSink:
     def replace_devices(self, devices: list[Device]) -> None:
         checked = check_device_list(self._resource.name, devices)
         self._loop.call_soon_threadsafe(self._resource.table.replace, checked)
-        self._loop.call_soon_threadsafe(self._resource._on_change)  # devplug status shows pushed health
 
     def update_devices(self, changed: list[Device], removed: list[str]) -> None:
         check_device_list(self._resource.name, changed)
         self._loop.call_soon_threadsafe(self._resource.table.update, changed, removed)
-        self._loop.call_soon_threadsafe(self._resource._on_change)
 
     def request_relist(self) -> None:
         self._loop.call_soon_threadsafe(self._resource.schedule_relist)

@@ -202,3 +202,21 @@ def test_kill_9_mid_partial_reconfiguration_is_finished_on_restart_once(lab: Any
     assert lab.model.afu_id(card.ports[0]) == BLANK_AFU
     assert len([e for e in lab.model.programs(port_id=0) if e.get("afu_id") == BLANK_AFU]) == 1
     assert "finishing a deprogram that was cut short" in lab.log()
+
+
+def test_a_default_image_that_fails_to_load_fails_the_allocate_and_leaves_the_card_clean(lab: Any) -> None:
+    lab.tool.behave({"program": {"exit": 2, "stderr": "ERROR: image does not match the shell"}})
+    options = lab.command_options(
+        mode="whole",
+        default_image=str(lab.default),
+        program_command=lab.tool.command("program", "--region", "{region}", "--image", "{bitstream}"),
+    )
+    lab.start(options)
+
+    with pytest.raises(KubeletError, match="image does not match the shell"):
+        lab.admit("tenant")
+
+    assert lab.tool.content(CARD) == "blank"  # deprogrammed after the failed load
+    assert len(lab.tool.calls("deprogram", "done")) == 1
+    assert lab.driver_state() == {}
+    assert lab.health(CARD) == "Healthy"
