@@ -59,6 +59,8 @@ def format_status(data: dict[str, Any]) -> str:
             if dev.get("releasing"):
                 flags.append("releasing")
             numa = ",".join(str(n) for n in dev.get("numa_nodes", [])) or "-"
+            if dev.get("reason"):
+                flags.append(f"({dev['reason']})")
             lines.append(f"    {dev['id']:<24} {dev['health']:<10} numa={numa:<4} {' '.join(flags)}")
         if res.get("state_error"):
             lines.append(f"  STATE WRITE FAILED: {res['state_error']} (Allocate is refused until it can write)")

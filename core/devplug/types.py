@@ -25,6 +25,7 @@ __all__ = [
     "Mount",
     "Topology",
     "MAX_DEVICE_ID_BYTES",
+    "MAX_REASON_CHARS",
     "device_id_problem",
 ]
 
@@ -64,6 +65,8 @@ NO_TOPOLOGY = Topology()
 #: The longest device ID (in bytes of UTF-8) devplug advertises, so the longest the kubelet can send back.
 #: The kubelet has no limit of its own: it keeps whatever IDs ListAndWatch brought and sends only those.
 MAX_DEVICE_ID_BYTES = 256
+#: The longest :attr:`Device.reason` kept (longer ones are cut, ending in ``...``).
+MAX_REASON_CHARS = 500
 
 
 def device_id_problem(device_id: object) -> str | None:
@@ -90,12 +93,15 @@ class Device:
 
     ``id`` is the kubelet's device ID: unique within the resource, stable across
     restarts (pods hold devices by ID), printable, without whitespace, at most
-    :data:`MAX_DEVICE_ID_BYTES` bytes.
+    :data:`MAX_DEVICE_ID_BYTES` bytes. ``reason`` says why an unhealthy device is
+    unhealthy, for ``devplug status`` (never sent to the kubelet; at most
+    :data:`MAX_REASON_CHARS` characters are kept).
     """
 
     id: str
     health: Health = Health.HEALTHY
     topology: Topology = NO_TOPOLOGY
+    reason: str = ""
     #: What a container gets for this device (device nodes, mounts, envs, CDI names), for drivers without an
     #: ``allocate`` hook: the engine merges the allocations of a request's devices. A driver's ``allocate``
     #: wins when it has one.
@@ -112,6 +118,10 @@ class Device:
             raise ValueError(f"Device {self.id!r}: topology must be a Topology, got {self.topology!r}")
         if self.allocation is not None and not isinstance(self.allocation, ContainerAllocation):
             raise ValueError(f"Device {self.id!r}: allocation must be a ContainerAllocation, got {self.allocation!r}")
+        if not isinstance(self.reason, str):
+            raise ValueError(f"Device {self.id!r}: reason must be a string, got {self.reason!r}")
+        if len(self.reason) > MAX_REASON_CHARS:
+            object.__setattr__(self, "reason", self.reason[: MAX_REASON_CHARS - 3] + "...")
 
     @property
     def healthy(self) -> bool:
@@ -119,7 +129,7 @@ class Device:
         return self.health is Health.HEALTHY
 
     def with_health(self, health: Health) -> Device:
-        """This device with another health."""
+        """This device with another health (the same reason, topology and allocation data)."""
         return replace(self, health=health)
 
 

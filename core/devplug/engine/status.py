@@ -36,6 +36,7 @@ def _device_entry(resource: Resource, dev: Device, pods: dict[str, str | None], 
         "allocated": dev.id in pods,
         "pod": pods.get(dev.id),
         "releasing": dev.id in releasing,
+        **({"reason": dev.reason} if dev.reason and not dev.healthy else {}),
     }
 
 

@@ -49,6 +49,7 @@ _DEVICE = {
     "allocated?": bool,
     "pod?": _Optional(str),
     "releasing?": bool,
+    "reason?": str,
 }
 _COUNTS = {"devices?": int, "healthy?": int, "unhealthy?": int, "allocated?": int, "releasing?": int}
 _RESOURCE = {

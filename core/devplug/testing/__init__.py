@@ -13,6 +13,9 @@
   load, and test doubles it can load without their being installed.
 * :mod:`devplug.testing.pcisysfs` -- a model of the kernel's PCI sysfs for drivers
   that bind and unbind devices.
+* :mod:`devplug.testing.dflsysfs` -- a model of the kernel's FPGA DFL sysfs, device
+  nodes and ioctls, shared through files with a daemon under test.
+* :mod:`devplug.testing.kubelet` -- the dev kubelet for drivers' own suites and demos.
 * :mod:`devplug.testing.configs`, :mod:`devplug.testing.daemon` -- configs laid
   out for the dev kubelet, and the daemon as a process or in a thread.
 

@@ -1,0 +1,30 @@
+"""The dev kubelet for driver authors' suites and demos, on the public surface.
+
+Drivers may import only :mod:`devplug.testing` (not :mod:`devplug.devkubelet`);
+a driver's own demo (``python -m devplug_fpga.demo``) takes the dev kubelet and
+the pod types from here.
+"""
+
+from __future__ import annotations
+
+from devplug.devkubelet import (
+    AdmittedPod,
+    ContainerSpec,
+    DevKubeletThread,
+    KubeletEvent,
+    PluginCallError,
+    PodSpec,
+    ResourceView,
+)
+from devplug.errors import KubeletError
+
+__all__ = [
+    "AdmittedPod",
+    "ContainerSpec",
+    "DevKubeletThread",
+    "KubeletError",
+    "KubeletEvent",
+    "PluginCallError",
+    "PodSpec",
+    "ResourceView",
+]

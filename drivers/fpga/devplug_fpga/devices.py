@@ -1,0 +1,81 @@
+"""Cards, their regions, and the devices a resource advertises for them in each mode.
+
+A card is known by its PCI address, a region by the card's address and its
+number on the card (the DFL port ``id``). Device IDs:
+
+* a whole card: its PCI address, ``0000:3b:00.0``;
+* a region: ``0000:3b:00.0-region0``.
+
+In ``both`` mode a card and its regions overlap: :func:`overlapping` says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from devplug_fpga.options import Mode
+
+__all__ = ["Card", "Region", "Target", "overlapping", "region_id", "targets"]
+
+
+@dataclass(frozen=True)
+class Region:
+    """One partial-reconfiguration region of a card (a DFL port)."""
+
+    card: str
+    index: int
+    port: str | None = None  # dfl-port.M (dfl backend)
+
+    @property
+    def id(self) -> str:
+        """The region's device ID."""
+        return region_id(self.card, self.index)
+
+
+@dataclass(frozen=True)
+class Card:
+    """One FPGA card."""
+
+    address: str
+    regions: tuple[Region, ...]
+    fme: str | None = None  # dfl-fme.N (dfl backend)
+    numa_node: int = -1
+
+
+@dataclass(frozen=True)
+class Target:
+    """A device the resource advertises: a whole card, or one region of it."""
+
+    id: str
+    card: Card
+    regions: tuple[Region, ...]
+    whole: bool
+
+
+def region_id(address: str, index: int) -> str:
+    """``<address>-region<index>``."""
+    return f"{address}-region{index}"
+
+
+def targets(cards: Iterable[Card], mode: Mode) -> dict[str, Target]:
+    """The devices of ``cards`` in ``mode``, by ID."""
+    out: dict[str, Target] = {}
+    for card in cards:
+        if mode in ("whole", "both"):
+            out[card.address] = Target(card.address, card, card.regions, True)
+        if mode in ("regions", "both"):
+            for region in card.regions:
+                out[region.id] = Target(region.id, card, (region,), False)
+    return out
+
+
+def overlapping(target: Target, all_targets: Iterable[Target]) -> list[str]:
+    """The IDs of the other devices that share hardware with ``target`` (its card, or its card's regions)."""
+    return [
+        other.id
+        for other in all_targets
+        if other.id != target.id
+        and other.card.address == target.card.address
+        and {r.index for r in other.regions} & {r.index for r in target.regions}
+    ]
