@@ -191,15 +191,18 @@ class SharedDriver:
     # --- allocation
 
     def _fresh_holders(self) -> Mapping[str, Claim]:
-        """The store's holders now; the last known ones when it cannot be read."""
+        """The store's holders now; the last known ones when it cannot be read.
+
+        Nothing is pushed from here: a slot found taken between the kubelet's
+        choice and its Allocate must reach ``allocate``, which names its holder
+        (the engine would refuse it as merely "unhealthy"); the keeper pushes it.
+        """
         _, backend, _ = self._need()
         try:
-            holders = dict(backend.holders())
+            return dict(backend.holders())
         except StoreUnavailableError:
             with self._lock:
                 return dict(self._holders)
-        self._set_holders(holders)
-        return holders
 
     @hookimpl
     def preferred_allocation(self, available: Sequence[Device], must_include: Sequence[str], size: int) -> list[str]:
@@ -225,7 +228,7 @@ class SharedDriver:
                 backend.claim(ids)
             except BaseException as exc:
                 held.discard(added)
-                if isinstance(exc, SlotTakenError):
+                if isinstance(exc, SlotTakenError) and exc.claim is not None:
                     with self._lock:
                         self._holders[exc.claim.slot] = exc.claim
                     self._push()
@@ -290,7 +293,8 @@ class SharedDriver:
             try:
                 backend.claim([slot])
             except SlotTakenError as exc:
-                message = f"slot {slot} is held by node {exc.claim.holder} while a pod on node {self.node} holds it"
+                holder = exc.claim.holder if exc.claim is not None else "another node"
+                message = f"slot {slot} is held by node {holder} while a pod on node {self.node} holds it"
                 with self._lock:
                     self._conflicts[slot] = message
                 self._log.error("shared: CONFLICT: %s (this node's lease expired during a store outage)", message)

@@ -68,23 +68,33 @@ class Claim:
 
 
 class SlotTakenError(DriverError):
-    """A slot asked for is held by another node; nothing of the request was claimed."""
+    """A slot asked for is held by another node; nothing of the request was claimed.
 
-    def __init__(self, resource: str, claim: Claim) -> None:
-        super().__init__(
+    Built with :meth:`of`; the plain ``(message)`` constructor stays, so the
+    engine can rebuild it like any :class:`devplug.DriverError`.
+    """
+
+    claim: Claim | None = None
+
+    @classmethod
+    def of(cls, resource: str, claim: Claim) -> SlotTakenError:
+        """The error for ``claim``, naming the slot, the resource and the holder."""
+        error = cls(
             f"shared: slot {claim.slot} of {resource} is held by node {claim.holder} "
             f"(claimed {claim.age():.1f} s ago); nothing of this request was claimed"
         )
-        self.claim = claim
+        error.claim = claim
+        return error
 
 
 class StoreUnavailableError(DriverError):
-    """The coordination store could not be reached or answered with an error."""
+    """The coordination store could not be reached or answered with an error (built with :meth:`of`)."""
 
-    def __init__(self, store: str, action: str, slots: Iterable[str], cause: object) -> None:
+    @classmethod
+    def of(cls, store: str, action: str, slots: Iterable[str], cause: object) -> StoreUnavailableError:
+        """The error for ``action`` on ``slots``, naming the store and the cause."""
         listed = ", ".join(sorted(slots)) or "no slot"
-        super().__init__(f"shared: cannot {action} ({listed}): the coordination store {store} is unreachable: {cause}")
-        self.store = store
+        return cls(f"shared: cannot {action} ({listed}): the coordination store {store} is unreachable: {cause}")
 
 
 def sorted_slots(slots: Iterable[str]) -> Sequence[str]:

@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 #: How many times a claim or release transaction is retried when the keys changed between read and write.
 _TXN_ATTEMPTS = 8
+_CHURN = "the keys kept changing between read and write; try again"
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,11 @@ class EtcdBackend:
                 last = exc
                 continue
             except etcd_errors.Etcd3Exception as exc:
-                raise StoreUnavailableError(self.description, action, slots, exc.detail_text or exc) from exc
+                raise StoreUnavailableError.of(self.description, action, slots, exc.detail_text or exc) from exc
             with self._lock:
                 self._current = index
             return result
-        raise StoreUnavailableError(self.description, action, slots, last)
+        raise StoreUnavailableError.of(self.description, action, slots, last)
 
     def _txn(self, action: str, slots: Sequence[str], txn: dict[str, Any]) -> dict[str, Any]:
         def run(client: Any) -> dict[str, Any]:
@@ -228,7 +229,7 @@ class EtcdBackend:
                 else:
                     claim = self._claim_of(slot, kv)
                     if claim.holder != self.node:
-                        raise SlotTakenError(self.resource, claim)
+                        raise SlotTakenError.of(self.resource, claim)
                     since = claim.since
                     compares.append(
                         {"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}
@@ -238,7 +239,7 @@ class EtcdBackend:
             result = self._txn("claim slot(s)", ordered, {"compare": compares, "success": puts})
             if result.get("succeeded"):
                 return
-        raise StoreUnavailableError(self.description, "claim slot(s)", ordered, "the keys kept changing; try again")
+        raise StoreUnavailableError.of(self.description, "claim slot(s)", ordered, _CHURN)
 
     def release(self, slots: Sequence[str]) -> None:
         """Delete this node's keys among ``slots`` in one transaction guarded by their ``mod_revision``."""
@@ -255,7 +256,9 @@ class EtcdBackend:
             deletes = [{"request_delete_range": {"key": kv["key"]}} for kv in mine.values()]
             if self._txn("release slot(s)", ordered, {"compare": compares, "success": deletes}).get("succeeded"):
                 return
-        raise StoreUnavailableError(self.description, "release slot(s)", ordered, "the keys kept changing; try again")
+        raise StoreUnavailableError.of(
+            self.description, "release slot(s)", ordered, "the keys kept changing; try again"
+        )
 
     def holders(self) -> Mapping[str, Claim]:
         """Every key under ``<prefix>/<resource>/``: the live claims (etcd deleted the expired ones)."""

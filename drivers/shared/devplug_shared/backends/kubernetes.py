@@ -143,7 +143,7 @@ class KubernetesBackend:
             return self._client
 
     def _unavailable(self, action: str, slots: Sequence[str], exc: Exception) -> StoreUnavailableError:
-        return StoreUnavailableError(self.description, action, slots, exc)
+        return StoreUnavailableError.of(self.description, action, slots, exc)
 
     def _get(self, slot: str, action: str) -> Any | None:
         """The slot's Lease, or None when there is none (404)."""
@@ -227,7 +227,7 @@ class KubernetesBackend:
             now = time.time()
             claim = self._claim_of(slot, lease, now)
             if claim is not None and claim.holder != self.node:
-                raise SlotTakenError(self.resource, claim)
+                raise SlotTakenError.of(self.resource, claim)
             mine = claim is not None
             stamp = _now()
             spec = lease.spec
@@ -239,7 +239,7 @@ class KubernetesBackend:
             spec.leaseDurationSeconds = max(1, round(self.options.lease_ttl))
             if self._write(lease, slot, "claim slot(s)", create=False):
                 return not mine
-        raise StoreUnavailableError(self.description, "claim slot(s)", [slot], "the Lease kept changing; try again")
+        raise StoreUnavailableError.of(self.description, "claim slot(s)", [slot], "the Lease kept changing; try again")
 
     def claim(self, slots: Sequence[str]) -> None:
         """Take every slot; on one held elsewhere, give back those this call took, then raise."""
@@ -271,7 +271,7 @@ class KubernetesBackend:
                 lease.spec.renewTime = None
             if self._write(lease, slot, action, create=False):
                 return True
-        raise StoreUnavailableError(self.description, action, [slot], "the Lease kept changing; try again")
+        raise StoreUnavailableError.of(self.description, action, [slot], "the Lease kept changing; try again")
 
     def keepalive(self, held: Sequence[str]) -> bool:
         """Renew the Lease of every held slot; False when one was no longer this node's (expired or taken)."""

@@ -87,9 +87,9 @@ class LocalBackend:
                     raise
                 db.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreUnavailableError(self.description, action, slots, exc) from exc
+                raise StoreUnavailableError.of(self.description, action, slots, exc) from exc
             except OSError as exc:
-                raise StoreUnavailableError(self.description, action, slots, exc) from exc
+                raise StoreUnavailableError.of(self.description, action, slots, exc) from exc
 
     def open(self) -> None:
         """Resume this node's lease if it is still live, else start a new one (old claims are then dead)."""
@@ -133,7 +133,7 @@ class LocalBackend:
             for slot in ordered:
                 claim = live.get(slot)
                 if claim is not None and claim.holder != self.node:
-                    raise SlotTakenError(self.resource, claim)
+                    raise SlotTakenError.of(self.resource, claim)
             for slot in ordered:
                 mine = live.get(slot)
                 db.execute(

@@ -1,0 +1,142 @@
+"""Nodes sharing slots through each backend: real daemons, real dev kubelets, the store as it really is.
+
+Every test runs against ``local`` (SQLite), a real ``etcd`` on loopback and the
+Lease API model (``kubernetes``), through the ``store`` fixture.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from devplug.errors import KubeletError
+
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+def test_two_nodes_share_a_device_slot_by_slot(cluster):
+    a = cluster.add_node("node-a")
+    b = cluster.add_node("node-b")
+    assert set(a.health()) == set(b.health()) == {"dev-0", "dev-1"}, "the same slot IDs on every node"
+
+    pod_a, (slot_a,) = cluster.admit(a)
+    assert cluster.holders() == {slot_a: "node-a"}
+    cluster.wait_view(b, slot_a, UNHEALTHY)
+    cluster.check_invariant()
+
+    _, (slot_b,) = cluster.admit(b)
+    assert slot_b != slot_a, "B got the slot A does not hold"
+    cluster.check_invariant()
+    cluster.wait_view(a, slot_b, UNHEALTHY)
+    with pytest.raises(KubeletError):  # a third pod: nothing free on A
+        cluster.admit(a)
+
+    cluster.delete(a, pod_a)  # released at once: the claim is deleted, B may take the slot
+    cluster.wait(lambda: slot_a not in cluster.holders(), f"{slot_a}'s claim to be deleted after its pod ended")
+    cluster.wait_view(b, slot_a, HEALTHY)
+    _, (again,) = cluster.admit(b)
+    assert again == slot_a
+    assert cluster.check_invariant() == {slot_a: "node-b", slot_b: "node-b"}
+
+
+def test_kill_9_keeps_the_claims_of_running_pods(cluster):
+    a = cluster.add_node("node-a")
+    b = cluster.add_node("node-b")
+    pod, (slot,) = cluster.admit(a)
+    cluster.kill(a)
+    cluster.wait_view(b, slot, UNHEALTHY)
+    _, (other,) = cluster.admit(b)
+    assert other != slot
+    cluster.start(a)  # within the lease TTL: the lease is resumed, the claim kept
+    assert cluster.holders() == {slot: "node-a", other: "node-b"}
+    cluster.check_invariant()
+    cluster.delete(a, pod)
+    cluster.wait(lambda: slot not in cluster.holders(), f"{slot} to be released by the restarted daemon")
+
+
+def test_allocate_names_the_slot_and_its_holder_when_taken_in_between(cluster):
+    # node-b never re-reads the store by itself (refresh and lease renewal far away): its kubelet's view goes stale.
+    b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0)
+    intruder = cluster.store.backend("node-x")
+    intruder.open()
+    intruder.claim(["dev-0", "dev-1"])
+    try:
+        assert b.health() == {"dev-0": HEALTHY, "dev-1": HEALTHY}
+        with pytest.raises(KubeletError) as caught:
+            cluster.admit(b)
+        assert "is held by node node-x" in str(caught.value)
+        assert "nothing of this request was claimed" in str(caught.value)
+        assert cluster.holders() == {"dev-0": "node-x", "dev-1": "node-x"}
+        cluster.wait_view(b, "dev-0", UNHEALTHY)  # what the failed claim learnt reaches the kubelet
+    finally:
+        intruder.release(["dev-0", "dev-1"])
+        intruder.close()
+
+
+def test_a_request_for_several_slots_is_all_or_nothing(cluster):
+    b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0, capacity=3)
+    intruder = cluster.store.backend("node-x")
+    intruder.open()
+    intruder.claim(["dev-2"])
+    try:
+        with pytest.raises(KubeletError) as caught:
+            cluster.admit(b, count=3)
+        assert "slot dev-2" in str(caught.value) and "node-x" in str(caught.value)
+        assert cluster.holders() == {"dev-2": "node-x"}, "no slot of the failed request stays claimed"
+        assert b.kubelet.attributed("example.com/shared") == {}
+    finally:
+        intruder.close()
+
+
+def test_a_dead_nodes_claims_expire_with_its_lease(cluster):
+    a = cluster.add_node("node-a", lease_ttl=2.0)
+    b = cluster.add_node("node-b")
+    _, (slot,) = cluster.admit(a)
+    _, (other,) = cluster.admit(b)
+    cluster.wait_view(b, slot, UNHEALTHY)
+    cluster.kill(a)  # the node dies: daemon and pods
+    a.kubelet.close()
+    a.alive = False
+    cluster.wait(lambda: slot not in cluster.holders(), f"node-a's claim on {slot} to expire with its 2 s lease")
+    cluster.wait_view(b, slot, HEALTHY)
+    _, (taken,) = cluster.admit(b)
+    assert taken == slot
+    assert cluster.check_invariant() == {slot: "node-b", other: "node-b"}
+
+
+def test_a_partition_fails_new_allocates_and_never_releases_a_running_pods_claim(cluster):
+    if cluster.store.kind == "local":
+        pytest.skip("the local store is a file on the node itself: there is no network to partition")
+    a = cluster.add_node("node-a", partitionable=True)
+    b = cluster.add_node("node-b")
+    assert a.proxy is not None
+    pod, (slot,) = cluster.admit(a)
+    a.proxy.cut()
+    cluster.wait(lambda: not _status(a).get("store_ok", True), "node-a to notice the partition")
+
+    with pytest.raises(KubeletError) as caught:
+        cluster.admit(a)
+    assert "the coordination store" in str(caught.value) and "unreachable" in str(caught.value)
+
+    cluster.delete(a, pod)  # the release cannot reach the store: the claim stays, the engine retries
+    cluster.wait(lambda: "release" in a.log() and "failed" in a.log(), "node-a's release to fail in the partition")
+    assert cluster.holders() == {slot: "node-a"}, "a partition never releases a claim"
+    assert b.health()[slot] == UNHEALTHY
+    _, (other,) = cluster.admit(b)
+    assert other != slot
+
+    a.proxy.heal()
+    cluster.wait(lambda: slot not in cluster.holders(), f"{slot} to be released once the store is back")
+    cluster.wait_view(b, slot, HEALTHY)
+    _, (taken,) = cluster.admit(b)
+    assert taken == slot
+    cluster.check_invariant()
+
+
+def _status(node):
+    import json
+
+    try:
+        data: dict[str, object] = json.loads((node.state_dir / "shared-status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data
