@@ -334,6 +334,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     store: LeaseStore
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a killed daemon) is no error of the server's."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class LeaseApiServer:
     """The Lease API on ``http://127.0.0.1:<port>`` (a free port), served from a thread; a context manager."""

@@ -6,14 +6,19 @@ Lease API model (``kubernetes``), through the ``store`` fixture.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from devplug.errors import KubeletError
 
+if TYPE_CHECKING:
+    from conftest import Cluster, Node
+
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
 
-def test_two_nodes_share_a_device_slot_by_slot(cluster):
+def test_two_nodes_share_a_device_slot_by_slot(cluster: Cluster) -> None:
     a = cluster.add_node("node-a")
     b = cluster.add_node("node-b")
     assert set(a.health()) == set(b.health()) == {"dev-0", "dev-1"}, "the same slot IDs on every node"
@@ -38,7 +43,7 @@ def test_two_nodes_share_a_device_slot_by_slot(cluster):
     assert cluster.check_invariant() == {slot_a: "node-b", slot_b: "node-b"}
 
 
-def test_kill_9_keeps_the_claims_of_running_pods(cluster):
+def test_kill_9_keeps_the_claims_of_running_pods(cluster: Cluster) -> None:
     a = cluster.add_node("node-a")
     b = cluster.add_node("node-b")
     pod, (slot,) = cluster.admit(a)
@@ -53,7 +58,7 @@ def test_kill_9_keeps_the_claims_of_running_pods(cluster):
     cluster.wait(lambda: slot not in cluster.holders(), f"{slot} to be released by the restarted daemon")
 
 
-def test_allocate_names_the_slot_and_its_holder_when_taken_in_between(cluster):
+def test_allocate_names_the_slot_and_its_holder_when_taken_in_between(cluster: Cluster) -> None:
     # node-b never re-reads the store by itself (refresh and lease renewal far away): its kubelet's view goes stale.
     b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0)
     intruder = cluster.store.backend("node-x")
@@ -72,7 +77,7 @@ def test_allocate_names_the_slot_and_its_holder_when_taken_in_between(cluster):
         intruder.close()
 
 
-def test_a_request_for_several_slots_is_all_or_nothing(cluster):
+def test_a_request_for_several_slots_is_all_or_nothing(cluster: Cluster) -> None:
     b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0, capacity=3)
     intruder = cluster.store.backend("node-x")
     intruder.open()
@@ -87,7 +92,7 @@ def test_a_request_for_several_slots_is_all_or_nothing(cluster):
         intruder.close()
 
 
-def test_a_dead_nodes_claims_expire_with_its_lease(cluster):
+def test_a_dead_nodes_claims_expire_with_its_lease(cluster: Cluster) -> None:
     a = cluster.add_node("node-a", lease_ttl=2.0)
     b = cluster.add_node("node-b")
     _, (slot,) = cluster.admit(a)
@@ -103,7 +108,7 @@ def test_a_dead_nodes_claims_expire_with_its_lease(cluster):
     assert cluster.check_invariant() == {slot: "node-b", other: "node-b"}
 
 
-def test_a_partition_fails_new_allocates_and_never_releases_a_running_pods_claim(cluster):
+def test_a_partition_fails_new_allocates_and_never_releases_a_running_pods_claim(cluster: Cluster) -> None:
     if cluster.store.kind == "local":
         pytest.skip("the local store is a file on the node itself: there is no network to partition")
     a = cluster.add_node("node-a", partitionable=True)
@@ -132,7 +137,7 @@ def test_a_partition_fails_new_allocates_and_never_releases_a_running_pods_claim
     cluster.check_invariant()
 
 
-def _status(node):
+def _status(node: Node) -> dict[str, object]:
     import json
 
     try:
