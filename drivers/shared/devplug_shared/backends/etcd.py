@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from devplug.atomic import write_atomic
-from devplug_shared.backends.common import check_seconds
+from devplug_shared.backends.common import check_absolute, check_seconds
 from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, sorted_slots
 
 __all__ = ["EtcdBackend", "EtcdOptions"]
@@ -69,6 +69,8 @@ class EtcdOptions:
             raise ValueError(f"prefix: {self.prefix!r} must start with '/' and not end with one")
         check_seconds("lease_ttl", self.lease_ttl, 2.0, 3600.0)
         check_seconds("timeout", self.timeout, 0.05, 60.0)
+        for name in ("ca_cert", "cert", "key"):
+            check_absolute(name, getattr(self, name))
         if (self.cert is None) != (self.key is None):
             raise ValueError("cert, key: give both the client certificate and its key, or neither")
 

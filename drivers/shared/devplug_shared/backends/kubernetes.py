@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from devplug_shared.backends.common import check_seconds
+from devplug_shared.backends.common import check_absolute, check_seconds
 from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, sorted_slots
 
 __all__ = ["KubernetesBackend", "KubernetesOptions", "lease_name"]
@@ -79,6 +79,7 @@ class KubernetesOptions:
             raise ValueError(f"namespace: {self.namespace!r} is not a namespace name (DNS-1123 label)")
         check_seconds("lease_ttl", self.lease_ttl, 2.0, 3600.0)
         check_seconds("timeout", self.timeout, 0.05, 60.0)
+        check_absolute("kubeconfig", self.kubeconfig)
         if self.kubeconfig is not None and self.server is not None:
             raise ValueError("kubeconfig, server: give one of them, not both")
 

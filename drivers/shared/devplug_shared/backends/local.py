@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from devplug_shared.backends.common import check_seconds
+from devplug_shared.backends.common import check_absolute, check_seconds
 from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, sorted_slots
 
 __all__ = ["LocalBackend", "LocalOptions"]
@@ -49,6 +49,7 @@ class LocalOptions:
     timeout: float = 5.0
 
     def __post_init__(self) -> None:
+        check_absolute("path", self.path)
         check_seconds("lease_ttl", self.lease_ttl, 1.0, 3600.0)
         check_seconds("timeout", self.timeout, 0.05, 60.0)
 
