@@ -472,3 +472,15 @@ def cluster(store: Store) -> Iterator[Cluster]:
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., Any]:
+    """``wait_until(predicate, timeout=10, what="...")``: :func:`poll_until` for test modules."""
+    return poll_until
+
+
+@pytest.fixture
+def unused_port() -> Callable[[], int]:
+    """A function returning a loopback TCP port free now (:func:`free_port`)."""
+    return free_port

@@ -87,7 +87,8 @@ class UdevDiscovery:
         monitor = pyudev.Monitor.from_netlink(self._context)
         monitor.filter_by(self.options.subsystem)
 
-        def event(action: str, device: Any) -> None:
+        def event(device: Any) -> None:
+            action = device.action
             described = self._describe(device)
             if described is None:
                 return
@@ -100,7 +101,7 @@ class UdevDiscovery:
                     self._known[described.name] = described
             on_change(self.devices())
 
-        self._observer = pyudev.MonitorObserver(monitor, event, name="shared-udev-discovery")
+        self._observer = pyudev.MonitorObserver(monitor, callback=event, name="shared-udev-discovery")
         self._observer.start()
 
     def devices(self) -> Sequence[DiscoveredDevice]:
