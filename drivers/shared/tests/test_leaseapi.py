@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import devplug_shared
 from devplug.testing.leaseapi import LeaseApiServer, match_labels
 
 NS = "/apis/coordination.k8s.io/v1/namespaces/lm/leases"
@@ -23,6 +25,14 @@ def _call(api: LeaseApiServer, method: str, path: str, body: dict[str, Any] | No
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def _rbac_verbs() -> set[str]:
+    import yaml  # type: ignore[import-untyped]
+
+    text = (Path(devplug_shared.__file__).parent / "rbac.yaml").read_text()
+    (role,) = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "Role"]
+    return {verb for rule in role["rules"] for verb in rule["verbs"]}
 
 
 def _lease(name: str, holder: str = "n1", **meta: Any) -> dict[str, Any]:
@@ -104,5 +114,12 @@ def test_the_backend_loses_a_race_with_409_and_names_the_winner(api: LeaseApiSer
     assert {s: c.holder for s, c in a.holders().items()} == {"dev-0": "node-a", "dev-9": "node-b"}
     methods = {(m, code) for m, ns, _, code in api.store.requests if ns == "race"}
     assert ("POST", 201) in methods and ("PUT", 200) in methods
+    a.release(["dev-0"])
+    verbs = {
+        {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(m, "get" if name else "list")
+        for m, ns, name, _ in api.store.requests
+        if ns == "race"
+    }
+    assert verbs <= _rbac_verbs(), "the backend needs only what rbac.yaml grants"
     a.close()
     b.close()
