@@ -44,6 +44,8 @@ from devplug_shared.state import HeldSlots, write_status
 __all__ = ["SharedDriver"]
 
 _module_log = logging.getLogger("devplug_shared")
+#: Seconds after which the status file is rewritten even when nothing changed (its ``written`` shows it is fresh).
+_STATUS_HEARTBEAT = 30.0
 _ENV_BAD = re.compile(r"[^A-Z0-9]+")
 
 
@@ -75,6 +77,8 @@ class SharedDriver:
         self._conflicts: dict[str, str] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_status: dict[str, Any] | None = None
+        self._last_status_write = 0.0
 
     def __repr__(self) -> str:
         return f"<SharedDriver node={self.node!r}>"
@@ -358,30 +362,24 @@ class SharedDriver:
     # --- observability
 
     def status(self) -> dict[str, Any]:
-        """What ``shared-status.json`` holds."""
-        now = time.time()
+        """What ``shared-status.json`` holds: times are unix seconds, so the file changes only with the state."""
         with self._lock:
             slots = []
             for device in self._compute():
                 claim = self._holders.get(device.id)
                 found = self._discovered.get(device_of(device.id))
+                renewed = claim.renewed if claim is not None else None
+                if claim is not None and renewed is None and claim.holder == self.node:
+                    renewed = self._last_renewal  # etcd: this node's lease, renewed by the keeper
                 slots.append(
                     {
                         "slot": device.id,
                         "device": device_of(device.id),
                         "available": bool(found and found.available),
                         "health": str(device.health),
-                        "holder": claim.holder if claim else None,
-                        "claim_age_s": round(claim.age(now), 3) if claim else None,
-                        "renewed_ago_s": (
-                            round(now - claim.renewed, 3)
-                            if claim and claim.renewed is not None
-                            else (
-                                round(now - self._last_renewal, 3)
-                                if claim and claim.holder == self.node and self._last_renewal
-                                else None
-                            )
-                        ),
+                        "holder": claim.holder if claim is not None else None,
+                        "since": claim.since if claim is not None else None,
+                        "renewed": renewed,
                     }
                 )
             return {
@@ -393,14 +391,20 @@ class SharedDriver:
                 "store_down_since": self._store_down_since,
                 "conflicts": sorted(self._conflicts.values()),
                 "slots": slots,
-                "time": now,
             }
 
     def _write_status(self) -> None:
+        """Write the status file when it changed, and at least every :data:`_STATUS_HEARTBEAT` seconds."""
         ctx = self._ctx
         if ctx is None:
             return
+        data = self.status()
+        now = time.time()
+        if data == self._last_status and now - self._last_status_write < _STATUS_HEARTBEAT:
+            return
         try:
-            write_status(ctx.state_dir, self.status())
+            write_status(ctx.state_dir, {**data, "written": now})
         except OSError as exc:
-            self._log.warning("shared: cannot write %s: %s", ctx.state_dir, exc)
+            self._log.warning("shared: cannot write the status file in %s: %s", ctx.state_dir, exc)
+            return
+        self._last_status, self._last_status_write = data, now

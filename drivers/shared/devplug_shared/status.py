@@ -2,8 +2,8 @@
 
 devplug's own ``devplug status`` does not show driver data yet, so each
 shared resource's keeper writes ``shared-status.json`` in its driver state
-folder (``<state dir>/resources/<domain>/<name>/driver/``) every
-``refresh_interval``; this command reads it for every resource of the config
+folder (``<state dir>/resources/<domain>/<name>/driver/``) when anything
+changes and at least every 30 s (times in it are unix seconds); this command reads it for every resource of the config
 that uses the ``shared`` driver. ``--json`` prints the files as they are.
 Exit codes: 0; 2 bad config; 3 no status file (is the daemon running?).
 """
@@ -36,20 +36,17 @@ def status_files(config_path: Path) -> dict[str, Path]:
     }
 
 
-def _age(value: Any) -> str:
-    return "-" if value is None else f"{float(value):.1f}s"
-
-
 def render(status: dict[str, Any], now: float | None = None) -> str:
-    """One resource's status as text: the store line, then a row per slot."""
+    """One resource's status as text: the store line, then a row per slot with its holder and lease ages."""
     now = time.time() if now is None else now
-    written = float(status.get("time") or 0.0)
-    store = (
-        "ok" if status.get("store_ok") else f"UNREACHABLE since {_age(now - float(status['store_down_since'] or now))}"
-    )
+
+    def ago(stamp: Any) -> str:
+        return "-" if stamp is None else f"{max(0.0, now - float(stamp)):.1f}s"
+
+    store = "ok" if status.get("store_ok") else f"UNREACHABLE for {ago(status.get('store_down_since'))}"
     lines = [
         f"{status.get('resource')}  node {status.get('node')}  store {status.get('store')}: {store}"
-        f"  (written {_age(now - written)} ago)"
+        f"  (written {ago(status.get('written'))} ago)"
     ]
     if status.get("store_error"):
         lines.append(f"  last error: {status['store_error']}")
@@ -60,8 +57,8 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         if not slot.get("available"):
             holder += " (device unavailable)"
         lines.append(
-            f"  {slot['slot']:<24} {slot['health']:<10} {holder:<24} "
-            f"{_age(slot.get('claim_age_s')):>9} {_age(slot.get('renewed_ago_s')):>9}"
+            f"  {slot['slot']:<24} {slot['health']:<10} {holder:<24} {ago(slot.get('since')):>9} "
+            f"{ago(slot.get('renewed')):>9}"
         )
     return "\n".join(lines)
 
