@@ -32,13 +32,27 @@ from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 from devplug_shared.status import render, status_files
 
-__all__ = ["main", "run_demo"]
+__all__ = ["RESOURCE", "SharedNode", "main", "run_demo"]
 
 RESOURCE = "example.com/camera"
 
 
-class _Node:
-    def __init__(self, name: str, root: Path, coordination: dict[str, Any]) -> None:
+class SharedNode:
+    """One node on this machine: a dev kubelet and a ``devplug run`` serving :data:`RESOURCE` with the shared driver.
+
+    For the demo and ``bench/scenarios/shared.py``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        root: Path,
+        coordination: dict[str, Any],
+        *,
+        capacity: int = 2,
+        refresh_interval: float = 0.2,
+        release_interval: float = 0.2,
+    ) -> None:
         self.name = name
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -47,31 +61,37 @@ class _Node:
         )
         options = {
             "node_name": name,
-            "capacity": 2,
-            "refresh_interval": 0.2,
+            "capacity": capacity,
+            "refresh_interval": refresh_interval,
             "discovery": {"handler": "static", "devices": ["camera"]},
             "coordination": coordination,
         }
-        config = dev_config(root, {RESOURCE: {"driver": "shared", "options": options}}, release_interval=0.2)
+        config = dev_config(
+            root, {RESOURCE: {"driver": "shared", "options": options}}, release_interval=release_interval
+        )
         self.config_path = write_toml(root / "devplug.toml", config)
         self.daemon = DaemonProcess(self.config_path, root / "daemon.log", log_level="info")
 
     def start(self) -> None:
+        """Start the kubelet and the daemon; wait for the first device list."""
         self.kubelet.start()
         self.daemon.start()
         self.kubelet.wait_registered(RESOURCE, timeout=30.0)
         self.kubelet.wait_for(lambda k: bool(k.events_of("list-and-watch", RESOURCE)), timeout=30.0, what="devices")
 
     def view(self) -> str:
+        """The kubelet's view of the slots, as text."""
         res = self.kubelet.resource(RESOURCE)
         devices = res.devices if res is not None else ()
         return ", ".join(f"{d.id} {d.health}" for d in devices)
 
     def admit(self, pod: str) -> str:
+        """Admit a one-container pod asking one slot; its slot (KubeletError when rejected)."""
         admitted = self.kubelet.admit_pod(PodSpec(pod, [ContainerSpec("app", {RESOURCE: 1})]))
         return ", ".join(admitted.container("app").devices[RESOURCE])
 
     def status(self) -> str:
+        """What ``python -m devplug_shared.status`` prints for this node."""
         import json
 
         path = status_files(self.config_path)[RESOURCE]
@@ -88,6 +108,7 @@ class _Node:
         return next((s.get("holder") for s in data.get("slots", []) if s.get("slot") == slot), None)
 
     def close(self) -> None:
+        """Stop the daemon (SIGTERM) and the kubelet."""
         if self.daemon.running():
             self.daemon.stop()
         self.kubelet.close()
@@ -111,7 +132,7 @@ def run_demo(root: Path, etcd: str | None = None) -> dict[str, Any]:
         coordination: dict[str, Any] = {"backend": "local", "path": str(root / "slots.sqlite"), "lease_ttl": 10.0}
     else:
         coordination = {"backend": "etcd", "endpoints": [etcd], "prefix": f"/devplug-demo/{root.name}"}
-    nodes = [_Node(name, root / name, coordination) for name in ("node-a", "node-b")]
+    nodes = [SharedNode(name, root / name, coordination) for name in ("node-a", "node-b")]
     a, b = nodes
     result: dict[str, Any] = {}
     try:
