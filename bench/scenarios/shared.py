@@ -37,7 +37,7 @@ __all__ = ["measure"]
 
 def _seen(node: SharedNode) -> bool:
     """Whether the node's ledger shows every allocation seen in PodResources."""
-    path = resource_state_dir(node.root / "state", RESOURCE) / "ledger.json"
+    path = resource_state_dir(node.state_dir, RESOURCE) / "ledger.json"
     try:
         records = json.loads(path.read_bytes())["allocations"]
     except (FileNotFoundError, ValueError, KeyError):
@@ -47,7 +47,7 @@ def _seen(node: SharedNode) -> bool:
 
 def _handover(giver: SharedNode, taker: SharedNode, pod: str, timeout: float = 30.0) -> tuple[float, str]:
     """One hand-over from ``giver`` to ``taker``: (milliseconds, the taker's admitted pod)."""
-    giver.admit(f"{pod}-held")
+    giver.take(f"{pod}-held")
     deadline = time.monotonic() + timeout
     while "Unhealthy" not in taker.view():  # the taker knows the slot is taken before the clock starts
         if time.monotonic() > deadline:
@@ -58,12 +58,12 @@ def _handover(giver: SharedNode, taker: SharedNode, pod: str, timeout: float = 3
             raise TimeoutError(f"{giver.name}'s ledger never saw {pod}-held")
         time.sleep(0.005)
     started = time.monotonic()
-    giver.kubelet.remove_pod(f"{pod}-held")
+    giver.remove(f"{pod}-held")
     tries = 0
     while True:
         tries += 1
         try:
-            taker.admit(f"{pod}-take-{tries}")
+            taker.take(f"{pod}-take-{tries}")
             return (time.monotonic() - started) * 1000, f"{pod}-take-{tries}"
         except KubeletError:
             if time.monotonic() > deadline:
@@ -92,7 +92,7 @@ def measure(handovers: int = 10, etcd: str | None = None) -> dict[str, Any]:
                 giver, taker = nodes[i % 2], nodes[(i + 1) % 2]
                 millis, taken = _handover(giver, taker, f"h{i}")
                 samples.append(millis)
-                taker.kubelet.remove_pod(taken)
+                taker.remove(taken)
         finally:
             for node in nodes:
                 node.close()

@@ -18,18 +18,17 @@ both daemons use), or through etcd with ``--etcd http://127.0.0.1:2379``.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.errors import KubeletError
-from devplug.testing.configs import dev_config, write_toml
-from devplug.testing.daemon import DaemonProcess
+from devplug.testing.nodes import LocalNode, wait_for
 from devplug_shared.status import render, status_files
 
 __all__ = ["RESOURCE", "SharedNode", "main", "run_demo"]
@@ -37,10 +36,10 @@ __all__ = ["RESOURCE", "SharedNode", "main", "run_demo"]
 RESOURCE = "example.com/camera"
 
 
-class SharedNode:
-    """One node on this machine: a dev kubelet and a ``devplug run`` serving :data:`RESOURCE` with the shared driver.
+class SharedNode(LocalNode):
+    """One node on this machine serving :data:`RESOURCE` with the shared driver (the demo's and the benchmark's).
 
-    For the demo and ``bench/scenarios/shared.py``.
+    A :class:`devplug.testing.nodes.LocalNode`: its own dev kubelet and ``devplug run``.
     """
 
     def __init__(
@@ -53,12 +52,6 @@ class SharedNode:
         refresh_interval: float = 0.2,
         release_interval: float = 0.2,
     ) -> None:
-        self.name = name
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self.kubelet = DevKubeletThread(
-            root / "device-plugins", pod_resources_socket=root / "pod-resources" / "kubelet.sock"
-        )
         options = {
             "node_name": name,
             "capacity": capacity,
@@ -66,64 +59,37 @@ class SharedNode:
             "discovery": {"handler": "static", "devices": ["camera"]},
             "coordination": coordination,
         }
-        config = dev_config(
-            root, {RESOURCE: {"driver": "shared", "options": options}}, release_interval=release_interval
-        )
-        self.config_path = write_toml(root / "devplug.toml", config)
-        self.daemon = DaemonProcess(self.config_path, root / "daemon.log", log_level="info")
-
-    def start(self) -> None:
-        """Start the kubelet and the daemon; wait for the first device list."""
-        self.kubelet.start()
-        self.daemon.start()
-        self.kubelet.wait_registered(RESOURCE, timeout=30.0)
-        self.kubelet.wait_for(lambda k: bool(k.events_of("list-and-watch", RESOURCE)), timeout=30.0, what="devices")
+        resources = {RESOURCE: {"driver": "shared", "options": options}}
+        super().__init__(name, root, resources, release_interval=release_interval)
 
     def view(self) -> str:
         """The kubelet's view of the slots, as text."""
-        res = self.kubelet.resource(RESOURCE)
-        devices = res.devices if res is not None else ()
-        return ", ".join(f"{d.id} {d.health}" for d in devices)
+        return ", ".join(f"{slot} {health}" for slot, health in self.devices(RESOURCE).items())
 
-    def admit(self, pod: str) -> str:
+    def take(self, pod: str) -> str:
         """Admit a one-container pod asking one slot; its slot (KubeletError when rejected)."""
-        admitted = self.kubelet.admit_pod(PodSpec(pod, [ContainerSpec("app", {RESOURCE: 1})]))
-        return ", ".join(admitted.container("app").devices[RESOURCE])
+        return ", ".join(self.admit(pod, {RESOURCE: 1})[RESOURCE])
 
     def status(self) -> str:
         """What ``python -m devplug_shared.status`` prints for this node."""
-        import json
-
         path = status_files(self.config_path)[RESOURCE]
         return render(json.loads(path.read_text()))
 
     def holder_of(self, slot: str) -> str | None:
         """The holder of ``slot`` in this node's status file (what it last read from the store)."""
-        import json
-
         try:
             data = json.loads(status_files(self.config_path)[RESOURCE].read_text())
         except (OSError, ValueError):
             return None
         return next((s.get("holder") for s in data.get("slots", []) if s.get("slot") == slot), None)
 
-    def close(self) -> None:
-        """Stop the daemon (SIGTERM) and the kubelet."""
-        if self.daemon.running():
-            self.daemon.stop()
-        self.kubelet.close()
+
+def _holds(node: SharedNode, slot: str, holder: str) -> Callable[[], bool]:
+    return lambda: node.holder_of(slot) == holder
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
-
-
-def _wait(predicate: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"demo: timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def run_demo(root: Path, etcd: str | None = None) -> dict[str, Any]:
@@ -139,18 +105,18 @@ def run_demo(root: Path, etcd: str | None = None) -> dict[str, Any]:
         for node in nodes:
             node.start()
             _say(f"{node.name}: daemon registered {RESOURCE}; kubelet sees {node.view()}")
-        result["pod-1"] = a.admit("pod-1")
+        result["pod-1"] = a.take("pod-1")
         _say(f"node-a: pod-1 admitted with slot {result['pod-1']}")
-        _wait(lambda: f"{result['pod-1']} Unhealthy" in b.view(), "node-b to see pod-1's slot taken")
+        wait_for(lambda: f"{result['pod-1']} Unhealthy" in b.view(), "node-b to see pod-1's slot taken")
         _say(f"node-b: kubelet sees {b.view()}  (held by node-a)")
-        result["pod-2"] = b.admit("pod-2")
+        result["pod-2"] = b.take("pod-2")
         _say(f"node-b: pod-2 admitted with slot {result['pod-2']}")
-        _wait(lambda: f"{result['pod-2']} Unhealthy" in a.view(), "node-a to see pod-2's slot taken")
+        wait_for(lambda: f"{result['pod-2']} Unhealthy" in a.view(), "node-a to see pod-2's slot taken")
         waits = 0
         reason = ""
         while waits < 3:  # pod-3 stays pending while both slots are held
             try:
-                a.admit(f"pod-3-try{waits}")
+                a.take(f"pod-3-try{waits}")
                 raise RuntimeError("demo: pod-3 got a slot while both were held")
             except KubeletError as exc:
                 reason = str(exc)
@@ -160,12 +126,12 @@ def run_demo(root: Path, etcd: str | None = None) -> dict[str, Any]:
         _say(f"node-a: pod-3 waits (no free slot): {reason.split(': ', 1)[-1][:140]}")
         _say("node-b: pod-2 ends")
         ended = time.monotonic()
-        b.kubelet.remove_pod("pod-2")
+        b.remove("pod-2")
         tries = 0
         while True:
             tries += 1
             try:
-                result["pod-3"] = a.admit(f"pod-3-{tries}")
+                result["pod-3"] = a.take(f"pod-3-{tries}")
                 break
             except KubeletError:
                 if time.monotonic() - ended > 20:
@@ -176,9 +142,9 @@ def run_demo(root: Path, etcd: str | None = None) -> dict[str, Any]:
             f"node-a: pod-3 admitted with slot {result['pod-3']}, {result['handover_ms']:.0f} ms after pod-2 ended "
             "on node-b (Akri's reclaimer: 10-30 s)"
         )
-        _wait(lambda: f"{result['pod-3']} Unhealthy" in b.view(), "node-b to see pod-3's slot taken")
+        wait_for(lambda: f"{result['pod-3']} Unhealthy" in b.view(), "node-b to see pod-3's slot taken")
         for node in nodes:
-            _wait(lambda node=node: node.holder_of(result["pod-3"]) == "node-a", f"{node.name}'s status file")
+            wait_for(_holds(node, result["pod-3"], "node-a"), f"{node.name}'s status file")
             _say(f"\n$ python -m devplug_shared.status --config {node.config_path}\n{node.status()}")
     finally:
         for node in nodes:
