@@ -24,6 +24,7 @@ import contextlib
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -33,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -225,6 +226,52 @@ class TcpProxy:
         self._listener.close()
 
 
+class Outage(Protocol):
+    """A node cut from the store, and a way to read the claims meanwhile."""
+
+    def cut(self) -> None: ...
+
+    def heal(self) -> None: ...
+
+    def holders(self) -> dict[str, str]: ...
+
+
+class ProxyOutage:
+    """The node's proxy to the store is cut; the other nodes and the observer still reach it."""
+
+    def __init__(self, proxy: TcpProxy, cluster: Cluster) -> None:
+        self.proxy = proxy
+        self.cluster = cluster
+
+    def cut(self) -> None:
+        self.proxy.cut()
+
+    def heal(self) -> None:
+        self.proxy.heal()
+
+    def holders(self) -> dict[str, str]:
+        return self.cluster.holders()
+
+
+class SqliteOutage:
+    """The SQLite file is locked (``BEGIN EXCLUSIVE``): no daemon can read or write it until :meth:`heal`."""
+
+    def __init__(self, path: Path) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    def cut(self) -> None:
+        self.db.execute("BEGIN EXCLUSIVE")
+
+    def heal(self) -> None:
+        self.db.execute("ROLLBACK")
+        self.db.close()
+
+    def holders(self) -> dict[str, str]:
+        """The claims as stored (the lock's own connection may read), live or not."""
+        rows = self.db.execute("SELECT slot, holder FROM claims WHERE resource = ?", (RESOURCE,)).fetchall()
+        return {str(slot): str(holder) for slot, holder in rows}
+
+
 # --- stores --------------------------------------------------------------------------------------
 
 
@@ -252,7 +299,8 @@ class Store:
 
     def table(self, *, lease_ttl: float = 10.0, proxy: TcpProxy | None = None, timeout: float = 1.0) -> dict[str, Any]:
         if self.kind == "local":
-            return {"backend": "local", "path": str(self.root / "slots.sqlite"), "lease_ttl": lease_ttl}
+            path = str(self.root / "slots.sqlite")
+            return {"backend": "local", "path": path, "lease_ttl": lease_ttl, "timeout": timeout}
         port = proxy.port if proxy is not None else self.target_port()
         if self.kind == "etcd":
             return {
@@ -432,6 +480,13 @@ class Cluster:
 
     def wait_view(self, node: Node, slot: str, health: str, timeout: float = 15.0) -> None:
         self.wait(lambda: node.health().get(slot) == health, f"{node.name}'s kubelet to see {slot} {health}", timeout)
+
+    def outage(self, node: Node) -> Outage:
+        """Cut ``node`` from the store: its proxy (etcd, kubernetes), or a lock on the SQLite file (local)."""
+        if self.store.kind == "local":
+            return SqliteOutage(self.store.root / "slots.sqlite")
+        assert node.proxy is not None, f"{node.name} was not added with partitionable=True"
+        return ProxyOutage(node.proxy, self)
 
     def check_invariant(self) -> dict[str, str]:
         """No slot held by live pods on two nodes, and every held slot claimed in the store by its node."""

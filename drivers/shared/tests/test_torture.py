@@ -21,8 +21,8 @@ from devplug.errors import KubeletError
 if TYPE_CHECKING:
     from conftest import Cluster
 
-STEPS = 24
-SECONDS = 20.0
+STEPS = 20
+SECONDS = 12.0
 #: What a rejected admission may say: the kubelet found too few healthy slots; the driver lost a race for a slot
 #: (naming its holder); or the engine refused a slot the driver had just learnt another node holds ("unhealthy").
 EXPECTED_REJECTIONS = (
