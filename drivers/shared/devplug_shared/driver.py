@@ -202,11 +202,14 @@ class SharedDriver:
         (the engine would refuse it as merely "unhealthy"); the keeper pushes it.
         """
         _, backend, _ = self._need()
+        with self._lock:
+            known = dict(self._holders)
+            if self._store_error is not None:  # known to be down: answer at once, the keeper keeps trying
+                return known
         try:
             return dict(backend.holders())
         except StoreUnavailableError:
-            with self._lock:
-                return dict(self._holders)
+            return known
 
     @hookimpl
     def preferred_allocation(self, available: Sequence[Device], must_include: Sequence[str], size: int) -> list[str]:

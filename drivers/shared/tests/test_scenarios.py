@@ -58,22 +58,27 @@ def test_kill_9_keeps_the_claims_of_running_pods(cluster: Cluster) -> None:
     cluster.wait(lambda: slot not in cluster.holders(), f"{slot} to be released by the restarted daemon")
 
 
-def test_allocate_names_the_slot_and_its_holder_when_taken_in_between(cluster: Cluster) -> None:
+def test_preferred_allocation_steers_to_free_slots_and_allocate_names_a_holder(cluster: Cluster) -> None:
     # node-b never re-reads the store by itself (refresh and lease renewal far away): its kubelet's view goes stale.
-    b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0)
+    b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0, capacity=3)
     intruder = cluster.store.backend("node-x")
     intruder.open()
-    intruder.claim(["dev-0", "dev-1"])
+    intruder.claim(["dev-0"])
     try:
-        assert b.health() == {"dev-0": HEALTHY, "dev-1": HEALTHY}
+        assert b.health() == {"dev-0": HEALTHY, "dev-1": HEALTHY, "dev-2": HEALTHY}
+        pod, (steered,) = cluster.admit(b)  # the kubelet offers dev-0 first; GetPreferredAllocation reads the store
+        assert steered == "dev-1"
+        cluster.delete(b, pod)
+        cluster.wait(lambda: "dev-1" not in cluster.holders(), "dev-1 to be released")
+        intruder.claim(["dev-1", "dev-2"])
         with pytest.raises(KubeletError) as caught:
             cluster.admit(b)
         assert "is held by node node-x" in str(caught.value)
         assert "nothing of this request was claimed" in str(caught.value)
-        assert cluster.holders() == {"dev-0": "node-x", "dev-1": "node-x"}
-        cluster.wait_view(b, "dev-0", UNHEALTHY)  # what the failed claim learnt reaches the kubelet
+        assert cluster.holders() == {"dev-0": "node-x", "dev-1": "node-x", "dev-2": "node-x"}
+        cluster.wait(lambda: UNHEALTHY in b.health().values(), "what the failed claim learnt to reach the kubelet")
     finally:
-        intruder.release(["dev-0", "dev-1"])
+        intruder.release(["dev-0", "dev-1", "dev-2"])
         intruder.close()
 
 
