@@ -153,3 +153,23 @@ def _status(node: Node) -> dict[str, object]:
     except (FileNotFoundError, ValueError):
         return {}
     return data
+
+
+def test_after_a_partition_longer_than_the_lease_a_node_claims_its_pods_slots_again(cluster: Cluster) -> None:
+    if cluster.store.kind == "local":
+        pytest.skip("the local outage locks the file for every node: no other node can take a slot meanwhile")
+    a = cluster.add_node("node-a", partitionable=True, lease_ttl=2.0)
+    b = cluster.add_node("node-b")
+    cluster.admit(a)
+    cluster.admit(a)
+    outage = cluster.outage(a)
+    outage.cut()
+    cluster.wait(lambda: not cluster.holders(), "node-a's claims to expire with its 2 s lease")
+    cluster.wait(lambda: set(b.health().values()) == {HEALTHY}, "node-b to see both slots free")
+    _, (taken,) = cluster.admit(b)  # the documented risk of a partition longer than lease_ttl
+    outage.heal()
+    kept = ({"dev-0", "dev-1"} - {taken}).pop()
+    cluster.wait(lambda: cluster.holders() == {kept: "node-a", taken: "node-b"}, "node-a to claim its free slot again")
+    conflict = cluster.wait(lambda: _status(a).get("conflicts"), "node-a to report the slot it lost")
+    assert conflict == [f"slot {taken} is held by node node-b while a pod on node node-a holds it"]
+    assert f"CONFLICT: slot {taken}" in a.log()
