@@ -13,6 +13,11 @@
   load, and test doubles it can load without their being installed.
 * :mod:`devplug.testing.pcisysfs` -- a model of the kernel's PCI sysfs for drivers
   that bind and unbind devices.
+* :mod:`devplug.testing.leaseapi` -- a model of the Kubernetes API server's
+  ``coordination.k8s.io/v1`` Lease endpoints over HTTP on loopback, for drivers
+  that coordinate through Leases.
+* :mod:`devplug.testing.nodes` -- several simulated nodes on one machine, each a
+  dev kubelet and a real daemon, for drivers whose devices span nodes.
 * :mod:`devplug.testing.dflsysfs` -- a model of the kernel's FPGA DFL sysfs, device
   nodes and ioctls, shared through files with a daemon under test.
 * :mod:`devplug.testing.kubelet` -- the dev kubelet for drivers' own suites and demos.

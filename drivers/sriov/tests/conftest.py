@@ -30,14 +30,14 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import pytest
-from devplug_sriov import SriovDriver, SriovOptions
-from devplug_sriov.netlink import VfLinks
-from devplug_sriov.vfmodel import VfLinkModel
 
 from devplug import Device, DriverContext
 from devplug.drivers import DriverHooks
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.pcisysfs import PciSysfsModel
+from devplug_sriov import SriovDriver, SriovOptions
+from devplug_sriov.netlink import VfLinks
+from devplug_sriov.vfmodel import VfLinkModel
 
 IN_GUEST = os.environ.get("DEVPLUG_VM_GUEST") == "1"
 REQUIRE_VM = os.environ.get("DEVPLUG_REQUIRE_VM") == "1"

@@ -16,9 +16,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from devplug_sriov import SriovDriver, SriovOptions
-from devplug_sriov.netlink import VfLinks, VfSettings
-from devplug_sriov.vfmodel import VfLinkModel
 
 from devplug.config import parse_config
 from devplug.devkubelet import DevKubeletThread
@@ -27,6 +24,9 @@ from devplug.sysfs import SysfsAccess
 from devplug.testing.configs import dev_config
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.pcisysfs import PciSysfsModel
+from devplug_sriov import SriovDriver, SriovOptions
+from devplug_sriov.netlink import VfLinks, VfSettings
+from devplug_sriov.vfmodel import VfLinkModel
 
 RESOURCE = "example.com/vf"
 ENV = "PCIDEVICE_EXAMPLE_COM_VF"

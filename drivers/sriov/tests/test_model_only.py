@@ -12,14 +12,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from devplug_sriov import STATE_FILE, SriovDriver, SriovOptions
-from devplug_sriov.netlink import VfSettings
-from devplug_sriov.vfmodel import VfLinkModel
 
 from devplug import ConfigError, DeviceSpec, DriverError, Health, Topology
 from devplug.config import parse_config
 from devplug.testing.configs import write_toml
 from devplug.testing.pcisysfs import PciSysfsModel
+from devplug_sriov import STATE_FILE, SriovDriver, SriovOptions
+from devplug_sriov.netlink import VfSettings
+from devplug_sriov.vfmodel import VfLinkModel
 
 NIC_PF = "0000:3b:00.0"  # ens1f0: an X710-like PF on i40e, NUMA node 1, VFs at 3b:02.0 onwards (offset 16)
 NIC2_PF = "0000:86:00.0"  # ens2f0, NUMA node 0

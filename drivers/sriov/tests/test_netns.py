@@ -14,10 +14,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from devplug_sriov.netlink import NetlinkVfLinks, VfSettings
 
 from devplug import DriverError, Health
 from devplug.testing.pcisysfs import PciSysfsModel
+from devplug_sriov.netlink import NetlinkVfLinks, VfSettings
 
 PF = "0000:3b:00.0"
 VF0 = "0000:3b:02.0"

@@ -15,10 +15,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from devplug_sriov import STATE_FILE
 
 from devplug import DeviceSpec, DriverError, Health
 from devplug.testing.configs import write_toml
+from devplug_sriov import STATE_FILE
 
 VFIO = {"vf_driver": "vfio-pci"}
 

@@ -1,0 +1,413 @@
+"""The shared driver: devices many nodes reach, split into slots, each slot held by one node at a time.
+
+Per resource it runs a discovery handler (which devices this node reaches) and
+a coordination backend (who holds which slot). It advertises ``capacity``
+slots per discovered device, ``<device>-<n>``, identical on every node, and
+keeps each slot's health true for this node:
+
+* **unhealthy** when the device stopped answering, or another node holds the
+  slot (so the kubelet does not offer it);
+* **healthy** when it is free or held by this node.
+
+``preferred_allocation`` steers the kubelet to slots free in a fresh read of
+the store; ``allocate`` claims the request's slots atomically (all or
+nothing) and fails naming the slot and its holder when one was taken in
+between; ``deallocate`` (at least once, also with ``retry=True``) deletes this
+node's claims at once. A keeper thread renews the node's lease, re-reads the
+holders every ``refresh_interval`` and writes ``shared-status.json``.
+
+When the store cannot be reached, nothing is released: claims stay (renewed
+again once the store answers; the store expires them only after
+``lease_ttl``), the last known holders stay advertised, and every new
+Allocate, and every release, fails with a message naming the store (the
+engine retries a failed release). If the lease was lost meanwhile (the outage
+outlasted the TTL), the node claims its pods' slots again when the store is
+back; a slot another node took meanwhile is logged and shown as a conflict.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, hookimpl
+from devplug_shared.backends import Backend, build_backend, parse_coordination
+from devplug_shared.discovery import DiscoveredDevice, DiscoveryHandler, build_handler
+from devplug_shared.options import SharedOptions, resolve_node_name
+from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, device_of, slot_ids, sorted_slots
+from devplug_shared.state import HeldSlots, write_status
+
+__all__ = ["SharedDriver"]
+
+_module_log = logging.getLogger("devplug_shared")
+#: Seconds after which the status file is rewritten even when nothing changed (its ``written`` shows it is fresh).
+_STATUS_HEARTBEAT = 30.0
+_ENV_BAD = re.compile(r"[^A-Z0-9]+")
+
+
+def _env_name(*parts: str) -> str:
+    return "_".join(_ENV_BAD.sub("_", p.upper()).strip("_") for p in parts)
+
+
+class SharedDriver:
+    """A devplug driver for devices shared across nodes (see the module docstring)."""
+
+    Options: ClassVar[type[SharedOptions]] = SharedOptions
+
+    def __init__(self, options: SharedOptions) -> None:
+        self.options = options
+        self.node = resolve_node_name(options.node_name)
+        self._ctx: DriverContext | None = None
+        self._handler: DiscoveryHandler | None = None
+        self._backend: Backend | None = None
+        self._held: HeldSlots | None = None
+        self._lock = threading.RLock()  # the view below
+        self._ops = threading.Lock()  # claims and releases, one at a time
+        self._discovered: dict[str, DiscoveredDevice] = {}
+        self._holders: dict[str, Claim] = {}
+        self._advertised: dict[str, Device] = {}
+        self._opened = False
+        self._store_error: str | None = None
+        self._store_down_since: float | None = None
+        self._last_renewal: float | None = None
+        self._conflicts: dict[str, str] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_status: dict[str, Any] | None = None
+        self._last_status_write = 0.0
+
+    def __repr__(self) -> str:
+        return f"<SharedDriver node={self.node!r}>"
+
+    @property
+    def _log(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+        return self._ctx.log if self._ctx is not None else _module_log
+
+    def _need(self) -> tuple[DriverContext, Backend, HeldSlots]:
+        if self._ctx is None or self._backend is None or self._held is None:
+            raise DriverError("shared: the driver was not started")
+        return self._ctx, self._backend, self._held
+
+    # --- lifecycle
+
+    @hookimpl
+    def start(self, ctx: DriverContext) -> None:
+        """Build the handler and backend, resume this node's lease and claims, start discovering and keeping."""
+        self.stop()
+        self._stopping.clear()
+        self._ctx = ctx
+        kind, backend_options = parse_coordination(self.options.coordination, "coordination")
+        self._backend = build_backend(
+            kind, backend_options, node=self.node, resource=ctx.resource_name, state_dir=ctx.state_dir
+        )
+        try:
+            self._held = HeldSlots(ctx.state_dir)
+        except OSError as exc:
+            raise DriverError(f"shared: {exc}") from exc
+        self._handler = build_handler(self.options.discovery, "discovery")
+        try:
+            self._open_store()
+        except StoreUnavailableError as exc:  # serve anyway: pods hold slots; the keeper retries
+            self._store_down(exc)
+            self._log.error("%s (node %s); retrying every %g s", exc, self.node, self.options.refresh_interval)
+        self._handler.start(self._on_discovery)
+        self._set_discovered(self._handler.devices())
+        self._thread = threading.Thread(target=self._keep, name="shared-keeper", daemon=True)
+        self._thread.start()
+        self._log.info(
+            "shared: node %s, %d slot(s) per device, store %s",
+            self.node,
+            self.options.capacity,
+            self._backend.description,
+        )
+
+    @hookimpl
+    def stop(self) -> None:
+        """Stop the keeper and discovery; claims stay in the store (pods keep their slots across restarts)."""
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(10.0)
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            handler.stop()
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.close()
+        self._opened = False
+
+    # --- devices and health
+
+    @hookimpl
+    def list_devices(self) -> list[Device]:
+        """Every slot of every discovered device, with its health for this node."""
+        with self._lock:
+            devices = self._compute()
+            self._advertised = {d.id: d for d in devices}
+            return devices
+
+    def _health(self, slot: str) -> Health:
+        found = self._discovered.get(device_of(slot))
+        if found is None or not found.available:
+            return Health.UNHEALTHY
+        claim = self._holders.get(slot)
+        if claim is not None and claim.holder != self.node:
+            return Health.UNHEALTHY
+        return Health.HEALTHY
+
+    def _compute(self) -> list[Device]:
+        return [
+            Device(slot, self._health(slot))
+            for name in self._discovered
+            for slot in slot_ids(name, self.options.capacity)
+        ]
+
+    def _push(self) -> None:
+        """Tell the engine about the slots whose health (or existence) changed."""
+        ctx = self._ctx
+        if ctx is None or self._stopping.is_set():
+            return
+        with self._lock:
+            devices = self._compute()
+            changed = [d for d in devices if self._advertised.get(d.id) != d]
+            self._advertised = {d.id: d for d in devices}
+        if changed:
+            ctx.update_devices(changed, ())
+
+    def _set_discovered(self, devices: Sequence[DiscoveredDevice]) -> None:
+        with self._lock:
+            for dev in devices:  # devices seen once stay advertised; gone ones turn unavailable
+                self._discovered[dev.name] = dev
+
+    def _on_discovery(self, devices: Sequence[DiscoveredDevice]) -> None:
+        with self._lock:
+            seen = {d.name for d in devices}
+            for name, old in list(self._discovered.items()):
+                if name not in seen and old.available:
+                    self._discovered[name] = DiscoveredDevice(name, False, old.properties, old.devnode)
+        self._set_discovered(devices)
+        self._push()
+
+    # --- allocation
+
+    def _fresh_holders(self) -> Mapping[str, Claim]:
+        """The store's holders now; the last known ones when it cannot be read.
+
+        Nothing is pushed from here: a slot found taken between the kubelet's
+        choice and its Allocate must reach ``allocate``, which names its holder
+        (the engine would refuse it as merely "unhealthy"); the keeper pushes it.
+        """
+        _, backend, _ = self._need()
+        with self._lock:
+            known = dict(self._holders)
+            if self._store_error is not None:  # known to be down: answer at once, the keeper keeps trying
+                return known
+        try:
+            return dict(backend.holders())
+        except StoreUnavailableError:
+            return known
+
+    @hookimpl
+    def preferred_allocation(self, available: Sequence[Device], must_include: Sequence[str], size: int) -> list[str]:
+        """``must_include``, then slots free in a fresh read of the store, spread over devices, then the rest."""
+        holders = self._fresh_holders()
+        chosen = list(must_include)
+        free = [
+            d.id for d in available if d.id not in chosen and (d.id not in holders or holders[d.id].holder == self.node)
+        ]
+        taken = [d.id for d in available if d.id not in chosen and d.id not in free]
+        return [*chosen, *free, *taken][:size]
+
+    @hookimpl
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        """Claim the slots in the store (all or nothing); the container learns its slots and device addresses."""
+        _, backend, held = self._need()
+        ids = list(dict.fromkeys(device_ids))
+        with self._ops:
+            if not self._opened:
+                self._open_store()
+            added = held.add(ids)  # before the claim: a crash in between leaves no claim unknown here
+            try:
+                backend.claim(ids)
+            except BaseException as exc:
+                held.discard(added)
+                if isinstance(exc, SlotTakenError) and exc.claim is not None:
+                    with self._lock:
+                        self._holders[exc.claim.slot] = exc.claim
+                    self._push()
+                raise
+        now = time.time()
+        with self._lock:
+            for slot in ids:
+                old = self._holders.get(slot)
+                self._holders[slot] = (
+                    old if old is not None and old.holder == self.node else Claim(slot, self.node, now)
+                )
+        self._log.info("shared: node %s claimed slot(s) %s", self.node, ", ".join(ids))
+        self._write_status()
+        return self._allocation(ids)
+
+    def _allocation(self, ids: Sequence[str]) -> ContainerAllocation:
+        envs = {"DEVPLUG_SHARED_SLOTS": ",".join(ids), "DEVPLUG_SHARED_NODE": self.node}
+        nodes: list[DeviceSpec] = []
+        with self._lock:
+            for name in dict.fromkeys(device_of(s) for s in ids):
+                found = self._discovered.get(name)
+                if found is None:
+                    continue
+                for key, value in found.properties.items():
+                    envs[_env_name("DEVPLUG_SHARED", key, name)] = value
+                if found.devnode:
+                    nodes.append(DeviceSpec(found.devnode, found.devnode, "rw"))
+        return ContainerAllocation(envs=envs, devices=tuple(nodes))
+
+    @hookimpl
+    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+        """Delete this node's claims on the slots at once (idempotent: a retry finds them gone)."""
+        _, backend, held = self._need()
+        ids = list(device_ids)
+        with self._ops:
+            backend.release(ids)  # StoreUnavailableError: the engine retries; the claim stays meanwhile
+            held.discard(ids)
+        with self._lock:
+            for slot in ids:
+                claim = self._holders.get(slot)
+                if claim is not None and claim.holder == self.node:
+                    del self._holders[slot]
+                self._conflicts.pop(slot, None)
+        self._log.info("shared: node %s released slot(s) %s%s", self.node, ", ".join(ids), " (retry)" if retry else "")
+        self._push()
+        self._write_status()
+
+    # --- the store: lease, re-adoption, holders
+
+    def _open_store(self) -> None:
+        """Start or resume the lease, claim again the slots our pods hold, drop our other claims."""
+        _, backend, held = self._need()
+        backend.open()
+        self._opened = True
+        self._last_renewal = time.time()
+        self._readopt(backend, held)
+        self._store_up()
+
+    def _readopt(self, backend: Backend, held: HeldSlots) -> None:
+        mine = held.snapshot()
+        for slot in sorted_slots(mine):
+            try:
+                backend.claim([slot])
+            except SlotTakenError as exc:
+                holder = exc.claim.holder if exc.claim is not None else "another node"
+                message = f"slot {slot} is held by node {holder} while a pod on node {self.node} holds it"
+                with self._lock:
+                    self._conflicts[slot] = message
+                self._log.error("shared: CONFLICT: %s (this node's lease expired during a store outage)", message)
+        holders = dict(backend.holders())
+        stray = [s for s, c in holders.items() if c.holder == self.node and s not in held.snapshot()]
+        if stray:
+            self._log.info("shared: deleting claim(s) no pod here holds: %s", ", ".join(stray))
+            backend.release(stray)
+            for slot in stray:
+                holders.pop(slot, None)
+        self._set_holders(holders)
+
+    def _set_holders(self, holders: Mapping[str, Claim]) -> None:
+        with self._lock:
+            self._holders = dict(holders)
+        self._push()
+
+    def _store_up(self) -> None:
+        with self._lock:
+            if self._store_error is not None:
+                self._log.info("shared: the store %s answers again", self._backend.description if self._backend else "")
+            self._store_error = None
+            self._store_down_since = None
+
+    def _store_down(self, exc: Exception) -> None:
+        with self._lock:
+            if self._store_error is None:
+                self._store_down_since = time.time()
+                self._log.error("%s", exc)
+            self._store_error = str(exc)
+
+    def _keep(self) -> None:
+        """The keeper thread: renew the lease, re-read the holders, write the status file."""
+        backend = self._backend
+        held = self._held
+        if backend is None or held is None:
+            return
+        ttl = float(getattr(getattr(backend, "options", None), "lease_ttl", 10.0))
+        period = min(self.options.refresh_interval, ttl / 3)
+        while not self._stopping.wait(period):
+            try:
+                with self._ops:
+                    if not self._opened:
+                        self._open_store()
+                    elif (time.time() - (self._last_renewal or 0.0)) >= ttl / 3:
+                        if backend.keepalive(sorted(held.snapshot())):
+                            self._last_renewal = time.time()
+                        else:
+                            self._log.error("shared: node %s lost its lease; claiming its pods' slots again", self.node)
+                            self._opened = False
+                            self._open_store()
+                    holders = backend.holders()
+                self._store_up()
+                self._set_holders(holders)
+            except StoreUnavailableError as exc:
+                self._store_down(exc)
+            except Exception:  # keep keeping: a bug here must not stop renewals
+                self._log.exception("shared: keeper step failed")
+            self._write_status()
+
+    # --- observability
+
+    def status(self) -> dict[str, Any]:
+        """What ``shared-status.json`` holds: times are unix seconds, so the file changes only with the state."""
+        with self._lock:
+            slots = []
+            for device in self._compute():
+                claim = self._holders.get(device.id)
+                found = self._discovered.get(device_of(device.id))
+                renewed = claim.renewed if claim is not None else None
+                if claim is not None and renewed is None and claim.holder == self.node:
+                    renewed = self._last_renewal  # etcd: this node's lease, renewed by the keeper
+                slots.append(
+                    {
+                        "slot": device.id,
+                        "device": device_of(device.id),
+                        "available": bool(found and found.available),
+                        "health": str(device.health),
+                        "holder": claim.holder if claim is not None else None,
+                        "since": claim.since if claim is not None else None,
+                        "renewed": renewed,
+                    }
+                )
+            return {
+                "resource": self._ctx.resource_name if self._ctx else None,
+                "node": self.node,
+                "store": self._backend.description if self._backend else None,
+                "store_ok": self._store_error is None,
+                "store_error": self._store_error,
+                "store_down_since": self._store_down_since,
+                "conflicts": sorted(self._conflicts.values()),
+                "slots": slots,
+            }
+
+    def _write_status(self) -> None:
+        """Write the status file when it changed, and at least every :data:`_STATUS_HEARTBEAT` seconds."""
+        ctx = self._ctx
+        if ctx is None:
+            return
+        data = self.status()
+        now = time.time()
+        if data == self._last_status and now - self._last_status_write < _STATUS_HEARTBEAT:
+            return
+        try:
+            write_status(ctx.state_dir, {**data, "written": now})
+        except OSError as exc:
+            self._log.warning("shared: cannot write the status file in %s: %s", ctx.state_dir, exc)
+            return
+        self._last_status, self._last_status_write = data, now
