@@ -94,6 +94,10 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("churn_lists_per_s", "churn: 10k lists received per second"),
     Key("preferred_p50_ms", "GetPreferredAllocation, p50 (ms)"),
     Key("preferred_floor_p99_ms", "floor answering GetPreferredAllocation, p99 (ms)"),
+    Key(
+        "shared_handover_p50_ms_default", "devplug-shared: slot freed to taken on another node, p50 (ms; Akri 10-30 s)"
+    ),
+    Key("shared_handover_p50_ms_fast", "the same with both intervals at 0.1 s, p50 (ms)"),
     Key("reregister_restarts", "kubelet restarts measured"),
     Key("reregister_failures", "restarts after which a resource never registered again (10 s)"),
     Key("startup_to_registered_min_ms", "start to registered, best run (ms)"),

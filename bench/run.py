@@ -167,6 +167,13 @@ def _release(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
             out.update(release.measure(s, node, kubelet))
 
 
+def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
+    from bench.scenarios import shared  # devplug-shared is a driver of this checkout, installed by make
+
+    with _phase("devplug-shared slot hand-over between two nodes", log):
+        out.update(shared.measure(handovers=2 if s.quick else 10))
+
+
 def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> dict[str, Any]:
     """Run every scenario; the results.json content (without goals)."""
     started = time.monotonic()
@@ -176,6 +183,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _speed(ws, settings, out, log)
         _lifecycle(ws, settings, out, log)
         _release(ws, settings, out, log)
+    _shared(settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return out

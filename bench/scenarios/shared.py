@@ -1,6 +1,6 @@
 """devplug-shared: a slot freed on one node until it is claimable (admitted) on another, against Akri's 10-30 s.
 
-Not wired into ``python -m bench`` (the lead owns bench/run.py); run it alone::
+Part of ``python -m bench`` (its last phase); run it alone with::
 
     .venv/bin/python -m bench.scenarios.shared [--handovers N] [--etcd URL]
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile
+from devplug.engine.ledger import read_ledger_records
 from devplug.errors import KubeletError
 from devplug.resource_names import resource_state_dir
 from devplug_shared.demo import RESOURCE, SharedNode
@@ -37,11 +38,7 @@ __all__ = ["measure"]
 
 def _seen(node: SharedNode) -> bool:
     """Whether the node's ledger shows every allocation seen in PodResources."""
-    path = resource_state_dir(node.state_dir, RESOURCE) / "ledger.json"
-    try:
-        records = json.loads(path.read_bytes())["allocations"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return False
+    records = read_ledger_records(resource_state_dir(node.state_dir, RESOURCE) / "ledger.json", RESOURCE)
     return bool(records) and all(r.get("seen_at") is not None for r in records)
 
 
@@ -99,7 +96,6 @@ def measure(handovers: int = 10, etcd: str | None = None) -> dict[str, Any]:
             shutil.rmtree(root, ignore_errors=True)
         out[f"shared_handover_p50_ms_{label}"] = round(percentile(samples, 50), 1)
         out[f"shared_handover_p99_ms_{label}"] = round(percentile(samples, 99), 1)
-    out["shared_handover_akri_anchor_ms"] = "10000-30000"
     return out
 
 

@@ -9,14 +9,19 @@ them from its own watcher threads.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from devplug.types import Device
 
 __all__ = ["DeviceSink", "DriverContext"]
+
+
+#: The most a driver may publish with :meth:`DriverContext.publish_status`, encoded as JSON.
+MAX_STATUS_BYTES = 64 * 1024
 
 
 class DeviceSink(Protocol):
@@ -30,6 +35,9 @@ class DeviceSink(Protocol):
 
     def request_relist(self) -> None:
         """Ask for a fresh call of ``list_devices`` soon (thread-safe)."""
+
+    def publish_status(self, data: dict[str, Any]) -> None:
+        """Replace the driver's own status shown by ``devplug status`` (thread-safe; already checked as JSON)."""
 
 
 class _ResourceLogAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -87,3 +95,22 @@ class DriverContext:
     def request_relist(self) -> None:
         """Ask the engine to call ``list_devices`` again soon (e.g. after an event the driver cannot decode)."""
         self._sink.request_relist()
+
+    def publish_status(self, data: Mapping[str, Any]) -> None:
+        """Show ``data`` under the resource in ``devplug status`` (``driver_status``), replacing what was there.
+
+        For what an operator needs beyond the devices' health: who holds a
+        shared slot, which card is quarantined and why. ``data`` must be JSON
+        (objects, lists, strings, numbers) and at most
+        :data:`MAX_STATUS_BYTES` once encoded; :class:`ValueError` otherwise.
+        Callable from any thread; cheap enough to call on every change.
+        """
+        try:
+            encoded = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self._resource_name}: publish_status needs JSON data: {exc}") from None
+        if len(encoded) > MAX_STATUS_BYTES:
+            raise ValueError(
+                f"{self._resource_name}: publish_status data is {len(encoded)} bytes, more than {MAX_STATUS_BYTES}"
+            )
+        self._sink.publish_status(json.loads(encoded))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -69,6 +70,12 @@ def format_status(data: dict[str, Any]) -> str:
         for bad in res.get("quarantined_records") or []:
             named = ", ".join(bad.get("devices") or []) or "no devices"
             lines.append(f"  QUARANTINED ledger record #{bad.get('index')} ({named}): {bad.get('reason')}")
+        published = res.get("driver_status")
+        if published:
+            lines.append("  driver status:")
+            for key, value in published.items():
+                shown = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
+                lines.append(f"    {key}: {escape(str(shown))[:1000]}")
         releases = res.get("recent_releases", [])
         if releases:
             lines.append("  recent releases:")

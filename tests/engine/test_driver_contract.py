@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from devplug import ContainerAllocation, Device, DeviceSpec, Health, Mount, hookimpl
+from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, Health, Mount, hookimpl
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.drivers import HOOK_NAMES, DriverHooks
+from devplug.engine.status import read_status
 from devplug.hookspecs import ChecksResources, DriverClass
+from devplug.statusview import format_status
 from devplug.testing.daemon import DaemonThread
 
 from .conftest import Wait, in_process_config, view_of
@@ -103,3 +105,34 @@ def test_the_driver_class_protocols() -> None:
     assert isinstance(WithOptions({}), DriverClass)
     assert issubclass(WithOptions, ChecksResources)
     assert not issubclass(Simple, ChecksResources)
+
+
+class Publishing:
+    """A driver that publishes its own status when it starts."""
+
+    @hookimpl
+    def start(self, ctx: DriverContext) -> None:
+        ctx.publish_status({"slots": {"cam-0": {"holder": "node-b", "age_s": 3}}, "mode": "shared"})
+        with pytest.raises(ValueError, match="JSON"):
+            ctx.publish_status({"bad": object()})
+
+    @hookimpl
+    def list_devices(self) -> Sequence[Device]:
+        return [Device("p0")]
+
+
+def test_a_driver_publishes_its_own_status_for_devplug_status(
+    dev_kubelet: DevKubeletThread, devplug_root: Path, wait_until: Wait
+) -> None:
+    config = in_process_config(devplug_root, {"example.com/pub": Publishing})
+    with DaemonThread(config):
+        dev_kubelet.wait_registered("example.com/pub", timeout=10)
+        wait_until(
+            lambda: (read_status(config.state.dir)["resources"][0].get("driver_status") or {}).get("mode") == "shared",
+            "the published status in status.json",
+        )
+        data = read_status(config.state.dir)
+    (res,) = data["resources"]
+    assert res["driver_status"] == {"slots": {"cam-0": {"holder": "node-b", "age_s": 3}}, "mode": "shared"}
+    shown = format_status(data)
+    assert "driver status:" in shown and "mode: shared" in shown and '"holder": "node-b"' in shown

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from devplug.config import ResourceConfig
 from devplug.context import DriverContext
@@ -24,7 +25,7 @@ from devplug.engine.supervise import supervise
 from devplug.errors import DriverError, HookTimeoutError
 from devplug.types import Device
 
-__all__ = ["DriverHost"]
+__all__ = ["DriverHost", "PublishedStatus"]
 
 log = logging.getLogger("devplug.engine")
 
@@ -32,11 +33,19 @@ log = logging.getLogger("devplug.engine")
 class _LoopSink:
     """The engine's :class:`~devplug.context.DeviceSink`: moves a driver's pushes from any thread onto the loop."""
 
-    def __init__(self, name: str, table: DeviceTable, loop: asyncio.AbstractEventLoop, relist: asyncio.Event) -> None:
+    def __init__(
+        self,
+        name: str,
+        table: DeviceTable,
+        loop: asyncio.AbstractEventLoop,
+        relist: asyncio.Event,
+        published: PublishedStatus,
+    ) -> None:
         self._name = name
         self._table = table
         self._loop = loop
         self._relist = relist
+        self._published = published
 
     def replace_devices(self, devices: list[Device]) -> None:
         checked = check_device_list(self._name, devices)
@@ -48,6 +57,24 @@ class _LoopSink:
 
     def request_relist(self) -> None:
         self._loop.call_soon_threadsafe(self._relist.set)
+
+    def publish_status(self, data: dict[str, Any]) -> None:
+        self._loop.call_soon_threadsafe(self._published.set, data)
+
+
+class PublishedStatus:
+    """What the driver published with ``ctx.publish_status``, for ``devplug status``. Event loop thread only."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self.data: dict[str, Any] | None = None
+        self.version = 0
+        self._on_change = on_change
+
+    def set(self, data: dict[str, Any]) -> None:
+        if data != self.data:
+            self.data = data
+            self.version += 1
+            self._on_change()
 
 
 class DriverHost:
@@ -83,6 +110,7 @@ class DriverHost:
         state_dir: Path,
         report: Callable[[str | None], None],
         on_change: Callable[[], None],
+        published: PublishedStatus,
     ) -> DriverHost:
         """Create the driver instance, call its ``start``, then ``list_devices``; the host, whole.
 
@@ -93,7 +121,7 @@ class DriverHost:
         instance = construct_driver(config.name, config.driver, config.driver_class, config.options)
         driver = AsyncDriver(DriverHooks(config.name, instance), runner)
         relist = asyncio.Event()
-        sink = _LoopSink(config.name, table, asyncio.get_running_loop(), relist)
+        sink = _LoopSink(config.name, table, asyncio.get_running_loop(), relist, published)
         await driver.start(DriverContext(config.name, state_dir, sink))
         host = cls(config.name, driver, table, config.health_interval, relist, report, on_change)
         try:

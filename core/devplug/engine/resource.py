@@ -22,7 +22,7 @@ from devplug.drivers import DriverCapabilities, DriverHooks
 from devplug.engine.asynctools import Backoff
 from devplug.engine.checkpointview import CheckpointView
 from devplug.engine.devicetable import DeviceTable
-from devplug.engine.driverhost import DriverHost
+from devplug.engine.driverhost import DriverHost, PublishedStatus
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
@@ -75,6 +75,8 @@ class Resource:
         self.runner = HookRunner(self.name, config.hook_timeout)
         self.ledger = Ledger(self.name, self.state_dir / "ledger.json", write_file, on_saved=on_change)
         self.status = ResourceStatus()
+        #: What the driver published with ``ctx.publish_status`` (kept across driver restarts).
+        self.published = PublishedStatus(on_change)
         self.stopping = False
         self.host: DriverHost | None = None
         self.lifecycle: DeviceLifecycle | None = None
@@ -145,7 +147,7 @@ class Resource:
         prepare_resource_dir(self._state_root, self.name)
         self.ledger.load()
         host = await DriverHost.start(
-            self.config, self.table, self.runner, self.driver_state_dir, self._report, self._on_change
+            self.config, self.table, self.runner, self.driver_state_dir, self._report, self._on_change, self.published
         )
         try:
             lifecycle = DeviceLifecycle(

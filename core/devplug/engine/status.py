@@ -94,6 +94,7 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
         "recent_releases": releases,
         "release_failures": failures,
         "state_error": resource.state_error,
+        "driver_status": resource.published.data,
         "quarantined_records": [
             {"index": q.index, "reason": q.reason, "devices": q.devices()} for q in resource.ledger.quarantined
         ],
@@ -117,6 +118,7 @@ def _version(resource: Resource) -> tuple[object, ...]:
         len(resource.ledger.quarantined),
         None if lifecycle is None else (len(lifecycle.recent_releases), tuple(lifecycle.release_failures)),
         resource.hooks is not None,
+        resource.published.version,
     )
 
 

@@ -69,6 +69,7 @@ _RESOURCE = {
     "release_failures?": _Map(str),
     "quarantined_records?": [_QUARANTINED],
     "state_error?": _Optional(str),
+    "driver_status?": _Optional({}),
 }
 _STATUS = {
     "pid": int,

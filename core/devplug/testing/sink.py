@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 from devplug.types import Device
 
@@ -69,6 +69,8 @@ class RecordingSink:
         self.kinds = frozenset(kinds)
         self.pushes: list[Push] = []
         self.table: dict[str, Device] = {}
+        #: The latest ``ctx.publish_status`` data, or None.
+        self.published: dict[str, Any] | None = None
         self._cond = threading.Condition()
 
     def _allow(self, kind: str) -> None:
@@ -92,6 +94,12 @@ class RecordingSink:
                 self.table[dev.id] = dev
             for dev_id in removed:
                 self.table.pop(dev_id, None)
+            self._cond.notify_all()
+
+    def publish_status(self, data: dict[str, Any]) -> None:
+        """``ctx.publish_status``: the latest is kept as :attr:`published`."""
+        with self._cond:
+            self.published = data
             self._cond.notify_all()
 
     def request_relist(self) -> None:

@@ -406,6 +406,10 @@ class SharedDriver:
         if data == self._last_status and now - self._last_status_write < _STATUS_HEARTBEAT:
             return
         try:
+            ctx.publish_status(data)  # devplug status shows the slots, their holders and lease ages
+        except ValueError as exc:
+            self._log.warning("shared: cannot publish the status: %s", exc)
+        try:
             write_status(ctx.state_dir, {**data, "written": now})
         except OSError as exc:
             self._log.warning("shared: cannot write the status file in %s: %s", ctx.state_dir, exc)

@@ -255,6 +255,9 @@ class RecordingSink:
     def request_relist(self) -> None:
         raise AssertionError("the sriov driver does not ask for relists")
 
+    def publish_status(self, data: dict[str, object]) -> None:
+        raise AssertionError("the sriov driver publishes no status")
+
 
 @dataclass
 class Harness:
