@@ -53,6 +53,7 @@ from devplug.devkubelet.model import (
 )
 from devplug.devkubelet.plugin_client import PluginCallError
 from devplug.devkubelet.threaded import DevKubeletThread
+from devplug.errors import KubeletError
 
 __all__ = [
     "EVENT_KINDS",
@@ -64,6 +65,7 @@ __all__ = [
     "DevKubelet",
     "DevKubeletThread",
     "DeviceInfo",
+    "KubeletError",
     "KubeletEvent",
     "PluginCallError",
     "PluginOptions",

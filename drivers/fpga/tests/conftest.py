@@ -26,6 +26,7 @@ import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.testing.dflsysfs import DflModel, model_image
 from devplug.testing.plugin import RunningDaemon
@@ -262,12 +263,8 @@ class Lab:
         return devices
 
     def ledger(self) -> list[dict[str, Any]]:
-        path = resource_state_dir(self._daemon().state_dir, RESOURCE) / "ledger.json"
-        try:
-            records: list[dict[str, Any]] = json.loads(path.read_text())["allocations"]
-        except FileNotFoundError:
-            return []
-        return records
+        """The engine's allocation records on disk (its snapshot and journal)."""
+        return read_ledger_records(resource_state_dir(self._daemon().state_dir, RESOURCE) / "ledger.json", RESOURCE)
 
     def released(self, device: str) -> bool:
         """The engine dropped every allocation of ``device`` and the driver holds it no more."""

@@ -87,7 +87,7 @@ def test_a_good_config_passes(tmp_path: Path) -> None:
 
 def test_the_commented_fpga_resource_of_the_example_config_is_valid_once_uncommented(tmp_path: Path) -> None:
     example = (Path(__file__).resolve().parents[3] / "config.example.toml").read_text()
-    block = example[example.index('# [resources."example.com/fpga-region"]') :]
+    block = example[example.index('# [resources."example.com/fpga-region"]') :].split("\n\n")[0]  # up to the next one
     lines = [line[2:] for line in block.splitlines() if line.startswith("# ") and not line.startswith("# #")]
     blank = tmp_path / "blank.gbs"
     blank.write_bytes(b"")

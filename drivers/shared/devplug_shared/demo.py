@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from devplug.errors import KubeletError
+from devplug.devkubelet import KubeletError
 from devplug.testing.nodes import LocalNode, wait_for
 from devplug_shared.status import render, status_files
 

@@ -24,7 +24,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplug.errors import ConfigError
+from devplug import ConfigError
 from devplug.options import parse_options
 from devplug_shared.backends import parse_coordination
 from devplug_shared.backends.common import check_seconds

@@ -13,26 +13,40 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from devplug.config import load_config
-from devplug.errors import ConfigError
-from devplug.resource_names import resource_state_dir
+from devplug import ConfigError
 from devplug_shared.state import STATUS_FILE
 
 __all__ = ["main", "render", "status_files"]
 
 
 def status_files(config_path: Path) -> dict[str, Path]:
-    """Every shared resource of the config, with where its status file is."""
-    config = load_config(config_path)
+    """Every shared resource of the config, with where its status file is.
+
+    A resource's driver state folder is ``<[state] dir>/resources/<domain>/<name>/driver`` (the README's
+    driver guide, ``ctx.state_dir``); a relative ``[state] dir`` is relative to the config file.
+    """
+    try:
+        data = tomllib.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{config_path}: cannot read the config: {exc}") from exc
+    state = Path(data.get("state", {}).get("dir", "/var/lib/devplug"))
+    if not state.is_absolute():
+        state = config_path.parent / state
+    resources = data.get("resources", {})
     return {
-        res.name: resource_state_dir(config.state.dir, res.name) / "driver" / STATUS_FILE
-        for res in config.resources
-        if res.driver == "shared"
+        name: state / "resources" / name.partition("/")[0] / name.partition("/")[2] / "driver" / STATUS_FILE
+        for name, table in resources.items()
+        if isinstance(table, dict) and table.get("driver") == "shared"
     }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from devplug.errors import ConfigError
+from devplug import ConfigError
 from devplug.options import parse_options
 from devplug_shared.slots import Claim
 

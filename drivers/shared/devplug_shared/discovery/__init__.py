@@ -24,7 +24,7 @@ from importlib import metadata
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from devplug.errors import ConfigError
+from devplug import ConfigError
 from devplug.options import parse_options
 
 __all__ = [
