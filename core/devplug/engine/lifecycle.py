@@ -112,25 +112,13 @@ class DeviceLifecycle:
 
     def _check_ids(self, containers: Sequence[Sequence[str]], call: str) -> None:
         """Unknown (neither advertised nor held), duplicate or no IDs: refuse the whole request."""
-        unknown: list[str] = []
-        duplicate: list[str] = []
-        seen: set[str] = set()
-        for ids in containers:
-            for dev_id in ids:
-                if dev_id in seen:
-                    duplicate.append(dev_id)
-                seen.add(dev_id)
-                if dev_id not in self.table and not self.ledger.holders(dev_id):
-                    unknown.append(dev_id)
-        problems = []
-        if unknown:
-            problems.append(f"unknown device IDs: {_ids(unknown)}")
-        if duplicate:
-            problems.append(f"duplicate device IDs: {_ids(sorted(set(duplicate)))}")
-        if not seen and not problems:
-            problems.append("no device IDs requested")
-        if problems:
-            raise RequestError(f"{self.resource_name}: {call}: " + "; ".join(problems) + "; nothing was done")
+        self._refuse_bad_ids(
+            containers,
+            known=lambda i: i in self.table or self.ledger.holds(i),
+            healthy=None,
+            prefix=f"{self.resource_name}: {call}: ",
+            outcome="nothing was done",
+        )
 
     def _check_servable(self, containers: Sequence[Sequence[str]]) -> None:
         """Every device must be known and healthy as the driver reports it.
@@ -138,6 +126,24 @@ class DeviceLifecycle:
         A device withheld (advertised unhealthy) only while a release of it
         runs passes: the Allocate waits for that release.
         """
+        self._refuse_bad_ids(
+            containers,
+            known=lambda i: self.table.reported(i) is not None,
+            healthy=self._reported_healthy,
+            prefix=f"{self.resource_name}: ",
+            outcome="nothing was allocated",
+        )
+
+    def _refuse_bad_ids(
+        self,
+        containers: Sequence[Sequence[str]],
+        *,
+        known: Callable[[str], bool],
+        healthy: Callable[[str], bool] | None,
+        prefix: str,
+        outcome: str,
+    ) -> None:
+        """Raise one :class:`RequestError` naming unknown, unhealthy and duplicate IDs (or none at all)."""
         unknown: list[str] = []
         unhealthy: list[str] = []
         duplicate: list[str] = []
@@ -147,22 +153,21 @@ class DeviceLifecycle:
                 if dev_id in seen:
                     duplicate.append(dev_id)
                 seen.add(dev_id)
-                dev = self.table.reported(dev_id)
-                if dev is None:
+                if not known(dev_id):
                     unknown.append(dev_id)
-                elif not dev.healthy or self.table.degraded is not None:
+                elif healthy is not None and not healthy(dev_id):
                     unhealthy.append(dev_id)
         problems = []
         if unknown:
-            problems.append(f"unknown device IDs: {id_list(unknown)}")
+            problems.append(f"unknown device IDs: {_ids(unknown)}")
         if unhealthy:
-            problems.append(f"unhealthy device IDs: {id_list(unhealthy)}")
+            problems.append(f"unhealthy device IDs: {_ids(unhealthy)}")
         if duplicate:
-            problems.append(f"duplicate device IDs: {id_list(sorted(set(duplicate)))}")
+            problems.append(f"duplicate device IDs: {_ids(sorted(set(duplicate)))}")
         if not seen and not problems:
             problems.append("no device IDs requested")
         if problems:
-            raise RequestError(f"{self.resource_name}: " + "; ".join(problems) + "; nothing was allocated")
+            raise RequestError(prefix + "; ".join(problems) + f"; {outcome}")
 
     # --- device locks
 
