@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,22 +22,11 @@ import pytest
 from devplug.devkubelet import DevKubeletThread
 from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.conformance import poll_until
 from devplug.testing.plugin import RunningDaemon
 
 RESOURCE = "example.com/mock"
 RESOURCE_B = "example.com/other"
-
-
-def poll_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0, details: Callable[[], str] = str) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{details()}", pytrace=False)
-        time.sleep(0.02)
 
 
 class Bench:

@@ -63,15 +63,21 @@ __all__ = ["DriverConformance", "poll_until"]
 WAIT = 30.0
 
 
-def poll_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail the test naming ``what``."""
+def poll_until(
+    predicate: Callable[[], Any], what: str, timeout: float = WAIT, details: Callable[[], str] | None = None
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail the test naming ``what``.
+
+    ``details``, when given, is called on a timeout and its text added to the failure (logs, state).
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
+            extra = f"\n{details()}" if details is not None else ""
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{extra}", pytrace=False)
         time.sleep(0.02)
 
 

@@ -41,6 +41,7 @@ import pytest
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.errors import KubeletError
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.conformance import poll_until
 from devplug.testing.daemon import DaemonProcess
 from devplug.testing.leaseapi import LeaseApiServer
 from devplug_shared.backends import Backend, build_backend, parse_coordination
@@ -49,18 +50,6 @@ from devplug_shared.backends import Backend, build_backend, parse_coordination
 RESOURCE = "example.com/shared"
 REQUIRE_ETCD = os.environ.get("DEVPLUG_REQUIRE_ETCD") == "1"
 _etcd_status: dict[str, str] = {}
-
-
-def poll_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "", details: str = "") -> Any:
-    """Poll ``predicate`` until truthy (returned); fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{details}", pytrace=False)
-        time.sleep(0.02)
 
 
 def free_port() -> int:
@@ -118,7 +107,7 @@ class EtcdServer:
             except OSError:
                 return False
 
-        poll_until(healthy, 30.0, f"etcd on {self.url} to answer /health")
+        poll_until(healthy, f"etcd on {self.url} to answer /health", 30.0)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -531,8 +520,12 @@ def cluster(store: Store) -> Iterator[Cluster]:
 
 @pytest.fixture
 def wait_until() -> Callable[..., Any]:
-    """``wait_until(predicate, timeout=10, what="...")``: :func:`poll_until` for test modules."""
-    return poll_until
+    """``wait_until(predicate, what="...", timeout=10)``: the kit's :func:`poll_until` for test modules."""
+
+    def wait(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+        return poll_until(predicate, what, timeout)
+
+    return wait
 
 
 @pytest.fixture
