@@ -62,9 +62,6 @@ HOOK_NAMES: tuple[str, ...] = tuple(
     name for name, spec in vars(hookspecs).items() if hasattr(spec, f"{hookspecs.PROJECT_NAME}_spec")
 )
 
-#: The optional hooks whose presence changes what the engine advertises to the kubelet or calls.
-OPTIONAL_HOOKS = frozenset(HOOK_NAMES) - {"start", "stop", "list_devices"}
-
 log = logging.getLogger("devplug.drivers")
 
 

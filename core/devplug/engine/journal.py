@@ -88,7 +88,6 @@ class JournalSegment:
     path: Path
     fd: int | None = None
     size: int = 0
-    entries: int = 0
 
     def append(self, frames: bytes) -> None:
         """One ``write()`` of whole frames; ``OSError`` (ENOSPC...) leaves the file without them."""

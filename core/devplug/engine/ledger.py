@@ -404,7 +404,6 @@ class Ledger:
                 raise
             self._changed.clear()
             self._removed.clear()
-            self._segment.entries += 1
             self.version += 1
         self.write_error = None
         self._on_saved()

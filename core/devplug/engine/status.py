@@ -15,7 +15,7 @@ from devplug.engine.statusschema import check_status
 from devplug.errors import StateError
 from devplug.types import Device
 
-__all__ = ["STATUS_FILE", "StatusBuilder", "build_status", "read_status"]
+__all__ = ["STATUS_FILE", "StatusBuilder", "read_status"]
 
 STATUS_FILE = "status.json"
 #: A status file larger than this is not the daemon's (10k listed devices take about 2 MiB).
@@ -99,10 +99,6 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
             {"index": q.index, "reason": q.reason, "devices": q.devices()} for q in resource.ledger.quarantined
         ],
     }
-
-
-def build_status(resources: Iterable[Resource], started_at: float, config_path: str | None) -> dict[str, Any]:
-    return StatusBuilder(started_at, config_path).build(resources)
 
 
 def _version(resource: Resource) -> tuple[object, ...]:
