@@ -74,7 +74,7 @@ extract "./boot/vmlinuz-$version"
 find_module() {  # name with - or _ -> path in the package
   local n="$1" alt
   alt="$(echo "$n" | tr '_-' '-_')"
-  grep -E "/($n|$alt)\.ko(\.xz|\.zst|\.gz)?$" "$work/list" | head -n1
+  grep -E "/($n|$alt)\.ko(\.xz|\.zst|\.gz)?$" "$work/list" | sed -n 1p
 }
 declare -A done_mods=()
 queue=($MODULES)
@@ -96,7 +96,7 @@ while [ "${#queue[@]}" -gt 0 ]; do
     *.gz) gzip -d "$file"; file="${file%.gz}" ;;
   esac
   # .modinfo holds NUL-separated key=value strings; "depends=" lists the module's dependencies.
-  deps="$(tr '\0' '\n' < "$file" | sed -n 's/^depends=//p' | head -n1 | tr ',' ' ')"
+  deps="$(tr '\0' '\n' < "$file" | sed -n 's/^depends=//p' | sed -n 1p | tr ',' ' ')"
   for d in $deps; do queue+=("$d"); done
 done
 
