@@ -318,3 +318,46 @@ def test_queue_overflow_asks_for_a_rescan(tmp_path: Path, monkeypatch: pytest.Mo
             (tmp_path / "other").touch()
         release.set()
         assert recorder.wait_rescan()
+
+
+def test_sync_delivers_what_changed_before_it(tmp_path: Path, mode: str, recorder: Recorder) -> None:
+    # An hour between polling rounds: only sync() can report the change in time.
+    with DirectoryWatcher(tmp_path, recorder, poll_interval=3600) as watcher:
+        (tmp_path / "dev0").write_text("x")
+        watcher.sync()
+        assert "dev0" in recorder.seen()  # at once: no waiting for the thread
+        (tmp_path / "dev0").unlink()
+        watcher.sync()
+        assert "dev0" in recorder.calls[-1]
+        calls = len(recorder.calls)
+        watcher.sync()  # nothing changed since: no call
+        assert len(recorder.calls) == calls
+
+
+def test_sync_before_start_and_after_close_does_nothing(tmp_path: Path, recorder: Recorder) -> None:
+    watcher = DirectoryWatcher(tmp_path, recorder)
+    (tmp_path / "dev0").write_text("x")
+    watcher.sync()
+    watcher.start()
+    watcher.close()
+    (tmp_path / "dev1").write_text("x")
+    watcher.sync()
+    assert "dev1" not in recorder.seen()
+
+
+@needs_inotify
+def test_each_write_false_reports_a_file_when_its_writer_closes_it(tmp_path: Path, recorder: Recorder) -> None:
+    target = tmp_path / ".log"
+    with DirectoryWatcher(tmp_path, recorder, each_write=False) as watcher:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            watcher.sync()
+            recorder.clear()  # the creation
+            os.write(fd, b"one\n")
+            os.write(fd, b"two\n")
+            watcher.sync()
+            assert recorder.calls == []  # appends to a file kept open wake no one
+        finally:
+            os.close(fd)
+        watcher.sync()
+        assert ".log" in recorder.seen()

@@ -141,6 +141,7 @@ class HookRecorder:
         self.started_path = Path(folder) / (file_name + STARTED_SUFFIX)
         self._log = logger if logger is not None else log
         self._lock = threading.Lock()
+        self._fds: dict[Path, int] = {}
 
     def record(
         self,
@@ -168,13 +169,31 @@ class HookRecorder:
         line = (json.dumps(call.to_json()) + "\n").encode()
         with self._lock:
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                try:
-                    os.write(fd, line)
-                finally:
-                    os.close(fd)
+                os.write(self._descriptor(path), line)
             except OSError as exc:  # the folder was removed under us: the hook itself still counts
                 self._log.warning("cannot record the %s call in %s: %s", call.hook, path, exc)
+
+    def _descriptor(self, path: Path) -> int:
+        """The open ``O_APPEND`` descriptor of ``path``, (re)opened when missing or when the file was removed.
+
+        Kept open between calls: a driver watching its own folder (the mock) then sees no close event per call.
+        """
+        fd = self._fds.get(path)
+        if fd is not None and os.fstat(fd).st_nlink > 0:
+            return fd
+        if fd is not None:
+            del self._fds[path]
+            os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fds[path] = fd
+        return fd
+
+    def close(self) -> None:
+        """Close the record's files (the next call reopens them)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     @contextmanager
     def call(

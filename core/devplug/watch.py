@@ -160,6 +160,13 @@ class DirectoryWatcher:
 
     Use :meth:`start` and :meth:`close`, or the watcher as a context manager
     (which starts it on entry and closes it on exit).
+
+    With ``each_write=False`` (inotify only) a file's new content is reported
+    once its writer closes it (``IN_CLOSE_WRITE``), or when a file is renamed
+    into place, and not at every ``write``: for folders that also hold a file a
+    long-lived writer appends to while keeping it open (the mock's call log),
+    whose appends would otherwise wake the watcher for nothing. Writers that
+    keep a device file open and change it in place need the default.
     """
 
     def __init__(
@@ -168,15 +175,19 @@ class DirectoryWatcher:
         callback: Callable[[frozenset[str]], None],
         *,
         poll_interval: float = 1.0,
+        each_write: bool = True,
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"DirectoryWatcher: poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.directory = Path(directory)
         self.poll_interval = float(poll_interval)
+        self._mask = _WATCH_MASK if each_write else _WATCH_MASK & ~_IN_MODIFY
         self._callback = callback
         #: True when the inotify path is active (decided for good by :meth:`start`).
         self.uses_inotify: bool = _inotify_lib is not None and os.environ.get(POLL_ENV, "") not in {"1"}
         self._lock = threading.Lock()
+        #: Held while queued changes are read and delivered: by the thread, or by :meth:`sync`.
+        self._delivering = threading.RLock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._released = False
@@ -236,8 +247,31 @@ class DirectoryWatcher:
                 os.write(self._wake_w, b"x")
         if thread is not threading.current_thread():
             thread.join()
-            with self._lock:
-                self._release_fds()
+            self._release_fds()  # _closed is set for good: no lock needed to decide
+
+    def sync(self) -> None:
+        """Deliver, before returning and in the calling thread, every change made before the call.
+
+        The kernel queues an inotify event within the system call that made
+        the change, so after ``sync`` the callback has seen every change made
+        before it, whatever the watcher's thread was doing: a driver can then
+        answer from what its callback keeps instead of re-reading every file.
+        When polling, ``sync`` compares a fresh snapshot at once. The callback
+        runs under the same lock as the thread's calls, so still one at a
+        time. Does nothing before :meth:`start`, after :meth:`close`, or while
+        the folder is missing (the thread reports it when it appears).
+        """
+        with self._lock:
+            if self._thread is None or self._closed:
+                return
+        with self._delivering:
+            if self._released:  # closed meanwhile
+                return
+            if self.uses_inotify:
+                if self._wd is not None:
+                    self._deliver_queued()
+            else:
+                self._deliver_poll()
 
     def __enter__(self) -> DirectoryWatcher:
         self.start()
@@ -255,7 +289,7 @@ class DirectoryWatcher:
         how = "inotify" if self.uses_inotify else f"polling every {self.poll_interval}s"
         return f"<DirectoryWatcher {str(self.directory)!r} ({how})>"
 
-    # --- setup and teardown (called with self._lock held)
+    # --- setup and teardown
 
     def _arm_inotify(self) -> None:
         assert _inotify_lib is not None
@@ -268,13 +302,14 @@ class DirectoryWatcher:
         self._wd = self._try_add_watch()
 
     def _release_fds(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        for fd in (self._ifd, self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._ifd = self._wake_r = self._wake_w = -1
+        with self._delivering:  # never under a sync() that reads the inotify descriptor
+            if self._released:
+                return
+            self._released = True
+            for fd in (self._ifd, self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._ifd = self._wake_r = self._wake_w = -1
 
     # --- the thread
 
@@ -282,7 +317,7 @@ class DirectoryWatcher:
         """The watch descriptor, or ``None`` when the folder does not exist (yet)."""
         assert _inotify_lib is not None
         try:
-            return _inotify_lib.add_watch(self._ifd, self.directory, _WATCH_MASK)
+            return _inotify_lib.add_watch(self._ifd, self.directory, self._mask)
         except FileNotFoundError:
             return None
 
@@ -304,8 +339,9 @@ class DirectoryWatcher:
             log.exception("the watcher on %s stopped", self.directory)
         finally:
             with self._lock:
-                if self._closed:
-                    self._release_fds()
+                closed = self._closed
+            if closed:
+                self._release_fds()
 
     def _wait(self, poller: select.poll, timeout: float | None) -> list[int]:
         """The ready file descriptors, or ``[]`` on timeout or when woken to close."""
@@ -327,15 +363,20 @@ class DirectoryWatcher:
             self._wait(poller, self.poll_interval)
             if self._closed:
                 return
-            snap = _snapshot(self.directory)
-            old, self._snap = self._snap, snap
-            if old is None or snap is None:
-                if old is not snap:  # the folder appeared or vanished
-                    self._notify(frozenset())
-                continue
-            changed = _diff(old, snap)
-            if changed:
-                self._notify(changed)
+            with self._delivering:
+                self._deliver_poll()
+
+    def _deliver_poll(self) -> None:
+        """Compare a fresh snapshot with the last one and report the difference (``_delivering`` held)."""
+        snap = _snapshot(self.directory)
+        old, self._snap = self._snap, snap
+        if old is None or snap is None:
+            if old is not snap:  # the folder appeared or vanished
+                self._notify(frozenset())
+            return
+        changed = _diff(old, snap)
+        if changed:
+            self._notify(changed)
 
     def _run_inotify(self) -> None:
         assert _inotify_lib is not None
@@ -348,24 +389,31 @@ class DirectoryWatcher:
                 self._wait(poller, self.poll_interval)
                 if self._closed:
                     return
-                self._drain()  # stale events of the old watch
-                self._wd = self._try_add_watch()
-                if self._wd is not None:
-                    log.info("watching %s again", self.directory)
-                    self._notify(frozenset())
+                with self._delivering:
+                    self._drain()  # stale events of the old watch
+                    self._wd = self._try_add_watch()
+                    if self._wd is not None:
+                        log.info("watching %s again", self.directory)
+                        self._notify(frozenset())
                 continue
             if not self._wait(poller, None) or self._closed:
                 continue
-            names, rescan, gone = self._read_events()
-            if gone:
-                _inotify_lib.rm_watch(self._ifd, self._wd)
-                self._wd = self._try_add_watch()
-                if self._wd is None:
-                    log.warning("%s is gone; looking for it every %ss", self.directory, self.poll_interval)
-            if rescan or gone:
-                self._notify(frozenset())
-            elif names:
-                self._notify(frozenset(names))
+            with self._delivering:
+                self._deliver_queued()
+
+    def _deliver_queued(self) -> None:
+        """Read the kernel's queue and report what changed (``_delivering`` held; the watch is armed)."""
+        assert _inotify_lib is not None and self._wd is not None
+        names, rescan, gone = self._read_events()
+        if gone:
+            _inotify_lib.rm_watch(self._ifd, self._wd)
+            self._wd = self._try_add_watch()
+            if self._wd is None:
+                log.warning("%s is gone; looking for it every %ss", self.directory, self.poll_interval)
+        if rescan or gone:
+            self._notify(frozenset())
+        elif names:
+            self._notify(frozenset(names))
 
     def _drain(self) -> bytes:
         chunks = []

@@ -133,3 +133,14 @@ def test_the_sink_refuses_pushes_a_test_does_not_expect() -> None:
     sink = RecordingSink(kinds=("replace",))
     with pytest.raises(AssertionError, match="'update' push"):
         sink.update_devices([], ["a"])
+
+
+def test_hook_recorder_starts_a_new_file_when_its_file_was_removed(tmp_path: Path) -> None:
+    recorder = HookRecorder(tmp_path)
+    recorder.record("allocate", ["dev0"])
+    (tmp_path / CALLS_FILE).unlink()  # a test resetting the record: the kept descriptor must not write into the void
+    recorder.record("deallocate", ["dev0"], retry=True)
+    assert [(c.hook, c.retry) for c in read_hook_calls(tmp_path)] == [("deallocate", True)]
+    recorder.close()
+    recorder.record("pre_start", ["dev1"])
+    assert [c.hook for c in read_hook_calls(tmp_path)] == ["deallocate", "pre_start"]

@@ -47,6 +47,8 @@ class DeviceLocks:
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
+        #: How many holders wait for each device's lock (a lock no one holds or waits for is taken at once).
+        self._waiting: dict[str, int] = {}
         #: What holds each locked device ("allocate", "release: post_stop", ...).
         self.activity: dict[str, str] = {}
 
@@ -59,22 +61,48 @@ class DeviceLocks:
         """Hold every device's lock for the block; :class:`DeviceBusyError` after ``timeout`` seconds."""
         ids = sorted(set(device_ids))
         taken: list[str] = []
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
         try:
-            for dev_id in ids:
-                lock = self._locks.setdefault(dev_id, asyncio.Lock())
-                remaining = None if deadline is None else max(0.0, deadline - loop.time())
-                if not await _acquire(lock, remaining):
-                    busy = {d: self.activity.get(d, "busy") for d in ids if d not in taken and self.locked(d)}
-                    raise DeviceBusyError(busy or {dev_id: self.activity.get(dev_id, "busy")})
-                taken.append(dev_id)
-                self.activity[dev_id] = what
+            if self._all_free(ids):  # the usual case: take them all without a wait or a task per device
+                for dev_id in ids:
+                    await self._locks.setdefault(dev_id, asyncio.Lock()).acquire()  # free, no waiter: no suspension
+                    taken.append(dev_id)
+                    self.activity[dev_id] = what
+            else:
+                await self._take_in_order(ids, what, timeout, taken)
             yield
         finally:
             for dev_id in taken:
                 self.activity.pop(dev_id, None)
                 self._locks[dev_id].release()
+
+    def _all_free(self, ids: list[str]) -> bool:
+        for dev_id in ids:
+            lock = self._locks.get(dev_id)
+            if lock is not None and (lock.locked() or self._waiting.get(dev_id)):
+                return False
+        return True
+
+    async def _take_in_order(self, ids: list[str], what: str, timeout: float | None, taken: list[str]) -> None:
+        """Take each lock in sorted order (so two holders never deadlock), waiting for each in turn."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        for dev_id in ids:
+            lock = self._locks.setdefault(dev_id, asyncio.Lock())
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            self._waiting[dev_id] = self._waiting.get(dev_id, 0) + 1
+            try:
+                acquired = await _acquire(lock, remaining)
+            finally:
+                left = self._waiting[dev_id] - 1
+                if left:
+                    self._waiting[dev_id] = left
+                else:
+                    del self._waiting[dev_id]
+            if not acquired:
+                busy = {d: self.activity.get(d, "busy") for d in ids if d not in taken and self.locked(d)}
+                raise DeviceBusyError(busy or {dev_id: self.activity.get(dev_id, "busy")})
+            taken.append(dev_id)
+            self.activity[dev_id] = what
 
     def set_activity(self, device_ids: Iterable[str], what: str) -> None:
         """Say what the holder of these (held) devices is doing now."""
