@@ -27,8 +27,9 @@ from typing import Any
 import pluggy
 
 from devplug import hookimpl, hookspecs
-from devplug.allocation import pack_numa
+from devplug.allocation import pack_numa, spread_replicas
 from devplug.context import DriverContext
+from devplug.contract import check_hook_contract
 from devplug.errors import (
     AllocationConflictError,
     ConfigError,
@@ -37,7 +38,15 @@ from devplug.errors import (
     DriverLoadError,
     DriverNotFoundError,
 )
-from devplug.types import ContainerAllocation, Device, Health, merge_allocations
+from devplug.types import (
+    ContainerAllocation,
+    Device,
+    Health,
+    Replicas,
+    device_id_problem,
+    merge_allocations,
+    replica_id,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -152,7 +161,10 @@ class DriverInfo:
     entry_point: EntryPoint
 
     def load(self) -> type:
-        """Import the driver class; :class:`DriverLoadError` names the distribution on failure."""
+        """Import the driver class and check it: the hook contract it was built for, then ``list_devices``.
+
+        :class:`DriverLoadError` names the distribution on failure.
+        """
         try:
             cls = self.entry_point.load()
         except Exception as exc:
@@ -165,6 +177,7 @@ class DriverInfo:
                 f"driver {self.name!r} from {self.distribution} {self.version}: entry point "
                 f"{self.entry_point.value} is not a class"
             )
+        check_hook_contract(cls, self.name, self.distribution, self.version)
         if "list_devices" not in driver_hook_names(cls):
             raise DriverLoadError(
                 f"driver {self.name!r} from {self.distribution} {self.version}: class {cls.__qualname__} "
@@ -296,8 +309,10 @@ class _CoreDefaults:
 
     @hookimpl(trylast=True)
     def preferred_allocation(
-        self, available: Sequence[Device], must_include: Sequence[str], size: int
+        self, available: Sequence[Device], must_include: Sequence[str], size: int, replicas: Replicas
     ) -> Sequence[str]:
+        if replicas.shared:
+            return spread_replicas(available, must_include, size, replicas)
         return pack_numa(available, must_include, size)
 
 
@@ -307,9 +322,13 @@ class DriverHooks:
     Results are checked here, so the engine only ever sees well-formed values.
     """
 
-    def __init__(self, resource_name: str, driver: object, extra_plugins: Iterable[object] = ()) -> None:
+    def __init__(
+        self, resource_name: str, driver: object, extra_plugins: Iterable[object] = (), *, replicas: int = 1
+    ) -> None:
         self.resource_name = resource_name
         self.driver = driver
+        #: The resource's replicas per device (devices listed are checked for replica IDs that fit).
+        self.replicas = replicas
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self._defaults = _CoreDefaults()
@@ -353,7 +372,7 @@ class DriverHooks:
         result = self.pm.hook.list_devices()
         if result is None:
             raise DriverError(f"{self.resource_name}: list_devices returned nothing (implement the hook)")
-        return check_device_list(self.resource_name, result)
+        return check_device_list(self.resource_name, result, self.replicas)
 
     def check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
         result = self.pm.hook.check_health(devices=devices)
@@ -365,16 +384,24 @@ class DriverHooks:
 
     # --- allocation
 
-    def preferred_allocation(self, available: Sequence[Device], must_include: Sequence[str], size: int) -> list[str]:
-        result = self.pm.hook.preferred_allocation(available=available, must_include=must_include, size=size)
+    def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[str], size: int, replicas: Replicas | None = None
+    ) -> list[str]:
+        if replicas is None:
+            replicas = Replicas.unshared(d.id for d in available)
+        result = self.pm.hook.preferred_allocation(
+            available=available, must_include=must_include, size=size, replicas=replicas
+        )
         if isinstance(result, str) or not isinstance(result, Sequence | set | frozenset):
             raise DriverError(
                 f"{self.resource_name}: preferred_allocation must return a list of device IDs, got {result!r}"
             )
         return [str(i) for i in result]
 
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        parts = [p for p in self.pm.hook.allocate(device_ids=tuple(device_ids)) if p is not None]
+    def allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
+        ids = tuple(device_ids)
+        shown = Replicas.unshared(ids) if replicas is None else replicas
+        parts = [p for p in self.pm.hook.allocate(device_ids=ids, replicas=shown) if p is not None]
         for part in parts:
             if not isinstance(part, ContainerAllocation):
                 raise DriverError(f"{self.resource_name}: allocate must return a ContainerAllocation, got {part!r}")
@@ -385,18 +412,24 @@ class DriverHooks:
         except AllocationConflictError as exc:
             raise DriverError(f"{self.resource_name}: allocate contributions conflict: {exc}") from exc
 
-    def pre_start(self, device_ids: Sequence[str]) -> None:
-        self.pm.hook.pre_start(device_ids=tuple(device_ids))
+    def pre_start(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> None:
+        ids = tuple(device_ids)
+        self.pm.hook.pre_start(device_ids=ids, replicas=Replicas.unshared(ids) if replicas is None else replicas)
 
-    def post_stop(self, device_ids: Sequence[str], retry: bool = False) -> None:
-        self.pm.hook.post_stop(device_ids=tuple(device_ids), retry=retry)
+    def post_stop(self, device_ids: Sequence[str], retry: bool = False, replicas: Replicas | None = None) -> None:
+        ids = tuple(device_ids)
+        shown = Replicas.unshared(ids) if replicas is None else replicas
+        self.pm.hook.post_stop(device_ids=ids, retry=retry, replicas=shown)
 
-    def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
-        self.pm.hook.deallocate(device_ids=tuple(device_ids), retry=retry)
+    def deallocate(self, device_ids: Sequence[str], retry: bool = False, replicas: Replicas | None = None) -> None:
+        ids = tuple(device_ids)
+        shown = Replicas.unshared(ids) if replicas is None else replicas
+        self.pm.hook.deallocate(device_ids=ids, retry=retry, replicas=shown)
 
 
-def check_device_list(resource_name: str, devices: Any) -> list[Device]:
-    """``devices`` as a list, or :class:`DriverError` if it holds a non-Device or a duplicate ID."""
+def check_device_list(resource_name: str, devices: Any, replicas: int = 1) -> list[Device]:
+    """``devices`` as a list, or :class:`DriverError` if it holds a non-Device, a duplicate ID, or a shared
+    device whose replica IDs (``<id>::<k>``, ``replicas`` each unless the device says) are too long or taken."""
     out = list(devices)
     seen: set[str] = set()
     for dev in out:
@@ -405,4 +438,17 @@ def check_device_list(resource_name: str, devices: Any) -> list[Device]:
         if dev.id in seen:
             raise DriverError(f"{resource_name}: list_devices returned device ID {dev.id!r} twice")
         seen.add(dev.id)
+    advertised: dict[str, str] = {}
+    for dev in out:
+        count = dev.replicas if dev.replicas is not None else replicas
+        for k in range(count) if count > 1 else ():
+            rep = replica_id(dev.id, k)
+            problem = device_id_problem(rep)
+            if problem is not None:
+                raise DriverError(f"{resource_name}: device {dev.id!r} cannot be shared: its replica ID {problem}")
+            taken = advertised.setdefault(rep, dev.id)
+            if rep in seen or taken != dev.id:
+                raise DriverError(
+                    f"{resource_name}: replica ID {rep!r} of device {dev.id!r} is also the ID of another device"
+                )
     return out

@@ -63,7 +63,7 @@ def test_broken_driver_names_its_distribution(fake_distribution: Make) -> None:
 def test_driver_without_list_devices_is_refused(fake_distribution: Make) -> None:
     fake_distribution(
         "devplug-test-empty",
-        "class Driver:\n    pass\n",
+        'class Driver:\n    hook_contract = "1.0"\n',
         "[devplug.drivers]\nempty = devplug_test_empty:Driver\n",
     )
     with pytest.raises(DriverLoadError, match="does not implement the required hook list_devices"):

@@ -47,6 +47,7 @@ class Options:
 
 class Driver:
     Options = Options
+    hook_contract = "1.0"
 
     def __init__(self, options):
         self.options = options

@@ -63,6 +63,9 @@ class FpgaDriver:
     ``sysfs_root``, ``dev_root`` and ``model_root`` options.
     """
 
+    #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
+    hook_contract: ClassVar[str] = "1.0"
+
     Options: ClassVar[type[FpgaOptions]] = FpgaOptions
 
     @classmethod

@@ -56,6 +56,9 @@ def _env_name(*parts: str) -> str:
 class SharedDriver:
     """A devplug driver for devices shared across nodes (see the module docstring)."""
 
+    #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
+    hook_contract: ClassVar[str] = "1.0"
+
     Options: ClassVar[type[SharedOptions]] = SharedOptions
 
     def __init__(self, options: SharedOptions) -> None:

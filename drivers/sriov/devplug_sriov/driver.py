@@ -72,6 +72,9 @@ class SriovDriver:
     side (tests pass :class:`devplug_sriov.vfmodel.VfLinkModel`).
     """
 
+    #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
+    hook_contract: ClassVar[str] = "1.0"
+
     Options: ClassVar[type[SriovOptions]] = SriovOptions
 
     @classmethod

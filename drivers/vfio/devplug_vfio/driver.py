@@ -48,6 +48,9 @@ class VfioDriver:
     :class:`devplug.sysfs.HostSysfs` on the ``sysfs_root`` and ``dev_root`` options.
     """
 
+    #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
+    hook_contract: ClassVar[str] = "1.0"
+
     Options: ClassVar[type[VfioOptions]] = VfioOptions
 
     @classmethod

@@ -1,0 +1,83 @@
+"""The hook contract's version: which drivers this core can call.
+
+The core speaks one version of the driver contract (the hooks of
+:mod:`devplug.hookspecs`, their arguments, what they return, how they are
+called), :data:`HOOK_CONTRACT`, as ``"MAJOR.MINOR"``. A driver class declares
+the version it was written against as a literal class attribute::
+
+    class FpgaDriver:
+        hook_contract = "1.0"
+
+The minor number grows when the core adds to the contract without breaking a
+driver written before (a new optional hook, a new field on a value type); the
+major number when it changes or removes something a driver relies on. So the
+core calls a driver whose contract has its own major number and a minor number
+no higher than its own, and refuses any other when the driver is discovered
+(:func:`check_hook_contract`, called by :meth:`devplug.drivers.DriverInfo.load`),
+before any hook runs. A change of major number comes with a new minor release
+of the ``devplug`` distribution (0.1 -> 0.2), so a driver's
+``devplug>=0.1,<0.2`` pin keeps pip from pairing them in the first place.
+"""
+
+from __future__ import annotations
+
+import re
+
+from devplug.errors import DriverLoadError
+
+__all__ = ["CONTRACT_ATTRIBUTE", "HOOK_CONTRACT", "check_hook_contract", "parse_contract"]
+
+#: The contract this core speaks.
+HOOK_CONTRACT = "1.0"
+
+#: The class attribute a driver declares its contract in.
+CONTRACT_ATTRIBUTE = "hook_contract"
+
+_FORMAT = re.compile(r"(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})")
+
+
+def parse_contract(text: str) -> tuple[int, int]:
+    """``"1.0"`` as ``(1, 0)``; :class:`ValueError` for anything but two dot-separated integers."""
+    match = _FORMAT.fullmatch(text)
+    if match is None:
+        raise ValueError(f'{text!r} is not a contract version ("MAJOR.MINOR", e.g. {HOOK_CONTRACT!r})')
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_hook_contract(cls: type, driver: str, distribution: str, version: str) -> None:
+    """Refuse a driver class built for a contract this core does not speak.
+
+    Called when a driver is discovered, before its hooks are looked at.
+    :class:`DriverLoadError` names the driver, its distribution and version,
+    the contract it declares (or that it declares none) and the one the core
+    speaks, and says what to install.
+    """
+    where = f"driver {driver!r} from {distribution} {version}"
+    declared = getattr(cls, CONTRACT_ATTRIBUTE, None)
+    core = parse_contract(HOOK_CONTRACT)
+    if declared is None:
+        raise DriverLoadError(
+            f"{where}: class {cls.__qualname__} declares no hook contract; this devplug speaks hook contract "
+            f"{HOOK_CONTRACT} (a driver written for it sets the class attribute "
+            f"{CONTRACT_ATTRIBUTE} = {HOOK_CONTRACT!r})"
+        )
+    if not isinstance(declared, str):
+        raise DriverLoadError(
+            f"{where}: {cls.__qualname__}.{CONTRACT_ATTRIBUTE} must be a string like {HOOK_CONTRACT!r}, "
+            f"got {declared!r}"
+        )
+    try:
+        major, minor = parse_contract(declared)
+    except ValueError as exc:
+        raise DriverLoadError(f"{where}: {cls.__qualname__}.{CONTRACT_ATTRIBUTE}: {exc}") from exc
+    if major == core[0] and minor <= core[1]:
+        return
+    if (major, minor) > core:
+        advice = f"upgrade devplug to a release that speaks hook contract {major}.{minor}, or install a {distribution}"
+    else:
+        advice = f"install a {distribution}"
+    raise DriverLoadError(
+        f"{where} was built for hook contract {declared}, but this devplug speaks hook contract {HOOK_CONTRACT} "
+        f"(it calls drivers built for {core[0]}.0 to {HOOK_CONTRACT}): {advice} release built for hook contract "
+        f"{core[0]}.x"
+    )
