@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DRIVERS := $(sort $(dir $(wildcard drivers/*/pyproject.toml)))
 STAMP := $(VENV)/.devplug-installed
 
-.PHONY: all demo test lint typecheck unit proto bench clean vm-assets
+.PHONY: all demo test lint typecheck unit proto bench clean vm-assets dist image
 
 all: test
 
@@ -27,6 +27,7 @@ test: lint typecheck unit
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint Dockerfile
 
 # Each driver's tests are checked on their own, so every driver may have its own tests/conftest.py
 # (mypy would otherwise see several modules named conftest).
@@ -45,10 +46,30 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# The wheels and sdists users install (PEP 517, `python -m build`: each sdist, then its wheel built from it), the
+# core's and every driver's, into dist/; their third-party dependencies into dist/wheelhouse (from PyPI, so that
+# tests/deploy/test_wheels.py installs into a fresh venv with --no-index); dist/SOURCE-DIGEST says what they were
+# built from.
+DIST ?= dist
+dist: $(STAMP)
+	rm -rf $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) .
+	@set -e; for d in $(DRIVERS); do $(BIN)/python -m build --outdir $(DIST) $$d; done
+	$(BIN)/python -m pip download --quiet --dest $(DIST)/wheelhouse --find-links $(DIST) $(DIST)/*.whl
+	@cd $(DIST) && for w in *.whl; do rm -f wheelhouse/$$w; done  # the wheelhouse: third-party wheels only
+	$(BIN)/python tools/dist_digest.py > $(DIST)/SOURCE-DIGEST
+	@ls -1 $(DIST)
+
+# An OCI image of the daemon without a Docker engine: a Debian root filesystem (debootstrap) with the wheels of
+# `make dist` installed, packed by umoci into build/image/oci, then smoke-tested (`devplug --version` inside it).
+# Needs root and Debian's debootstrap and umoci (tools/image/build.sh installs them). Not part of `make test`.
+image: dist
+	bash tools/image/build.sh $(DIST) build/image
+
 # QEMU and the distribution kernel for the real-kernel suite (Debian packages, into .vm/).
 vm-assets:
 	bash tools/vm/fetch-assets.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results.json
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results.json $(DIST) build
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,35 @@
+# devplug's image: the core and every driver, installed from their wheels, running `devplug run`.
+#
+#   docker build -t devplug:0.1.0 .          (or buildah bud, kaniko: any builder of Dockerfiles)
+#
+# Without a Docker engine, `make image` builds the same layout from Debian's packages (tools/image/build.sh).
+# The DaemonSet (deploy/) mounts the config at /etc/devplug/config.toml.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# 1. The wheels, built from this tree as `make dist` builds them (PEP 517: each sdist, then its wheel).
+FROM ${PYTHON_IMAGE} AS wheels
+WORKDIR /src
+COPY . .
+RUN python -m pip install --no-cache-dir "build==1.2.2" \
+    && python -m build --outdir /dist . \
+    && for driver in drivers/*/; do python -m build --outdir /dist "$driver"; done
+
+# 2. A virtual environment with the wheels and their dependencies (binary wheels: nothing is compiled).
+FROM ${PYTHON_IMAGE} AS install
+COPY --from=wheels /dist/*.whl /wheels/
+RUN python -m venv --without-pip /opt/devplug \
+    && python -m pip --python /opt/devplug/bin/python install --no-cache-dir --only-binary=:all: /wheels/*.whl
+
+# 3. The runtime: the base image and the environment alone; no wheels, no build tools, no pip cache.
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="devplug" \
+      org.opencontainers.image.description="Kubernetes device plugins with the whole device lifecycle" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=install /opt/devplug /opt/devplug
+ENV PATH=/opt/devplug/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Root: the daemon creates its sockets in the kubelet's root-owned device-plugins folder (see deploy/).
+ENTRYPOINT ["devplug"]
+CMD ["run", "--config", "/etc/devplug/config.toml"]
