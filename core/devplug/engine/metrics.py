@@ -1,0 +1,359 @@
+"""The Prometheus endpoint and the probes, when ``[metrics] enabled = true``.
+
+Imported only then: it brings ``prometheus_client`` and ``http.server``, which
+the daemon's idle memory does without otherwise (``make bench`` tracks it).
+
+Two kinds of figures. Events are counted as they happen, by the
+:class:`PrometheusObserver` each resource calls (O(1): label children are made
+once and cached, so no label string is built on the Allocate path). What the
+engine already keeps (devices by health, registration state and count, kubelet
+restarts seen) is read at scrape time, on the event loop, by
+:class:`EngineCollector`.
+
+The HTTP server runs in a thread of its own, on ``[metrics] address`` and
+``port``:
+
+* ``/metrics``: the exposition, in the Prometheus text format;
+* ``/healthz``: 200 when the event loop runs a call scheduled onto it within
+  :data:`PROBE_TIMEOUT_S`, 503 when it does not (a loop stuck in a blocking
+  call, or gone): the HTTP thread answering proves nothing by itself;
+* ``/readyz``: 200 when every configured resource is registered with the
+  kubelet, else 503 naming the ones that are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import http.server
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from devplug.engine.observer import ResourceObserver
+
+__all__ = [
+    "DRIVER_HOOKS",
+    "EngineCollector",
+    "Metrics",
+    "MetricsServer",
+    "PROBE_TIMEOUT_S",
+    "PrometheusObserver",
+    "ResourceFigures",
+]
+
+T = TypeVar("T")
+
+log = logging.getLogger("devplug.engine")
+
+#: How long a probe (and a scrape's read of the engine) waits for the event loop to run a call.
+PROBE_TIMEOUT_S = 2.0
+
+#: The driver hooks the engine calls, whose counters exist (at 0) from the start.
+DRIVER_HOOKS = (
+    "start",
+    "stop",
+    "list_devices",
+    "check_health",
+    "preferred_allocation",
+    "allocate",
+    "pre_start",
+    "post_stop",
+    "deallocate",
+)
+
+#: Release latency buckets, seconds: a mock release takes milliseconds, a deprogrammed FPGA minutes.
+RELEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: Ledger write buckets, seconds: a journal append is microseconds, an fdatasync milliseconds.
+LEDGER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass(frozen=True)
+class ResourceFigures:
+    """What the engine keeps about one resource, read on the event loop at scrape time."""
+
+    resource: str
+    healthy: int  # advertised healthy to the kubelet
+    unhealthy: int  # advertised unhealthy (the driver says so, a release runs, or the resource is degraded)
+    registered: bool
+    registrations: int
+    kubelet_restarts: int
+    #: Each shared physical device: (device ID, replicas advertised, replicas in use, tenants).
+    shared: Sequence[tuple[str, int, int, int]] = ()
+
+
+class PrometheusObserver(ResourceObserver):
+    """Counts one resource's events in the :class:`Metrics` it was made by."""
+
+    def __init__(self, metrics: Metrics, resource: str, driver: str) -> None:
+        self._metrics = metrics
+        self._resource = resource
+        self._driver = driver
+        self._hooks: dict[str, tuple[Any, Any, Any]] = {}
+        for hook in DRIVER_HOOKS:
+            self._hook(hook)
+        self._allocations = metrics.allocations.labels(resource)
+        self._releases = metrics.releases.labels(resource)
+        self._release_seconds = metrics.release_seconds.labels(resource)
+        self._ledger = {kind: metrics.ledger_seconds.labels(resource, kind) for kind in ("journal", "snapshot")}
+
+    def _hook(self, hook: str) -> tuple[Any, Any, Any]:
+        children = self._hooks.get(hook)
+        if children is None:
+            labels = (self._resource, self._driver, hook)
+            m = self._metrics
+            children = (m.hook_calls.labels(*labels), m.hook_errors.labels(*labels), m.hook_timeouts.labels(*labels))
+            self._hooks[hook] = children
+        return children
+
+    def hook_called(self, hook: str) -> None:
+        self._hook(hook)[0].inc()
+
+    def hook_failed(self, hook: str) -> None:
+        self._hook(hook)[1].inc()
+
+    def hook_timed_out(self, hook: str) -> None:
+        self._hook(hook)[2].inc()
+
+    def allocated(self, containers: int) -> None:
+        self._allocations.inc(containers)
+
+    def released(self, seconds: float) -> None:
+        self._releases.inc()
+        self._release_seconds.observe(seconds)
+
+    def ledger_written(self, kind: str, seconds: float) -> None:
+        child = self._ledger.get(kind)
+        if child is None:
+            child = self._ledger[kind] = self._metrics.ledger_seconds.labels(self._resource, kind)
+        child.observe(seconds)
+
+
+class EngineCollector(Collector):
+    """The figures the engine keeps, read through ``read`` (which runs on the event loop) at every scrape."""
+
+    def __init__(self, read: Callable[[], Sequence[ResourceFigures]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        figures = self._read()
+        devices = GaugeMetricFamily(
+            "devplug_devices", "Devices advertised to the kubelet, by health.", labels=["resource", "health"]
+        )
+        registered = GaugeMetricFamily(
+            "devplug_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"]
+        )
+        registrations = CounterMetricFamily(
+            "devplug_registrations", "Successful registrations with the kubelet.", labels=["resource"]
+        )
+        restarts = CounterMetricFamily(
+            "devplug_kubelet_restarts",
+            "Kubelet restarts seen (socket removed, kubelet.sock recreated, its ListAndWatch stream ended).",
+            labels=["resource"],
+        )
+        replicas = GaugeMetricFamily(
+            "devplug_shared_device_replicas",
+            "Replicas a shared physical device is advertised as.",
+            labels=["resource", "device"],
+        )
+        in_use = GaugeMetricFamily(
+            "devplug_shared_device_replicas_in_use",
+            "Replicas of a shared physical device that allocations hold.",
+            labels=["resource", "device"],
+        )
+        tenants = GaugeMetricFamily(
+            "devplug_shared_device_tenants",
+            "Allocations (tenancies) holding a replica of a shared physical device.",
+            labels=["resource", "device"],
+        )
+        for f in figures:
+            for device, count, used, held_by in f.shared:
+                replicas.add_metric([f.resource, device], count)
+                in_use.add_metric([f.resource, device], used)
+                tenants.add_metric([f.resource, device], held_by)
+            devices.add_metric([f.resource, "healthy"], f.healthy)
+            devices.add_metric([f.resource, "unhealthy"], f.unhealthy)
+            registered.add_metric([f.resource], 1 if f.registered else 0)
+            registrations.add_metric([f.resource], f.registrations)
+            restarts.add_metric([f.resource], f.kubelet_restarts)
+        return [devices, registered, registrations, restarts, replicas, in_use, tenants]
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # read only at scrape time (registering must not call the engine)
+
+
+class Metrics:
+    """The daemon's metrics: event counters and histograms, and the engine's figures read at scrape time."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: the start time says as much
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.allocations = Counter(
+            "devplug_allocations", "Container allocations answered to the kubelet.", ["resource"], registry=r
+        )
+        self.releases = Counter("devplug_releases", "Allocations released.", ["resource"], registry=r)
+        self.release_seconds = Histogram(
+            "devplug_release_duration_seconds",
+            "Seconds from a release's start (pod gone, or a KEP call) to its last driver hook returning.",
+            ["resource"],
+            buckets=RELEASE_BUCKETS,
+            registry=r,
+        )
+        hook_labels = ["resource", "driver", "hook"]
+        self.hook_calls = Counter("devplug_hook_calls", "Driver hook calls.", hook_labels, registry=r)
+        self.hook_errors = Counter("devplug_hook_errors", "Driver hook calls that raised.", hook_labels, registry=r)
+        self.hook_timeouts = Counter(
+            "devplug_hook_timeouts", "Driver hook calls abandoned after hook_timeout.", hook_labels, registry=r
+        )
+        self.ledger_seconds = Histogram(
+            "devplug_ledger_write_duration_seconds",
+            "Seconds an allocation-ledger write took (journal append, fdatasync'ed when asked; snapshot).",
+            ["resource", "kind"],
+            buckets=LEDGER_BUCKETS,
+            registry=r,
+        )
+
+    def observer(self, resource: str, driver: str) -> PrometheusObserver:
+        """The observer a resource calls (its label children made now, once)."""
+        return PrometheusObserver(self, resource, driver)
+
+    def serve(
+        self,
+        address: str,
+        port: int,
+        loop: asyncio.AbstractEventLoop,
+        figures: Callable[[], Sequence[ResourceFigures]],
+        unregistered: Callable[[], Sequence[str]],
+        probe_timeout: float = PROBE_TIMEOUT_S,
+    ) -> MetricsServer:
+        """Start the HTTP server (raises ``OSError`` when the address cannot be bound)."""
+        server = MetricsServer(self.registry, address, port, loop, unregistered, probe_timeout)
+        self.registry.register(EngineCollector(lambda: server.on_loop(figures)))
+        server.start()
+        return server
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _HTTPServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        owner = self.server.owner
+        if path == "/metrics":
+            status, body, ctype = owner.metrics()
+        elif path == "/healthz":
+            status, body, ctype = owner.healthz()
+        elif path == "/readyz":
+            status, body, ctype = owner.readyz()
+        else:
+            status, body, ctype = 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8"
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics: %s %s", self.address_string(), format % args)
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], owner: MetricsServer) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.owner = owner
+        super().__init__(address, _Handler)
+
+
+_TEXT = "text/plain; charset=utf-8"
+
+
+class MetricsServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on one address, served from a thread of their own."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        address: str,
+        port: int,
+        loop: asyncio.AbstractEventLoop,
+        unregistered: Callable[[], Sequence[str]],
+        probe_timeout: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self.registry = registry
+        self.loop = loop
+        self.probe_timeout = probe_timeout
+        self._unregistered = unregistered
+        self._http = _HTTPServer((address, port), self)
+        self._thread = threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        """The port served on."""
+        return int(self._http.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and close the socket."""
+        if self._thread.is_alive():
+            self._http.shutdown()
+        self._http.server_close()
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the event loop; raises ``TimeoutError`` if the loop does not run it in time."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        try:
+            self.loop.call_soon_threadsafe(run)
+        except RuntimeError as exc:  # the loop is closed
+            raise TimeoutError(f"the event loop is gone: {exc}") from exc
+        try:
+            return future.result(timeout=self.probe_timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the event loop did not run a call within {self.probe_timeout:g} s") from None
+
+    # --- the endpoints: (status, body, content type)
+
+    def metrics(self) -> tuple[int, bytes, str]:
+        try:
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        except TimeoutError as exc:
+            return 503, f"{exc}\n".encode(), _TEXT
+
+    def healthz(self) -> tuple[int, bytes, str]:
+        try:
+            self.on_loop(lambda: None)
+        except TimeoutError as exc:
+            return 503, f"unhealthy: {exc}\n".encode(), _TEXT
+        return 200, b"ok\n", _TEXT
+
+    def readyz(self) -> tuple[int, bytes, str]:
+        try:
+            missing = self.on_loop(self._unregistered)
+        except TimeoutError as exc:
+            return 503, f"not ready: {exc}\n".encode(), _TEXT
+        if missing:
+            return 503, f"not ready: not registered with the kubelet: {', '.join(missing)}\n".encode(), _TEXT
+        return 200, b"ready\n", _TEXT

@@ -1,0 +1,143 @@
+"""CDI end to end (issue 15): a real daemon with ``[cdi] enabled`` and the mock driver, whose devices describe
+their node and mount. The spec file it writes is checked against the CDI schema, the kubelet's Allocate answer
+carries the CDI names and (unless ``fallback = false``) the same nodes and mounts as plain fields; stale spec
+files are removed at start and a device unplugged leaves the spec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.testing.configs import dev_config, write_toml
+from devplug.types import CDIDevice, DeviceSpec, Mount
+
+RESOURCE = "example.com/mock"
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "cdi_schema.json").read_text())
+SPEC_FILE = "devplug-example.com_mock.json"
+
+
+def _poll(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
+        time.sleep(0.05)
+
+
+def _spec(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
+
+
+def _start(devplug_daemon: Any, root: Path, count: int, **cdi: Any) -> tuple[Path, Path]:
+    folder = root / "mock"
+    spec_dir = root / "cdi"
+    devplug_daemon(
+        {RESOURCE: {"driver": "mock", "options": {"directory": str(folder), "count": count}}},
+        cdi={"enabled": True, "spec_dir": str(spec_dir), **cdi},
+    )
+    return folder, spec_dir
+
+
+def test_spec_written_and_allocate_names_cdi_devices_with_fallback(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    spec_dir = devplug_root / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "devplug-example.com_gone.json").write_text("{}")  # a resource no longer configured
+    (spec_dir / "vendor.json").write_text("{}")  # not devplug's
+    folder, _ = _start(devplug_daemon, devplug_root, 3)
+    path = spec_dir / SPEC_FILE
+    spec = _poll(lambda: _spec(path), "the CDI spec file")
+    jsonschema.validate(spec, SCHEMA)
+    assert spec["kind"] == RESOURCE and spec["cdiVersion"] == "0.5.0"
+    assert [d["name"] for d in spec["devices"]] == ["mock0", "mock1", "mock2"]
+    assert spec["devices"][1]["containerEdits"] == {
+        "deviceNodes": [{"path": "/dev/mock/mock1", "hostPath": str(folder / "mock1"), "permissions": "rw"}],
+        "mounts": [
+            {"hostPath": str(folder / "mock1"), "containerPath": "/var/run/mock/mock1", "options": ["bind", "ro"]}
+        ],
+    }
+    assert sorted(p.name for p in spec_dir.iterdir()) == [SPEC_FILE, "vendor.json"]
+
+    pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {RESOURCE: 2})]))
+    container = pod.container("c")
+    ids = container.devices[RESOURCE]
+    answer = container.allocations[RESOURCE]
+    assert answer.cdi_devices == tuple(CDIDevice(f"{RESOURCE}={i}") for i in ids)
+    # the fallback, for runtimes without CDI: the same nodes and mounts as plain fields, and the driver's env
+    assert sorted(answer.devices, key=lambda d: d.container_path) == [
+        DeviceSpec(f"/dev/mock/{i}", str(folder / i), "rw") for i in sorted(ids)
+    ]
+    assert sorted(answer.mounts, key=lambda m: m.container_path) == [
+        Mount(f"/var/run/mock/{i}", str(folder / i), read_only=True) for i in sorted(ids)
+    ]
+    assert dict(answer.envs) == {"MOCK_DEVICES": ",".join(ids)}
+
+    free = next(d for d in ("mock0", "mock1", "mock2") if d not in ids)
+    (folder / free).unlink()  # unplugged: it leaves the spec
+    _poll(
+        lambda: (s := _spec(path)) is not None and sorted(d["name"] for d in s["devices"]) == sorted(ids),
+        f"{free} to leave the CDI spec",
+    )
+    jsonschema.validate(_spec(path), SCHEMA)
+
+
+def test_without_fallback_allocate_sends_only_cdi_names(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    _start(devplug_daemon, devplug_root, 1, fallback=False)
+    pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {RESOURCE: 1})]))
+    answer = pod.container("c").allocations[RESOURCE]
+    assert answer.cdi_devices == (CDIDevice(f"{RESOURCE}=mock0"),)
+    assert answer.devices == () and answer.mounts == ()
+    assert dict(answer.envs) == {"MOCK_DEVICES": "mock0"}  # the driver's allocate answer still comes
+
+
+def test_cdi_off_answers_as_before_and_touches_no_spec(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    folder = devplug_root / "mock"
+    spec_dir = devplug_root / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "devplug-example.com_gone.json").write_text("{}")
+    devplug_daemon(
+        {RESOURCE: {"driver": "mock", "options": {"directory": str(folder), "count": 1}}},
+        cdi={"enabled": False, "spec_dir": str(spec_dir)},
+    )
+    pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {RESOURCE: 1})]))
+    answer = pod.container("c").allocations[RESOURCE]
+    assert answer.cdi_devices == ()
+    assert answer.devices == (DeviceSpec("/dev/mock/mock0", str(folder / "mock0"), "rw"),)
+    assert answer.mounts == (Mount("/var/run/mock/mock0", str(folder / "mock0"), read_only=True),)
+    assert sorted(p.name for p in spec_dir.iterdir()) == ["devplug-example.com_gone.json"]  # nothing written or removed
+
+
+def test_a_cdi_spec_dir_that_is_a_file_stops_the_daemon_naming_it(devplug_root: Path) -> None:
+    (devplug_root / "cdi").write_text("not a folder")
+    tables = {RESOURCE: {"driver": "mock", "options": {"directory": str(devplug_root / "mock")}}}
+    config = dev_config(devplug_root, tables, cdi={"enabled": True, "spec_dir": str(devplug_root / "cdi")})
+    path = write_toml(devplug_root / "devplug.toml", config)
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"cdi.spec_dir: cannot use {devplug_root / 'cdi'}: Not a directory" in result.stderr
