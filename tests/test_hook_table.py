@@ -1,0 +1,42 @@
+"""The README's hook table ("Writing a driver") keeps step with ``devplug.hookspecs``: the same hooks, in the
+contract's order, each with its exact signature and something in each column."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from devplug.drivers import HOOK_NAMES
+from devplug.sdk.hookstubs import hook_signature
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    start = README.index(f"\n{title}\n") + len(title) + 2
+    following = re.search(r"\n##+ ", README[start:])  # the next heading (code comments have one #)
+    return README[start : start + following.start()] if following else README[start:]
+
+
+def _hook_table() -> list[list[str]]:
+    """The rows of the table whose header starts with ``| hook |``, cells split on unescaped pipes."""
+    lines = _section("### Writing a driver").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| hook |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        rows.append(cells)
+    return rows
+
+
+def test_the_hook_table_lists_every_hook_in_order_with_its_signature() -> None:
+    rows = _hook_table()
+    assert [row[0] for row in rows] == [f"`{hook_signature(name)}`" for name in HOOK_NAMES]
+
+
+def test_every_row_says_when_the_hook_is_called_and_what_it_returns() -> None:
+    for row in _hook_table():
+        assert len(row) == 3, row
+        assert all(row), row
