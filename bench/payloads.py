@@ -21,6 +21,12 @@ def device_ids(count: int, start: int = 0) -> list[str]:
     return [f"mock{i}" for i in range(start, start + count)]
 
 
+def replica_ids(devices: int, replicas: int) -> list[str]:
+    """Every replica ID of ``devices`` mock devices shared ``replicas`` ways, replica by replica
+    (``mock0::0``, ``mock1::0``, ...), so consecutive IDs are on distinct devices, as the core's spread picks them."""
+    return [f"mock{d}::{k}" for k in range(replicas) for d in range(devices)]
+
+
 def allocate_request(ids: Sequence[str]) -> dp.AllocateRequest:
     """One container asking for ``ids``, as the kubelet sends it."""
     return dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=list(ids))])

@@ -60,14 +60,17 @@ def _dev_kubelet(node: Node) -> Iterator[DevKubeletThread]:
 
 
 def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
-    a1k, a10, b10k = "bench.dev/a1k", "bench.dev/a10", "bench.dev/b10k"
+    a1k, a10, b10k, r1k = "bench.dev/a1k", "bench.dev/a10", "bench.dev/b10k", "bench.dev/r1k"
     floors = ws.path("f")
     with ExitStack() as stack:
         node_a = ws.node("a", {a1k: (s.devices_1k, s.numa_nodes), a10: (s.devices_small, 0)}, grace_period=3600)
         node_b = ws.node("b", {b10k: (s.devices_10k, 0)}, grace_period=3600)
+        shared = s.devices_1k // allocate.REPLICAS
+        node_c = ws.node("c", {r1k: (shared, s.numa_nodes)}, grace_period=3600, replicas={r1k: allocate.REPLICAS})
         kube_a = stack.enter_context(MiniKubelet(node_a.root))
         kube_b = stack.enter_context(MiniKubelet(node_b.root))
-        for node in (node_a, node_b):
+        kube_c = stack.enter_context(MiniKubelet(node_c.root))
+        for node in (node_a, node_b, node_c):
             stack.enter_context(_running(node))
             node.start()
         host_dir = str(node_a.mock_folder(a1k))
@@ -79,23 +82,25 @@ def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
             grpc_floor(floors / "sync.sock", floors / "sync.log", mode="sync", devices=10, host_dir=host_dir)
         )
         unix = stack.enter_context(unix_floor(floors / "unix.sock", floors / "unix.log", reply_size=reply))
-        reg_1k, reg_10, reg_10k = (
+        reg_1k, reg_10, reg_10k, reg_r1k = (
             kube_a.wait_registered(a1k),
             kube_a.wait_registered(a10),
             kube_b.wait_registered(b10k),
+            kube_c.wait_registered(r1k),
         )
-        for reg in (reg_1k, reg_10, reg_10k):
+        for reg in (reg_1k, reg_10, reg_10k, reg_r1k):
             reg.watcher.wait(0, timeout=60)
         floor_aio, floor_sync = (stack.enter_context(_closing_client(f)) for f in (aio, sync))
         floor_aio.options()
         floor_sync.options()
 
-        with _phase("Allocate (1k, floors, empty ledger, 10k, churn)", log):
+        with _phase("Allocate (1k, floors, empty ledger, replicas = 8, 10k, churn)", log):
             out.update(
                 allocate.measure(
                     s,
                     plugin_1k=(reg_1k.client, reg_1k.watcher),
                     plugin_10k=(reg_10k.client, reg_10k.watcher, node_b.mock_folder(b10k)),
+                    plugin_replicas=(reg_r1k.client, reg_r1k.watcher),
                     floor_aio=floor_aio,
                     floor_sync=floor_sync,
                     unix_socket=unix.socket,

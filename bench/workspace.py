@@ -108,13 +108,17 @@ class Workspace:
         release_interval: float = DEFAULT_RELEASE_INTERVAL,
         grace_period: float = 10.0,
         log_level: str = "info",
+        replicas: Mapping[str, int] | None = None,
     ) -> Node:
-        """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes)."""
+        """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes);
+        ``replicas``: the resources whose devices are shared, and by how many containers."""
         root = self.path(name)
         resources: dict[str, dict[str, Any]] = {}
         for i, (resource, (count, numa)) in enumerate(mocks.items()):
             folder = make_mock_folder(root / f"m{i}", count, numa)
             resources[resource] = {"driver": "mock", "options": {"directory": str(folder)}}
+            if replicas and resource in replicas:
+                resources[resource]["replicas"] = replicas[resource]
         config = dev_config(root, resources, release_interval=release_interval, grace_period=grace_period)
         config_path = write_toml(root / "devplug.toml", config)
         process = DaemonProcess(config_path, root / "daemon.log", log_level=log_level)

@@ -6,8 +6,9 @@ import inspect
 from pathlib import Path
 
 from devplug import hookspecs
-from devplug.config import _KUBELET, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
+from devplug.config import _CDI, _KUBELET, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
 from devplug.drivers import HOOK_NAMES
+from devplug.engine.metrics import EngineCollector, Metrics, ResourceFigures
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -24,11 +25,42 @@ def test_every_hookspec_is_in_the_hook_list() -> None:
 
 
 def test_every_config_key_is_documented() -> None:
-    for table, keys in (("kubelet", _KUBELET), ("state", _STATE), ("release", _RELEASE), ("shutdown", _SHUTDOWN)):
+    tables = (
+        ("kubelet", _KUBELET),
+        ("state", _STATE),
+        ("release", _RELEASE),
+        ("shutdown", _SHUTDOWN),
+        ("metrics", _METRICS),
+        ("cdi", _CDI),
+    )
+    for table, keys in tables:
         for key in keys:
             assert f"`[{table}] {key}`" in README, f"[{table}] {key}"
     for key in _RESOURCE:
         assert f"{key}`" in README, key
+
+
+def test_every_metric_is_in_the_metrics_table() -> None:
+    metrics = Metrics()
+    metrics.observer("example.com/a", "mock")
+    figures = [
+        ResourceFigures(
+            "example.com/a", 1, 0, registered=True, registrations=1, kubelet_restarts=0, shared=[("gpu0", 4, 1, 1)]
+        )
+    ]
+    metrics.registry.register(EngineCollector(lambda: figures))
+    families = list(metrics.registry.collect())
+    assert len(families) == 14
+    rows = {line.split("|")[1].strip(): line for line in README.splitlines() if line.startswith("| `devplug_")}
+    for family in families:
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        row = rows.pop(f"`{name}`", None)
+        assert row is not None, f"{name} is not in the README's Metrics table"
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[2] == family.type, name
+        labels = {label for sample in family.samples for label in sample.labels if label != "le"}
+        assert {c.strip().strip("`") for c in cells[3].split(",")} == labels, name
+    assert not rows, f"the README lists metrics that do not exist: {sorted(rows)}"
 
 
 def test_readme_starts_with_the_two_commands() -> None:

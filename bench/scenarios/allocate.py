@@ -7,6 +7,8 @@ waits for the device lists it causes to go out before the next timed call.
 Every series (1k, 10k, churn) sees the same pattern of held allocations, so
 only the number of devices advertised (and the churn) differs between them.
 A diagnostic series frees each allocation right after it (ledger empty).
+The replicas series does the same on 125 devices shared 8 ways (1,000 replica
+IDs, 4 per call, each call's replicas on distinct devices).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from bench.client import ListWatcher, PluginClient
 from bench.floors import UnixPinger
-from bench.payloads import allocate_request, device_ids, mock_allocate_response
+from bench.payloads import allocate_request, device_ids, mock_allocate_response, replica_ids
 from bench.scenarios.series import CallSeries, interleave
 from bench.settings import Settings
 from bench.stats import summary_ms
@@ -28,12 +30,20 @@ __all__ = ["Churner", "devplug_series", "floor_series", "measure", "unix_series"
 
 
 def devplug_series(
-    name: str, client: PluginClient, settings: Settings, settle: Callable[[], None], *, free_each: bool = False
+    name: str,
+    client: PluginClient,
+    settings: Settings,
+    settle: Callable[[], None],
+    *,
+    free_each: bool = False,
+    pool: list[str] | None = None,
 ) -> CallSeries:
-    """Allocate 4 distinct devices per call from a 1,000-device pool; free the pool (untimed) when it runs out."""
+    """Allocate 4 distinct devices per call from a 1,000-device pool (or ``pool``); free the pool (untimed) when it
+    runs out."""
     per = settings.per_call
-    window = settings.devices_1k // per
-    groups = [device_ids(per, start=k * per) for k in range(window)]
+    ids = pool if pool is not None else device_ids(settings.devices_1k)
+    window = len(ids) // per
+    groups = [ids[k * per : (k + 1) * per] for k in range(window)]
     requests = [allocate_request(g) for g in groups]
 
     def between(i: int) -> None:
@@ -42,7 +52,7 @@ def devplug_series(
                 client.deallocate(groups[(i - 1) % window])
                 settle()
         elif i > 0 and i % window == 0:
-            client.deallocate(device_ids(settings.devices_1k))
+            client.deallocate(ids)
             settle()
 
     def call(i: int) -> None:
@@ -107,12 +117,13 @@ def measure(
     *,
     plugin_1k: tuple[PluginClient, ListWatcher],
     plugin_10k: tuple[PluginClient, ListWatcher, Path],
+    plugin_replicas: tuple[PluginClient, ListWatcher],
     floor_aio: PluginClient,
     floor_sync: PluginClient,
     unix_socket: Path,
     host_dir: str,
 ) -> dict[str, float]:
-    """Every Allocate key: 1k with its floors, the empty-ledger diagnostic, 10k, churn."""
+    """Every Allocate key: 1k with its floors, the empty-ledger diagnostic, replicas = 8, 10k, churn."""
     out: dict[str, float] = {}
     client_1k, watcher_1k = plugin_1k
     client_10k, watcher_10k, folder_10k = plugin_10k
@@ -155,6 +166,7 @@ def measure(
     out.update(allocate_p50_ms_empty_ledger=e["p50"], allocate_p99_ms_empty_ledger=e["p99"])
     _free(client_1k, settings, watcher_1k)
 
+    out.update(_replicas_series(settings, plugin_replicas, floor_aio))
     out.update(_held_series(settings, client_10k, watcher_10k))
 
     # 10,000 devices advertised, same pool pattern, with the aio floor interleaved again
@@ -191,6 +203,32 @@ def measure(
     )
     _free(client_10k, settings, watcher_10k)
     return out
+
+
+#: How many ways the replicas series shares each device (the issue's figure).
+REPLICAS = 8
+
+
+def _replicas_series(
+    settings: Settings, plugin: tuple[PluginClient, ListWatcher], floor_aio: PluginClient
+) -> dict[str, float]:
+    """Allocate on shared devices: 1,000 replica IDs (``devices_1k / 8`` devices, 8 replicas each), 4 per call,
+    beside the plain 1k series, with the aio floor interleaved."""
+    client, watcher = plugin
+    pool = replica_ids(settings.devices_1k // REPLICAS, REPLICAS)
+    shared = devplug_series("devplug-replicas8", client, settings, _settler(watcher), pool=pool)
+    aio = floor_series("floor-aio-replicas8", floor_aio, settings)
+    for one in (shared, aio):
+        one.warm_up(settings.warmup)
+    interleave([shared, aio], settings.allocate_calls, settings.block)
+    d, f = summary_ms(shared.samples), summary_ms(aio.samples)
+    client.deallocate(pool)
+    watcher.settle()
+    return {
+        "allocate_p50_ms_replicas8": d["p50"],
+        "allocate_p99_ms_replicas8": d["p99"],
+        "allocate_floor_p99_ms_replicas8": f["p99"],
+    }
 
 
 def _held_series(settings: Settings, client: PluginClient, watcher: ListWatcher) -> dict[str, float]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import pluggy
 
 from devplug.context import DriverContext
+from devplug.contract import HOOK_CONTRACT
 from devplug.errors import (
     AllocationConflictError,
     ConfigError,
@@ -30,7 +31,7 @@ from devplug.errors import (
     RequestError,
 )
 from devplug.hookspecs import PROJECT_NAME
-from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, Health, Mount, Topology
+from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, Health, Mount, Replicas, Topology
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 __all__ = [
+    "HOOK_CONTRACT",
     "PUBLIC_MODULES",
     "AllocationConflictError",
     "CDIDevice",
@@ -67,6 +69,7 @@ __all__ = [
     "Health",
     "HookTimeoutError",
     "Mount",
+    "Replicas",
     "RequestError",
     "Topology",
     "hookimpl",

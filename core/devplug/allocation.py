@@ -1,13 +1,14 @@
-"""The core's default preferred allocation: as few NUMA nodes as possible."""
+"""The core's default preferred allocations: as few NUMA nodes as possible, and replicas of shared devices
+spread over as many devices as possible."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
 
-from devplug.types import Device
+from devplug.types import Device, Replicas
 
-__all__ = ["pack_numa"]
+__all__ = ["pack_numa", "spread_replicas"]
 
 
 def pack_numa(available: Sequence[Device], must_include: Sequence[str], size: int) -> list[str]:
@@ -50,4 +51,47 @@ def pack_numa(available: Sequence[Device], must_include: Sequence[str], size: in
                 return chosen
             chosen.append(dev_id)
             need -= 1
+    return chosen
+
+
+def spread_replicas(
+    available: Sequence[Device], must_include: Sequence[str], size: int, replicas: Replicas
+) -> list[str]:
+    """Choose ``size`` replicas of shared devices: physical device IDs, one entry per replica.
+
+    ``available`` are the physical devices with replicas offered
+    (``replicas.by_device`` lists them, ``replicas.in_use`` counts the replicas
+    other pods hold); ``must_include`` names physical devices, once per
+    replica already chosen. Each further replica goes to the device that,
+    in order: has the fewest replicas in this request (distinct devices
+    first), sits on a NUMA node this request already uses, is least loaded
+    (replicas in use, this request's included), and comes first in the
+    kubelet's order. Returns fewer than ``size`` entries when not enough
+    replicas are offered.
+    """
+    order = {d.id: n for n, d in enumerate(available)}
+    nodes = {d.id: d.topology.numa_nodes for d in available}
+    free = {d.id: len(replicas.replica_ids(d.id)) or 1 for d in available}
+    mine: dict[str, int] = defaultdict(int)
+    chosen: list[str] = []
+    for dev_id in must_include[: max(size, 0)]:
+        chosen.append(dev_id)
+        mine[dev_id] += 1
+        if dev_id in free:
+            free[dev_id] -= 1
+    used_nodes = {n for i in chosen for n in nodes.get(i, ())}
+    while len(chosen) < size:
+        candidates = [i for i, left in free.items() if left > 0]
+        if not candidates:
+            break
+
+        def rank(dev_id: str) -> tuple[int, int, int, int]:
+            near = 0 if not used_nodes or used_nodes & set(nodes[dev_id]) else 1
+            return (mine[dev_id], near, replicas.in_use.get(dev_id, 0) + mine[dev_id], order[dev_id])
+
+        best = min(candidates, key=rank)
+        chosen.append(best)
+        mine[best] += 1
+        free[best] -= 1
+        used_nodes.update(nodes[best])
     return chosen

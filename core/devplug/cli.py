@@ -1,7 +1,8 @@
 """The ``devplug`` command. The only place that turns errors into exit codes and prints for the user.
 
 Exit codes: 0 success, 1 the demo's lifecycle went wrong, 2 bad config or
-usage, 3 the state dir is taken or unusable, 4 a driver could not be loaded,
+usage (a reload the daemon refused, a name new-driver cannot use), 3 the
+state dir is taken or unusable (no daemon to reload or show), 4 a driver could not be loaded,
 5 the daemon stopped but abandoned driver hooks that had not returned (or a
 shutdown that overran ``[shutdown] timeout``).
 """
@@ -24,6 +25,7 @@ from devplug.cli_run import (
     exit_code,
     run_command,
 )
+from devplug.contract import CONTRACT_ATTRIBUTE, HOOK_CONTRACT
 from devplug.errors import DevplugError, DriverLoadError
 
 EXIT_DEMO_FAILED = 1
@@ -35,7 +37,7 @@ def _fail(exc: DevplugError) -> NoReturn:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="devplug")
+@click.version_option(package_name="devplug", message=f"devplug %(version)s (hook contract {HOOK_CONTRACT})")
 def main() -> None:
     """devplug: Kubernetes device plugins with the whole device lifecycle."""
     # gRPC's C core logs routine connection events (GOAWAY on a kubelet restart) at INFO to stderr.
@@ -63,7 +65,9 @@ def check_config(config_path: Path) -> None:
         _fail(exc)
     click.echo(f"{config_path}: ok")
     for resource in config.resources:
-        click.echo(f"  {resource.name}: driver {resource.driver}")
+        shared = f", {resource.replicas} replicas per device" if resource.replicas > 1 else ""
+        renamed = f" (configured as {resource.configured_name})" if resource.configured_name else ""
+        click.echo(f"  {resource.name}{renamed}: driver {resource.driver}{shared}")
 
 
 @main.command()
@@ -76,7 +80,9 @@ def drivers(as_json: bool) -> None:
     for name, info in installed_drivers().items():
         row: dict[str, Any] = {"name": name, "distribution": info.distribution, "version": info.version}
         try:
-            row["hooks"] = driver_hook_names(info.load())
+            cls = info.load()
+            row["hook_contract"] = getattr(cls, CONTRACT_ATTRIBUTE)  # checked by load()
+            row["hooks"] = driver_hook_names(cls)
         except DriverLoadError as exc:
             row["error"] = str(exc)
         rows.append(row)
@@ -88,7 +94,33 @@ def drivers(as_json: bool) -> None:
         return
     for row in rows:
         hooks = ", ".join(row.get("hooks", [])) or f"BROKEN: {row.get('error')}"
-        click.echo(f"{row['name']:<10} {row['distribution']} {row['version']}\n           hooks: {hooks}")
+        contract = f" (hook contract {row['hook_contract']})" if "hook_contract" in row else ""
+        click.echo(f"{row['name']:<10} {row['distribution']} {row['version']}{contract}\n           hooks: {hooks}")
+
+
+@main.command("new-driver")
+@click.argument("name")
+@click.option(
+    "--into",
+    "parent",
+    type=click.Path(path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="The folder to create devplug-NAME in.",
+)
+def new_driver(name: str, parent: Path) -> None:
+    """Write a driver distribution's skeleton, devplug-NAME: entry point, Options, every hook, README, tests."""
+    from devplug.sdk import new_driver as write_skeleton
+
+    try:
+        target = write_skeleton(name, parent)
+    except DevplugError as exc:
+        _fail(exc)
+    click.echo(f"wrote {target}")
+    for path in sorted(p for p in target.rglob("*") if p.is_file()):
+        click.echo(f"  {path.relative_to(target)}")
+    shown = target if target.is_absolute() else f"./{target}"  # pip reads a bare name as a package to download
+    click.echo(f"next: pip install -e '{shown}[test]' && (cd {shown} && pytest)")
 
 
 @main.command()
@@ -132,6 +164,29 @@ def demo(kep: bool, keep: bool) -> None:
     except DevplugError as exc:
         _fail(exc)
     sys.exit(0 if ok else EXIT_DEMO_FAILED)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Read the state dir from this config.")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="The daemon's state dir (default /var/lib/devplug).")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for the daemon.")
+def reload(config_path: Path | None, state_dir: Path | None, timeout: float) -> None:
+    """Make the running daemon re-read its config file (SIGHUP) and report whether it applied it.
+
+    Exits 2 when the daemon refused the new config (it keeps the old one), 3 when no daemon runs on the state dir
+    or it did not answer in time.
+    """
+    from devplug.reloadclient import request_reload, state_dir_of
+
+    try:
+        if state_dir is None:
+            state_dir = state_dir_of(config_path) if config_path is not None else Path("/var/lib/devplug")
+        entry = request_reload(state_dir, timeout)
+    except DevplugError as exc:
+        _fail(exc)
+    click.echo(f"reload applied: config generation {entry.get('generation')}")
+    for what in ("added", "changed", "removed", "unchanged"):
+        click.echo(f"  {what}: {', '.join(entry.get(what) or []) or '-'}")
 
 
 @main.command()

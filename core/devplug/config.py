@@ -16,11 +16,25 @@
     [shutdown]
     timeout = 20.0        # seconds SIGTERM may take; hooks still running then are abandoned
 
+    [metrics]
+    enabled = false       # the Prometheus endpoint and the probes (needs devplug[metrics])
+    address = "127.0.0.1"
+    port = 9400
+
+    [cdi]
+    enabled = false       # write CDI spec files and answer Allocate with CDI device names
+    spec_dir = "/var/run/cdi"
+    fallback = true       # also send device nodes, mounts and envs, for runtimes without CDI
+
     [resources."example.com/mock"]
     driver = "mock"
     options = { directory = "/var/run/devplug/mock", count = 4 }
     health_interval = 0   # seconds between check_health calls (0: never)
     hook_timeout = 30     # seconds a driver hook may take
+    cdi_kind = "example.com/mock"   # the CDI kind (vendor/class); default: the resource name
+    replicas = 1          # containers that may share each device (its replicas); 1: not shared
+    rename = "example.com/mock.shared"      # optional: advertise the resource under this name
+    fail_requests_greater_than_one = false  # refuse a container asking for more than one device
 
 Every error is a :class:`~devplug.errors.ConfigError` naming the file, the
 table (resource) and the key, with a hint. Relative paths are taken relative to
@@ -31,7 +45,10 @@ end at once.
 
 from __future__ import annotations
 
+import importlib.util
+import ipaddress
 import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,7 +66,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = [
+    "CdiConfig",
     "Config",
+    "MetricsConfig",
     "KubeletConfig",
     "ReleaseConfig",
     "ResourceConfig",
@@ -96,6 +115,25 @@ class ShutdownConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint (``/metrics``) and the probes (``/healthz``, ``/readyz``): off by default."""
+
+    enabled: bool = False
+    address: str = "127.0.0.1"
+    port: int = 9400
+
+
+@dataclass(frozen=True)
+class CdiConfig:
+    """Container Device Interface spec files for the devices drivers describe (``Device.allocation``)."""
+
+    enabled: bool = False
+    spec_dir: Path = Path("/var/run/cdi")
+    #: Also send the device nodes, mounts and envs in Allocate, for runtimes that ignore CDI names.
+    fallback: bool = True
+
+
+@dataclass(frozen=True)
 class ResourceConfig:
     """One resource: its name, its driver (class and validated options), and its timings."""
 
@@ -105,6 +143,19 @@ class ResourceConfig:
     options: Any
     health_interval: float = 0.0
     hook_timeout: float = 30.0
+    #: How many replicas of each device are advertised (a driver's :attr:`devplug.Device.replicas` overrides it
+    #: per device); 1: devices are not shared.
+    replicas: int = 1
+    #: Refuse an Allocate for more than one device (replica) per container, as time-slicing operators expect.
+    fail_requests_greater_than_one: bool = False
+    #: The name in the config's table when ``rename`` advertises the resource as :attr:`name` (else ``None``).
+    configured_name: str | None = None
+    #: The CDI kind (``vendor/class``) of the resource's devices; by default the resource name.
+    cdi_kind: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.cdi_kind:
+            object.__setattr__(self, "cdi_kind", self.name)
 
 
 @dataclass(frozen=True)
@@ -117,6 +168,8 @@ class Config:
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     resources: tuple[ResourceConfig, ...] = ()
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    cdi: CdiConfig = field(default_factory=CdiConfig)
 
 
 def _where(source: str, *keys: str) -> str:
@@ -171,12 +224,100 @@ def _seconds(value: Any, where: str, limit: str) -> float:
     return seconds
 
 
-_TOP = {"kubelet": None, "state": None, "release": None, "shutdown": None, "resources": None}
+_TOP = {
+    "kubelet": None,
+    "state": None,
+    "release": None,
+    "shutdown": None,
+    "metrics": None,
+    "cdi": None,
+    "resources": None,
+}
 _KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None}
 _STATE = {"dir": None}
 _RELEASE = {"interval": None, "grace_period": None}
 _SHUTDOWN = {"timeout": None}
-_RESOURCE = {"driver": None, "options": None, "health_interval": None, "hook_timeout": None}
+_METRICS = {"enabled": None, "address": None, "port": None}
+_CDI = {"enabled": None, "spec_dir": None, "fallback": None}
+
+#: A CDI kind, ``vendor/class``: CDI's ``pkg/parser`` wants both parts to start with a letter and hold letters,
+#: digits, ``_``, ``-``, ``.``; devplug's :class:`~devplug.types.CDIDevice` also wants the vendor a lowercase
+#: domain name (``example.com``), as the resource names' domains are.
+_CDI_KIND = re.compile(
+    r"^[a-z]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+/[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$"
+)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _parse_metrics(data: Mapping[str, Any], source: str) -> MetricsConfig:
+    table = _table(data, "metrics", source)
+    _check_keys(table, _METRICS, source, "metrics")
+    defaults = MetricsConfig()
+    enabled = _bool(table.get("enabled", defaults.enabled), _where(source, "metrics", "enabled"))
+    address = table.get("address", defaults.address)
+    where = _where(source, "metrics", "address")
+    if not isinstance(address, str):
+        raise ConfigError(f"{where}: expected an IP address as a string, got {address!r}")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(
+            f'{where}: {address!r} is not an IP address; use "127.0.0.1" (this node only, the default), '
+            'or "0.0.0.0" / "::" to let Prometheus scrape it from elsewhere'
+        ) from None
+    port = table.get("port", defaults.port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"{_where(source, 'metrics', 'port')}: expected a TCP port from 1 to 65535, got {port!r}")
+    if enabled and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError(
+            f"{_where(source, 'metrics', 'enabled')}: the metrics endpoint needs prometheus-client, which is not "
+            "installed; pip install 'devplug[metrics]' (or set enabled = false)"
+        )
+    return MetricsConfig(enabled=enabled, address=address, port=port)
+
+
+def _parse_cdi(data: Mapping[str, Any], source: str, base: Path | None) -> CdiConfig:
+    table = _table(data, "cdi", source)
+    _check_keys(table, _CDI, source, "cdi")
+    defaults = CdiConfig()
+    return CdiConfig(
+        enabled=_bool(table.get("enabled", defaults.enabled), _where(source, "cdi", "enabled")),
+        spec_dir=_path(table.get("spec_dir", str(defaults.spec_dir)), base, _where(source, "cdi", "spec_dir")),
+        fallback=_bool(table.get("fallback", defaults.fallback), _where(source, "cdi", "fallback")),
+    )
+
+
+def _cdi_kind(table: Mapping[str, Any], name: str, where: str) -> str:
+    """The resource's CDI kind: ``cdi_kind``, else the resource name (which must then be a valid kind)."""
+    kind = table.get("cdi_kind")
+    if kind is None:
+        return name  # checked only when CDI is enabled (_check_cdi_kinds)
+    if not isinstance(kind, str) or not _CDI_KIND.match(kind):
+        raise ConfigError(
+            f'{where}.cdi_kind: {kind!r} is not a CDI kind; expected vendor/class like "example.com/gpu" '
+            "(the vendor a lowercase domain starting with a letter; the class a letter, then letters, digits, "
+            "'_', '-', '.', ending with a letter or digit)"
+        )
+    return kind
+
+
+_RESOURCE = {
+    "driver": None,
+    "options": None,
+    "health_interval": None,
+    "hook_timeout": None,
+    "replicas": None,
+    "rename": None,
+    "fail_requests_greater_than_one": None,
+    "cdi_kind": None,
+}
+#: The most replicas a device may be advertised as (each is a device ID the kubelet keeps).
+MAX_REPLICAS = 1024
 
 
 def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path | None = None) -> Config:
@@ -227,7 +368,11 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         raise ConfigError(
             f'{source}: no resources configured; add a table like [resources."example.com/mock"] with driver = "mock"'
         )
+    metrics = _parse_metrics(data, source)
+    cdi = _parse_cdi(data, source, base)
     resources = tuple(_parse_resource(name, table, source, base) for name, table in resources_t.items())
+    _check_cdi_kinds(resources, cdi, source)
+    _check_renames(resources, source)
     check_driver_resources(((rc.name, rc.driver, rc.driver_class, rc.options) for rc in resources), source)
     return Config(
         path=Path(source) if base is not None else None,
@@ -236,7 +381,29 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         release=release,
         shutdown=shutdown,
         resources=resources,
+        metrics=metrics,
+        cdi=cdi,
     )
+
+
+def _check_cdi_kinds(resources: tuple[ResourceConfig, ...], cdi: CdiConfig, source: str) -> None:
+    """With CDI on, every resource needs a valid kind, and no two resources may share one (one spec file each)."""
+    if not cdi.enabled:
+        return
+    owners: dict[str, str] = {}
+    for rc in resources:
+        where = _where(source, "resources", rc.name)
+        if not _CDI_KIND.match(rc.cdi_kind):
+            raise ConfigError(
+                f'{where}: the resource name "{rc.name}" is not a valid CDI kind (the vendor must start with a '
+                'letter); set cdi_kind = "vendor.com/class"'
+            )
+        other = owners.setdefault(rc.cdi_kind, rc.name)
+        if other != rc.name:
+            raise ConfigError(
+                f'{where}.cdi_kind: "{rc.cdi_kind}" is also the CDI kind of resource "{other}"; give each '
+                "resource a kind of its own"
+            )
 
 
 def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> ResourceConfig:
@@ -260,14 +427,61 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
     schema = getattr(driver_class, "Options", None)
     options_t = _resolve_option_paths(schema, options_t, base)
     options = parse_options(schema, options_t, f"{where}.options")
+    rename = _rename(table.get("rename"), name, f"{where}.rename")
     return ResourceConfig(
-        name=name,
+        name=rename or name,
         driver=driver,
         driver_class=driver_class,
         options=options,
         health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval", "health_interval"),
         hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", "hook_timeout"),
+        cdi_kind=_cdi_kind(table, rename or name, where),
+        replicas=_replicas(table.get("replicas", 1), f"{where}.replicas"),
+        fail_requests_greater_than_one=_flag(
+            table.get("fail_requests_greater_than_one", False), f"{where}.fail_requests_greater_than_one"
+        ),
+        configured_name=name if rename else None,
     )
+
+
+def _replicas(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+        raise ConfigError(
+            f"{where}: expected the number of containers that may share each device, an integer from 1 to "
+            f"{MAX_REPLICAS} (1: not shared), got {value!r}"
+        )
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _rename(value: Any, name: str, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f'{where}: expected a resource name like "{name}.shared", got {value!r}')
+    reason = invalid_resource_name_reason(value)
+    if reason is not None:
+        raise ConfigError(f'{where}: the kubelet would refuse the resource name "{value}": {reason}')
+    return None if value == name else value
+
+
+def _check_renames(resources: tuple[ResourceConfig, ...], source: str) -> None:
+    """Two resources advertised under one name would take each other's registration: refuse it."""
+    seen: dict[str, str] = {}
+    for rc in resources:
+        table = rc.configured_name or rc.name
+        other = seen.setdefault(rc.name, table)
+        if other != table:
+            renamed = table if rc.configured_name else other
+            raise ConfigError(
+                f'{_where(source, "resources", renamed, "rename")}: resources "{other}" and "{table}" would both '
+                f'be advertised as "{rc.name}"; give each its own name'
+            )
 
 
 def _resolve_option_paths(schema: Any, table: Mapping[str, Any], base: Path | None) -> dict[str, Any]:

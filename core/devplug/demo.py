@@ -28,6 +28,7 @@ from devplug.errors import ConfigError, StateError
 from devplug.hookrecord import read_hook_calls
 from devplug.process import DaemonProcess
 from devplug.tomlwrite import write_toml
+from devplug.types import ContainerAllocation
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,6 +52,7 @@ def relocate(config: dict[str, Any], root: Path) -> tuple[dict[str, Any], dict[s
     config["kubelet"]["device_plugin_dir"] = str(root / "device-plugins")
     config["kubelet"]["pod_resources_socket"] = str(root / "pod-resources" / "kubelet.sock")
     config.setdefault("state", {})["dir"] = str(root / "state")
+    config.setdefault("cdi", {}).update(enabled=True, spec_dir=str(root / "cdi"))  # CDI specs, in the folder too
     mock_dirs: dict[str, Path] = {}
     for i, (name, table) in enumerate(config.get("resources", {}).items()):
         if table.get("driver") == "mock":
@@ -94,7 +96,7 @@ def run_demo(*, kep_mode: bool = False, keep: bool = False, echo: Echo = print) 
         resource, mock_dir = next(iter(mock_dirs.items()))
         count = int(config["resources"][resource]["options"].get("count", 0))
         echo(f"devplug demo ({'KEP' if kep_mode else 'stock'} kubelet mode) in {root}")
-        echo(f"config: config.example.toml with its paths moved there; resource {resource} (mock driver)\n")
+        echo(f"config: config.example.toml with its paths moved there and CDI on; resource {resource} (mock driver)\n")
         with DevKubeletThread(
             root / "device-plugins",
             pod_resources_socket=root / "pod-resources" / "kubelet.sock",
@@ -103,7 +105,9 @@ def run_demo(*, kep_mode: bool = False, keep: bool = False, echo: Echo = print) 
             daemon = DaemonProcess(config_path, root / "daemon.log", log_level="info")
             daemon.start()
             try:
-                _lifecycle(report, kubelet, daemon, resource, mock_dir, count, kep_mode, config["state"]["dir"])
+                _lifecycle(
+                    report, kubelet, daemon, resource, mock_dir, count, kep_mode, config["state"]["dir"], root / "cdi"
+                )
             finally:
                 if daemon.running():
                     code = daemon.stop()
@@ -123,6 +127,24 @@ def run_demo(*, kep_mode: bool = False, keep: bool = False, echo: Echo = print) 
             shutil.rmtree(root, ignore_errors=True)
 
 
+def _cdi_check(
+    report: _Report, ids: tuple[str, ...], answer: ContainerAllocation, resource: str, spec_dir: Path
+) -> None:
+    """Allocate named the devices' CDI devices, kept the device nodes as fallback, and the spec file lists them."""
+    names = [c.name for c in answer.cdi_devices]
+    nodes = sorted(d.container_path for d in answer.devices)
+    report.check(
+        "Allocate answered CDI device names, and the device nodes as fallback",
+        names == [f"{resource}={i}" for i in ids] and nodes == sorted(f"/dev/mock/{i}" for i in ids),
+    )
+    spec_file = spec_dir / f"devplug-{resource.replace('/', '_')}.json"
+    try:
+        listed = {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = set()
+    report.check(f"the CDI spec {spec_file.name} describes them", bool(ids) and set(ids) <= listed)
+
+
 def _lifecycle(
     report: _Report,
     kubelet: DevKubeletThread,
@@ -132,6 +154,7 @@ def _lifecycle(
     count: int,
     kep_mode: bool,
     daemon_state_dir: str,
+    cdi_dir: Path,
 ) -> None:
     check = report.check
     kubelet.wait_registered(resource, timeout=15)
@@ -159,6 +182,7 @@ def _lifecycle(
     check("init container's device reused by the app container", set(init_ids) <= set(app_ids))
     env = pod.containers[1].allocations[resource].envs.get("MOCK_DEVICES", "")
     check("Allocate answered MOCK_DEVICES for the app container", env == ",".join(app_ids))
+    _cdi_check(report, app_ids, pod.containers[1].allocations[resource], resource, cdi_dir)
     serve = kubelet.admit_pod(PodSpec("serve-0", [ContainerSpec("server", {resource: 1})]))
     serve_ids = serve.containers[0].devices[resource]
     check("pods got distinct devices", not set(serve_ids) & set(app_ids))

@@ -32,6 +32,16 @@ How hooks are called:
 * Device IDs are the IDs the driver advertised. The engine validates every
   kubelet request against the device table before a hook sees it, so
   ``allocate`` never gets an unknown, unhealthy or duplicate ID.
+* Shared devices (``replicas = N`` in the resource's config, or
+  :attr:`devplug.Device.replicas`): the kubelet sees each device as N
+  replicas, ``<id>::0`` .. ``<id>::<N-1>``, and several containers may hold
+  replicas of one device. Hooks still get the driver's own (physical) device
+  IDs, each once; the optional argument ``replicas``
+  (:class:`devplug.Replicas`) says which replica IDs the call is about and
+  how many other tenants share each device. Declare ``replicas`` in a hook's
+  signature to receive it; hooks without it are called the same way. On a
+  resource without sharing nothing changes: the IDs are the advertised ones
+  and ``replicas`` maps each to itself.
 
 Phases, in the order a resource goes through them: start → list_devices →
 (check_health)* → per pod: preferred_allocation → allocate → pre_start* →
@@ -46,7 +56,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import pluggy
 
 from devplug.context import DriverContext
-from devplug.types import ContainerAllocation, Device, Health
+from devplug.types import ContainerAllocation, Device, Health, Replicas
 
 PROJECT_NAME = "devplug"
 
@@ -64,11 +74,14 @@ class DriverClass(Protocol):
     :mod:`devplug.options`) and constructs one instance per resource with it,
     ``DriverClass(options)``; a class without ``Options`` is constructed with
     no argument. Hooks are methods marked ``@hookimpl`` named after the specs
-    below; ``list_devices`` is required.
+    below; ``list_devices`` is required. ``hook_contract`` names the version of
+    this contract the class was written against (see :mod:`devplug.contract`).
 
     Example::
 
         class FpgaDriver:
+            hook_contract = "1.0"
+
             @dataclass(frozen=True)
             class Options:
                 cards: int = 1
@@ -138,8 +151,9 @@ def start(ctx: DriverContext) -> None:
 def stop() -> None:
     """Tear the driver instance down.
 
-    Called once, when the daemon shuts down (SIGTERM/SIGINT) after the
-    resource stopped serving, and only if ``start`` succeeded. Stop watcher
+    Called once, when the daemon shuts down (SIGTERM/SIGINT) or a reload
+    restarts or removes the resource, after the resource stopped serving,
+    and only if ``start`` succeeded. Stop watcher
     threads and release handles; do not release devices held by pods, which
     stay allocated across daemon restarts.
 
@@ -195,7 +209,9 @@ def check_health(devices: Sequence[Device]) -> Mapping[str, Health] | None:
 
 
 @_hookspec(firstresult=True)
-def preferred_allocation(available: Sequence[Device], must_include: Sequence[str], size: int) -> Sequence[str] | None:
+def preferred_allocation(
+    available: Sequence[Device], must_include: Sequence[str], size: int, replicas: Replicas
+) -> Sequence[str] | None:
     """Choose ``size`` device IDs for one container from ``available``.
 
     Called before each allocation, when the driver implements it (the engine
@@ -208,6 +224,16 @@ def preferred_allocation(available: Sequence[Device], must_include: Sequence[str
     ``available`` and answers at most ``size`` IDs (the kubelet would pick at
     random among any more).
 
+    Shared devices: ``available`` holds each physical device with at least one
+    replica offered, once; ``must_include`` names physical devices (once per
+    replica that must be included); ``replicas.by_device`` lists each
+    device's offered replica IDs and ``replicas.in_use`` its replicas other
+    pods hold now. Return physical device IDs, a device named once per replica
+    wanted (the engine picks its free replicas), or replica IDs. ``None``
+    lets the core spread the replicas: distinct devices first, least loaded
+    first, on the NUMA nodes already chosen
+    (:func:`devplug.allocation.spread_replicas`).
+
     Example::
 
         @hookimpl
@@ -218,7 +244,7 @@ def preferred_allocation(available: Sequence[Device], must_include: Sequence[str
 
 
 @_hookspec
-def allocate(device_ids: Sequence[str]) -> ContainerAllocation | None:
+def allocate(device_ids: Sequence[str], replicas: Replicas) -> ContainerAllocation | None:
     """Prepare the devices for one container and say how the container gets them.
 
     Called at pod admission, once per container that requests devices of
@@ -229,10 +255,22 @@ def allocate(device_ids: Sequence[str]) -> ContainerAllocation | None:
     container path fail the allocation. If a later container of the same
     request fails, the engine undoes this one through ``deallocate``.
 
-    A driver whose devices always need the same thing may leave this hook out
-    and put a :class:`~devplug.types.ContainerAllocation` on each
-    :class:`~devplug.types.Device` (``Device(id, allocation=...)``): the engine
-    then merges the requested devices' allocations.
+    What a device always needs (its device nodes, mounts, envs) is better
+    described once on the :class:`~devplug.types.Device` itself
+    (``Device(id, allocation=ContainerAllocation(...))``): the engine merges
+    the requested devices' descriptions with this hook's answer (the hook may
+    then be left out), and with ``[cdi] enabled`` writes them into a CDI spec
+    and answers with CDI device names.
+
+    Shared devices: ``device_ids`` are the physical devices of the
+    container's replicas, each once (a container given two replicas of one
+    device gets it once; ``replicas.by_device`` names both replica IDs).
+    Other tenants may be using them (``replicas.tenants``), so prepare
+    per-tenant state only. The engine adds the env var
+    ``DEVPLUG_SHARED_DEVICES_<RESOURCE>`` and the annotation
+    ``<resource>.shared-devices`` (the physical IDs, comma-separated). An undo
+    of a shared allocation runs ``post_stop`` for it, then ``deallocate`` only
+    for devices no other tenant holds.
 
     Example::
 
@@ -246,13 +284,14 @@ def allocate(device_ids: Sequence[str]) -> ContainerAllocation | None:
 
 
 @_hookspec
-def pre_start(device_ids: Sequence[str]) -> None:
+def pre_start(device_ids: Sequence[str], replicas: Replicas) -> None:
     """Get the devices ready right before a container starts.
 
     Called before every start of a container that holds the devices (restarts
     included), when the driver implements it (the engine then advertises
     ``pre_start_required``). The kubelet waits at most 30 s; raising fails the
-    container's start.
+    container's start. Shared devices: the physical IDs, ``replicas`` as for
+    ``allocate``.
 
     Example::
 
@@ -267,7 +306,7 @@ def pre_start(device_ids: Sequence[str]) -> None:
 
 
 @_hookspec
-def post_stop(device_ids: Sequence[str], retry: bool) -> None:
+def post_stop(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> None:
     """Clean the devices up after the container that used them stopped.
 
     Called once per allocation, after the kubelet stopped attributing the
@@ -284,6 +323,12 @@ def post_stop(device_ids: Sequence[str], retry: bool) -> None:
     Declare ``retry`` in the signature to receive it; hooks without it are
     called the same way.
 
+    Shared devices: called once per tenancy (each allocation of replicas),
+    with that tenancy's physical devices, while other tenants may still be
+    using them (``replicas.tenants`` says how many): clean this tenant's
+    state only, never reset the device. The device itself is cleaned by
+    ``deallocate`` when its last tenant has left.
+
     Example::
 
         @hookimpl
@@ -296,7 +341,7 @@ def post_stop(device_ids: Sequence[str], retry: bool) -> None:
 
 
 @_hookspec
-def deallocate(device_ids: Sequence[str], retry: bool) -> None:
+def deallocate(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> None:
     """Take the devices back: they are free for the next allocation once this returns.
 
     Called once per allocation when no container uses the devices any more
@@ -305,6 +350,11 @@ def deallocate(device_ids: Sequence[str], retry: bool) -> None:
     devices may have vanished meanwhile; must be safe to call for devices
     only partly prepared. At least once, like ``post_stop``: ``retry=True``
     when the daemon may have called it for these devices before a restart.
+
+    Shared devices: called with a physical device only once its last replica
+    is released (after that tenancy's ``post_stop``), so a device is never
+    reset under another tenant; ``replicas.by_device`` names the replicas
+    released with it and ``replicas.tenants`` is 0 for each.
 
     Example::
 

@@ -26,6 +26,16 @@ def format_status(data: dict[str, Any]) -> str:
     """The status file's content as lines for a terminal (control characters in it escaped)."""
     state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
     lines = [f"devplug daemon pid {data.get('pid')}: {state}, config {data.get('config') or '-'}"]
+    reload = data.get("reload") or {}
+    if reload:
+        lines.append(f"config generation {reload.get('generation')}, loaded {_ago(reload.get('loaded_at'))}")
+        if reload.get("last_result") == "ok":
+            changes = ", ".join(
+                f"{what} {', '.join(reload.get(what) or []) or '-'}" for what in ("added", "changed", "removed")
+            )
+            lines.append(f"  last reload {_ago(reload.get('last_at'))}: applied ({changes})")
+        elif reload.get("last_result") == "refused":
+            lines.append(f"  last reload {_ago(reload.get('last_at'))}: REFUSED: {reload.get('last_error')}")
     release = data.get("release") or {}
     if release:
         err = release.get("last_error")
@@ -63,6 +73,18 @@ def format_status(data: dict[str, Any]) -> str:
             if dev.get("reason"):
                 flags.append(f"({dev['reason']})")
             lines.append(f"    {dev['id']:<24} {dev['health']:<10} numa={numa:<4} {' '.join(flags)}")
+        sharing = res.get("sharing")
+        if sharing:
+            renamed = f", configured as {sharing['configured_as']}" if sharing.get("configured_as") else ""
+            one = ", one replica per container" if sharing.get("fail_requests_greater_than_one") else ""
+            lines.append(f"  sharing: {sharing.get('replicas', 1)} replicas per device{renamed}{one}")
+            for share in sharing.get("devices", []):
+                pods = ", ".join(share.get("pods") or []) or "-"
+                releasing = f", {share['releasing']} releasing" if share.get("releasing") else ""
+                lines.append(
+                    f"    {share['device']:<24} {share['in_use']}/{share['replicas']} replicas in use, "
+                    f"{share['tenants']} tenants{releasing}, pods {pods}"
+                )
         if res.get("state_error"):
             lines.append(f"  STATE WRITE FAILED: {res['state_error']} (Allocate is refused until it can write)")
         for devices, failure in (res.get("release_failures") or {}).items():

@@ -26,7 +26,9 @@ __all__ = [
     "Topology",
     "MAX_DEVICE_ID_BYTES",
     "MAX_REASON_CHARS",
+    "Replicas",
     "device_id_problem",
+    "replica_id",
 ]
 
 _CDI_NAME = re.compile(
@@ -102,10 +104,14 @@ class Device:
     health: Health = Health.HEALTHY
     topology: Topology = NO_TOPOLOGY
     reason: str = ""
-    #: What a container gets for this device (device nodes, mounts, envs, CDI names), for drivers without an
-    #: ``allocate`` hook: the engine merges the allocations of a request's devices. A driver's ``allocate``
-    #: wins when it has one.
+    #: What a container gets for this device (device nodes, mounts, envs, annotations), described once: the
+    #: engine merges the requested devices' descriptions with the driver's ``allocate`` answer (if it has that
+    #: hook) and, with ``[cdi] enabled``, writes them into the resource's CDI spec and names the CDI devices.
     allocation: ContainerAllocation | None = field(default=None, compare=True, hash=False)
+    #: How many replicas of this device the resource advertises (containers sharing it), overriding the
+    #: resource's ``replicas`` for this device (e.g. by memory size); ``None``: the resource's count. A device
+    #: with more than one replica is advertised as ``<id>::0`` .. ``<id>::<n-1>`` (see :func:`replica_id`).
+    replicas: int | None = None
 
     def __post_init__(self) -> None:
         problem = device_id_problem(self.id)
@@ -122,6 +128,9 @@ class Device:
             raise ValueError(f"Device {self.id!r}: reason must be a string, got {self.reason!r}")
         if len(self.reason) > MAX_REASON_CHARS:
             object.__setattr__(self, "reason", self.reason[: MAX_REASON_CHARS - 3] + "...")
+        count = self.replicas
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise ValueError(f"Device {self.id!r}: replicas must be an integer >= 1 (or None), got {count!r}")
 
     @property
     def healthy(self) -> bool:
@@ -131,6 +140,72 @@ class Device:
     def with_health(self, health: Health) -> Device:
         """This device with another health (the same reason, topology and allocation data)."""
         return replace(self, health=health)
+
+
+def replica_id(device_id: str, index: int) -> str:
+    """The ID the kubelet gets for replica ``index`` of a shared device: ``<device_id>::<index>``.
+
+    Stable across restarts (it depends on nothing else). Drivers never need to
+    parse it: hooks get the physical IDs with :class:`Replicas` alongside.
+    """
+    return f"{device_id}::{index}"
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """What a hook's devices stand for on the kubelet's side, when devices are shared.
+
+    A resource shares a device by advertising it as several replicas
+    (``replicas = N`` in its config, or :attr:`Device.replicas`); each replica
+    is a device ID of its own for the kubelet, and several containers may hold
+    replicas of one device at once. Hooks always get physical device IDs (the
+    IDs the driver listed, each once); this value, passed as the optional hook
+    argument ``replicas``, says which replica IDs the call is about and who else
+    shares each device:
+
+    * ``by_device``: each physical device ID of the call -> the replica IDs of
+      the call on it (the kubelet's IDs, in order). A device that is not shared
+      maps to its own ID alone.
+    * ``in_use``: each physical device ID -> how many of its replicas other
+      allocations hold at the time of the call (their load).
+    * ``tenants``: each physical device ID -> how many other allocations
+      (tenancies) hold a replica of it at the time of the call: 0 in every
+      ``deallocate``, since a shared device is deallocated only when its last
+      tenant left.
+
+    On a resource whose devices are not shared, ``by_device`` maps every ID to
+    itself and the counts are 0.
+    """
+
+    by_device: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    in_use: Mapping[str, int] = field(default_factory=dict)
+    tenants: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_device", MappingProxyType({k: tuple(v) for k, v in self.by_device.items()}))
+        object.__setattr__(self, "in_use", MappingProxyType(dict(self.in_use)))
+        object.__setattr__(self, "tenants", MappingProxyType(dict(self.tenants)))
+
+    @classmethod
+    def unshared(cls, device_ids: Iterable[str]) -> Replicas:
+        """Every device its own single replica (a resource whose devices are not shared)."""
+        return cls(by_device={i: (i,) for i in device_ids})
+
+    @property
+    def shared(self) -> bool:
+        """True when some replica ID differs from its device's ID (the devices are shared)."""
+        return any(ids != (dev,) for dev, ids in self.by_device.items())
+
+    def replica_ids(self, device_id: str) -> tuple[str, ...]:
+        """The replica IDs of the call on ``device_id`` (empty when the call does not name it)."""
+        return self.by_device.get(device_id, ())
+
+    def device_of(self, replica: str) -> str | None:
+        """The physical device ID of a replica ID of the call, or ``None``."""
+        for dev, ids in self.by_device.items():
+            if replica in ids:
+                return dev
+        return None
 
 
 def _absolute(kind: str, name: str, path: str) -> None:
@@ -184,7 +259,14 @@ class CDIDevice:
             )
 
 
+#: The one empty read-only mapping every allocation without envs or annotations shares (drivers that describe
+#: each device's allocation make thousands of them).
+_EMPTY_MAP: Mapping[str, str] = MappingProxyType({})
+
+
 def _frozen_str_map(kind: str, values: Mapping[str, str]) -> Mapping[str, str]:
+    if isinstance(values, Mapping) and not values:
+        return _EMPTY_MAP
     copy = dict(values)
     for key, value in copy.items():
         if not isinstance(key, str) or not key:

@@ -96,6 +96,37 @@ def _replace(old: str, new: str) -> str:
         (_replace('"example.com/mock"', '"example.com/-mock"'), "must be 1-63 characters"),
         (_replace('"example.com/mock"', '"example.com/' + "m" * 64 + '"'), "must be 1-63 characters"),
         ("[kubelet]\n", "no resources configured"),
+        (_replace("[release]", "[metrics]\nenable = true\n[release]"), "metrics.enable: unknown key; did you mean"),
+        (_replace("[release]", '[metrics]\nenabled = "yes"\n[release]'), "metrics.enabled: expected true or false"),
+        (_replace("[release]", "[metrics]\nport = 0\n[release]"), "metrics.port: expected a TCP port from 1 to 65535"),
+        (_replace("[release]", "[metrics]\nport = 9400.0\n[release]"), "metrics.port: expected a TCP port"),
+        (
+            _replace("[release]", '[metrics]\naddress = "localhost"\n[release]'),
+            "metrics.address: 'localhost' is not an IP address",
+        ),
+        (_replace("[release]", "[cdi]\nspec_dir = 3\n[release]"), "cdi.spec_dir: expected a path"),
+        (_replace("[release]", "[cdi]\nfallback = 1\n[release]"), "cdi.fallback: expected true or false"),
+        (_replace("[release]", "[cdi]\nspecdir = 1\n[release]"), "cdi.specdir: unknown key; did you mean 'spec_dir'?"),
+        (
+            _replace("hook_timeout = 2.5", 'hook_timeout = 2.5\ncdi_kind = "example.com"'),
+            "resources.\"example.com/mock\".cdi_kind: 'example.com' is not a CDI kind",
+        ),
+        (
+            _replace("hook_timeout = 2.5", 'hook_timeout = 2.5\ncdi_kind = "Example.com/gpu"'),
+            "is not a CDI kind",
+        ),
+        (
+            _replace('"example.com/mock"', '"3com.example/mock"').replace(
+                "[release]", "[cdi]\nenabled = true\n[release]"
+            ),
+            'resources."3com.example/mock": the resource name "3com.example/mock" is not a valid CDI kind',
+        ),
+        (
+            _replace("[release]", "[cdi]\nenabled = true\n[release]")
+            + '[resources."example.com/other"]\ndriver = "mock"\ncdi_kind = "example.com/mock"\n'
+            + 'options = { directory = "other" }\n',
+            'resources."example.com/other".cdi_kind: "example.com/mock" is also the CDI kind of resource',
+        ),
         (_replace("[release]", "[release]\nfoo ="), "not valid TOML"),
     ],
 )
@@ -139,3 +170,33 @@ def test_drivers_cli_lists_mock_with_its_hooks() -> None:
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["mock"]["distribution"] == "devplug-mock"
     assert "deallocate" in rows["mock"]["hooks"] and "list_devices" in rows["mock"]["hooks"]
+
+
+def test_metrics_and_cdi_defaults_and_values(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, GOOD))
+    assert (config.metrics.enabled, config.metrics.address, config.metrics.port) == (False, "127.0.0.1", 9400)
+    assert (config.cdi.enabled, config.cdi.spec_dir, config.cdi.fallback) == (False, Path("/var/run/cdi"), True)
+    assert config.resources[0].cdi_kind == "example.com/mock"
+    text = GOOD.replace(
+        "[release]",
+        '[metrics]\nenabled = true\naddress = "::"\nport = 9500\n'
+        '[cdi]\nenabled = true\nspec_dir = "cdi"\nfallback = false\n[release]',
+    ).replace("hook_timeout = 2.5", 'hook_timeout = 2.5\ncdi_kind = "vendor.example/mock.v1"')
+    config = load_config(_write(tmp_path, text))
+    assert (config.metrics.enabled, config.metrics.address, config.metrics.port) == (True, "::", 9500)
+    assert (config.cdi.enabled, config.cdi.spec_dir, config.cdi.fallback) == (True, tmp_path.resolve() / "cdi", False)
+    assert config.resources[0].cdi_kind == "vendor.example/mock.v1"
+
+
+def test_metrics_enabled_without_prometheus_client_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # how Python marks a module as not importable
+    path = _write(tmp_path, GOOD.replace("[release]", "[metrics]\nenabled = true\n[release]"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: metrics.enabled: the metrics endpoint needs prometheus-client, which is not installed; "
+        "pip install 'devplug[metrics]' (or set enabled = false)"
+    )
+    load_config(_write(tmp_path, GOOD.replace("[release]", "[metrics]\nenabled = false\n[release]")))

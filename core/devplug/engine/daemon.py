@@ -1,5 +1,11 @@
 """The daemon: every configured resource in one process, the state lock, the plugin-folder
-watch that notices kubelet restarts, release reconciliation, status, and signals.
+watch that notices kubelet restarts, release reconciliation, status, signals, and live reload.
+
+SIGHUP re-reads the config file (:mod:`devplug.engine.reload`): added
+resources start, changed ones restart, removed ones drain (advertise nothing,
+keep releasing what pods hold) and are torn down once nothing is allocated,
+unchanged ones are not touched. A config that fails to load, or changes what
+cannot change live, is refused and the running one stays.
 
 Shutdown is bounded by ``[shutdown] timeout``: past it, whatever is still
 running is abandoned. Driver hooks run in daemon threads, so one stuck in a
@@ -17,21 +23,28 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from devplug.atomic import write_atomic
-from devplug.config import Config
+from devplug.config import Config, ResourceConfig, load_config
 from devplug.engine.asynctools import BackgroundTasks
+from devplug.engine.cdi import remove_stale_specs, spec_file_name
 from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.engine.lock import StateLock
+from devplug.engine.observer import NULL_OBSERVER
 from devplug.engine.reconciler import Reconciler
+from devplug.engine.reload import ReloadRecord, plan_reload
 from devplug.engine.resource import Resource
+from devplug.engine.resourcestatus import ResourceState
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.status import STATUS_FILE, StatusBuilder
-from devplug.errors import ConfigError
+from devplug.errors import ConfigError, DevplugError
 from devplug.watch import DirectoryWatcher
+
+if TYPE_CHECKING:
+    from devplug.engine.metrics import Metrics, MetricsServer, ResourceFigures
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -48,6 +61,11 @@ STATUS_RETRY_S = 1.0
 FINAL_WRITE_S = 2.0
 #: How often shutdown looks whether hooks still running returned.
 HOOK_POLL_S = 0.05
+#: How often a resource removed by a reload looks whether its allocations are released (or a resource being
+#: restarted whether its releases in flight finished).
+DRAIN_POLL_S = 0.1
+#: Why a resource removed by a reload advertises nothing (shown in ``devplug status``).
+REMOVED_REASON = "removed from the config by a reload: advertising no devices until its allocations are released"
 
 
 class Daemon:
@@ -59,22 +77,26 @@ class Daemon:
         self.lock = StateLock(self.state_dir)
         self._writer = SerialThread("state-writer")
         self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
-        release_wake = asyncio.Event()
-        self.resources = [
-            Resource(
-                rc,
-                config.kubelet,
-                self.state_dir,
-                self.write_file,
-                self.checkpoint,
-                on_change=self._status_changed,
-                on_allocated=release_wake.set,
-            )
-            for rc in config.resources
-        ]
+        self._release_wake = asyncio.Event()
+        #: The Prometheus metrics, when ``[metrics] enabled`` (only then is prometheus_client imported).
+        self.metrics: Metrics | None = None
+        if config.metrics.enabled:
+            from devplug.engine.metrics import Metrics
+
+            self.metrics = Metrics()
+        self._metrics_server: MetricsServer | None = None
+        #: Every resource alive: those of the config, and those a reload removed that still drain.
+        self.resources = [self._new_resource(rc) for rc in config.resources]
         self.reconciler = Reconciler(
-            self.resources, config.kubelet.pod_resources_socket, config.release, self.checkpoint, release_wake
+            self.resources, config.kubelet.pod_resources_socket, config.release, self.checkpoint, self._release_wake
         )
+        self.reload_record = ReloadRecord()
+        self._lives: dict[Resource, asyncio.Future[None]] = {}
+        #: Resources removed by a reload, waiting for their allocations to be released.
+        self._draining: dict[str, asyncio.Future[None]] = {}
+        #: Resources being stopped for good by a reload (shutdown waits for these instead of stopping them again).
+        self._teardowns: dict[Resource, asyncio.Future[None]] = {}
+        self._reload_lock: asyncio.Lock | None = None
         self._stop = asyncio.Event()
         self._stop_requested = False
         self._status_pending = False
@@ -85,6 +107,19 @@ class Daemon:
         self._status_writer = SerialThread("status-writer")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watcher: DirectoryWatcher | None = None
+
+    def _new_resource(self, rc: ResourceConfig) -> Resource:
+        return Resource(
+            rc,
+            self.config.kubelet,
+            self.state_dir,
+            self.write_file,
+            self.checkpoint,
+            on_change=self._status_changed,
+            on_allocated=self._release_wake.set,
+            observer=self.metrics.observer(rc.name, rc.driver) if self.metrics is not None else NULL_OBSERVER,
+            cdi=self.config.cdi,
+        )
 
     async def write_file(self, path: Path, data: bytes) -> None:
         """Write a state file atomically, in the state-writer thread (writes keep their order)."""
@@ -109,6 +144,7 @@ class Daemon:
         status = self._status.build(self.resources)
         status["stopped"] = stopped
         status["release"] = self.reconciler.describe()
+        status["reload"] = self.reload_record.describe()
         data = (json.dumps(status, separators=(",", ":")) + "\n").encode()
         path = self.state_dir / STATUS_FILE
         try:  # its own thread, and no fsync: it never waits behind (or delays) a ledger snapshot
@@ -125,6 +161,55 @@ class Daemon:
         if self._status_failing:
             log.info("%s written again", self.state_dir / STATUS_FILE)
         self._status_failing = False
+
+    # --- metrics and probes (read on the event loop by the metrics server's thread)
+
+    def _figures(self) -> list[ResourceFigures]:
+        from devplug.engine.metrics import ResourceFigures
+
+        figures = []
+        for r in self.resources:
+            healthy = r.table.healthy_count()
+            figures.append(
+                ResourceFigures(
+                    resource=r.name,
+                    healthy=healthy,
+                    unhealthy=len(r.table) - healthy,
+                    registered=r.state is ResourceState.REGISTERED,
+                    registrations=r.status.registrations,
+                    kubelet_restarts=r.status.kubelet_restarts,
+                    shared=[(d.device_id, d.replicas, d.in_use, d.tenants) for d in r.shared_devices()],
+                )
+            )
+        return figures
+
+    def _unregistered(self) -> list[str]:
+        return [r.name for r in self.resources if r.state is not ResourceState.REGISTERED]
+
+    def _serve_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.metrics is None:
+            return
+        mc = self.config.metrics
+        try:
+            self._metrics_server = self.metrics.serve(mc.address, mc.port, loop, self._figures, self._unregistered)
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.config.path or '<config>'}: metrics: cannot serve on {mc.address} port {mc.port}: "
+                f"{exc.strerror or exc} (set [metrics] address and port)"
+            ) from exc
+        log.info("metrics on http://%s:%d/metrics (probes /healthz, /readyz)", mc.address, mc.port)
+
+    def _prepare_cdi(self) -> None:
+        """Delete the spec files of kinds no resource has any more (each resource keeps its own current)."""
+        cdi = self.config.cdi
+        if not cdi.enabled:
+            return
+        try:
+            remove_stale_specs(cdi.spec_dir, {spec_file_name(rc.cdi_kind) for rc in self.config.resources})
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.config.path or '<config>'}: cdi.spec_dir: cannot use {cdi.spec_dir}: {exc.strerror or exc}"
+            ) from exc
 
     # --- the plugin folder
 
@@ -163,6 +248,8 @@ class Daemon:
         try:
             plugin_dir = self._prepare_plugin_dir()
             loop = self._loop
+            self._prepare_cdi()
+            self._serve_metrics(loop)
 
             def plugin_dir_changed(names: frozenset[str]) -> None:
                 loop.call_soon_threadsafe(self._on_plugin_dir_change, names)
@@ -172,8 +259,11 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self._stop.set)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGHUP, self.request_reload)
             await self._write_status()  # at once: a previous daemon's status must not linger
-            lives = [asyncio.ensure_future(r.live()) for r in self.resources]
+            for resource in self.resources:
+                self._start_life(resource)
             reconciling = asyncio.ensure_future(self.reconciler.run())
             if self._loop is not None:
                 for delay in TRIM_AFTER_S:
@@ -187,7 +277,7 @@ class Daemon:
             timeout = self.config.shutdown.timeout
             log.info("shutting down (at most %g s, [shutdown] timeout)", timeout)
             deadline = loop.time() + timeout
-            stopping = asyncio.ensure_future(self._shut_down(lives, reconciling))
+            stopping = asyncio.ensure_future(self._shut_down(reconciling))
             done, _ = await asyncio.wait((stopping,), timeout=timeout)
             if not done:
                 stopping.cancel()
@@ -202,7 +292,9 @@ class Daemon:
         finally:
             if self._watcher is not None:
                 self._watcher.close()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._loop.remove_signal_handler(sig)
             self._writer.close()  # every write was awaited, or given up on by _final_status
@@ -211,13 +303,132 @@ class Daemon:
             log.info("stopped" if not abandoned else "stopped, abandoning what did not finish")
         return abandoned
 
-    async def _shut_down(self, lives: Sequence[asyncio.Future[None]], reconciling: asyncio.Future[None]) -> None:
+    async def _shut_down(self, reconciling: asyncio.Future[None]) -> None:
         """Stop accepting, finish in-flight calls, stop the drivers; unbounded (the caller bounds it)."""
         reconciling.cancel()
-        await asyncio.gather(*(r.stop() for r in self.resources))
+        drains = list(self._draining.values())
+        for drain in drains:  # only their waiting is cancelled: a teardown they began goes on (shielded)
+            drain.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
+        if self._reload_lock is not None:  # a reload applying now finishes first: it may be starting resources
+            await self._reload_lock.acquire()
+        await asyncio.gather(
+            *(asyncio.shield(self._teardowns[r]) if r in self._teardowns else r.stop() for r in self.resources),
+            *self._teardowns.values(),
+        )
+        lives = list(self._lives.values())
         for life in lives:
             life.cancel()
         await asyncio.gather(*lives, reconciling, return_exceptions=True)
+
+    # --- live reload
+
+    def _start_life(self, resource: Resource) -> None:
+        self._lives[resource] = asyncio.ensure_future(resource.live())
+
+    def request_reload(self) -> None:
+        """Re-read the config file (SIGHUP); reloads run one after another, never during shutdown."""
+        if self._loop is None or self._stop.is_set():
+            return
+        self._tasks.spawn(self.reload())
+
+    async def reload(self) -> None:
+        """Load the config file again and apply it, or refuse it (logged and in the status) keeping the running one."""
+        if self._reload_lock is None:
+            self._reload_lock = asyncio.Lock()
+        async with self._reload_lock:
+            if self._stop.is_set():
+                return
+            path = self.config.path
+            log.info("reloading %s (SIGHUP)", path)
+            try:
+                if path is None:
+                    raise ConfigError("the daemon was not started from a config file: there is nothing to re-read")
+                new = await asyncio.get_running_loop().run_in_executor(None, load_config, path)
+                plan = plan_reload(self.config, new)
+            except Exception as exc:  # a DevplugError says what is wrong; anything else is a bug, logged with its trace
+                reason = str(exc) if isinstance(exc, DevplugError) else f"{type(exc).__name__}: {exc}"
+                self.reload_record.refused(reason)
+                generation = self.reload_record.generation
+                log.error(
+                    "reload refused, the running config (generation %d) stays: %s",
+                    generation,
+                    reason,
+                    exc_info=None if isinstance(exc, DevplugError) else exc,
+                )
+                await self._write_status()
+                return
+            self.config = new
+            self.reconciler.interval = new.release.interval
+            self.reconciler.grace = new.release.grace_period
+            for name in plan.removed:
+                self._drain(self._resource(name))
+            await asyncio.gather(*(self._replace(rc) for rc in (*plan.changed, *plan.added)))
+            self.reload_record.applied(plan)
+            log.info("reload applied (config generation %d): %s", self.reload_record.generation, plan.describe())
+            await self._write_status()
+
+    def _resource(self, name: str) -> Resource:
+        return next(r for r in self.resources if r.name == name)
+
+    async def _replace(self, rc: ResourceConfig) -> None:
+        """Start ``rc``'s resource; first stop the instance of that name still running (changed, or draining after
+        an earlier removal). The ledger is kept: what pods hold stays held, and is released by the new instance."""
+        old = next((r for r in self.resources if r.name == rc.name), None)
+        if old is not None:
+            drain = self._draining.pop(rc.name, None)
+            if drain is not None:
+                drain.cancel()
+            log.info("[%s] restarting on its new config", rc.name)
+            await asyncio.shield(self._tear_down(old))
+        resource = self._new_resource(rc)
+        self.resources.append(resource)
+        self.reconciler.resources.append(resource)
+        self._start_life(resource)
+        self._release_wake.set()  # a pass soon: the restarted instance's ledger may hold allocations
+
+    def _tear_down(self, resource: Resource) -> asyncio.Future[None]:
+        """Stop ``resource`` for good (once); the future is done when its socket is gone and its driver stopped."""
+        teardown = self._teardowns.get(resource)
+        if teardown is None:
+            teardown = self._teardowns[resource] = asyncio.ensure_future(self._stop_for_good(resource))
+            teardown.add_done_callback(lambda _: self._teardowns.pop(resource, None))
+        return teardown
+
+    async def _stop_for_good(self, resource: Resource) -> None:
+        resource.stopping = True  # the reconciler starts no new release in it
+        while self.reconciler.releasing_in(resource):  # one running finishes in this instance's ledger
+            await asyncio.sleep(DRAIN_POLL_S)
+        try:
+            await resource.stop()
+        finally:
+            self.resources.remove(resource)
+            self.reconciler.resources.remove(resource)
+            self._status.forget(resource.name)
+            self._status_changed()
+        life = self._lives.pop(resource, None)
+        if life is not None:
+            life.cancel()
+            await asyncio.gather(life, return_exceptions=True)
+
+    def _drain(self, resource: Resource) -> None:
+        resource.retire(REMOVED_REASON)
+        held = sum(1 for _ in resource.ledger)
+        log.info(
+            "[%s] removed from the config: advertising no devices; torn down once its %d allocation(s) are released",
+            resource.name,
+            held,
+        )
+        self._draining[resource.name] = asyncio.ensure_future(self._drain_then_tear_down(resource))
+
+    async def _drain_then_tear_down(self, resource: Resource) -> None:
+        while not resource.drained():
+            await asyncio.sleep(DRAIN_POLL_S)
+        log.info("[%s] drained: tearing it down (driver stop, socket removed)", resource.name)
+        await asyncio.shield(self._tear_down(resource))
+        log.info("[%s] torn down", resource.name)
+        if self._draining.get(resource.name) is asyncio.current_task():
+            del self._draining[resource.name]
 
     async def _hooks_return(self, deadline: float) -> None:
         """Give hooks still running (a release finishing in the background) until ``deadline`` to return."""

@@ -3,18 +3,31 @@
 Three things decide what the kubelet sees for a device: the health the
 driver reports, whether the engine withholds the device (it is being released
 and the driver still holds it), and whether the whole resource is degraded (a
-failing driver). Each device's ``ListAndWatchResponse`` entry is encoded once
-and cached; a change re-encodes only the devices it touched, and the list is a
-join of the cached entries.
+failing driver). A resource removed from the config by a reload is *retired*: it
+advertises an empty list (capacity 0) while its allocations drain. Each device's
+``ListAndWatchResponse`` entry is encoded once and cached; a change re-encodes
+only the devices it touched, and the list is a join of the cached entries.
+
+Shared devices. The driver reports physical devices; a device with more than
+one replica (the resource's ``replicas``, or the device's own
+:attr:`~devplug.types.Device.replicas`) is advertised as that many devices,
+``<id>::0`` .. ``<id>::<n-1>``, each with the physical device's health,
+topology and allocation data. Every change the driver makes to a device
+(health, removal) applies to all of its replicas. A device with one replica is
+advertised under its own ID, the same object, so a resource without sharing
+costs nothing more. Advertised IDs are what the kubelet, the ledger and the
+lifecycle use; :meth:`DeviceTable.physical_of` and
+:meth:`DeviceTable.replica_ids` map between the two.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import replace
 
 from devplug.api.convert import encode_device_entry, encode_list_and_watch
-from devplug.types import Device, Health
+from devplug.types import Device, Health, replica_id
 
 __all__ = ["DeviceTable"]
 
@@ -22,11 +35,22 @@ __all__ = ["DeviceTable"]
 class DeviceTable:
     """One resource's device table. Used from the event loop thread only."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: int = 1) -> None:
+        #: How many replicas a device has when it does not say (the resource's ``replicas``).
+        self.default_replicas = replicas
+        #: The driver's devices, by their own (physical) ID.
+        self._physical: dict[str, Device] = {}
+        #: Shared devices now: physical ID -> advertised replica IDs.
+        self._replicas: dict[str, tuple[str, ...]] = {}
+        #: Every replica ID ever advertised -> its physical ID, and every physical ID -> all its replica IDs
+        #: ever advertised: kept when a device goes or shrinks, since allocations may still hold its replicas.
+        self._physical_of: dict[str, str] = {}
+        self._ever: dict[str, tuple[str, ...]] = {}
         self._devices: dict[str, Device] = {}
         self._entries: dict[str, bytes] = {}
         self._withheld: frozenset[str] = frozenset()
         self._degraded: str | None = None
+        self._retired: str | None = None
         self.version = 0
         self._encoded: tuple[int, bytes] = (-1, b"")
         self._waiter: asyncio.Future[None] | None = None
@@ -51,8 +75,63 @@ class DeviceTable:
         return None if dev is None else self._effective(dev)
 
     def reported_devices(self) -> list[Device]:
-        """Every device as the driver reports it."""
+        """Every advertised device (each replica of a shared device) as the driver reports it."""
         return list(self._devices.values())
+
+    def physical_devices(self) -> list[Device]:
+        """Every device as the driver listed it (a shared device once)."""
+        return list(self._physical.values())
+
+    def physical(self, device_id: str) -> Device | None:
+        """The driver's device of this physical ID, or ``None``."""
+        return self._physical.get(device_id)
+
+    def advertised_physical(self, dev: Device) -> Device:
+        """A physical device as the kubelet sees it: unhealthy while the resource is degraded."""
+        if dev.healthy and self._degraded is not None:
+            return dev.with_health(Health.UNHEALTHY)
+        return dev
+
+    def physical_of(self, device_id: str) -> str:
+        """The physical device ID of an advertised ID (itself for a device that is not shared)."""
+        return self._physical_of.get(device_id, device_id)
+
+    def replica_ids(self, device_id: str) -> tuple[str, ...]:
+        """The advertised IDs of a physical device (its own ID alone when it is not shared)."""
+        return self._replicas.get(device_id, (device_id,))
+
+    def all_replica_ids(self, device_id: str) -> tuple[str, ...]:
+        """Every ID a physical device was ever advertised under (allocations may hold any of them)."""
+        ever = self._ever.get(device_id)
+        return (*ever, device_id) if ever else (device_id,)
+
+    def learn_replica_ids(self, device_ids: Iterable[str]) -> list[str]:
+        """Map held IDs of replicas no longer advertised (a device's replica count lowered across a restart)
+        back to their device, so their tenancies are released through it and counted as its tenants.
+
+        An ID ``<device>::<k>`` that is not advertised, of a device the driver
+        lists, is such a replica (IDs of that form are the core's own).
+        Returns the IDs learnt.
+        """
+        learnt = []
+        for dev_id in device_ids:
+            if dev_id in self._physical_of or dev_id in self._devices:
+                continue
+            base, sep, index = dev_id.rpartition("::")
+            if sep and index.isascii() and index.isdigit() and base in self._physical:
+                self._physical_of[dev_id] = base
+                self._ever[base] = (*self._ever.get(base, ()), dev_id)
+                learnt.append(dev_id)
+        return learnt
+
+    @property
+    def shared(self) -> bool:
+        """True when some device is advertised as several replicas."""
+        return bool(self._replicas)
+
+    def shared_devices(self) -> dict[str, tuple[str, ...]]:
+        """Every shared device's physical ID -> its replica IDs."""
+        return dict(self._replicas)
 
     def healthy_count(self) -> int:
         """How many devices are advertised healthy (without building the advertised list)."""
@@ -67,22 +146,61 @@ class DeviceTable:
         return self._degraded
 
     @property
+    def retired(self) -> str | None:
+        """Why the resource advertises no devices at all (removed from the config), or ``None``."""
+        return self._retired
+
+    @property
     def withheld(self) -> frozenset[str]:
         return self._withheld
 
     def encoded(self) -> bytes:
         """The current serialized ``ListAndWatchResponse``."""
         if self._encoded[0] != self.version:
-            self._encoded = (self.version, encode_list_and_watch(self._entries.values()))
+            entries = () if self._retired is not None else self._entries.values()
+            self._encoded = (self.version, encode_list_and_watch(entries))
         return self._encoded[1]
 
     # --- changing
 
+    def count_of(self, dev: Device) -> int:
+        """How many replicas ``dev`` is advertised as."""
+        return dev.replicas if dev.replicas is not None else self.default_replicas
+
+    def _expand(self, dev: Device) -> list[Device]:
+        count = self.count_of(dev)
+        if count == 1:
+            return [dev]
+        return [replace(dev, id=replica_id(dev.id, k)) for k in range(count)]
+
+    def _map(self, physical: Iterable[Device]) -> dict[str, Device]:
+        """Advertised devices of ``physical``, noting each shared device's replicas."""
+        advertised: dict[str, Device] = {}
+        for dev in physical:
+            self._forget(dev.id)
+            expanded = self._expand(dev)
+            if len(expanded) > 1:
+                ids = tuple(d.id for d in expanded)
+                self._replicas[dev.id] = ids
+                self._ever[dev.id] = (*self._ever.get(dev.id, ()), *(i for i in ids if i not in self._physical_of))
+                for rep_id in ids:
+                    self._physical_of[rep_id] = dev.id
+            for rep in expanded:
+                advertised[rep.id] = rep
+        return advertised
+
+    def _forget(self, device_id: str) -> tuple[str, ...]:
+        """Drop a physical device's current replicas (the IDs stay known); returns its advertised IDs."""
+        return self._replicas.pop(device_id, None) or (device_id,)
+
     def replace(self, devices: Iterable[Device]) -> None:
         """Replace every device (IDs must be unique; the driver facade checks that)."""
-        new = {d.id: d for d in devices}
-        if new == self._devices:
+        physical = {d.id: d for d in devices}
+        if physical == self._physical:
             return
+        self._physical = physical
+        self._replicas = {}
+        new = self._map(physical.values())
         old = self._devices
         self._devices = new
         self._entries = {
@@ -91,26 +209,39 @@ class DeviceTable:
         self._bump()
 
     def update(self, changed: Iterable[Device] = (), removed: Iterable[str] = ()) -> None:
-        """Add or replace ``changed`` devices, drop ``removed`` IDs."""
+        """Add or replace ``changed`` devices, drop ``removed`` IDs (physical devices: all their replicas)."""
         touched = False
-        for dev in changed:
-            if self._devices.get(dev.id) != dev:
-                self._devices[dev.id] = dev
-                self._entries[dev.id] = self._encode(dev)
-                touched = True
+        for phys in changed:
+            if self._physical.get(phys.id) == phys:
+                continue
+            self._physical[phys.id] = phys
+            before = self._forget(phys.id)
+            after = self._map([phys])
+            for dev_id in before:
+                if dev_id not in after and self._devices.pop(dev_id, None) is not None:
+                    del self._entries[dev_id]
+            for dev in after.values():
+                if self._devices.get(dev.id) != dev:
+                    self._devices[dev.id] = dev
+                    self._entries[dev.id] = self._encode(dev)
+            touched = True
         for dev_id in removed:
-            if self._devices.pop(dev_id, None) is not None:
-                del self._entries[dev_id]
-                touched = True
+            if self._physical.pop(dev_id, None) is None:
+                continue
+            for rep in self._forget(dev_id):
+                if self._devices.pop(rep, None) is not None:
+                    del self._entries[rep]
+            touched = True
         if touched:
             self._bump()
 
     def set_health(self, health: dict[str, Health]) -> list[str]:
-        """Apply health by device ID (unknown IDs ignored); returns the IDs that changed."""
+        """Apply health by physical device ID to all its replicas (unknown IDs ignored); returns the IDs that
+        changed."""
         changed = [
-            self._devices[i].with_health(h)
+            self._physical[i].with_health(h)
             for i, h in health.items()
-            if i in self._devices and self._devices[i].health is not h
+            if i in self._physical and self._physical[i].health is not h
         ]
         self.update(changed)
         return [d.id for d in changed]
@@ -134,6 +265,14 @@ class DeviceTable:
             self._reencode(self._devices)
         else:
             self._bump()
+
+    def retire(self, reason: str) -> None:
+        """Advertise an empty list from now on (capacity 0: the kubelet admits no new pod); the devices stay in
+        the table, so the calls of pods holding them (PreStartContainer) and their releases still work."""
+        if self._retired is not None:
+            return
+        self._retired = reason
+        self._bump()
 
     def _reencode(self, device_ids: Iterable[str]) -> None:
         for dev_id in device_ids:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from devplug.context import DriverContext
 from devplug.drivers import DriverCapabilities, DriverHooks
 from devplug.engine.hookrunner import HookRunner
-from devplug.types import ContainerAllocation, Device, Health
+from devplug.types import ContainerAllocation, Device, Health, Replicas
 
 __all__ = ["AsyncDriver"]
 
@@ -47,23 +47,23 @@ class AsyncDriver:
         return await self.runner.call("check_health", self.hooks.check_health, devices)
 
     async def preferred_allocation(
-        self, available: Sequence[Device], must_include: Sequence[str], size: int
+        self, available: Sequence[Device], must_include: Sequence[str], size: int, replicas: Replicas | None = None
     ) -> list[str]:
         return await self.runner.call(
-            "preferred_allocation", self.hooks.preferred_allocation, available, tuple(must_include), size
+            "preferred_allocation", self.hooks.preferred_allocation, available, tuple(must_include), size, replicas
         )
 
-    async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        return await self.runner.call("allocate", self.hooks.allocate, tuple(device_ids))
+    async def allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
+        return await self.runner.call("allocate", self.hooks.allocate, tuple(device_ids), replicas)
 
-    async def pre_start(self, device_ids: Sequence[str]) -> None:
-        await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids))
+    async def pre_start(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> None:
+        await self.runner.call("pre_start", self.hooks.pre_start, tuple(device_ids), replicas)
 
-    async def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
-        await self.runner.call("post_stop", self.hooks.post_stop, tuple(device_ids), retry)
+    async def post_stop(self, device_ids: Sequence[str], retry: bool, replicas: Replicas | None = None) -> None:
+        await self.runner.call("post_stop", self.hooks.post_stop, tuple(device_ids), retry, replicas)
 
-    async def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
-        await self.runner.call("deallocate", self.hooks.deallocate, tuple(device_ids), retry)
+    async def deallocate(self, device_ids: Sequence[str], retry: bool, replicas: Replicas | None = None) -> None:
+        await self.runner.call("deallocate", self.hooks.deallocate, tuple(device_ids), retry, replicas)
 
     def close(self) -> None:
         """Let the hook thread go (a hook still running finishes in the background)."""

@@ -48,11 +48,11 @@ class _LoopSink:
         self._published = published
 
     def replace_devices(self, devices: list[Device]) -> None:
-        checked = check_device_list(self._name, devices)
+        checked = check_device_list(self._name, devices, self._table.default_replicas)
         self._loop.call_soon_threadsafe(self._table.replace, checked)
 
     def update_devices(self, changed: list[Device], removed: list[str]) -> None:
-        check_device_list(self._name, changed)
+        check_device_list(self._name, changed, self._table.default_replicas)
         self._loop.call_soon_threadsafe(self._table.update, changed, removed)
 
     def request_relist(self) -> None:
@@ -119,7 +119,7 @@ class DriverHost:
         instead degrades the resource (every device unhealthy until it answers).
         """
         instance = construct_driver(config.name, config.driver, config.driver_class, config.options)
-        driver = AsyncDriver(DriverHooks(config.name, instance), runner)
+        driver = AsyncDriver(DriverHooks(config.name, instance, replicas=config.replicas), runner)
         relist = asyncio.Event()
         sink = _LoopSink(config.name, table, asyncio.get_running_loop(), relist, published)
         await driver.start(DriverContext(config.name, state_dir, sink))
@@ -166,7 +166,7 @@ class DriverHost:
             if self.stopping or self._recovering:
                 continue
             try:
-                health = await self.driver.check_health(self.table.reported_devices())
+                health = await self.driver.check_health(self.table.physical_devices())
             except DriverError as exc:
                 self.degrade(str(exc))
                 continue

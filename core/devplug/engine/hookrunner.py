@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.serial import SerialThread
 from devplug.errors import DriverError, HookTimeoutError
 
@@ -49,9 +50,10 @@ class HookRunner:
     :class:`DriverError` carrying the resource, the hook and the driver's message.
     """
 
-    def __init__(self, resource_name: str, timeout: float) -> None:
+    def __init__(self, resource_name: str, timeout: float, observer: ResourceObserver = NULL_OBSERVER) -> None:
         self.resource_name = resource_name
         self.timeout = timeout
+        self.observer = observer
         self._thread = self._new_thread()
         self._lock = asyncio.Lock()
         self._running: set[RunningHook] = set()
@@ -89,10 +91,12 @@ class HookRunner:
     async def call(self, hook: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """Run ``fn(*args)`` (the hook called ``hook``) in the resource's hook thread and return its result."""
         limit = self.timeout if timeout is None else timeout
+        self.observer.hook_called(hook)
         if self._inline:
             try:
                 return self._tracked(hook, fn, args)
             except Exception as exc:
+                self.observer.hook_failed(hook)
                 failure = self._failure(hook, exc)
                 if failure is exc:
                     raise
@@ -102,6 +106,7 @@ class HookRunner:
             try:
                 done, _ = await asyncio.wait((future,), timeout=limit)
                 if not done:
+                    self.observer.hook_timed_out(hook)
                     self._abandon()
                     timeout_error = HookTimeoutError(
                         f"{self.resource_name}: driver hook {hook} did not return within {limit:g} s "
@@ -118,6 +123,7 @@ class HookRunner:
             except HookTimeoutError:
                 raise
             except Exception as exc:
+                self.observer.hook_failed(hook)
                 failure = self._failure(hook, exc)
                 if failure is exc:
                     raise

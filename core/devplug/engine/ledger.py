@@ -36,6 +36,7 @@ from typing import Any
 
 from devplug.atomic import write_atomic
 from devplug.engine.journal import JournalSegment, encode_frame, read_journal, segment_path, segments
+from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
@@ -229,9 +230,11 @@ class Ledger:
         path: Path,
         write: Callable[[Path, bytes], Awaitable[None]] | None = None,
         on_saved: Callable[[], None] = lambda: None,
+        observer: ResourceObserver = NULL_OBSERVER,
     ) -> None:
         self.resource_name = resource_name
         self.path = path
+        self._observer = observer
         self._write = write or _write_in_thread
         self._on_saved = on_saved
         self.records: dict[str, AllocationRecord] = {}
@@ -394,6 +397,7 @@ class Ledger:
             ]
         )
         if frames:
+            started = time.perf_counter()
             try:
                 self._segment.append(frames)
                 if sync:
@@ -402,6 +406,7 @@ class Ledger:
                 self.write_error = f"cannot write {self._segment.path}: {exc.strerror or exc} (at {time.time():.0f})"
                 self._on_saved()
                 raise
+            self._observer.ledger_written("journal", time.perf_counter() - started)
             self._changed.clear()
             self._removed.clear()
             self.version += 1
@@ -439,11 +444,13 @@ class Ledger:
         data = self.serialize(journal_seq=covered)
         self._segment.close()
         self._segment = JournalSegment(segment_path(self.path, covered + 1))
+        started = time.perf_counter()
         try:
             await self._write(self.path, data)
         except OSError as exc:
             log.warning("[%s] compacting the allocation ledger failed, will retry: %s", self.resource_name, exc)
             return
+        self._observer.ledger_written("snapshot", time.perf_counter() - started)
         self._snapshot_seq = covered
         for seq, path in segments(self.path):
             if seq <= covered:

@@ -30,6 +30,16 @@ The engine decides on evidence:
   running container (the kubelet allocates only devices no active pod holds,
   or, for reuse, before any container of the pod started); its cost is one
   extra release between an init container and its pod's app container.
+
+Shared devices (:mod:`devplug.engine.sharing`). A shared device is advertised
+as several replicas; each allocation of replicas is a tenancy of its own, a
+record like any other, so every rule above holds per tenancy (the kubelet's
+PodResources and checkpoint name the replica IDs). The locks are taken per
+physical device, so two tenancies of one device never run hooks at once.
+Releasing a tenancy runs ``post_stop`` for it; ``deallocate`` of a physical
+device runs only when no other record holds a replica of it, so a device is
+never reset under another tenant. An Allocate of a replica first finishes any
+release still owed by a record holding another replica of the same device.
 """
 
 from __future__ import annotations
@@ -45,14 +55,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from devplug.engine.asynctools import BackgroundTasks
+from devplug.engine.cdi import AllocationAnswers
 from devplug.engine.checkpointview import CheckpointView, pods_holding
 from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
-from devplug.errors import AllocationConflictError, DriverError, HookTimeoutError, RequestError, StateWriteError
+from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
+from devplug.engine.sharing import DeviceShare, SharingView, shared_env_name
+from devplug.errors import DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
-from devplug.types import ContainerAllocation, Device, merge_allocations
+from devplug.types import ContainerAllocation, Device, Replicas
 
 __all__ = ["DeviceLifecycle", "Release"]
 
@@ -88,13 +101,22 @@ class DeviceLifecycle:
         ledger: Ledger,
         checkpoint: CheckpointView,
         on_allocated: Callable[[], None] = lambda: None,
+        answers: AllocationAnswers | None = None,
+        observer: ResourceObserver = NULL_OBSERVER,
+        *,
+        fail_requests_greater_than_one: bool = False,
     ) -> None:
         self.resource_name = resource_name
+        #: Refuse an Allocate giving a container more than one device (replica).
+        self.fail_requests_greater_than_one = fail_requests_greater_than_one
+        self.sharing = SharingView(table, ledger)
         self.table = table
         self.driver = driver
         self.ledger = ledger
         self.checkpoint = checkpoint
         self._on_allocated = on_allocated
+        self.answers = answers or AllocationAnswers(resource_name, table, driver, None)
+        self.observer = observer
         self.locks = DeviceLocks()
         self.recent_releases: deque[Release] = deque(maxlen=50)
         #: IDs of the records an Allocate in flight is filling; the reconciler leaves them alone.
@@ -121,11 +143,12 @@ class DeviceLifecycle:
         )
 
     def _check_servable(self, containers: Sequence[Sequence[str]]) -> None:
-        """Every device must be known and healthy as the driver reports it.
+        """Every device must be known and healthy as the driver reports it, and the resource not retired.
 
         A device withheld (advertised unhealthy) only while a release of it
         runs passes: the Allocate waits for that release.
         """
+        self._refuse_if_retired("nothing was allocated")
         self._refuse_bad_ids(
             containers,
             known=lambda i: self.table.reported(i) is not None,
@@ -133,6 +156,11 @@ class DeviceLifecycle:
             prefix=f"{self.resource_name}: ",
             outcome="nothing was allocated",
         )
+
+    def _refuse_if_retired(self, outcome: str) -> None:
+        """A resource removed from the config (draining) advertises nothing: no kubelet asks it for devices."""
+        if self.table.retired is not None:
+            raise RequestError(f"{self.resource_name}: {self.table.retired}; {outcome}")
 
     def _refuse_bad_ids(
         self,
@@ -172,16 +200,25 @@ class DeviceLifecycle:
     # --- device locks
 
     def _closure(self, device_ids: Iterable[str]) -> set[str]:
-        """``device_ids`` and every other device of the records holding them."""
+        """``device_ids`` and every other device of the records holding them; for shared devices also of the
+        records releasing another replica of them (an Allocate finishes those first)."""
         ids = set(device_ids)
-        return ids | {d for i in ids for r in self.ledger.holders(i) for d in r.all_devices()}
+        out = ids | {d for i in ids for r in self.ledger.holders(i) for d in r.all_devices()}
+        if self.table.shared:
+            for phys in self.sharing.physical_ids(list(out)):
+                out.update(d for r in self.sharing.holders(phys) if r.releasing for d in r.all_devices())
+        return out
+
+    def _lock_keys(self, device_ids: Iterable[str]) -> set[str]:
+        """The locks of advertised IDs: one per physical device, so tenancies of a shared device take turns."""
+        return {self.table.physical_of(i) for i in device_ids}
 
     @contextlib.asynccontextmanager
     async def _hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> AsyncIterator[None]:
         """Hold the locks of ``device_ids`` and of every device of the records holding them."""
         want = self._closure(device_ids)
         while True:
-            async with self.locks.hold(want, what, timeout):
+            async with self.locks.hold(self._lock_keys(want), what, timeout):
                 now = self._closure(want)
                 if now <= want:
                     yield
@@ -202,6 +239,7 @@ class DeviceLifecycle:
         must-include outside ``available``, more must-includes than ``size``) is
         refused, and the answer never holds more than ``size`` IDs.
         """
+        self._refuse_if_retired("nothing was chosen")
         if size < 0:
             raise RequestError(f"{self.resource_name}: allocation_size {size} is negative")
         offered_ids = set(available)
@@ -224,10 +262,40 @@ class DeviceLifecycle:
             dev = self.table.advertised(dev_id)
             if dev is not None and (dev.healthy or dev_id in must_include):
                 offered.append(dev)
+        if self.sharing.is_shared(d.id for d in offered):
+            return await self._preferred_replicas(offered, must_include, size)
         chosen = await self.driver.preferred_allocation(offered, must_include, size)
         allowed = {d.id for d in offered}
         result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in allowed]
         return result[:size]
+
+    async def _preferred_replicas(self, offered: list[Device], must_include: Sequence[str], size: int) -> list[str]:
+        """:meth:`preferred` on shared devices: the driver (or the core's spread) chooses physical devices,
+        each named once per replica, and gets each device's free replicas picked for it."""
+        musts = list(dict.fromkeys(must_include))
+        physical_ids, replicas = self.sharing.replicas([d.id for d in offered])
+        physical = [p for i in physical_ids if (p := self._physical_device(i)) is not None]
+        chosen = await self.driver.preferred_allocation(
+            physical, [self.table.physical_of(i) for i in musts], size, replicas
+        )
+        free = {phys: [i for i in ids if i not in musts] for phys, ids in replicas.by_device.items()}
+        result = list(musts)
+        for choice in chosen:
+            if len(result) >= size:
+                break
+            if choice in replicas.by_device and free.get(choice):
+                result.append(free[choice].pop(0))  # a physical device: its next free replica
+                continue
+            phys = self.table.physical_of(choice)
+            if choice != phys and choice in free.get(phys, ()):  # a replica ID of an offered device
+                free[phys].remove(choice)
+                result.append(choice)
+        return result[:size]
+
+    def _physical_device(self, physical_id: str) -> Device | None:
+        """The driver's device, as the kubelet sees it (unhealthy while the resource is degraded)."""
+        dev = self.table.physical(physical_id)
+        return None if dev is None else self.table.advertised_physical(dev)
 
     async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         """Allocate for every container of one request, all or nothing.
@@ -239,6 +307,8 @@ class DeviceLifecycle:
         :attr:`release_wait` seconds) and refuses only if it fails.
         """
         self._check_servable_or_releasing(containers)
+        if self.fail_requests_greater_than_one:
+            self._refuse_more_than_one(containers)
         requested = [i for ids in containers for i in ids]
         try:
             async with self._hold(requested, "allocate", timeout=self.release_wait):
@@ -251,9 +321,20 @@ class DeviceLifecycle:
                 "(twice hook_timeout); nothing was allocated"
             ) from None
         self._on_allocated()
+        self.observer.allocated(len(containers))
         for ids in containers:  # debug: one line per Allocate at info would cost more than the call itself
             log.debug("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
         return results
+
+    def _refuse_more_than_one(self, containers: Sequence[Sequence[str]]) -> None:
+        """``fail_requests_greater_than_one``: a container asking for several devices (replicas) is refused."""
+        for number, ids in enumerate(containers):
+            if len(ids) > 1:
+                raise RequestError(
+                    f"{self.resource_name}: container #{number} of the request asks for {len(ids)} devices "
+                    f"({_ids(ids)}) and the resource sets fail_requests_greater_than_one: each container may have "
+                    "one replica; nothing was allocated"
+                )
 
     def _check_servable_or_releasing(self, containers: Sequence[Sequence[str]]) -> None:
         """The up-front check: :meth:`_check_servable` (a device withheld while its release runs may wait for
@@ -270,6 +351,9 @@ class DeviceLifecycle:
     async def _settle(self, requested: Sequence[str]) -> None:
         """Finish every earlier tenancy of ``requested`` that is not reused by this Allocate."""
         holders = {r.id: r for i in requested for r in self.ledger.holders(i)}
+        if self.table.shared:  # a release owed on another replica of a requested device is finished first
+            for phys in self.sharing.physical_ids(requested):
+                holders.update((r.id, r) for r in self.sharing.holders(phys) if r.releasing)
         for record in holders.values():
             if self.ledger.records.get(record.id) is not record:
                 continue
@@ -344,7 +428,7 @@ class DeviceLifecycle:
             results: list[ContainerAllocation] = []
             try:
                 for ids, record in zip(containers, records, strict=True):
-                    allocation = await self._allocation(ids)
+                    allocation = await self._allocation(ids, record)
                     self.ledger.confirm(record, allocation, time.time())
                     results.append(allocation)
             except DriverError as exc:
@@ -377,15 +461,22 @@ class DeviceLifecycle:
             no_space,
         )
 
-    async def _allocation(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        """The driver's ``allocate`` answer, or for a driver without that hook what its devices declare."""
-        if self.driver.capabilities.allocate:
-            return await self.driver.allocate(device_ids)
-        parts = [d.allocation for i in device_ids if (d := self.table.reported(i)) is not None and d.allocation]
-        try:
-            return merge_allocations(parts) if parts else ContainerAllocation()
-        except AllocationConflictError as exc:
-            raise DriverError(f"{self.resource_name}: the devices' allocation data conflict: {exc}") from exc
+    async def _allocation(self, device_ids: Sequence[str], record: AllocationRecord) -> ContainerAllocation:
+        """The driver's ``allocate`` answer merged with what its devices declare (and their CDI names).
+
+        Shared devices: the driver gets the physical devices with the
+        :class:`Replicas`, and the answer gets ``DEVPLUG_SHARED_DEVICES_<RESOURCE>``
+        (env and annotation) listing them.
+        """
+        if not self.sharing.is_shared(device_ids):
+            return await self.answers.build(device_ids)
+        physical, replicas = self.sharing.replicas(device_ids, excluding=(record.id,))
+        listed = ",".join(physical)
+        shared = ContainerAllocation(
+            envs={shared_env_name(self.resource_name): listed},
+            annotations={f"{self.resource_name}.shared-devices": listed},
+        )
+        return await self.answers.build(device_ids, shared=(physical, replicas, shared))
 
     def _undo_when_returned(
         self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float
@@ -423,14 +514,44 @@ class DeviceLifecycle:
         self._tasks.spawn(undo())
 
     async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> None:
+        undone = {i for ids in containers for i in ids if i not in held_before}
         for ids in reversed(containers):
             fresh = [i for i in ids if i not in held_before]
             if not fresh:
                 continue
             try:
-                await self.driver.deallocate(fresh, False)
+                if self.sharing.is_shared(fresh):
+                    await self._undo_shared(fresh, undone)
+                else:
+                    await self.driver.deallocate(fresh, False)
             except DriverError as exc:
                 log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
+
+    async def _undo_shared(self, fresh: list[str], undone: set[str]) -> None:
+        """Undo a shared allocation like a tenancy's release: ``post_stop``, then ``deallocate`` of the devices
+        no other tenant holds a replica of (the ledger still holds this request's records, ``undone`` names
+        their fresh replicas)."""
+        mine = {r.id for i in fresh for r in self.ledger.holders(i)}  # only this request's records hold them
+        physical, replicas = self.sharing.replicas(fresh, excluding=mine)
+        if self.driver.capabilities.post_stop:
+            await self.driver.post_stop(physical, False, replicas)
+        last = [p for p in physical if not self.sharing.still_held(p, undone)]
+        if last:
+            physical_last, last_replicas = self._last_tenant(
+                last, [i for i in fresh if self.table.physical_of(i) in last]
+            )
+            await self.driver.deallocate(physical_last, False, last_replicas)
+
+    def _last_tenant(self, physical: list[str], replica_ids: Sequence[str]) -> tuple[list[str], Replicas]:
+        """The arguments of a ``deallocate`` of ``physical``, whose last replicas are ``replica_ids``."""
+        by_device: dict[str, list[str]] = {}
+        for i in replica_ids:
+            by_device.setdefault(self.table.physical_of(i), []).append(i)
+        return physical, Replicas(
+            by_device={p: tuple(by_device.get(p, ())) for p in physical},
+            in_use=dict.fromkeys(physical, 0),
+            tenants=dict.fromkeys(physical, 0),
+        )
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """PreStartContainer: only for devices allocated to a live allocation, healthy, each named once."""
@@ -453,7 +574,11 @@ class DeviceLifecycle:
                     f"{self.resource_name}: PreStartContainer: " + "; ".join(problems) + "; nothing was done"
                 )
             if self.driver.capabilities.pre_start:
-                await self.driver.pre_start(device_ids)
+                if self.sharing.is_shared(device_ids):
+                    holding = [r.id for i in device_ids for r in self.ledger.holders(i)]
+                    await self.driver.pre_start(*self.sharing.replicas(device_ids, excluding=holding))
+                else:
+                    await self.driver.pre_start(device_ids)
 
     def _reported_healthy(self, device_id: str) -> bool:
         dev = self.table.reported(device_id)
@@ -477,7 +602,7 @@ class DeviceLifecycle:
                 for record in records:
                     record.mark_post_stop_begun(i for i in owed if i in record.devices)
                 await self.ledger.save(sync=True)
-                await self.driver.post_stop(owed, retry)
+                await self._post_stop(owed, retry, [r.id for r in records])
             for record in records:
                 record.mark_post_stopped([i for i in owed if i in record.devices])
             if records:
@@ -507,7 +632,7 @@ class DeviceLifecycle:
             await self.ledger.save()
             try:
                 if self.driver.capabilities.deallocate:
-                    await self.driver.deallocate(held, retry)
+                    await self._deallocate(held, retry)
             except DriverError:
                 for record in records:
                     record.releasing = False
@@ -566,23 +691,61 @@ class DeviceLifecycle:
                     retried |= retry
                     record.mark_post_stop_begun(to_stop)
                     await self.ledger.save(sync=True)
-                    self.locks.set_activity(owed, "release: post_stop")
-                    await self._call_release_hook(record, "post_stop", self.driver.post_stop, to_stop, retry)
+                    self.locks.set_activity(self._lock_keys(owed), "release: post_stop")
+                    await self._call_release_hook(
+                        record, "post_stop", lambda ids, again: self._post_stop(ids, again, [record.id]), to_stop, retry
+                    )
                 record.mark_post_stopped(to_stop)
             if owed and self.driver.capabilities.deallocate:
                 retry = record.adopted is not None or record.deallocate_begun
                 retried |= retry
                 record.deallocate_begun = True
                 await self.ledger.save(sync=True)
-                self.locks.set_activity(owed, "release: deallocate")
-                await self._call_release_hook(record, "deallocate", self.driver.deallocate, owed, retry)
+                self.locks.set_activity(self._lock_keys(owed), "release: deallocate")
+                await self._call_release_hook(record, "deallocate", self._deallocate, owed, retry)
         finally:
-            self.locks.set_activity(owed, "release")
+            self.locks.set_activity(self._lock_keys(owed), "release")
         self.ledger.remove(record)
         self.release_failures.pop(record.id, None)
         self._sync_withheld()
         await self.ledger.save(sync=True)  # the release path can afford power-loss durability
         self._released(record, owed, reason, start, retried)
+
+    async def _post_stop(self, device_ids: Sequence[str], retry: bool, tenancy: Sequence[str]) -> None:
+        """The driver's ``post_stop`` for one tenancy (the records ``tenancy`` names): on shared devices, the
+        physical devices with their :class:`Replicas` (the other tenants counted)."""
+        if self.sharing.is_shared(device_ids):
+            physical, replicas = self.sharing.replicas(device_ids, excluding=tenancy)
+            await self.driver.post_stop(physical, retry, replicas)
+        else:
+            await self.driver.post_stop(device_ids, retry)
+
+    async def _deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+        """The driver's ``deallocate`` of released devices: on shared devices only of the physical devices whose
+        replicas no record holds apart from ``device_ids`` (the last tenant left), and not at all if none."""
+        if not self.sharing.is_shared(device_ids):
+            await self.driver.deallocate(device_ids, retry)
+            return
+        released = set(device_ids)
+        physical = self.sharing.physical_ids(device_ids)
+        last = [p for p in physical if not self.sharing.still_held(p, released)]
+        kept = [p for p in physical if p not in last]
+        if kept:
+            log.info(
+                "[%s] %s still shared by other pods: not deallocated",
+                self.resource_name,
+                _ids(kept),
+                extra={"device": _ids(kept)},
+            )
+        if last:
+            physical_last, replicas = self._last_tenant(
+                last, [i for i in device_ids if self.table.physical_of(i) in last]
+            )
+            await self.driver.deallocate(physical_last, retry, replicas)
+
+    def shared_usage(self) -> list[DeviceShare]:
+        """Every shared physical device: replicas, replicas in use, tenants, pods (for status and metrics)."""
+        return self.sharing.usage()
 
     async def _call_release_hook(
         self,
@@ -612,6 +775,7 @@ class DeviceLifecycle:
             retry=retry,
         )
         self.recent_releases.append(release)
+        self.observer.released(release.duration_s)
         log.info(
             "[%s] released %s (%s)%s",
             self.resource_name,

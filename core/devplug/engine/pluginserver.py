@@ -221,6 +221,8 @@ class PluginServer:
         """Serve on a fresh socket and register again (the kubelet restarted or dropped the resource)."""
         if self.stopping:
             return
+        if self.status.state is ResourceState.REGISTERED and not self._restart.is_set():
+            self.status.kubelet_restarts += 1  # a registration lost: later signs of the same outage count no more
         self._restart_reason = reason
         self._restart.set()
 

@@ -276,7 +276,13 @@ class Reconciler:
             )
         return bool(orphans)
 
+    def releasing_in(self, resource: Resource) -> bool:
+        """Whether a release of one of ``resource``'s allocations is running (a reload waits for it)."""
+        return any(record.id in self._releasing for record in resource.ledger)
+
     def _start_release(self, resource: Resource, record: AllocationRecord, reason: str) -> None:
+        if resource.stopping:  # a reload is replacing it: the new instance finds the record in the ledger
+            return
         self._releasing.add(record.id)
         self._tasks.spawn(self._release(resource, record, reason))
 

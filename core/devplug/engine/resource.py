@@ -17,18 +17,21 @@ from pathlib import Path
 
 from devplug.api.convert import options_to_pb
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.config import KubeletConfig, ResourceConfig
+from devplug.config import CdiConfig, KubeletConfig, ResourceConfig
 from devplug.drivers import DriverCapabilities, DriverHooks
 from devplug.engine.asynctools import Backoff
+from devplug.engine.cdi import AllocationAnswers, CdiSpecs
 from devplug.engine.checkpointview import CheckpointView
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driverhost import DriverHost, PublishedStatus
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.pluginserver import PluginServer
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.servicer import DevicePluginService, StreamObserver
+from devplug.engine.sharing import DeviceShare
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.errors import DriverError, StateError
 from devplug.resource_names import resource_state_dir, socket_file_name
@@ -59,6 +62,8 @@ class Resource:
         checkpoint: CheckpointView,
         on_change: Callable[[], None] = lambda: None,
         on_allocated: Callable[[], None] = lambda: None,
+        observer: ResourceObserver = NULL_OBSERVER,
+        cdi: CdiConfig | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -71,9 +76,18 @@ class Resource:
         self.checkpoint = checkpoint
         self._on_change = on_change
         self._on_allocated = on_allocated
-        self.table = DeviceTable()
-        self.runner = HookRunner(self.name, config.hook_timeout)
-        self.ledger = Ledger(self.name, self.state_dir / "ledger.json", write_file, on_saved=on_change)
+        self.table = DeviceTable(config.replicas)
+        self.observer = observer
+        self.runner = HookRunner(self.name, config.hook_timeout, observer)
+        self.ledger = Ledger(
+            self.name, self.state_dir / "ledger.json", write_file, on_saved=on_change, observer=observer
+        )
+        #: The resource's CDI spec file, when ``[cdi] enabled``.
+        self.cdi = (
+            CdiSpecs(self.name, config.cdi_kind, cdi.spec_dir, self.table, cdi.fallback)
+            if cdi is not None and cdi.enabled
+            else None
+        )
         self.status = ResourceStatus()
         #: What the driver published with ``ctx.publish_status`` (kept across driver restarts).
         self.published = PublishedStatus(on_change)
@@ -86,6 +100,8 @@ class Resource:
 
     @property
     def state(self) -> ResourceState:
+        if self.table.retired is not None and self.status.state is not ResourceState.STOPPED:
+            return ResourceState.DRAINING
         return self.status.state
 
     @property
@@ -109,6 +125,11 @@ class Resource:
     def hooks(self) -> DriverHooks | None:
         """The driver's typed facade, once the driver has started."""
         return self.host.driver.hooks if self.host is not None else None
+
+    def shared_devices(self) -> list[DeviceShare]:
+        """Each shared physical device now: replicas, replicas in use, tenants, pods (empty until started, and
+        for a resource without shared devices). The figures ``devplug status`` shows, for metrics too."""
+        return self.lifecycle.shared_usage() if self.lifecycle is not None else []
 
     def _report(self, reason: str | None) -> None:
         self.status.last_error = reason
@@ -140,7 +161,7 @@ class Resource:
                 await asyncio.sleep(delay)
         if self.stopping or self.server is None or self.host is None:
             return
-        await asyncio.gather(self.server.run(), self.host.run())
+        await asyncio.gather(self.server.run(), self.host.run(), *([self.cdi.follow()] if self.cdi else []))
 
     async def _start(self) -> None:
         """Start the driver and build what depends on it; a failure leaves nothing half-built (driver stopped)."""
@@ -151,10 +172,20 @@ class Resource:
         )
         try:
             lifecycle = DeviceLifecycle(
-                self.name, self.table, host.driver, self.ledger, self.checkpoint, self._on_allocated
+                self.name,
+                self.table,
+                host.driver,
+                self.ledger,
+                self.checkpoint,
+                self._on_allocated,
+                AllocationAnswers(self.name, self.table, host.driver, self.cdi),
+                self.observer,
+                fail_requests_greater_than_one=self.config.fail_requests_greater_than_one,
             )
             if self.ledger.lost:
                 await self._adopt_from_checkpoint()
+            for dev_id in self.table.learn_replica_ids(self.ledger.held_devices()):
+                log.warning("[%s] %s is held but no longer advertised: released through its device", self.name, dev_id)
             self.table.set_withheld(self.ledger.releasing_devices())
             options = _kubelet_options(host.driver.capabilities)
 
@@ -225,6 +256,16 @@ class Resource:
         """A hook failed outside a kubelet call (a release): a hang degrades the resource."""
         if self.host is not None:
             self.host.note_hook_failure(exc)
+
+    def retire(self, reason: str) -> None:
+        """Removed from the config: advertise no devices and take no new allocation, but keep serving the
+        pods that hold devices (PreStartContainer) and releasing them until :meth:`drained`."""
+        self.table.retire(reason)
+        self._on_change()
+
+    def drained(self) -> bool:
+        """Nothing is allocated any more (or the driver never started, so nothing can be released)."""
+        return self.lifecycle is None or not any(True for _ in self.ledger)
 
     # --- shutdown
 

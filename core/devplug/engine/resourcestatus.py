@@ -15,6 +15,7 @@ class ResourceState(str, enum.Enum):
     FAILED = "failed"  # the driver's start failed; retried with backoff
     REGISTERING = "registering"
     REGISTERED = "registered"
+    DRAINING = "draining"  # removed from the config by a reload: advertises nothing, waits for its releases
     STOPPED = "stopped"
 
 
@@ -26,3 +27,6 @@ class ResourceStatus:
     last_error: str | None = None
     registrations: int = 0
     registered_at: float | None = None
+    #: Kubelet restarts seen: signs of one (socket removed, kubelet.sock recreated, the kubelet's stream ended)
+    #: while registered, each ending that registration (further signs until registered again count no more).
+    kubelet_restarts: int = 0

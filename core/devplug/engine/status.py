@@ -40,6 +40,30 @@ def _device_entry(resource: Resource, dev: Device, pods: dict[str, str | None], 
     }
 
 
+def _sharing_status(resource: Resource) -> dict[str, Any] | None:
+    """Replicas per device and, per shared physical device, replicas in use and tenants (``None``: no sharing)."""
+    config = resource.config
+    shares = resource.shared_devices()
+    if config.replicas == 1 and config.configured_name is None and not shares:
+        return None
+    return {
+        "replicas": config.replicas,
+        "configured_as": config.configured_name,
+        "fail_requests_greater_than_one": config.fail_requests_greater_than_one,
+        "devices": [
+            {
+                "device": s.device_id,
+                "replicas": s.replicas,
+                "in_use": s.in_use,
+                "tenants": s.tenants,
+                "releasing": s.releasing,
+                "pods": list(s.pods),
+            }
+            for s in shares
+        ],
+    }
+
+
 def _resource_status(resource: Resource) -> dict[str, Any]:
     table = resource.table
     pods = {d: r.pod for r in resource.ledger for d in r.all_devices()}
@@ -95,6 +119,7 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
         "release_failures": failures,
         "state_error": resource.state_error,
         "driver_status": resource.published.data,
+        **({"sharing": sharing} if (sharing := _sharing_status(resource)) is not None else {}),
         "quarantined_records": [
             {"index": q.index, "reason": q.reason, "devices": q.devices()} for q in resource.ledger.quarantined
         ],
@@ -107,7 +132,7 @@ def _version(resource: Resource) -> tuple[object, ...]:
     return (
         resource.table.version,
         resource.ledger.version,
-        resource.status.state,
+        resource.state,
         resource.status.last_error,
         resource.status.registrations,
         resource.ledger.write_error,
@@ -125,6 +150,10 @@ class StatusBuilder:
         self.started_at = started_at
         self.config_path = config_path
         self._cache: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
+
+    def forget(self, name: str) -> None:
+        """Drop ``name``'s cached entry (its resource was replaced by a reload: the new one's counters restart)."""
+        self._cache.pop(name, None)
 
     def build(self, resources: Iterable[Resource]) -> dict[str, Any]:
         entries = []

@@ -51,6 +51,20 @@ _DEVICE = {
     "releasing?": bool,
     "reason?": str,
 }
+_SHARE = {
+    "device": str,
+    "replicas": int,
+    "in_use": int,
+    "tenants": int,
+    "releasing?": int,
+    "pods?": [str],
+}
+_SHARING = {
+    "replicas?": int,
+    "configured_as?": _Optional(str),
+    "fail_requests_greater_than_one?": bool,
+    "devices?": [_SHARE],
+}
 _COUNTS = {"devices?": int, "healthy?": int, "unhealthy?": int, "allocated?": int, "releasing?": int}
 _RESOURCE = {
     "name": str,
@@ -70,6 +84,7 @@ _RESOURCE = {
     "quarantined_records?": [_QUARANTINED],
     "state_error?": _Optional(str),
     "driver_status?": _Optional({}),
+    "sharing?": _SHARING,
 }
 _STATUS = {
     "pid": int,
@@ -86,6 +101,20 @@ _STATUS = {
             "last_error?": _Optional(str),
             "checkpoint_problem?": _Optional(str),
             "resource_errors?": _Map(str),
+        }
+    ),
+    "reload?": _Optional(
+        {
+            "generation?": int,
+            "loaded_at?": _Optional(Number),
+            "attempts?": int,
+            "last_at?": _Optional(Number),
+            "last_result?": _Optional(str),
+            "last_error?": _Optional(str),
+            "added?": [str],
+            "changed?": [str],
+            "removed?": [str],
+            "unchanged?": [str],
         }
     ),
     "resources?": [_RESOURCE],

@@ -18,8 +18,13 @@ def dev_config(
     release_interval: float = 0.2,
     grace_period: float = 2.0,
     shutdown_timeout: float | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    cdi: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A config whose kubelet folders and state dir all live under ``root`` (the dev kubelet's layout)."""
+    """A config whose kubelet folders and state dir all live under ``root`` (the dev kubelet's layout).
+
+    ``metrics`` and ``cdi`` are the ``[metrics]`` and ``[cdi]`` tables, when given.
+    """
     config: dict[str, Any] = {
         "kubelet": {
             "device_plugin_dir": str(root / "device-plugins"),
@@ -30,5 +35,9 @@ def dev_config(
     }
     if shutdown_timeout is not None:
         config["shutdown"] = {"timeout": shutdown_timeout}
+    if metrics is not None:
+        config["metrics"] = dict(metrics)
+    if cdi is not None:
+        config["cdi"] = dict(cdi)
     config["resources"] = {name: dict(table) for name, table in resources.items()}
     return config

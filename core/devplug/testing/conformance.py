@@ -36,6 +36,12 @@ implement ``list_devices``; the checks, one test each:
   once, with ``retry=True``, the later ones once; the hooks are at least once, so this is exactly what is allowed;
 * ``test_check_config_*`` -- ``devplug check-config`` accepts :meth:`options`, and refuses an unknown key and
   :meth:`bad_options` with exit code 2, naming the file, the resource and the key.
+
+With :attr:`DriverConformance.replicas` above 1 the same checks run on shared devices: the resource is
+configured with ``replicas``, the kubelet sees that many replicas of each device, a pod of two gets replicas
+of two distinct devices, the driver's hooks see the physical devices (so :meth:`check_allocation`,
+:meth:`slow_release` and :meth:`fast_release` get physical IDs, and the allocation without the engine's
+``DEVPLUG_SHARED_DEVICES_<RESOURCE>`` entries), and a lone tenant's release still runs every release hook once.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from devplug.hookrecord import RELEASE_HOOKS, HookCall, read_hook_calls
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.entrypoints import entry_point_env
 from devplug.testing.plugin import RunningDaemon
-from devplug.types import ContainerAllocation
+from devplug.types import ContainerAllocation, replica_id
 
 __all__ = ["DriverConformance", "poll_until"]
 
@@ -103,6 +109,8 @@ class DriverConformance:
     test_drivers: ClassVar[Mapping[str, str]] = {}
     #: Where the modules of :attr:`test_drivers` are.
     python_path: ClassVar[Sequence[Path]] = ()
+    #: Replicas per device (the resource's ``replicas``): above 1, every check runs on shared devices.
+    replicas: ClassVar[int] = 1
 
     # --- what a driver's subclass supplies ----------------------------------------------------------
 
@@ -149,8 +157,28 @@ class DriverConformance:
     # --- helpers ------------------------------------------------------------------------------------------
 
     def resource_table(self, folder: Path) -> dict[str, Any]:
-        """The config's table for :attr:`resource`."""
-        return {"driver": self.driver, "options": dict(self.options(folder))}
+        """The config's table for :attr:`resource` (with ``replicas`` when :attr:`replicas` is above 1)."""
+        table: dict[str, Any] = {"driver": self.driver, "options": dict(self.options(folder))}
+        if self.replicas > 1:
+            table["replicas"] = self.replicas
+        return table
+
+    def physical_id(self, device_id: str) -> str:
+        """The driver's device ID behind an advertised one (the same ID unless :attr:`replicas` is above 1)."""
+        if self.replicas == 1:
+            return device_id
+        device, _, index = device_id.rpartition("::")
+        assert device and replica_id(device, int(index)) == device_id, f"{device_id!r} is not a replica ID"
+        return device
+
+    def shared_entries(self, physical_ids: Sequence[str]) -> ContainerAllocation:
+        """What the engine adds to a shared allocation: ``DEVPLUG_SHARED_DEVICES_<RESOURCE>`` (env, annotation)."""
+        suffix = "".join(c if c.isalnum() else "_" for c in self.resource).upper()
+        listed = ",".join(physical_ids)
+        return ContainerAllocation(
+            envs={f"DEVPLUG_SHARED_DEVICES_{suffix}": listed},
+            annotations={f"{self.resource}.shared-devices": listed},
+        )
 
     def start_daemon(self, devplug_daemon: Callable[..., RunningDaemon], folder: Path) -> RunningDaemon:
         """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s)."""
@@ -206,15 +234,19 @@ class DriverConformance:
     ) -> None:
         self.start_daemon(devplug_daemon, conformance_folder)
 
+        advertised = self.device_count * self.replicas
+
         def listed() -> bool:
             view = dev_kubelet.resource(self.resource)
-            return view is not None and view.capacity == self.device_count == view.allocatable
+            return view is not None and view.capacity == advertised == view.allocatable
 
-        poll_until(listed, f"{self.device_count} healthy devices of {self.resource} listed to the kubelet")
+        poll_until(listed, f"{advertised} healthy devices of {self.resource} listed to the kubelet")
         view = dev_kubelet.resource(self.resource)
         assert view is not None
         assert view.registered
-        assert len({d.id for d in view.devices}) == self.device_count
+        assert len({d.id for d in view.devices}) == advertised
+        physical = [self.physical_id(d.id) for d in view.devices]
+        assert all(physical.count(p) == self.replicas for p in physical), "each device advertised replicas times"
 
     def test_allocates_a_pod(
         self, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon], conformance_folder: Path
@@ -228,10 +260,24 @@ class DriverConformance:
         assert view is not None
         assert len(set(ids)) == count
         assert set(ids) <= {d.id for d in view.devices}
+        physical = list(dict.fromkeys(self.physical_id(i) for i in ids))
+        assert len(physical) == count, f"replicas {ids} not spread over distinct devices"
         if self.records_allocate:
             calls = read_hook_calls(self.calls_dir(conformance_folder), hook="allocate")
-            assert [(sorted(c.device_ids), c.ok) for c in calls] == [(sorted(ids), True)]
-        self.check_allocation(ids, container.allocations[self.resource], conformance_folder)
+            assert [(sorted(c.device_ids), c.ok) for c in calls] == [(sorted(physical), True)]
+        allocation = container.allocations[self.resource]
+        if self.replicas > 1:
+            shared = self.shared_entries(physical)
+            assert dict(allocation.envs).items() >= dict(shared.envs).items(), allocation.envs
+            assert dict(allocation.annotations).items() >= dict(shared.annotations).items(), allocation.annotations
+            allocation = ContainerAllocation(
+                envs={k: v for k, v in allocation.envs.items() if k not in shared.envs},
+                mounts=allocation.mounts,
+                devices=allocation.devices,
+                annotations={k: v for k, v in allocation.annotations.items() if k not in shared.annotations},
+                cdi_devices=allocation.cdi_devices,
+            )
+        self.check_allocation(physical, allocation, conformance_folder)
 
     @pytest.mark.parametrize("kubelet", ["stock", "kep"])
     def test_releases_exactly_once(
@@ -243,12 +289,13 @@ class DriverConformance:
     ) -> None:
         dev_kubelet.kep_mode = kubelet == "kep"
         daemon = self.start_daemon(devplug_daemon, conformance_folder)
-        (dev,) = self.admit(dev_kubelet, "p", 1)
+        (advertised,) = self.admit(dev_kubelet, "p", 1)
+        dev = self.physical_id(advertised)
         assert self.release_calls(conformance_folder, dev) == [], "released while the pod runs"
         removed_at = time.time()
         dev_kubelet.remove_pod("p")
         poll_until(self._released(conformance_folder, dev), f"{dev} to be released after its pod was removed")
-        self.wait_healthy(dev_kubelet, dev)
+        self.wait_healthy(dev_kubelet, advertised)
         daemon.restart()  # a daemon reading its own state back repeats nothing
         assert daemon.stop() == 0
         calls = self.release_calls(conformance_folder, dev)
@@ -261,7 +308,8 @@ class DriverConformance:
         self, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon], conformance_folder: Path
     ) -> None:
         daemon = self.start_daemon(devplug_daemon, conformance_folder)
-        (dev,) = self.admit(dev_kubelet, "p", 1)
+        (advertised,) = self.admit(dev_kubelet, "p", 1)
+        dev = self.physical_id(advertised)
         if not self.slow_release(conformance_folder, dev):
             pytest.skip(f"{type(self).__name__}.slow_release cannot make a release slow")
         dev_kubelet.remove_pod("p")
@@ -279,7 +327,7 @@ class DriverConformance:
         self.fast_release(conformance_folder, dev)
         daemon.restart()
         poll_until(self._released(conformance_folder, dev), f"{dev}'s release to be finished after the restart")
-        self.wait_healthy(dev_kubelet, dev)
+        self.wait_healthy(dev_kubelet, advertised)
         assert daemon.stop() == 0
         calls = self.release_calls(conformance_folder, dev)
         assert [c.hook for c in calls] == list(self.release_hooks), "each release hook finishes exactly once"

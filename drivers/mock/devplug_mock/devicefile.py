@@ -8,6 +8,9 @@ directive, surrounding whitespace ignored:
     the device is unhealthy;
 ``numa=N`` (or ``numa=N,M``)
     the device is attached to NUMA node ``N`` (and ``M``);
+``replicas=N``
+    the device is shared among ``N`` containers (:attr:`devplug.Device.replicas`),
+    whatever the resource's ``replicas`` says;
 ``fail=<hook>[,<hook>...]``
     those hooks raise :class:`devplug.DriverError` naming the device;
 ``delay=<hook>:<seconds>``
@@ -70,6 +73,7 @@ class DeviceFile:
     crash: frozenset[str] = frozenset()
     delays: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     problems: tuple[str, ...] = ()
+    replicas: int | None = None
 
     @property
     def device(self) -> Device:
@@ -78,11 +82,20 @@ class DeviceFile:
             self.id,
             Health.UNHEALTHY if self.unhealthy else Health.HEALTHY,
             Topology(self.numa_nodes),
+            replicas=self.replicas,
         )
 
     def __hash__(self) -> int:
         return hash(
-            (self.id, self.unhealthy, self.numa_nodes, self.fail, self.crash, tuple(sorted(self.delays.items())))
+            (
+                self.id,
+                self.unhealthy,
+                self.numa_nodes,
+                self.fail,
+                self.crash,
+                tuple(sorted(self.delays.items())),
+                self.replicas,
+            )
         )
 
 
@@ -136,6 +149,7 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
     crash: set[str] = set()
     delays: dict[str, float] = {}
     problems: list[str] = []
+    replicas: int | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -151,6 +165,10 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
                 fail.update(_parse_hook(h.strip(), line) for h in value.split(","))
             elif sep and key == "crash":
                 crash.update(_parse_hook(h.strip(), line) for h in value.split(","))
+            elif sep and key == "replicas":
+                if not (value.isascii() and value.isdigit() and 1 <= int(value) <= 1024):
+                    raise ValueError(f"{line}: the replicas must be an integer from 1 to 1024")
+                replicas = int(value)
             elif sep and key == "delay":
                 hook, seconds = _parse_delay(value, line)
                 delays[hook] = seconds
@@ -166,6 +184,7 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
         crash=frozenset(crash),
         delays=MappingProxyType(delays),
         problems=tuple(problems),
+        replicas=replicas,
     )
 
 

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -28,6 +28,7 @@ from devplug import (
     DriverError,
     Health,
     Mount,
+    Replicas,
     hookimpl,
 )
 from devplug.options import refuse_kernel_trees
@@ -70,15 +71,34 @@ class MockOptions:
             raise ValueError(f"count: must be an integer >= 0, got {count!r}")
 
 
+def _shared(replicas: Replicas) -> dict[str, Any]:
+    """What a call record says about shared devices (nothing when the call's devices are not shared)."""
+    if not replicas.shared:
+        return {}
+    return {
+        "replicas": {dev: list(ids) for dev, ids in replicas.by_device.items()},
+        "tenants": dict(replicas.tenants),
+    }
+
+
 class MockDriver:
     """A devplug driver whose devices are the regular files of a folder.
 
     Implements every hook. ``preferred_allocation`` defers to the core's NUMA
-    packing; ``allocate`` gives each container ``MOCK_DEVICES`` (the IDs,
-    comma-separated), the device file as ``/dev/mock/<id>`` (rw) and mounted
-    read-only at ``/var/run/mock/<id>``. ``fail=`` and ``delay=`` lines in a
-    device file make the hooks that see the device fail or wait.
+    packing. Each device describes what a container gets for it
+    (``Device.allocation``): its file as the device node ``/dev/mock/<id>``
+    (rw) and mounted read-only at ``/var/run/mock/<id>``; the engine merges
+    that into the answer, or writes it into a CDI spec (``[cdi] enabled``).
+    ``allocate`` adds ``MOCK_DEVICES`` (the IDs, comma-separated). ``fail=``
+    and ``delay=`` lines in a device file make the hooks that see the device
+    fail or wait; ``replicas=N`` shares it among N containers. On shared
+    devices the records of ``allocate``, ``pre_start`` and ``post_stop`` carry
+    ``replicas`` (each physical device's replica IDs in the call) and
+    ``tenants`` (the other allocations holding replicas of it).
     """
+
+    #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
+    hook_contract: ClassVar[str] = "1.0"
 
     Options: ClassVar[type[MockOptions]] = MockOptions
 
@@ -113,7 +133,9 @@ class MockDriver:
                 self._create_empty(self.directory / f"mock{i}")
         except OSError as exc:
             raise DriverError(f"mock: cannot set up the device folder {self.directory}: {exc}") from exc
-        watcher = DirectoryWatcher(self.directory, self._on_change, poll_interval=_POLL_INTERVAL)
+        watcher = DirectoryWatcher(
+            self.directory, self._on_change, poll_interval=_POLL_INTERVAL, each_write=False
+        )  # the call log's appends are no device change
         try:
             watcher.start()
         except OSError as exc:
@@ -134,7 +156,7 @@ class MockDriver:
     @hookimpl
     def list_devices(self) -> list[Device]:
         """Every device file in the folder, in natural order (``mock2`` before ``mock10``)."""
-        return [f.device for f in self._scan()]
+        return [self._device(f) for f in self._scan()]
 
     @hookimpl
     def check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
@@ -157,7 +179,7 @@ class MockDriver:
     def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[str], size: int
     ) -> list[str] | None:
-        """Defer to the core's NUMA packing (``None``), unless an available device says ``fail=``."""
+        """Defer to the core's default (``None``), unless an available device says ``fail=``."""
         return self._hook(
             "preferred_allocation",
             [d.id for d in available],
@@ -166,41 +188,46 @@ class MockDriver:
         )
 
     @hookimpl
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        """``MOCK_DEVICES``, a device node and a read-only mount per device."""
+    def allocate(self, device_ids: Sequence[str], replicas: Replicas) -> ContainerAllocation:
+        """``MOCK_DEVICES``; the device nodes and mounts come from the devices' own descriptions."""
 
         def allocation() -> ContainerAllocation:
-            ids = list(device_ids)
-            return ContainerAllocation(
-                envs={"MOCK_DEVICES": ",".join(ids)},
-                devices=tuple(
-                    DeviceSpec(container_path=f"/dev/mock/{i}", host_path=str(self.directory / i), permissions="rw")
-                    for i in ids
-                ),
-                mounts=tuple(
-                    Mount(container_path=f"/var/run/mock/{i}", host_path=str(self.directory / i), read_only=True)
-                    for i in ids
-                ),
-            )
+            return ContainerAllocation(envs={"MOCK_DEVICES": ",".join(device_ids)})
 
-        return self._hook("allocate", device_ids, allocation)
+        return self._hook("allocate", device_ids, allocation, extra=_shared(replicas))
 
     @hookimpl
-    def pre_start(self, device_ids: Sequence[str]) -> None:
+    def pre_start(self, device_ids: Sequence[str], replicas: Replicas) -> None:
         """Record the call (and obey ``fail=``/``delay=``)."""
-        self._hook("pre_start", device_ids, lambda: None)
+        self._hook("pre_start", device_ids, lambda: None, extra=_shared(replicas))
 
     @hookimpl
-    def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
+    def post_stop(self, device_ids: Sequence[str], retry: bool, replicas: Replicas) -> None:
         """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
-        self._hook("post_stop", device_ids, lambda: None, retry=retry)
+        self._hook("post_stop", device_ids, lambda: None, retry=retry, extra=_shared(replicas))
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
-        """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
+        """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``).
+
+        Without ``replicas``, as drivers written before sharing (and subclasses calling it) have it: a shared
+        device's deallocate needs nothing but the physical IDs.
+        """
         self._hook("deallocate", device_ids, lambda: None, retry=retry)
 
     # --- internals
+
+    def describe(self, device_id: str) -> ContainerAllocation:
+        """What a container gets for one device: its file as ``/dev/mock/<id>`` (rw) and ``/var/run/mock/<id>`` (ro)."""
+        host = str(self.directory / device_id)
+        return ContainerAllocation(
+            devices=(DeviceSpec(container_path=f"/dev/mock/{device_id}", host_path=host, permissions="rw"),),
+            mounts=(Mount(container_path=f"/var/run/mock/{device_id}", host_path=host, read_only=True),),
+        )
+
+    def _device(self, found: DeviceFile) -> Device:
+        """The device to advertise, with what a container gets for it."""
+        return replace(found.device, allocation=self.describe(found.id))
 
     def _hook(
         self,
@@ -212,13 +239,13 @@ class MockDriver:
     ) -> T:
         """Note the call's start; run its devices' ``delay=`` (the longest), their ``fail=``, ``body``; log the call.
 
-        Directives are read from the files at the call, so a test can edit a
-        file and call the hook at once.
+        Directives are those of the files as they are at the call, so a test
+        can edit a file and call the hook at once (:meth:`_device_files`).
         """
         ids = list(device_ids)
         self.calls.begin(hook, ids, retry=retry, extra=extra)
         try:
-            files = [f for f in (read_device_file(self.directory, i) for i in ids) if f is not None]
+            files = self._device_files(ids)
             delay = max((f.delays.get(hook, 0.0) for f in files), default=0.0)
             if delay > 0:
                 self._stopping.wait(delay)
@@ -238,6 +265,22 @@ class MockDriver:
             self._log.warning("crash=%s in %s: killing the daemon (SIGKILL)", hook, self.directory / crashing[0])
             os.kill(os.getpid(), signal.SIGKILL)
         return result
+
+    def _device_files(self, ids: Sequence[str]) -> list[DeviceFile]:
+        """The files of ``ids`` (those that are device files) as they are now.
+
+        The watcher first delivers every change made before the call (one
+        read of its queue), so what it keeps is current: no file is read or
+        stat'ed per device, which matters for a GetPreferredAllocation
+        offering 1,000 devices. Before ``start``, the files are read.
+        """
+        watcher = self._watcher
+        if watcher is None:
+            return [f for f in (read_device_file(self.directory, i) for i in ids) if f is not None]
+        watcher.sync()
+        with self._lock:
+            known = self._known
+            return [f for i in ids if (f := known.get(i)) is not None]
 
     @staticmethod
     def _create_empty(path: Path) -> None:
@@ -282,7 +325,7 @@ class MockDriver:
                 self._report(found)
                 if old is None or old.device != found.device:
                     changed.append(found)
-        return [f.device for f in changed], removed
+        return [self._device(f) for f in changed], removed
 
     def _on_change(self, names: frozenset[str]) -> None:
         """The watcher's callback: push what changed to the engine."""
@@ -290,7 +333,7 @@ class MockDriver:
         if ctx is None or self._stopping.is_set():
             return
         if not names:
-            ctx.set_devices(f.device for f in self._scan())
+            ctx.set_devices(self._device(f) for f in self._scan())
             return
         changed, removed = self._reread(names)
         if changed or removed:

@@ -39,3 +39,9 @@ class TestMockConformance(DriverConformance):
 
     def bad_options(self, folder: Path) -> Mapping[str, Any]:
         return {"directory": str(folder / "devices"), "count": -1}
+
+
+class TestMockConformanceWithReplicas(TestMockConformance):
+    """The same contract with every device shared by three containers (``replicas = 3``)."""
+
+    replicas = 3

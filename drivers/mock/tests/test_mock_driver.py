@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug import Device, DeviceSpec, DriverContext, DriverError, Health, Mount, Topology
+from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Mount, Topology
 from devplug.drivers import HOOK_NAMES, DriverHooks
 from devplug.testing.sink import RecordingSink
 from devplug_mock import CALLS_FILE, DIRECTIVE_HOOKS, MockDriver, MockOptions, read_calls
@@ -127,10 +127,11 @@ def test_unhealthy_and_numa_lines(running: Running) -> None:
     (running.directory / "mock1").write_text("  numa=1  \n")
     (running.directory / "mock2").write_text("numa=0,1\nunhealthy\n")
     devices = {d.id: d for d in running.list_devices()}
-    assert devices["mock0"] == Device("mock0", Health.UNHEALTHY)
-    assert devices["mock1"] == Device("mock1", Health.HEALTHY, Topology((1,)))
-    assert devices["mock2"] == Device("mock2", Health.UNHEALTHY, Topology((0, 1)))
-    assert devices["mock3"] == Device("mock3")
+    described = running.driver.describe
+    assert devices["mock0"] == Device("mock0", Health.UNHEALTHY, allocation=described("mock0"))
+    assert devices["mock1"] == Device("mock1", Health.HEALTHY, Topology((1,)), allocation=described("mock1"))
+    assert devices["mock2"] == Device("mock2", Health.UNHEALTHY, Topology((0, 1)), allocation=described("mock2"))
+    assert devices["mock3"] == Device("mock3", allocation=described("mock3"))
 
 
 def test_unknown_lines_are_logged_with_the_file_name(running: Running, caplog: pytest.LogCaptureFixture) -> None:
@@ -182,7 +183,8 @@ def hot(tmp_path: Path, watch_mode: str) -> Iterator[Running]:
 
 def test_hotplug_add_is_pushed(hot: Running) -> None:
     (hot.directory / "mock7").write_text("numa=1\n")
-    assert hot.sink.wait_for(lambda t: t.get("mock7") == Device("mock7", topology=Topology((1,))))
+    expected = Device("mock7", topology=Topology((1,)), allocation=hot.driver.describe("mock7"))
+    assert hot.sink.wait_for(lambda t: t.get("mock7") == expected)
     pushes = [p for p in hot.sink.pushes if p.kind == "update"]
     assert pushes
     # Only the new device is sent, never the whole list.
@@ -246,29 +248,34 @@ def test_every_hook_is_implemented(running: Running) -> None:
 
 def test_allocate(running: Running) -> None:
     result = running.hooks.allocate(["mock1", "mock3"])
+    assert result == ContainerAllocation(envs={"MOCK_DEVICES": "mock1,mock3"})  # nodes and mounts: described
+
+
+def test_devices_describe_their_node_and_mount(running: Running) -> None:
     d = running.directory
-    assert dict(result.envs) == {"MOCK_DEVICES": "mock1,mock3"}
-    assert result.devices == (
-        DeviceSpec("/dev/mock/mock1", str(d / "mock1"), "rw"),
-        DeviceSpec("/dev/mock/mock3", str(d / "mock3"), "rw"),
+    described = {dev.id: dev.allocation for dev in running.list_devices()}
+    assert described["mock1"] == ContainerAllocation(
+        devices=(DeviceSpec("/dev/mock/mock1", str(d / "mock1"), "rw"),),
+        mounts=(Mount("/var/run/mock/mock1", str(d / "mock1"), read_only=True),),
     )
-    assert result.mounts == (
-        Mount("/var/run/mock/mock1", str(d / "mock1"), read_only=True),
-        Mount("/var/run/mock/mock3", str(d / "mock3"), read_only=True),
+    assert described["mock3"] == ContainerAllocation(
+        devices=(DeviceSpec("/dev/mock/mock3", str(d / "mock3"), "rw"),),
+        mounts=(Mount("/var/run/mock/mock3", str(d / "mock3"), read_only=True),),
     )
 
 
 def test_relative_directory_gives_absolute_host_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "state").mkdir()
-    hooks = DriverHooks("example.com/mock", MockDriver(MockOptions(directory=Path("rel"))))
+    hooks = DriverHooks("example.com/mock", MockDriver(MockOptions(directory=Path("rel"), count=1)))
     hooks.start(DriverContext("example.com/mock", tmp_path / "state", RecordingSink()))
     try:
-        result = hooks.allocate(["mock0"])
+        (device,) = hooks.list_devices()
     finally:
         hooks.stop()
-    assert result.devices[0].host_path == str(tmp_path / "rel" / "mock0")
-    assert result.mounts[0].host_path == str(tmp_path / "rel" / "mock0")
+    assert device.allocation is not None
+    assert device.allocation.devices[0].host_path == str(tmp_path / "rel" / "mock0")
+    assert device.allocation.mounts[0].host_path == str(tmp_path / "rel" / "mock0")
 
 
 def test_preferred_allocation_defers_to_numa_packing(running: Running) -> None:
