@@ -268,3 +268,47 @@ def test_the_index_answers_holders_without_scanning(tmp_path: Path) -> None:
     assert not ledger.holds("a") and ledger.holders("b") == [a]
     ledger.remove(a)
     assert ledger.held_devices() == set()
+
+
+def test_the_releasing_index_follows_the_records(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    a = ledger.begin(["a", "b"], now=1.0)
+    c = ledger.begin(["c"], now=1.0)
+    assert ledger.releasing_devices() == set()
+    a.releasing = True
+    assert ledger.releasing_devices() == {"a", "b"}
+    ledger.drop_devices(["b"])
+    assert ledger.releasing_devices() == {"a"}
+    c.releasing = True
+    a.releasing = False
+    assert ledger.releasing_devices() == {"c"}
+    _saved(ledger)
+    again = _ledger(tmp_path)
+    again.load()  # a record loaded releasing is indexed too
+    assert again.releasing_devices() == {"c"}
+    ledger.remove(c)
+    assert ledger.releasing_devices() == set()
+    c.releasing = False  # a record no longer in the ledger changes nothing in it
+    assert ledger.releasing_devices() == set()
+
+
+def test_a_snapshot_reusing_saved_records_matches_memory(tmp_path: Path) -> None:
+    """Compaction reuses each record's JSON from its last save: a record changed since must not go stale."""
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    records = [ledger.begin([f"d{i}"], now=1.0) for i in range(5)]
+
+    async def run() -> None:
+        await ledger.save()
+        records[1].pod = "ns/saved"
+        await ledger.save()
+        records[2].pod = "ns/unsaved"  # in memory only when the snapshot is taken
+        ledger.remove(records[3])
+        await ledger.compact()
+
+    asyncio.run(run())
+    snapshot = json.loads(ledger.path.read_text())
+    assert snapshot["allocations"] == [r.to_json() for r in ledger]
+    assert {r["pod"] for r in snapshot["allocations"]} == {None, "ns/saved", "ns/unsaved"}
+    assert (snapshot["format"], snapshot["resource"]) == (FORMAT_VERSION, "example.com/x")

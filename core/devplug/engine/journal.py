@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JournalSegment", "encode_frame", "read_journal", "segment_path", "segments"]
+__all__ = ["JournalSegment", "encode_frame", "frame_payload", "read_journal", "segment_path", "segments"]
 
 _HEADER = struct.Struct("<II")
 #: A frame larger than this is taken for garbage (a torn length), not allocated.
@@ -33,7 +33,11 @@ MAX_FRAME = 16 * 1024 * 1024
 
 def encode_frame(entry: dict[str, Any]) -> bytes:
     """One entry as a frame."""
-    payload = json.dumps(entry, separators=(",", ":")).encode()
+    return frame_payload(json.dumps(entry, separators=(",", ":")).encode())
+
+
+def frame_payload(payload: bytes) -> bytes:
+    """An entry already encoded as JSON (``payload``) as a frame."""
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 

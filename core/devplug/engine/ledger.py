@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.atomic import write_atomic
-from devplug.engine.journal import JournalSegment, encode_frame, read_journal, segment_path, segments
+from devplug.engine.journal import JournalSegment, encode_frame, frame_payload, read_journal, segment_path, segments
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.errors import StateError
 from devplug.types import ContainerAllocation
@@ -80,13 +80,23 @@ class AllocationRecord:
     prepared: dict[str, Any] = field(default_factory=dict)
     #: The owning ledger's set of changed record IDs (not a field of the file); see ``__setattr__``.
     _changed: set[str] | None = field(default=None, compare=False, repr=False)
+    #: The owning ledger's set of releasing record IDs (its index of ``releasing``; not a field of the file).
+    _releasing: set[str] | None = field(default=None, compare=False, repr=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Every field set marks the record changed in its ledger, so the next save writes it."""
+        """Every field set marks the record changed in its ledger, so the next save writes it;
+        ``releasing`` also keeps the ledger's index of releasing records right."""
         object.__setattr__(self, name, value)
         changed = self.__dict__.get("_changed")
-        if changed is not None and name != "_changed":
+        if changed is not None and name[0] != "_":
             changed.add(self.id)
+        if name == "releasing":
+            releasing = self.__dict__.get("_releasing")
+            if releasing is not None:
+                if value:
+                    releasing.add(self.id)
+                else:
+                    releasing.discard(self.id)
 
     def mark_post_stopped(self, device_ids: Iterable[str]) -> None:
         """These devices had their post-stop; ``post_stop_done`` once every device did."""
@@ -124,6 +134,10 @@ class AllocationRecord:
             if not check(value):
                 raise ValueError(f"field {name!r} has a bad value {_short(value)}")
         return cls(**data)
+
+
+def _record_json(record: AllocationRecord) -> str:
+    return json.dumps(record.to_json(), separators=(",", ":"))
 
 
 def _is_str_list(value: object) -> bool:
@@ -242,6 +256,11 @@ class Ledger:
         self._index: dict[str, set[str]] = {}
         self._changed: set[str] = set()
         self._removed: set[str] = set()
+        #: IDs of the records being released (kept by the records' ``__setattr__``).
+        self._releasing: set[str] = set()
+        #: Each record's JSON as last journaled, reused by compaction (which then serializes only the
+        #: records changed since their last save, off nothing but a join).
+        self._encoded: dict[str, str] = {}
         self._segment = JournalSegment(segment_path(path, 1))
         self._snapshot_seq = 0
         self._compacting: asyncio.Task[None] | None = None
@@ -284,6 +303,8 @@ class Ledger:
     def _reset_memory(self) -> None:
         self.records = {}
         self._index = {}
+        self._releasing = set()
+        self._encoded = {}
         self.quarantined = []
         self._snapshot_seq = 0
 
@@ -390,12 +411,13 @@ class Ledger:
         entries; the failure is kept as :attr:`write_error` until a write
         succeeds, and every outcome is reported through ``on_saved``.
         """
-        frames = b"".join(
-            [
-                *(encode_frame({"put": self.records[i].to_json()}) for i in self._changed if i in self.records),
-                *(encode_frame({"del": i}) for i in self._removed if i not in self.records),
-            ]
-        )
+        puts = []
+        for record_id in self._changed:
+            record = self.records.get(record_id)
+            if record is not None:
+                text = self._encoded[record_id] = _record_json(record)
+                puts.append(frame_payload(b'{"put":' + text.encode() + b"}"))
+        frames = b"".join([*puts, *(encode_frame({"del": i}) for i in self._removed if i not in self.records)])
         if frames:
             started = time.perf_counter()
             try:
@@ -458,16 +480,26 @@ class Ledger:
                     path.unlink()
 
     def serialize(self, journal_seq: int | None = None) -> bytes:
-        """The snapshot file's bytes: every record, the quarantined ones, and the last journal segment it covers."""
-        data: dict[str, Any] = {
+        """The snapshot file's bytes: every record, the quarantined ones, and the last journal segment it covers.
+
+        Records unchanged since their last save reuse the JSON that save
+        wrote, so the cost does not grow with what is held beyond a join.
+        """
+        head: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "resource": self.resource_name,
             "journal_seq": self._snapshot_seq if journal_seq is None else journal_seq,
-            "allocations": [r.to_json() for r in self.records.values()],
         }
         if self.quarantined:
-            data["quarantined"] = [{"reason": q.reason, "record": q.raw} for q in self.quarantined]
-        return (json.dumps(data, separators=(",", ":")) + "\n").encode()
+            head["quarantined"] = [{"reason": q.reason, "record": q.raw} for q in self.quarantined]
+        records = ",".join(self._json_of(record_id, record) for record_id, record in self.records.items())
+        return (json.dumps(head, separators=(",", ":"))[:-1] + ',"allocations":[' + records + "]}\n").encode()
+
+    def _json_of(self, record_id: str, record: AllocationRecord) -> str:
+        text = self._encoded.get(record_id)
+        if text is None or record_id in self._changed:
+            text = self._encoded[record_id] = _record_json(record)
+        return text
 
     def close(self) -> None:
         """Close the journal segment (at shutdown)."""
@@ -482,6 +514,10 @@ class Ledger:
         if old is not None:
             self._unindex(old)
         object.__setattr__(record, "_changed", self._changed)
+        object.__setattr__(record, "_releasing", self._releasing)
+        if record.releasing:
+            self._releasing.add(record.id)
+        self._encoded.pop(record.id, None)
         self.records[record.id] = record
         for dev in record.all_devices():
             self._index.setdefault(dev, set()).add(record.id)
@@ -500,6 +536,9 @@ class Ledger:
         if record is not None:
             self._unindex(record)
             object.__setattr__(record, "_changed", None)
+            object.__setattr__(record, "_releasing", None)
+        self._releasing.discard(record_id)
+        self._encoded.pop(record_id, None)
         self._changed.discard(record_id)
         self._removed.add(record_id)
 
@@ -526,7 +565,8 @@ class Ledger:
         return set(self._index)
 
     def releasing_devices(self) -> set[str]:
-        return {d for r in self.records.values() if r.releasing for d in r.all_devices()}
+        """The devices of the records being released (through their index: no scan of every record)."""
+        return {d for i in self._releasing for d in self.records[i].all_devices()}
 
     def snapshot(self, device_ids: Iterable[str]) -> LedgerSnapshot:
         """What :meth:`begin` for ``device_ids`` may change, to :meth:`restore` it: copies of the records

@@ -617,7 +617,8 @@ class DeviceLifecycle:
         async with self._hold(device_ids, "deallocate"):
             start = time.monotonic()
             records = self._holders_of(device_ids)
-            held = [i for i in device_ids if any(i in r.all_devices() for r in records)]
+            holding = {d for r in records for d in r.all_devices()}
+            held = [i for i in device_ids if i in holding]
             skipped = [i for i in device_ids if i not in held]
             if skipped:
                 log.info("[%s] Deallocate: %s already released", self.resource_name, _ids(skipped))
