@@ -49,6 +49,9 @@ GOAL_KEYS: tuple[Key, ...] = (
         _at_most("allocate_held_ratio_p99", 1.2),
     ),
     Key("preferred_p99_ms", "GetPreferredAllocation 1k/4 NUMA/8, p99 (ms)"),
+    Key(
+        "preferred_ratio_p99", "devplug / floor, GetPreferredAllocation p99", "<= 3", _at_most("preferred_ratio_p99", 3)
+    ),
     Key("law_push_ms_10", "ListAndWatch push, 10 devices (ms)"),
     Key("law_push_ms_1k", "ListAndWatch push, 1k devices (ms)"),
     Key("law_push_ms_10k", "ListAndWatch push, 10k devices (ms)", "<= 3", _at_most("law_push_ms_10k", 3.0)),
@@ -82,6 +85,8 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("unix_rtt_p99_ms", "raw unix-socket round trip, p99 (ms)"),
     Key("allocate_zero_work_p50_ms", "floor: devplug's own server, zero-work reply, p50 (ms)"),
     Key("allocate_zero_work_p99_ms", "floor: devplug's own server, zero-work reply, p99 (ms)"),
+    Key("allocate_p50_ms_threaded", "Allocate, 1k, the mock's hooks in the hook thread, p50 (ms)"),
+    Key("allocate_p99_ms_threaded", "Allocate, 1k, the mock's hooks in the hook thread, p99 (ms)"),
     Key("allocate_p99_ms_held_0", "Allocate, 10k devices, none held, p99 (ms)"),
     Key("allocate_p99_ms_held_1000", "Allocate, 10k devices, 1,000 held, p99 (ms)"),
     Key("allocate_p50_ms_empty_ledger", "Allocate, ledger kept empty, p50 (ms)"),

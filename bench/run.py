@@ -61,9 +61,11 @@ def _dev_kubelet(node: Node) -> Iterator[DevKubeletThread]:
 
 def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
     a1k, a10, b10k, r1k = "bench.dev/a1k", "bench.dev/a10", "bench.dev/b10k", "bench.dev/r1k"
+    t1k = "bench.dev/t1k"  # the same 1k devices, the mock's hooks in the resource's hook thread
     floors = ws.path("f")
     with ExitStack() as stack:
-        node_a = ws.node("a", {a1k: (s.devices_1k, s.numa_nodes), a10: (s.devices_small, 0)}, grace_period=3600)
+        mocks_a = {a1k: (s.devices_1k, s.numa_nodes), a10: (s.devices_small, 0), t1k: (s.devices_1k, s.numa_nodes)}
+        node_a = ws.node("a", mocks_a, grace_period=3600, threaded_hooks={t1k})
         node_b = ws.node("b", {b10k: (s.devices_10k, 0)}, grace_period=3600)
         shared = s.devices_1k // allocate.REPLICAS
         node_c = ws.node("c", {r1k: (shared, s.numa_nodes)}, grace_period=3600, replicas={r1k: allocate.REPLICAS})
@@ -82,13 +84,14 @@ def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
             grpc_floor(floors / "sync.sock", floors / "sync.log", mode="sync", devices=10, host_dir=host_dir)
         )
         unix = stack.enter_context(unix_floor(floors / "unix.sock", floors / "unix.log", reply_size=reply))
-        reg_1k, reg_10, reg_10k, reg_r1k = (
+        reg_1k, reg_10, reg_10k, reg_r1k, reg_t1k = (
             kube_a.wait_registered(a1k),
             kube_a.wait_registered(a10),
             kube_b.wait_registered(b10k),
             kube_c.wait_registered(r1k),
+            kube_a.wait_registered(t1k),
         )
-        for reg in (reg_1k, reg_10, reg_10k, reg_r1k):
+        for reg in (reg_1k, reg_10, reg_10k, reg_r1k, reg_t1k):
             reg.watcher.wait(0, timeout=60)
         floor_aio, floor_sync = (stack.enter_context(_closing_client(f)) for f in (aio, sync))
         floor_aio.options()
@@ -101,6 +104,7 @@ def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
                     plugin_1k=(reg_1k.client, reg_1k.watcher),
                     plugin_10k=(reg_10k.client, reg_10k.watcher, node_b.mock_folder(b10k)),
                     plugin_replicas=(reg_r1k.client, reg_r1k.watcher),
+                    plugin_threaded=(reg_t1k.client, reg_t1k.watcher),
                     floor_aio=floor_aio,
                     floor_sync=floor_sync,
                     unix_socket=unix.socket,

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,14 +109,20 @@ class Workspace:
         grace_period: float = 10.0,
         log_level: str = "info",
         replicas: Mapping[str, int] | None = None,
+        threaded_hooks: Collection[str] = (),
     ) -> Node:
         """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes);
-        ``replicas``: the resources whose devices are shared, and by how many containers."""
+        ``replicas``: the resources whose devices are shared, and by how many containers.
+
+        The mock runs its hooks on the event loop (``inline_hooks``: they only append to the call log and look
+        devices up in memory), but for the resources in ``threaded_hooks``, whose hooks take the thread hop every
+        driver that touches sysfs or runs tools takes."""
         root = self.path(name)
         resources: dict[str, dict[str, Any]] = {}
         for i, (resource, (count, numa)) in enumerate(mocks.items()):
             folder = make_mock_folder(root / f"m{i}", count, numa)
-            resources[resource] = {"driver": "mock", "options": {"directory": str(folder)}}
+            options = {"directory": str(folder), "inline_hooks": resource not in threaded_hooks}
+            resources[resource] = {"driver": "mock", "options": options}
             if replicas and resource in replicas:
                 resources[resource]["replicas"] = replicas[resource]
         config = dev_config(root, resources, release_interval=release_interval, grace_period=grace_period)

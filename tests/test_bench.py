@@ -39,7 +39,7 @@ def test_quick_bench_writes_every_key(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     results = json.loads(out.read_text())
     keys = _goal_keys()
-    assert len(keys) == 21  # issue 5's 19, plus the p50 ratio and the held-1000 ratio of issue 11
+    assert len(keys) == 22  # issue 5's 19, plus the p50 ratio, the held-1000 ratio and the preferred ratio of issue 11
     for key in keys:
         value = results.get(key)
         assert isinstance(value, (int, float)), f"{key} missing or not a number: {value!r}"

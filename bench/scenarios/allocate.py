@@ -118,6 +118,7 @@ def measure(
     plugin_1k: tuple[PluginClient, ListWatcher],
     plugin_10k: tuple[PluginClient, ListWatcher, Path],
     plugin_replicas: tuple[PluginClient, ListWatcher],
+    plugin_threaded: tuple[PluginClient, ListWatcher],
     floor_aio: PluginClient,
     floor_sync: PluginClient,
     unix_socket: Path,
@@ -135,14 +136,18 @@ def measure(
     sync = floor_series("floor-sync", floor_sync, settings)
     unix, pinger = unix_series(unix_socket, host_dir, settings)
     zero = CallSeries("devplug-zero-work", lambda _: client_1k.options())  # devplug's server, no handler work
+    client_t, watcher_t = plugin_threaded
+    threaded = devplug_series("devplug-threaded", client_t, settings, _settler(watcher_t))  # hooks in a thread
     try:
-        for one in (dev, aio, sync, unix, zero):
+        for one in (dev, aio, sync, unix, zero, threaded):
             one.warm_up(warm)
-        interleave([dev, aio, sync, unix, zero], n, block)
+        interleave([dev, aio, sync, unix, zero, threaded], n, block)
     finally:
         pinger.close()
-    d, fa, fs, u, z = (summary_ms(s.samples) for s in (dev, aio, sync, unix, zero))
+    d, fa, fs, u, z, t = (summary_ms(s.samples) for s in (dev, aio, sync, unix, zero, threaded))
     out.update(allocate_zero_work_p50_ms=z["p50"], allocate_zero_work_p99_ms=z["p99"])
+    out.update(allocate_p50_ms_threaded=t["p50"], allocate_p99_ms_threaded=t["p99"])
+    _free(client_t, settings, watcher_t)
     floor = fa if fa["p99"] <= fs["p99"] else fs
     out.update(
         allocate_p50_ms=d["p50"],

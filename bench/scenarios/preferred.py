@@ -26,4 +26,5 @@ def measure(settings: Settings, *, client: PluginClient, floor: PluginClient) ->
         "preferred_p50_ms": d["p50"],
         "preferred_p99_ms": d["p99"],
         "preferred_floor_p99_ms": f["p99"],
+        "preferred_ratio_p99": d["p99"] / f["p99"],
     }

@@ -55,10 +55,18 @@ class MockOptions:
     files to read (``/proc/kmsg`` blocks a reader forever).
     ``count``: when set, ``start`` creates the empty files ``mock0`` ..
     ``mock<count-1>`` that are missing.
+    ``inline_hooks``: run the hooks on the engine's event loop instead of the
+    resource's hook thread (the driver then declares ``nonblocking_hooks``):
+    what ``make bench`` uses, since the mock's hooks only append a line to
+    the call log and look its devices up in memory. ``delay=`` directives
+    are then ignored with a warning (a sleeping hook would stall every
+    resource), ``check_health`` answers from the folder watch instead of
+    re-reading every file, and there is no ``hook_timeout``.
     """
 
     directory: Path
     count: int | None = None
+    inline_hooks: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, Path):
@@ -69,6 +77,8 @@ class MockOptions:
         count = self.count
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
             raise ValueError(f"count: must be an integer >= 0, got {count!r}")
+        if not isinstance(self.inline_hooks, bool):
+            raise ValueError(f"inline_hooks: must be true or false, got {self.inline_hooks!r}")
 
 
 def _shared(replicas: Replicas) -> dict[str, Any]:
@@ -104,6 +114,8 @@ class MockDriver:
 
     def __init__(self, options: MockOptions) -> None:
         self.options = options
+        #: Read by the engine when the resource starts: hooks on the event loop (``inline_hooks``).
+        self.nonblocking_hooks = options.inline_hooks
         self.directory = Path(options.directory).absolute()
         self.calls = HookRecorder(self.directory, logger=_module_log)
         self._ctx: DriverContext | None = None
@@ -162,12 +174,21 @@ class MockDriver:
     def check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
         """Re-read the devices' files; the IDs whose health differs from ``devices``.
 
+        With ``inline_hooks`` the files are not read on the event loop: the
+        answer comes from the folder watch (:meth:`_device_files`), so an edit
+        the watch cannot see (through a hard link elsewhere) goes unnoticed.
+
         A device whose file is gone is reported unhealthy (hot-plug removes it
         from the table soon after).
         """
         changed: dict[str, Health] = {}
+        ids = [d.id for d in devices]
+        if self.nonblocking_hooks:
+            files = {f.id: f for f in self._device_files(ids)}
+        else:
+            files = {i: f for i in ids if (f := read_device_file(self.directory, i)) is not None}
         for device in devices:
-            found = read_device_file(self.directory, device.id)
+            found = files.get(device.id)
             health = found.device.health if found is not None else Health.UNHEALTHY
             if health is not device.health:
                 changed[device.id] = health
@@ -247,7 +268,11 @@ class MockDriver:
         try:
             files = self._device_files(ids)
             delay = max((f.delays.get(hook, 0.0) for f in files), default=0.0)
-            if delay > 0:
+            if delay > 0 and self.nonblocking_hooks:
+                self._log.warning(
+                    "delay=%s:%g ignored: the hooks run on the event loop (inline_hooks = true)", hook, delay
+                )
+            elif delay > 0:
                 self._stopping.wait(delay)
             failing = [f.id for f in files if hook in f.fail]
             if failing:

@@ -395,3 +395,21 @@ def test_delay_directive_applies_to_its_hook_only(running: Running) -> None:
     (running.directory / "mock1").write_text("delay=deallocate:30\n")
     running.hooks.allocate(["mock1"])  # would hang for 30 s if the delay applied
     assert read_calls(running.directory)[-1]["hook"] == "allocate"
+
+
+def test_inline_hooks_declare_nonblocking_and_ignore_delays(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "devices"
+    driver = MockDriver(MockOptions(directory=directory, count=2, inline_hooks=True))
+    assert driver.nonblocking_hooks  # what the engine reads to run the hooks on its event loop
+    assert not MockDriver(MockOptions(directory=directory)).nonblocking_hooks
+    hooks = DriverHooks("example.com/mock", driver)
+    (tmp_path / "state").mkdir()
+    hooks.start(DriverContext("example.com/mock", tmp_path / "state", RecordingSink()))
+    try:
+        (directory / "mock1").write_text("delay=allocate:30\n")
+        with caplog.at_level(logging.WARNING):
+            hooks.allocate(["mock1"])  # would stall the event loop for 30 s if the delay applied
+        assert read_calls(directory)[-1]["hook"] == "allocate"
+        assert "delay=allocate:30 ignored" in caplog.text
+    finally:
+        hooks.stop()

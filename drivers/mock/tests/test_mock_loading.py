@@ -54,6 +54,7 @@ def test_relative_directory_is_relative_to_the_config_file(tmp_path: Path) -> No
         ({"directory": "/d", "count": 2.5}, "count", "expected an integer"),
         ({"directory": "/d", "count": True}, "count", "expected an integer"),
         ({"directory": "/d", "count": -1}, "count", ">= 0"),
+        ({"directory": "/d", "inline_hooks": "yes"}, "inline_hooks", "expected true or false"),
         ({"directory": 7}, "directory", "expected a path"),
         ({"count": 2}, "directory", "missing required key"),
     ],
