@@ -81,6 +81,13 @@ def device_id_problem(device_id: object) -> str | None:
     """
     if not isinstance(device_id, str) or not device_id:
         return "it must be a non-empty string"
+    if device_id.isascii() and device_id.isprintable() and " " not in device_id:
+        # The usual ID, checked in C: printable ASCII holds no whitespace but the space.
+        return (
+            None
+            if len(device_id) <= MAX_DEVICE_ID_BYTES
+            else f"it is {len(device_id)} bytes long, more than {MAX_DEVICE_ID_BYTES}"
+        )
     if not device_id.isprintable() or any(ch.isspace() for ch in device_id):
         return "it must be printable and contain no whitespace or control characters"
     size = len(device_id.encode(errors="surrogatepass"))
@@ -181,20 +188,33 @@ class Replicas:
     in_use: Mapping[str, int] = field(default_factory=dict)
     tenants: Mapping[str, int] = field(default_factory=dict)
 
+    #: Whether some replica ID differs from its device's ID (computed once; see :attr:`shared`).
+    _shared: bool = field(default=False, init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "by_device", MappingProxyType({k: tuple(v) for k, v in self.by_device.items()}))
+        by_device = {k: tuple(v) for k, v in self.by_device.items()}
+        object.__setattr__(self, "by_device", MappingProxyType(by_device))
         object.__setattr__(self, "in_use", MappingProxyType(dict(self.in_use)))
         object.__setattr__(self, "tenants", MappingProxyType(dict(self.tenants)))
+        object.__setattr__(self, "_shared", any(ids != (dev,) for dev, ids in by_device.items()))
 
     @classmethod
     def unshared(cls, device_ids: Iterable[str]) -> Replicas:
-        """Every device its own single replica (a resource whose devices are not shared)."""
-        return cls(by_device={i: (i,) for i in device_ids})
+        """Every device its own single replica (a resource whose devices are not shared).
+
+        Built without the per-device checks of the constructor: a GetPreferredAllocation offers 1,000 devices.
+        """
+        replicas = object.__new__(cls)
+        object.__setattr__(replicas, "by_device", MappingProxyType({i: (i,) for i in device_ids}))
+        object.__setattr__(replicas, "in_use", MappingProxyType({}))
+        object.__setattr__(replicas, "tenants", MappingProxyType({}))
+        object.__setattr__(replicas, "_shared", False)
+        return replicas
 
     @property
     def shared(self) -> bool:
         """True when some replica ID differs from its device's ID (the devices are shared)."""
-        return any(ids != (dev,) for dev, ids in self.by_device.items())
+        return self._shared
 
     def replica_ids(self, device_id: str) -> tuple[str, ...]:
         """The replica IDs of the call on ``device_id`` (empty when the call does not name it)."""

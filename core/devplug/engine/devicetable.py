@@ -23,7 +23,7 @@ lifecycle use; :meth:`DeviceTable.physical_of` and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 from dataclasses import replace
 
 from devplug.api.convert import encode_device_entry, encode_list_and_watch
@@ -65,6 +65,11 @@ class DeviceTable:
     def __contains__(self, device_id: object) -> bool:
         return device_id in self._devices
 
+    @property
+    def ids(self) -> KeysView[str]:
+        """The advertised IDs, as a live view (membership tests at C speed, no method call per ID)."""
+        return self._devices.keys()
+
     def reported(self, device_id: str) -> Device | None:
         """The device as the driver reports it, or ``None`` if unknown."""
         return self._devices.get(device_id)
@@ -73,6 +78,26 @@ class DeviceTable:
         """The device as the kubelet sees it (withheld or degraded devices are unhealthy)."""
         dev = self._devices.get(device_id)
         return None if dev is None else self._effective(dev)
+
+    def offer(self, available: Iterable[str], must_include: Iterable[str]) -> tuple[list[Device], list[str]]:
+        """What a GetPreferredAllocation may choose from, in one pass: the advertised devices of ``must_include``
+        then ``available`` (each once; those of ``available`` only when healthy), and the IDs the table lacks."""
+        musts = set(must_include)
+        devices = self._devices
+        withheld = self._withheld
+        degraded = self._degraded is not None
+        healthy = Health.HEALTHY
+        offered: list[Device] = []
+        unknown: list[str] = []
+        for dev_id in dict.fromkeys((*must_include, *available)):
+            dev = devices.get(dev_id)
+            if dev is None:
+                unknown.append(dev_id)
+            elif dev.health is healthy and not degraded and dev_id not in withheld:
+                offered.append(dev)
+            elif dev_id in musts:
+                offered.append(self._effective(dev))
+        return offered, unknown
 
     def reported_devices(self) -> list[Device]:
         """Every advertised device (each replica of a shared device) as the driver reports it."""

@@ -254,15 +254,10 @@ class DeviceLifecycle:
                 f"{self.resource_name}: {len(set(must_include))} must_include device IDs for allocation_size {size} "
                 "(the kubelet asks only while fewer than allocation_size devices are chosen)"
             )
-        unknown = [i for i in (*available, *must_include) if i not in self.table]
+        offered, unknown = self.table.offer(available, must_include)
         if unknown:
             raise RequestError(f"{self.resource_name}: unknown device IDs: {id_list(sorted(set(unknown)))}")
-        offered: list[Device] = []
-        for dev_id in dict.fromkeys((*must_include, *available)):
-            dev = self.table.advertised(dev_id)
-            if dev is not None and (dev.healthy or dev_id in must_include):
-                offered.append(dev)
-        if self.sharing.is_shared(d.id for d in offered):
+        if self.table.shared and self.sharing.is_shared(d.id for d in offered):
             return await self._preferred_replicas(offered, must_include, size)
         chosen = await self.driver.preferred_allocation(offered, must_include, size)
         allowed = {d.id for d in offered}
@@ -619,7 +614,7 @@ class DeviceLifecycle:
             records = self._holders_of(device_ids)
             holding = {d for r in records for d in r.all_devices()}
             held = [i for i in device_ids if i in holding]
-            skipped = [i for i in device_ids if i not in held]
+            skipped = [i for i in device_ids if i not in holding]
             if skipped:
                 log.info("[%s] Deallocate: %s already released", self.resource_name, _ids(skipped))
             if not held:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -60,9 +60,12 @@ def _identity(data: bytes) -> bytes:
 _stream_numbers = itertools.count(1)
 
 
-def check_request_ids(resource_name: str, *groups: Iterable[str]) -> None:
-    """Refuse (:class:`RequestError`) IDs the kubelet could never send: it only sends IDs a plugin advertised."""
-    bad = [i for ids in groups for i in ids if device_id_problem(i) is not None]
+def check_request_ids(resource_name: str, *groups: Iterable[str], known: Container[str] = ()) -> None:
+    """Refuse (:class:`RequestError`) IDs the kubelet could never send: it only sends IDs a plugin advertised.
+
+    IDs in ``known`` (the device table: IDs checked when they were advertised) are not checked again.
+    """
+    bad = [i for ids in groups for i in ids if i not in known and device_id_problem(i) is not None]
     if bad:
         reason = device_id_problem(bad[0])
         raise RequestError(
@@ -198,7 +201,12 @@ class DevicePluginService:
 
     async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
         for creq in request.container_requests:
-            check_request_ids(self.lifecycle.resource_name, creq.available_deviceIDs, creq.must_include_deviceIDs)
+            check_request_ids(
+                self.lifecycle.resource_name,
+                creq.available_deviceIDs,
+                creq.must_include_deviceIDs,
+                known=self.table.ids,
+            )
         responses = []
         for creq in request.container_requests:
             chosen = await self.lifecycle.preferred(
@@ -209,7 +217,7 @@ class DevicePluginService:
 
     async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         containers = [list(c.devices_ids) for c in request.container_requests]
-        check_request_ids(self.lifecycle.resource_name, *containers)
+        check_request_ids(self.lifecycle.resource_name, *containers, known=self.table.ids)
         if not containers:
             raise RequestError(f"{self.lifecycle.resource_name}: Allocate without container requests")
         allocations = await self.lifecycle.allocate(containers)

@@ -91,6 +91,11 @@ def _shared(replicas: Replicas) -> dict[str, Any]:
     }
 
 
+def _directs(found: DeviceFile) -> bool:
+    """Whether the file tells hooks to fail, wait or crash."""
+    return bool(found.fail or found.delays or found.crash)
+
+
 class MockDriver:
     """A devplug driver whose devices are the regular files of a folder.
 
@@ -122,6 +127,7 @@ class MockDriver:
         self._watcher: DirectoryWatcher | None = None
         self._lock = threading.Lock()
         self._known: dict[str, DeviceFile] = {}  # what the engine was last told, by device ID
+        self._directed: set[str] = set()  # the IDs in _known whose files hold fail=, delay= or crash= lines
         self._stopping = threading.Event()
 
     def __repr__(self) -> str:
@@ -266,7 +272,7 @@ class MockDriver:
         ids = list(device_ids)
         self.calls.begin(hook, ids, retry=retry, extra=extra)
         try:
-            files = self._device_files(ids)
+            files = self._directing_files(ids)
             delay = max((f.delays.get(hook, 0.0) for f in files), default=0.0)
             if delay > 0 and self.nonblocking_hooks:
                 self._log.warning(
@@ -307,6 +313,19 @@ class MockDriver:
             known = self._known
             return [f for i in ids if (f := known.get(i)) is not None]
 
+    def _directing_files(self, ids: Sequence[str]) -> list[DeviceFile]:
+        """The files of ``ids`` with ``fail=``, ``delay=`` or ``crash=`` lines, as they are now
+        (as :meth:`_device_files`, but without a lookup per device when no file directs anything)."""
+        watcher = self._watcher
+        if watcher is None:
+            return [f for f in self._device_files(ids) if _directs(f)]
+        watcher.sync()
+        with self._lock:
+            directed = self._directed
+            if not directed:
+                return []
+            return [self._known[i] for i in dict.fromkeys(ids) if i in directed]
+
     @staticmethod
     def _create_empty(path: Path) -> None:
         with contextlib.suppress(FileExistsError):
@@ -327,6 +346,7 @@ class MockDriver:
         with self._lock:
             fresh = [f for f in files if self._known.get(f.id) != f]
             self._known = {f.id: f for f in files}
+            self._directed = {f.id for f in files if _directs(f)}
         for found in fresh:
             self._report(found)
         return files
@@ -341,8 +361,11 @@ class MockDriver:
             found = read_device_file(self.directory, name)
             with self._lock:
                 old = self._known.pop(name, None)
+                self._directed.discard(name)
                 if found is not None:
                     self._known[name] = found
+                    if _directs(found):
+                        self._directed.add(name)
             if found is None:
                 if old is not None:
                     removed.append(name)
