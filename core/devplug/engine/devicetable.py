@@ -47,6 +47,8 @@ class DeviceTable:
         self._physical_of: dict[str, str] = {}
         self._ever: dict[str, tuple[str, ...]] = {}
         self._devices: dict[str, Device] = {}
+        #: The advertised IDs whose device the driver reports unhealthy (kept with ``_devices``).
+        self._unhealthy: set[str] = set()
         self._entries: dict[str, bytes] = {}
         self._withheld: frozenset[str] = frozenset()
         self._degraded: str | None = None
@@ -159,11 +161,15 @@ class DeviceTable:
         return dict(self._replicas)
 
     def healthy_count(self) -> int:
-        """How many devices are advertised healthy (without building the advertised list)."""
+        """How many devices are advertised healthy (from the kept sets: no pass over the devices)."""
         if self._degraded is not None:
             return 0
-        withheld = self._withheld
-        return sum(1 for i, d in self._devices.items() if d.healthy and i not in withheld)
+        withheld = self._withheld.intersection(self._devices)
+        return len(self._devices) - len(self._unhealthy | withheld)
+
+    def unhealthy_ids(self) -> set[str]:
+        """The advertised IDs whose device the driver reports unhealthy (withheld ones aside)."""
+        return set(self._unhealthy)
 
     @property
     def degraded(self) -> str | None:
@@ -228,6 +234,7 @@ class DeviceTable:
         new = self._map(physical.values())
         old = self._devices
         self._devices = new
+        self._unhealthy = {i for i, d in new.items() if not d.healthy}
         self._entries = {
             i: (self._entries[i] if old.get(i) == d and i in self._entries else self._encode(d)) for i, d in new.items()
         }
@@ -245,10 +252,15 @@ class DeviceTable:
             for dev_id in before:
                 if dev_id not in after and self._devices.pop(dev_id, None) is not None:
                     del self._entries[dev_id]
+                    self._unhealthy.discard(dev_id)
             for dev in after.values():
                 if self._devices.get(dev.id) != dev:
                     self._devices[dev.id] = dev
                     self._entries[dev.id] = self._encode(dev)
+                    if dev.healthy:
+                        self._unhealthy.discard(dev.id)
+                    else:
+                        self._unhealthy.add(dev.id)
             touched = True
         for dev_id in removed:
             if self._physical.pop(dev_id, None) is None:
@@ -256,6 +268,7 @@ class DeviceTable:
             for rep in self._forget(dev_id):
                 if self._devices.pop(rep, None) is not None:
                     del self._entries[rep]
+                    self._unhealthy.discard(rep)
             touched = True
         if touched:
             self._bump()

@@ -71,11 +71,12 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
     total = len(table)
     healthy = table.healthy_count()
     every = total <= LIST_ALL_DEVICES_UP_TO
-    devices = [
-        _device_entry(resource, dev, pods, releasing)
-        for dev in table.reported_devices()
-        if every or dev.id in pods or not dev.healthy or dev.id in table.withheld
-    ]
+    if every:
+        listed = table.reported_devices()
+    else:  # only the interesting ones, found through the kept sets (a 10k-device table is not walked)
+        interesting = dict.fromkeys([*pods, *sorted(table.unhealthy_ids()), *sorted(table.withheld)])
+        listed = [dev for i in interesting if (dev := table.reported(i)) is not None]
+    devices = [_device_entry(resource, dev, pods, releasing) for dev in listed]
     releases = []
     if resource.lifecycle is not None:
         releases = [
