@@ -45,8 +45,13 @@ def test_a_big_resource_lists_allocated_and_unhealthy_devices_only(
 
         wait_until(lambda: listed() == held | {"b7", "b250"}, "the status to list the held and unhealthy devices")
         entry = _entry(config.state.dir)
+        dev_kubelet.remove_pod("p")  # released: the entries built for the held devices must not linger
+        wait_until(lambda: listed() == {"b7", "b250"}, "the released devices to leave the status", timeout=20)
+        after = _entry(config.state.dir)
     assert entry["devices_listed"] == "allocated, releasing or unhealthy"
     assert entry["counts"] == {"devices": COUNT, "healthy": COUNT - 2, "unhealthy": 2, "allocated": 2, "releasing": 0}
     by_id = {d["id"]: d for d in entry["devices"]}
     assert all(by_id[i]["allocated"] and by_id[i]["pod"] for i in held)
     assert by_id["b7"]["health"] == "Unhealthy" and not by_id["b7"]["allocated"]
+    assert after["counts"]["allocated"] == 0
+    assert [d["allocated"] for d in after["devices"]] == [False, False]

@@ -13,7 +13,7 @@ from typing import Any
 from devplug.engine.resource import Resource
 from devplug.engine.statusschema import check_status
 from devplug.errors import StateError
-from devplug.types import Device
+from devplug.types import Device, Health
 
 __all__ = ["STATUS_FILE", "StatusBuilder", "read_status"]
 
@@ -26,16 +26,48 @@ MAX_STATUS_BYTES = 64 * 1024 * 1024
 LIST_ALL_DEVICES_UP_TO = 256
 
 
-def _device_entry(resource: Resource, dev: Device, pods: dict[str, str | None], releasing: set[str]) -> dict[str, Any]:
-    advertised = resource.table.advertised(dev.id) or dev
+#: A device's status entry, and what it was built from (the device object itself, its pod or None when not
+#: allocated, releasing, advertised unhealthy): reused while those stay the same.
+_CachedEntry = tuple[Device, tuple[bool, str | None, bool, bool], dict[str, Any]]
+
+
+def _device_entries(
+    resource: Resource,
+    listed: Iterable[Device],
+    pods: dict[str, str | None],
+    releasing: set[str],
+    cache: dict[str, _CachedEntry],
+) -> list[dict[str, Any]]:
+    """The listed devices' entries; an entry whose inputs did not change since the last build is reused
+    (read-only), so a status rebuilt while 1,000 devices are held costs lookups, not 1,000 new entries."""
+    table = resource.table
+    withheld = table.withheld
+    degraded = table.degraded is not None
+    entries = []
+    fresh: dict[str, _CachedEntry] = {}
+    for dev in listed:
+        dev_id = dev.id
+        inputs = (dev_id in pods, pods.get(dev_id), dev_id in releasing, degraded or dev_id in withheld)
+        cached = cache.get(dev_id)
+        if cached is None or cached[0] is not dev or cached[1] != inputs:
+            cached = (dev, inputs, _device_entry(dev, inputs))
+        fresh[dev_id] = cached
+        entries.append(cached[2])
+    cache.clear()
+    cache.update(fresh)
+    return entries
+
+
+def _device_entry(dev: Device, inputs: tuple[bool, str | None, bool, bool]) -> dict[str, Any]:
+    allocated, pod, releasing, withheld = inputs
     return {
         "id": dev.id,
-        "health": advertised.health.value,
+        "health": Health.UNHEALTHY.value if withheld else dev.health.value,
         "driver_health": dev.health.value,
         "numa_nodes": list(dev.topology.numa_nodes),
-        "allocated": dev.id in pods,
-        "pod": pods.get(dev.id),
-        "releasing": dev.id in releasing,
+        "allocated": allocated,
+        "pod": pod,
+        "releasing": releasing,
         **({"reason": dev.reason} if dev.reason and not dev.healthy else {}),
     }
 
@@ -64,7 +96,7 @@ def _sharing_status(resource: Resource) -> dict[str, Any] | None:
     }
 
 
-def _resource_status(resource: Resource) -> dict[str, Any]:
+def _resource_status(resource: Resource, cache: dict[str, _CachedEntry]) -> dict[str, Any]:
     table = resource.table
     pods = {d: r.pod for r in resource.ledger for d in r.all_devices()}
     releasing = resource.ledger.releasing_devices()
@@ -76,7 +108,7 @@ def _resource_status(resource: Resource) -> dict[str, Any]:
     else:  # only the interesting ones, found through the kept sets (a 10k-device table is not walked)
         interesting = dict.fromkeys([*pods, *sorted(table.unhealthy_ids()), *sorted(table.withheld)])
         listed = [dev for i in interesting if (dev := table.reported(i)) is not None]
-    devices = [_device_entry(resource, dev, pods, releasing) for dev in listed]
+    devices = _device_entries(resource, listed, pods, releasing, cache)
     releases = []
     if resource.lifecycle is not None:
         releases = [
@@ -151,10 +183,12 @@ class StatusBuilder:
         self.started_at = started_at
         self.config_path = config_path
         self._cache: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
+        self._device_cache: dict[str, dict[str, _CachedEntry]] = {}
 
     def forget(self, name: str) -> None:
         """Drop ``name``'s cached entry (its resource was replaced by a reload: the new one's counters restart)."""
         self._cache.pop(name, None)
+        self._device_cache.pop(name, None)
 
     def build(self, resources: Iterable[Resource]) -> dict[str, Any]:
         entries = []
@@ -162,7 +196,7 @@ class StatusBuilder:
             version = _version(resource)
             cached = self._cache.get(resource.name)
             if cached is None or cached[0] != version:
-                cached = (version, _resource_status(resource))
+                cached = (version, _resource_status(resource, self._device_cache.setdefault(resource.name, {})))
                 self._cache[resource.name] = cached
             entries.append(cached[1])
         return {
