@@ -195,6 +195,8 @@ def _compile_bytecode(log: Log) -> None:
     each start, which is not what a node running the installed wheels pays.
     """
     for package in (devplug, devplug_mock):
+        if package.__file__ is None:  # a namespace package: nothing of ours to compile
+            continue
         folder = Path(package.__file__).parent
         if not compileall.compile_dir(folder, quiet=1):
             log(f"bench: could not compile every module under {folder}")

@@ -15,7 +15,7 @@ from devplug import ContainerAllocation, Device, hookimpl
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.testing.daemon import DaemonThread
 
-from .conftest import in_process_config
+from .conftest import in_process_config, view_of
 
 INLINE, THREADED, DURABLE, PLAIN = (f"example.com/{n}" for n in ("inline", "threaded", "durable", "plain"))
 
@@ -59,7 +59,7 @@ def test_nonblocking_hooks_run_on_the_event_loop_and_others_in_the_hook_thread(
         for name in (INLINE, THREADED):
             dev_kubelet.wait_registered(name, timeout=10)
         dev_kubelet.wait_for(
-            lambda k: all(k.resource(n) is not None and k.resource(n).healthy_ids for n in (INLINE, THREADED)),
+            lambda k: all(view_of(k, n).healthy_ids for n in (INLINE, THREADED)),
             timeout=10,
         )
         dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {INLINE: 1, THREADED: 1})]))
@@ -107,7 +107,7 @@ def test_durable_allocate_syncs_the_intent_before_the_hook_and_only_for_that_dri
         for name in (DURABLE, PLAIN):
             dev_kubelet.wait_registered(name, timeout=10)
         dev_kubelet.wait_for(
-            lambda k: all(k.resource(n) is not None and k.resource(n).healthy_ids for n in (DURABLE, PLAIN)),
+            lambda k: all(view_of(k, n).healthy_ids for n in (DURABLE, PLAIN)),
             timeout=10,
         )
         EVENTS.clear()

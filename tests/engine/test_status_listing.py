@@ -11,7 +11,7 @@ from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.status import LIST_ALL_DEVICES_UP_TO, read_status
 from devplug.testing.daemon import DaemonThread
 
-from .conftest import Wait, in_process_config
+from .conftest import Wait, in_process_config, view_of
 
 BIG = "example.com/big"
 COUNT = LIST_ALL_DEVICES_UP_TO + 44
@@ -27,6 +27,7 @@ class Big:
 
 def _entry(state_dir: Path) -> dict[str, Any]:
     (entry,) = [r for r in read_status(state_dir)["resources"] if r["name"] == BIG]
+    assert isinstance(entry, dict)
     return entry
 
 
@@ -36,7 +37,7 @@ def test_a_big_resource_lists_allocated_and_unhealthy_devices_only(
     config = in_process_config(devplug_root, {BIG: Big})
     with DaemonThread(config):
         dev_kubelet.wait_registered(BIG, timeout=10)
-        dev_kubelet.wait_for(lambda k: k.resource(BIG) is not None and len(k.resource(BIG).devices) == COUNT, 10)
+        dev_kubelet.wait_for(lambda k: len(view_of(k, BIG).devices) == COUNT, 10)
         pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {BIG: 2})]))
         held = set(pod.container("c").devices[BIG])
 
