@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from devplug.cli_run import parse_run_args
 from devplug.testing.configs import dev_config, write_toml
 
 
@@ -99,4 +100,33 @@ def test_run_does_not_load_click_or_importlib_metadata(tmp_path: Path) -> None:
     assert "missing.toml" in proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "devplug.cli_run" in imported
-    assert not imported & {"click", "importlib.metadata", "hashlib"}, sorted(imported & {"click", "importlib.metadata"})
+    unwanted = {"click", "importlib.metadata", "hashlib", "argparse", "shutil", "bz2", "lzma"}
+    assert not imported & unwanted, sorted(imported & unwanted)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--config is required"),
+        (["--config"], "--config needs a value"),
+        (
+            ["--config", "c.toml", "--log-level", "loud"],
+            "--log-level: 'loud' is not one of debug, info, warning, error",
+        ),
+        (["--config=c.toml", "--log-format=xml"], "--log-format: 'xml' is not one of text, json"),
+        (["--config", "c.toml", "--verbose"], "unknown argument '--verbose'"),
+    ],
+)
+def test_run_usage_errors_exit_2_naming_the_option(args: list[str], message: str) -> None:
+    result = _devplug("run", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "usage: devplug run --config FILE" in result.stderr
+
+
+def test_run_options_take_either_form() -> None:
+    assert parse_run_args(["--config=a.toml", "--log-level", "debug"]) == {
+        "--config": "a.toml",
+        "--log-format": "text",
+        "--log-level": "debug",
+    }

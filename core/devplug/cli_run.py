@@ -1,10 +1,10 @@
-"""``devplug run`` without click: the daemon is the one long-lived process, and click would stay resident in it
-(about 1.3 MiB). The options, defaults and exit codes are those of the click command in :mod:`devplug.cli`,
-which runs the same :func:`run_command`; ``devplug run --help`` is click's."""
+"""``devplug run`` without click or argparse: the daemon is the one long-lived process, and what it imports stays
+resident (click about 1.3 MiB; argparse pulls in gettext, locale and shutil, which loads the zlib, bz2 and lzma
+modules). The options, defaults and exit codes are those of the click command in :mod:`devplug.cli`, which runs
+the same :func:`run_command`; ``devplug run --help`` is click's."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -54,11 +54,49 @@ def run_command(config_path: Path, log_format: str, log_level: str) -> None:
         sys.exit(EXIT_ABANDONED)
 
 
+#: ``devplug run``'s options: name -> (allowed values or None for any, default or None when required).
+RUN_OPTIONS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
+    "--config": (None, None),
+    "--log-format": (LOG_FORMATS, "text"),
+    "--log-level": (LOG_LEVELS, "info"),
+}
+USAGE = "usage: devplug run --config FILE [--log-format {text,json}] [--log-level {debug,info,warning,error}]"
+
+
+class UsageError(Exception):
+    """A ``devplug run`` command line that cannot be run; the message says which option and why."""
+
+
+def parse_run_args(argv: list[str]) -> dict[str, str]:
+    """``--name value`` or ``--name=value`` for each of :data:`RUN_OPTIONS`; :class:`UsageError` otherwise."""
+    values: dict[str, str] = {}
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        name, sep, value = arg.partition("=")
+        if name not in RUN_OPTIONS:
+            raise UsageError(f"unknown argument {arg!r}")
+        if not sep:
+            if not rest:
+                raise UsageError(f"{name} needs a value")
+            value = rest.pop(0)
+        allowed = RUN_OPTIONS[name][0]
+        if allowed is not None and value not in allowed:
+            raise UsageError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+        values[name] = value
+    for name, (_, default) in RUN_OPTIONS.items():
+        if name not in values:
+            if default is None:
+                raise UsageError(f"{name} is required")
+            values[name] = default
+    return values
+
+
 def main(argv: list[str]) -> None:
-    """``devplug run`` with ``argv`` the arguments after ``run``."""
-    parser = argparse.ArgumentParser(prog="devplug run", add_help=False)
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
-    args = parser.parse_args(argv)  # exits 2 on a usage error, as click does
-    run_command(args.config, args.log_format, args.log_level)
+    """``devplug run`` with ``argv`` the arguments after ``run``; exits 2 on a usage error, as click does."""
+    try:
+        args = parse_run_args(argv)
+    except UsageError as exc:
+        print(f"{USAGE}\ndevplug run: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    run_command(Path(args["--config"]), args["--log-format"], args["--log-level"])
