@@ -23,14 +23,15 @@ def pack_numa(available: Sequence[Device], must_include: Sequence[str], size: in
     chosen: list[str] = list(dict.fromkeys(must_include))[: max(size, 0)]
     if len(chosen) >= size:
         return chosen
-    by_id = {d.id: d for d in available}
     taken = set(chosen)
     groups: dict[int | None, list[str]] = defaultdict(list)
-    for dev in available:
-        if dev.id not in taken:
-            node = dev.topology.numa_nodes[0] if dev.topology.numa_nodes else None
-            groups[node].append(dev.id)
-    used_nodes = {n for i in chosen if i in by_id for n in by_id[i].topology.numa_nodes}
+    used_nodes: set[int] = set()
+    for dev in available:  # one pass: group the free devices by node, note the nodes of the chosen ones
+        nodes = dev.topology.numa_nodes
+        if dev.id in taken:
+            used_nodes.update(nodes)
+        else:
+            groups[nodes[0] if nodes else None].append(dev.id)
     need = size - len(chosen)
 
     def rank(node: int | None) -> tuple[int, int, int, int]:

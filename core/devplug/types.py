@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -158,6 +158,33 @@ def replica_id(device_id: str, index: int) -> str:
     return f"{device_id}::{index}"
 
 
+class _EachItsOwn(Mapping[str, tuple[str, ...]]):
+    """A read-only mapping of each ID to itself alone (``Replicas.by_device`` of devices that are not shared),
+    without a tuple made per ID up front: a GetPreferredAllocation offers 1,000 devices."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, device_ids: Iterable[str]) -> None:
+        self._ids = dict.fromkeys(device_ids)
+
+    def __getitem__(self, device_id: str) -> tuple[str, ...]:
+        if device_id in self._ids:
+            return (device_id,)
+        raise KeyError(device_id)
+
+    def __contains__(self, device_id: object) -> bool:
+        return device_id in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __repr__(self) -> str:
+        return repr({i: (i,) for i in self._ids})
+
+
 @dataclass(frozen=True)
 class Replicas:
     """What a hook's devices stand for on the kubelet's side, when devices are shared.
@@ -205,7 +232,7 @@ class Replicas:
         Built without the per-device checks of the constructor: a GetPreferredAllocation offers 1,000 devices.
         """
         replicas = object.__new__(cls)
-        object.__setattr__(replicas, "by_device", MappingProxyType({i: (i,) for i in device_ids}))
+        object.__setattr__(replicas, "by_device", _EachItsOwn(device_ids))
         object.__setattr__(replicas, "in_use", MappingProxyType({}))
         object.__setattr__(replicas, "tenants", MappingProxyType({}))
         object.__setattr__(replicas, "_shared", False)

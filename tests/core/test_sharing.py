@@ -145,6 +145,19 @@ def test_replicas_value() -> None:
         shared.by_device["x"] = ()  # type: ignore[index]
 
 
+def test_unshared_replicas_are_the_same_value_as_built_by_hand() -> None:
+    lazy = Replicas.unshared(["a", "b", "a"])
+    assert lazy == Replicas(by_device={"a": ("a",), "b": ("b",)}) == lazy
+    assert list(lazy.by_device.items()) == [("a", ("a",)), ("b", ("b",))] and len(lazy.by_device) == 2
+    assert lazy.replica_ids("b") == ("b",) and lazy.replica_ids("z") == () and "z" not in lazy.by_device
+    assert lazy.device_of("a") == "a" and lazy.device_of("z") is None
+    assert (dict(lazy.in_use), dict(lazy.tenants)) == ({}, {})
+    with pytest.raises(KeyError):
+        lazy.by_device["z"]
+    with pytest.raises(TypeError):
+        lazy.by_device["z"] = ()  # type: ignore[index]
+
+
 def test_held_replicas_of_a_lowered_count_still_map_to_their_device() -> None:
     table = DeviceTable(replicas=2)
     table.replace([Device("a"), Device("b", replicas=1)])

@@ -200,18 +200,16 @@ class DevicePluginService:
             self.observer.stream_closed(stream, by_peer)
 
     async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
-        for creq in request.container_requests:
-            check_request_ids(
-                self.lifecycle.resource_name,
-                creq.available_deviceIDs,
-                creq.must_include_deviceIDs,
-                known=self.table.ids,
-            )
+        # Each repeated field read once: every read of a protobuf string list decodes its strings again.
+        requests = [
+            (list(c.available_deviceIDs), list(c.must_include_deviceIDs), int(c.allocation_size))
+            for c in request.container_requests
+        ]
+        for available, must_include, _ in requests:
+            check_request_ids(self.lifecycle.resource_name, available, must_include, known=self.table.ids)
         responses = []
-        for creq in request.container_requests:
-            chosen = await self.lifecycle.preferred(
-                list(creq.available_deviceIDs), list(creq.must_include_deviceIDs), int(creq.allocation_size)
-            )
+        for available, must_include, size in requests:
+            chosen = await self.lifecycle.preferred(available, must_include, size)
             responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return dp.PreferredAllocationResponse(container_responses=responses)
 
