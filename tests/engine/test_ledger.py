@@ -312,3 +312,28 @@ def test_a_snapshot_reusing_saved_records_matches_memory(tmp_path: Path) -> None
     assert snapshot["allocations"] == [r.to_json() for r in ledger]
     assert {r["pod"] for r in snapshot["allocations"]} == {None, "ns/saved", "ns/unsaved"}
     assert (snapshot["format"], snapshot["resource"]) == (FORMAT_VERSION, "example.com/x")
+
+
+def test_idle_compaction_keeps_one_timer_and_compacts_once_saves_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("devplug.engine.ledger.COMPACT_IDLE_S", 0.05)
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    record = ledger.begin(["a"], now=1.0)
+
+    async def run() -> None:
+        await ledger.save()
+        timer = ledger._idle_timer
+        assert timer is not None
+        for n in range(3):
+            record.pod = f"ns/p{n}"
+            await ledger.save()
+            assert ledger._idle_timer is timer  # not cancelled and replaced by each save
+        for _ in range(200):  # bounded: 2 s at most for a 0.05 s idle period
+            if ledger.path.exists():
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert json.loads(ledger.path.read_text())["allocations"][0]["pod"] == "ns/p2"

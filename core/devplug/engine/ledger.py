@@ -265,6 +265,8 @@ class Ledger:
         self._snapshot_seq = 0
         self._compacting: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        #: The event loop's time of the last save that wrote (for the idle compaction).
+        self._last_write = 0.0
         #: Why the last write failed (a full disk), until one succeeds; shown in ``devplug status``.
         self.write_error: str | None = None
         #: Counts saves (for the status, which is rebuilt only when something changed).
@@ -443,15 +445,21 @@ class Ledger:
         if self._segment.size >= COMPACT_BYTES:
             self._compacting = loop.create_task(self.compact())
             return
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-        if self._segment.size:
+        self._last_write = loop.time()
+        if self._segment.size and self._idle_timer is None:  # one timer, not a cancel and a new one per save
             self._idle_timer = loop.call_later(COMPACT_IDLE_S, self._compact_when_idle)
 
     def _compact_when_idle(self) -> None:
+        """Compact once no save came for :data:`COMPACT_IDLE_S`; a save meanwhile moves the check later."""
         self._idle_timer = None
-        if self._segment.size and (self._compacting is None or self._compacting.done()):
-            self._compacting = asyncio.get_running_loop().create_task(self.compact())
+        if not self._segment.size:
+            return
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self._last_write
+        if quiet_for < COMPACT_IDLE_S:
+            self._idle_timer = loop.call_later(COMPACT_IDLE_S - quiet_for, self._compact_when_idle)
+        elif self._compacting is None or self._compacting.done():
+            self._compacting = loop.create_task(self.compact())
 
     async def compact(self) -> None:
         """Fold the journal into a new snapshot (atomic, fsynced, in the writer thread), then drop old segments.
