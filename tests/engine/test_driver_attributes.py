@@ -28,6 +28,13 @@ def _on_event_loop() -> bool:
     return True
 
 
+def _wait_serving(kubelet: DevKubeletThread, *resources: str) -> None:
+    """Every resource registered and advertising a healthy device."""
+    for name in resources:
+        kubelet.wait_registered(name, timeout=10)
+    kubelet.wait_for(lambda k: all(view_of(k, n).healthy_ids for n in resources), timeout=10)
+
+
 class Threaded:
     """The default: hooks in the resource's hook thread."""
 
@@ -56,12 +63,7 @@ def test_nonblocking_hooks_run_on_the_event_loop_and_others_in_the_hook_thread(
     dev_kubelet: DevKubeletThread, devplug_root: Path
 ) -> None:
     with DaemonThread(in_process_config(devplug_root, {INLINE: Inline, THREADED: Threaded})):
-        for name in (INLINE, THREADED):
-            dev_kubelet.wait_registered(name, timeout=10)
-        dev_kubelet.wait_for(
-            lambda k: all(view_of(k, n).healthy_ids for n in (INLINE, THREADED)),
-            timeout=10,
-        )
+        _wait_serving(dev_kubelet, INLINE, THREADED)
         dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {INLINE: 1, THREADED: 1})]))
     assert set(Inline.seen) == set(Threaded.seen) == {"allocate", "pre_start"}
     for on_loop, thread in Inline.seen.values():
@@ -104,12 +106,7 @@ def test_durable_allocate_syncs_the_intent_before_the_hook_and_only_for_that_dri
     monkeypatch.setattr(os, "fdatasync", recording)
     EVENTS.clear()
     with DaemonThread(in_process_config(devplug_root, {DURABLE: Durable, PLAIN: Plain})):
-        for name in (DURABLE, PLAIN):
-            dev_kubelet.wait_registered(name, timeout=10)
-        dev_kubelet.wait_for(
-            lambda k: all(view_of(k, n).healthy_ids for n in (DURABLE, PLAIN)),
-            timeout=10,
-        )
+        _wait_serving(dev_kubelet, DURABLE, PLAIN)
         EVENTS.clear()
         dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {DURABLE: 1})]))
         durable_events = list(EVENTS)

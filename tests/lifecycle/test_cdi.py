@@ -5,19 +5,18 @@ files are removed at start and a device unplugged leaves the spec."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.conformance import poll_until
 from devplug.types import CDIDevice, DeviceSpec, Mount
 
 RESOURCE = "example.com/mock"
@@ -25,15 +24,8 @@ SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "cdi_schema.json").re
 SPEC_FILE = "devplug-example.com_mock.json"
 
 
-def _poll(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
-        time.sleep(0.05)
+#: The kit's poll_until, bounded at 20 s.
+_poll = functools.partial(poll_until, timeout=20.0)
 
 
 def _spec(path: Path) -> dict[str, Any] | None:

@@ -4,12 +4,11 @@ prometheus_client's own parser, and every counter is checked to move by exactly 
 
 from __future__ import annotations
 
+import functools
 import http.client
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, KubeletError, PodSpec
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.conformance import poll_until
 from devplug.testing.recorder import read_hook_calls
 
 RESOURCE = "example.com/mock"
@@ -65,15 +65,8 @@ def _hook(samples: Samples, kind: str, hook: str) -> float:
     return _v(samples, f"devplug_hook_{kind}_total", resource=RESOURCE, driver="mock", hook=hook)
 
 
-def _poll(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
-        time.sleep(0.05)
+#: The kit's poll_until, bounded at 20 s.
+_poll = functools.partial(poll_until, timeout=20.0)
 
 
 def _start(devplug_daemon: Any, folder: Path, count: int, replicas: int = 1, **knobs: Any) -> int:
