@@ -86,6 +86,7 @@ class DeviceTable:
         then ``available`` (each once; those of ``available`` only when healthy), and the IDs the table lacks."""
         musts = set(must_include)
         devices = self._devices
+        # overrides_health, inlined: a method call per device costs ~0.5 ms over 1,000 offered devices.
         withheld = self._withheld
         degraded = self._degraded is not None
         healthy = Health.HEALTHY
@@ -184,6 +185,11 @@ class DeviceTable:
     @property
     def withheld(self) -> frozenset[str]:
         return self._withheld
+
+    def overrides_health(self, device_id: str) -> bool:
+        """True while the kubelet is told ``device_id`` is unhealthy whatever the driver reports (it is withheld,
+        or the resource is degraded)."""
+        return self._degraded is not None or device_id in self._withheld
 
     def encoded(self) -> bytes:
         """The current serialized ``ListAndWatchResponse``."""
@@ -320,7 +326,7 @@ class DeviceTable:
         self._bump()
 
     def _effective(self, dev: Device) -> Device:
-        if dev.healthy and (self._degraded is not None or dev.id in self._withheld):
+        if dev.healthy and self.overrides_health(dev.id):
             return dev.with_health(Health.UNHEALTHY)
         return dev
 

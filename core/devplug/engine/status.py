@@ -41,13 +41,11 @@ def _device_entries(
     """The listed devices' entries; an entry whose inputs did not change since the last build is reused
     (read-only), so a status rebuilt while 1,000 devices are held costs lookups, not 1,000 new entries."""
     table = resource.table
-    withheld = table.withheld
-    degraded = table.degraded is not None
     entries = []
     fresh: dict[str, _CachedEntry] = {}
     for dev in listed:
         dev_id = dev.id
-        inputs = (dev_id in pods, pods.get(dev_id), dev_id in releasing, degraded or dev_id in withheld)
+        inputs = (dev_id in pods, pods.get(dev_id), dev_id in releasing, table.overrides_health(dev_id))
         cached = cache.get(dev_id)
         if cached is None or cached[0] is not dev or cached[1] != inputs:
             cached = (dev, inputs, _device_entry(dev, inputs))
@@ -59,10 +57,10 @@ def _device_entries(
 
 
 def _device_entry(dev: Device, inputs: tuple[bool, str | None, bool, bool]) -> dict[str, Any]:
-    allocated, pod, releasing, withheld = inputs
+    allocated, pod, releasing, overridden = inputs
     return {
         "id": dev.id,
-        "health": Health.UNHEALTHY.value if withheld else dev.health.value,
+        "health": Health.UNHEALTHY.value if overridden else dev.health.value,
         "driver_health": dev.health.value,
         "numa_nodes": list(dev.topology.numa_nodes),
         "allocated": allocated,
