@@ -337,3 +337,17 @@ def test_idle_compaction_keeps_one_timer_and_compacts_once_saves_stop(
 
     asyncio.run(run())
     assert json.loads(ledger.path.read_text())["allocations"][0]["pod"] == "ns/p2"
+
+
+def test_restoring_a_record_that_was_not_releasing_clears_it_from_the_releasing_index(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    record = ledger.begin(["a"], now=1.0)
+    snapshot = ledger.snapshot(["a"])  # taken while the record is not releasing
+    record.releasing = True
+    assert ledger.releasing_devices() == {"a"}
+    ledger.restore(snapshot, inflight=())
+    assert ledger.releasing_devices() == set()
+    record.releasing = True  # the replaced object changes nothing in the ledger any more
+    assert ledger.releasing_devices() == set()
+    assert not next(iter(ledger)).releasing

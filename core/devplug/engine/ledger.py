@@ -521,10 +521,15 @@ class Ledger:
         old = self.records.get(record.id)
         if old is not None:
             self._unindex(old)
+            if old is not record:  # the replaced object no longer speaks for this ledger
+                object.__setattr__(old, "_changed", None)
+                object.__setattr__(old, "_releasing", None)
         object.__setattr__(record, "_changed", self._changed)
         object.__setattr__(record, "_releasing", self._releasing)
         if record.releasing:
             self._releasing.add(record.id)
+        else:
+            self._releasing.discard(record.id)
         self._encoded.pop(record.id, None)
         self.records[record.id] = record
         for dev in record.all_devices():
