@@ -527,26 +527,10 @@ class DeviceLifecycle:
         no other tenant holds a replica of (the ledger still holds this request's records, ``undone`` names
         their fresh replicas)."""
         mine = {r.id for i in fresh for r in self.ledger.holders(i)}  # only this request's records hold them
-        physical, replicas = self.sharing.replicas(fresh, excluding=mine)
         if self.driver.capabilities.post_stop:
-            await self.driver.post_stop(physical, False, replicas)
-        last = [p for p in physical if not self.sharing.still_held(p, undone)]
-        if last:
-            physical_last, last_replicas = self._last_tenant(
-                last, [i for i in fresh if self.table.physical_of(i) in last]
-            )
-            await self.driver.deallocate(physical_last, False, last_replicas)
-
-    def _last_tenant(self, physical: list[str], replica_ids: Sequence[str]) -> tuple[list[str], Replicas]:
-        """The arguments of a ``deallocate`` of ``physical``, whose last replicas are ``replica_ids``."""
-        by_device: dict[str, list[str]] = {}
-        for i in replica_ids:
-            by_device.setdefault(self.table.physical_of(i), []).append(i)
-        return physical, Replicas(
-            by_device={p: tuple(by_device.get(p, ())) for p in physical},
-            in_use=dict.fromkeys(physical, 0),
-            tenants=dict.fromkeys(physical, 0),
-        )
+            await self._post_stop(fresh, False, mine)
+        last, _ = self._split_last_tenants(fresh, undone)
+        await self._deallocate_physical(last, fresh, False)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """PreStartContainer: only for devices allocated to a live allocation, healthy, each named once."""
@@ -707,7 +691,7 @@ class DeviceLifecycle:
         await self.ledger.save(sync=True)  # the release path can afford power-loss durability
         self._released(record, owed, reason, start, retried)
 
-    async def _post_stop(self, device_ids: Sequence[str], retry: bool, tenancy: Sequence[str]) -> None:
+    async def _post_stop(self, device_ids: Sequence[str], retry: bool, tenancy: Iterable[str]) -> None:
         """The driver's ``post_stop`` for one tenancy (the records ``tenancy`` names): on shared devices, the
         physical devices with their :class:`Replicas` (the other tenants counted)."""
         if self.sharing.is_shared(device_ids):
@@ -722,10 +706,7 @@ class DeviceLifecycle:
         if not self.sharing.is_shared(device_ids):
             await self.driver.deallocate(device_ids, retry)
             return
-        released = set(device_ids)
-        physical = self.sharing.physical_ids(device_ids)
-        last = [p for p in physical if not self.sharing.still_held(p, released)]
-        kept = [p for p in physical if p not in last]
+        last, kept = self._split_last_tenants(device_ids, set(device_ids))
         if kept:
             log.info(
                 "[%s] %s still shared by other pods: not deallocated",
@@ -733,11 +714,30 @@ class DeviceLifecycle:
                 _ids(kept),
                 extra={"device": _ids(kept)},
             )
-        if last:
-            physical_last, replicas = self._last_tenant(
-                last, [i for i in device_ids if self.table.physical_of(i) in last]
-            )
-            await self.driver.deallocate(physical_last, retry, replicas)
+        await self._deallocate_physical(last, device_ids, retry)
+
+    def _split_last_tenants(self, device_ids: Sequence[str], released: set[str]) -> tuple[list[str], list[str]]:
+        """The physical devices of shared ``device_ids``: those of which no replica outside ``released`` is held
+        (their last tenant left), and those another tenant still holds."""
+        physical = self.sharing.physical_ids(device_ids)
+        last = [p for p in physical if not self.sharing.still_held(p, released)]
+        return last, [p for p in physical if p not in last]
+
+    async def _deallocate_physical(self, last: list[str], device_ids: Sequence[str], retry: bool) -> None:
+        """The driver's ``deallocate`` of the physical devices ``last``, whose last replicas are among
+        ``device_ids`` (nothing when ``last`` is empty); no tenant is left on them."""
+        if not last:
+            return
+        by_device: dict[str, list[str]] = {}
+        for i in device_ids:
+            if (phys := self.table.physical_of(i)) in last:
+                by_device.setdefault(phys, []).append(i)
+        replicas = Replicas(
+            by_device={p: tuple(by_device.get(p, ())) for p in last},
+            in_use=dict.fromkeys(last, 0),
+            tenants=dict.fromkeys(last, 0),
+        )
+        await self.driver.deallocate(last, retry, replicas)
 
     def shared_usage(self) -> list[DeviceShare]:
         """Every shared physical device: replicas, replicas in use, tenants, pods (for status and metrics)."""
