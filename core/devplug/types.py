@@ -341,12 +341,35 @@ class ContainerAllocation:
         object.__setattr__(self, "envs", _frozen_str_map("envs", self.envs))
         object.__setattr__(self, "annotations", _frozen_str_map("annotations", self.annotations))
         for name, kind in (("mounts", Mount), ("devices", DeviceSpec), ("cdi_devices", CDIDevice)):
-            items = tuple(getattr(self, name))
+            items = getattr(self, name)
+            if not items:
+                object.__setattr__(self, name, ())
+                continue
+            items = tuple(items)
             for item in items:
                 if not isinstance(item, kind):
                     raise ValueError(f"ContainerAllocation.{name}: {item!r} is not a {kind.__name__}")
             object.__setattr__(self, name, items)
-        _check_unique_paths((self,))
+        if self.mounts or self.devices:
+            _entries_by_path((self,))
+
+    @classmethod
+    def _checked_parts(
+        cls,
+        envs: Mapping[str, str],
+        mounts: tuple[Mount, ...],
+        devices: tuple[DeviceSpec, ...],
+        annotations: Mapping[str, str],
+        cdi_devices: tuple[CDIDevice, ...],
+    ) -> ContainerAllocation:
+        """An allocation from parts taken from checked allocations (a merge): not checked again."""
+        allocation = object.__new__(cls)
+        object.__setattr__(allocation, "envs", MappingProxyType(envs) if envs else _EMPTY_MAP)
+        object.__setattr__(allocation, "mounts", mounts)
+        object.__setattr__(allocation, "devices", devices)
+        object.__setattr__(allocation, "annotations", MappingProxyType(annotations) if annotations else _EMPTY_MAP)
+        object.__setattr__(allocation, "cdi_devices", cdi_devices)
+        return allocation
 
     def merge(self, other: ContainerAllocation) -> ContainerAllocation:
         """Both allocations in one.
@@ -361,16 +384,19 @@ class ContainerAllocation:
         return hash((tuple(sorted(self.envs.items())), self.mounts, self.devices, self.cdi_devices))
 
 
-def _check_unique_paths(parts: Iterable[ContainerAllocation]) -> None:
+def _entries_by_path(parts: Iterable[ContainerAllocation]) -> dict[str, Mount | DeviceSpec]:
+    """Every mount and device node of ``parts`` by container path, identical entries once; raises
+    :class:`AllocationConflictError` when two different entries use the same container path."""
     seen: dict[str, Mount | DeviceSpec] = {}
     for part in parts:
-        entries: tuple[Mount | DeviceSpec, ...] = (*part.mounts, *part.devices)
-        for entry in entries:
-            prior = seen.setdefault(entry.container_path, entry)
-            if prior != entry:
-                raise AllocationConflictError(
-                    f"container path {entry.container_path!r} is used twice: {prior!r} and {entry!r}"
-                )
+        for entries in (part.mounts, part.devices):
+            for entry in entries:
+                prior = seen.setdefault(entry.container_path, entry)
+                if prior is not entry and prior != entry:
+                    raise AllocationConflictError(
+                        f"container path {entry.container_path!r} is used twice: {prior!r} and {entry!r}"
+                    )
+    return seen
 
 
 def _merge_map(kind: str, parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
@@ -384,22 +410,23 @@ def _merge_map(kind: str, parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return merged
 
 
-def _unique(items: Iterable[object]) -> tuple[object, ...]:
-    return tuple(dict.fromkeys(items))
-
-
 def merge_allocations(parts: Iterable[ContainerAllocation]) -> ContainerAllocation:
-    """Merge several contributions to one container's allocation (see :meth:`ContainerAllocation.merge`)."""
+    """Merge several contributions to one container's allocation (see :meth:`ContainerAllocation.merge`).
+
+    The parts were checked when they were made, so the result is not checked again: a merge runs for every
+    container of every Allocate.
+    """
     parts = tuple(parts)
     if len(parts) == 1:
         return parts[0]
-    envs = _merge_map("env", (p.envs for p in parts))
-    annotations = _merge_map("annotation", (p.annotations for p in parts))
-    _check_unique_paths(parts)
-    return ContainerAllocation(
-        envs=envs,
-        mounts=_unique(m for p in parts for m in p.mounts),  # type: ignore[arg-type]
-        devices=_unique(d for p in parts for d in p.devices),  # type: ignore[arg-type]
-        annotations=annotations,
-        cdi_devices=_unique(c for p in parts for c in p.cdi_devices),  # type: ignore[arg-type]
+    envs = _merge_map("env", [p.envs for p in parts if p.envs])
+    annotations = _merge_map("annotation", [p.annotations for p in parts if p.annotations])
+    entries = _entries_by_path(parts).values()
+    cdi = tuple(dict.fromkeys([c for p in parts for c in p.cdi_devices]))
+    return ContainerAllocation._checked_parts(
+        envs,
+        tuple([e for e in entries if isinstance(e, Mount)]),
+        tuple([e for e in entries if isinstance(e, DeviceSpec)]),
+        annotations,
+        cdi,
     )

@@ -81,6 +81,20 @@ def test_merge_unions_and_keeps_identical_entries_once() -> None:
     assert [d.container_path for d in merged.devices] == ["/dev/a", "/dev/b"]
     assert dict(merged.annotations) == {"k": "v"}
     assert merged.cdi_devices == (CDIDevice("v.io/c=1"),)
+    # built without the constructor's checks, the merge is the allocation the constructor makes
+    built = ContainerAllocation(
+        envs={"A": "1", "B": "2"},
+        devices=(DeviceSpec("/dev/a", "/dev/a"), DeviceSpec("/dev/b", "/dev/b")),
+        annotations={"k": "v"},
+        cdi_devices=(CDIDevice("v.io/c=1"),),
+    )
+    assert merged == built and hash(merged) == hash(built)
+    with pytest.raises(TypeError):
+        merged.envs["C"] = "3"  # type: ignore[index]
+    mixed = merge_allocations(
+        [ContainerAllocation(mounts=(Mount("/m1", "/h"),)), a, ContainerAllocation(mounts=(Mount("/m2", "/h"),))]
+    )
+    assert [m.container_path for m in mixed.mounts] == ["/m1", "/m2"] and mixed.devices == a.devices
 
 
 def test_merge_rejects_conflicts_naming_them() -> None:
