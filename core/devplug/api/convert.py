@@ -2,12 +2,15 @@
 
 The ListAndWatch list is sent as raw bytes joined from per-device encodings
 (:func:`encode_device_entry`), so a change to one device of 10,000 re-encodes
-one device, not the list.
+one device, not the list. An Allocate's answer is encoded the same way
+(:func:`encode_allocate_response`): a device's mounts and device nodes are the
+same objects from call to call, so their encodings are cached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Mapping
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, Health, Mount, Topology
@@ -17,6 +20,7 @@ __all__ = [
     "allocation_from_pb",
     "device_from_pb",
     "device_to_pb",
+    "encode_allocate_response",
     "encode_device_entry",
     "encode_list_and_watch",
     "options_to_pb",
@@ -39,7 +43,13 @@ def device_from_pb(msg: dp.Device) -> Device:
     return Device(msg.ID, health, Topology(nodes))
 
 
+#: The one-byte varints (0 to 127): most lengths in a message.
+_SMALL_VARINTS = tuple(bytes((i,)) for i in range(0x80))
+
+
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -49,6 +59,63 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+def _field(tag: int, data: bytes) -> bytes:
+    """A length-delimited field (string, bytes, message): its tag byte, the length, the data."""
+    return _SMALL_VARINTS[tag] + _varint(len(data)) + data
+
+
+def _string_field(tag: int, text: str) -> bytes:
+    """A proto3 string field: nothing when empty (the default is not sent)."""
+    return _field(tag, text.encode()) if text else b""
+
+
+# The tag bytes (field number << 3 | wire type 2) of the Allocate answer's fields (api.proto).
+_RESPONSES_TAG = 0x0A  # AllocateResponse.container_responses = 1
+_ENVS_TAG, _MOUNTS_TAG, _DEVICES_TAG, _ANNOTATIONS_TAG, _CDI_TAG = 0x0A, 0x12, 0x1A, 0x22, 0x2A  # = 1 .. 5
+_READ_ONLY_TRUE = b"\x18\x01"  # Mount.read_only = 3, varint 1
+
+
+@functools.lru_cache(maxsize=16384)
+def _mount_field(mount: Mount) -> bytes:
+    body = _string_field(0x0A, mount.container_path) + _string_field(0x12, mount.host_path)
+    return _field(_MOUNTS_TAG, body + _READ_ONLY_TRUE if mount.read_only else body)
+
+
+@functools.lru_cache(maxsize=16384)
+def _device_spec_field(spec: DeviceSpec) -> bytes:
+    body = _string_field(0x0A, spec.container_path) + _string_field(0x12, spec.host_path)
+    return _field(_DEVICES_TAG, body + _string_field(0x1A, spec.permissions))
+
+
+def _map_fields(tag: int, values: Mapping[str, str]) -> list[bytes]:
+    """A ``map<string, string>`` field: one entry message (key = 1, value = 2, both written even when empty, as
+    protobuf writes map entries) per key, in key order."""
+    return [_field(tag, _field(0x0A, k.encode()) + _field(0x12, values[k].encode())) for k in sorted(values)]
+
+
+def encode_container_allocation(allocation: ContainerAllocation) -> bytes:
+    """The bytes of a ``ContainerAllocateResponse`` (proto3 wire format, map keys sorted)."""
+    parts = _map_fields(_ENVS_TAG, allocation.envs) if allocation.envs else []
+    for mount in allocation.mounts:
+        parts.append(_mount_field(mount))
+    for spec in allocation.devices:
+        parts.append(_device_spec_field(spec))
+    if allocation.annotations:
+        parts.extend(_map_fields(_ANNOTATIONS_TAG, allocation.annotations))
+    for cdi in allocation.cdi_devices:
+        parts.append(_field(_CDI_TAG, _string_field(0x0A, cdi.name)))
+    return b"".join(parts)
+
+
+def encode_allocate_response(allocations: Iterable[ContainerAllocation]) -> bytes:
+    """The bytes of the ``AllocateResponse`` answering with ``allocations``, one per container, in order.
+
+    The same message ``AllocateResponse(container_responses=[allocation_to_pb(a) ...])`` serializes to,
+    without building protobuf objects for every mount and device node of every call.
+    """
+    return b"".join([_field(_RESPONSES_TAG, encode_container_allocation(a)) for a in allocations])
 
 
 def encode_device_entry(device: Device) -> bytes:

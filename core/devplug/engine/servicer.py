@@ -7,8 +7,9 @@ hook timeout), both with the message. Device IDs no kubelet could send (not a
 valid :class:`~devplug.types.Device` ID: control characters, whitespace, too
 long) are refused before anything else looks at the request. Messages and log
 lines repeat request data escaped and bounded (:mod:`devplug.logsafe`).
-ListAndWatch sends pre-encoded bytes from the device table (identity
-serializer), so a change never re-encodes the whole list.
+ListAndWatch sends pre-encoded bytes from the device table, and Allocate
+its answer encoded by :func:`~devplug.api.convert.encode_allocate_response`
+(identity serializers), so neither builds protobuf objects per device.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from devplug.api.convert import allocation_to_pb
+from devplug.api.convert import encode_allocate_response
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.lifecycle import DeviceLifecycle
@@ -119,7 +120,7 @@ class DevicePluginService:
                 "Allocate": unary(
                     self._guard(self.allocate),
                     request_deserializer=dp.AllocateRequest.FromString,
-                    response_serializer=dp.AllocateResponse.SerializeToString,
+                    response_serializer=_identity,  # encoded by encode_allocate_response
                 ),
                 "PreStartContainer": unary(
                     self._guard(self.pre_start_container),
@@ -213,13 +214,14 @@ class DevicePluginService:
             responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return dp.PreferredAllocationResponse(container_responses=responses)
 
-    async def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+    async def allocate(self, request: dp.AllocateRequest) -> bytes:
+        """The serialized ``AllocateResponse``."""
         containers = [list(c.devices_ids) for c in request.container_requests]
         check_request_ids(self.lifecycle.resource_name, *containers, known=self.table.ids)
         if not containers:
             raise RequestError(f"{self.lifecycle.resource_name}: Allocate without container requests")
         allocations = await self.lifecycle.allocate(containers)
-        return dp.AllocateResponse(container_responses=[allocation_to_pb(a) for a in allocations])
+        return encode_allocate_response(allocations)
 
     async def pre_start_container(self, request: dp.PreStartContainerRequest) -> dp.PreStartContainerResponse:
         check_request_ids(self.lifecycle.resource_name, request.devices_ids)
