@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devplug.engine.journal import segments
-from devplug.engine.ledger import FORMAT_VERSION, Ledger, read_ledger_records
+from devplug.engine.ledger import FORMAT_VERSION, AllocationRecord, Ledger, read_ledger_records
 from devplug.types import ContainerAllocation
 
 
@@ -351,3 +351,15 @@ def test_restoring_a_record_that_was_not_releasing_clears_it_from_the_releasing_
     record.releasing = True  # the replaced object changes nothing in the ledger any more
     assert ledger.releasing_devices() == set()
     assert not next(iter(ledger)).releasing
+
+
+def test_a_new_record_is_the_constructors_with_lists_of_its_own() -> None:
+    made = AllocationRecord.new("r1", 5.0, pending=["a"], releasing=True)
+    assert made == AllocationRecord(id="r1", created=5.0, pending=["a"], releasing=True)
+    assert made.to_json() == AllocationRecord(id="r1", created=5.0, pending=["a"], releasing=True).to_json()
+    other = AllocationRecord.new("r2", 6.0)
+    other.devices.append("x")
+    other.prepared["envs"] = {}
+    assert made.devices == [] and made.prepared == {}  # no list or dict shared between records
+    with pytest.raises(TypeError, match="no field bogus"):
+        AllocationRecord.new("r3", 7.0, bogus=1)

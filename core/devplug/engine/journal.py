@@ -27,13 +27,15 @@ from typing import Any
 __all__ = ["JournalSegment", "encode_frame", "frame_payload", "read_journal", "segment_path", "segments"]
 
 _HEADER = struct.Struct("<II")
+#: One compact JSON encoder for every entry (``json.dumps`` with options builds one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 #: A frame larger than this is taken for garbage (a torn length), not allocated.
 MAX_FRAME = 16 * 1024 * 1024
 
 
 def encode_frame(entry: dict[str, Any]) -> bytes:
     """One entry as a frame."""
-    return frame_payload(json.dumps(entry, separators=(",", ":")).encode())
+    return frame_payload(_ENCODER.encode(entry).encode())
 
 
 def frame_payload(payload: bytes) -> bytes:

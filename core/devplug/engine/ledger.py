@@ -30,7 +30,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,24 @@ class AllocationRecord:
                 else:
                     releasing.discard(self.id)
 
+    @classmethod
+    def new(cls, record_id: str, created: float, **values: Any) -> AllocationRecord:
+        """A record not in a ledger yet, with ``values`` for other fields than the defaults.
+
+        The same record as the constructor's, made without its ``__setattr__``
+        per field (an Allocate makes one per container).
+        """
+        record = cls.__new__(cls)
+        data = record.__dict__
+        data.update(_DEFAULTS)
+        for name, factory in _DEFAULT_FACTORIES:
+            data[name] = factory()
+        unknown = values.keys() - data.keys()
+        if unknown:
+            raise TypeError(f"AllocationRecord has no field {', '.join(sorted(unknown))}")
+        data.update(values, id=record_id, created=created)
+        return record
+
     def mark_post_stopped(self, device_ids: Iterable[str]) -> None:
         """These devices had their post-stop; ``post_stop_done`` once every device did."""
         self.post_stopped = [*self.post_stopped, *(d for d in device_ids if d not in self.post_stopped)]
@@ -114,7 +132,9 @@ class AllocationRecord:
         return AllocationRecord(**data)
 
     def all_devices(self) -> list[str]:
-        return [*self.devices, *(d for d in self.pending if d not in self.devices)]
+        if not self.pending:
+            return list(self.devices)
+        return [*self.devices, *[d for d in self.pending if d not in self.devices]]
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FIELD_CHECKS}
@@ -136,8 +156,16 @@ class AllocationRecord:
         return cls(**data)
 
 
+#: The fields' plain defaults and default factories, for :meth:`AllocationRecord.new`.
+_DEFAULTS = {f.name: f.default for f in fields(AllocationRecord) if f.default is not MISSING}
+_DEFAULT_FACTORIES = [(f.name, f.default_factory) for f in fields(AllocationRecord) if f.default_factory is not MISSING]
+
+#: One compact encoder for every record written (``json.dumps`` with options builds one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def _record_json(record: AllocationRecord) -> str:
-    return json.dumps(record.to_json(), separators=(",", ":"))
+    return _ENCODER.encode(record.to_json())
 
 
 def _is_str_list(value: object) -> bool:
@@ -419,7 +447,9 @@ class Ledger:
             if record is not None:
                 text = self._encoded[record_id] = _record_json(record)
                 puts.append(frame_payload(b'{"put":' + text.encode() + b"}"))
-        frames = b"".join([*puts, *(encode_frame({"del": i}) for i in self._removed if i not in self.records)])
+        if self._removed:
+            puts.extend([encode_frame({"del": i}) for i in self._removed if i not in self.records])
+        frames = b"".join(puts)
         if frames:
             started = time.perf_counter()
             try:
@@ -574,6 +604,10 @@ class Ledger:
     def holds(self, device_id: str) -> bool:
         return device_id in self._index
 
+    def holds_any(self, device_ids: Iterable[str]) -> bool:
+        """True when some record holds one of ``device_ids`` (one set operation)."""
+        return not self._index.keys().isdisjoint(device_ids)
+
     def held_devices(self) -> set[str]:
         return set(self._index)
 
@@ -585,6 +619,8 @@ class Ledger:
         """What :meth:`begin` for ``device_ids`` may change, to :meth:`restore` it: copies of the records
         holding those devices (found through the index, whatever else is held)."""
         ids = set(device_ids)
+        if self._index.keys().isdisjoint(ids):
+            return LedgerSnapshot({})
         touched = {r.id: r.copy() for i in ids for r in self.holders(i)}
         return LedgerSnapshot(touched)
 
@@ -611,7 +647,10 @@ class Ledger:
         allocation absorbs the new devices. Returns the record that holds them.
         """
         ids = list(dict.fromkeys(device_ids))
-        overlapping = list({r.id: r for i in ids for r in self.holders(i) if not r.releasing}.values())
+        if self._index.keys().isdisjoint(ids):
+            overlapping = []
+        else:
+            overlapping = list({r.id: r for i in ids for r in self.holders(i) if not r.releasing}.values())
         if overlapping:
             target = overlapping[0]
             devices, pending = list(target.devices), list(target.pending)
@@ -620,7 +659,7 @@ class Ledger:
                 pending.extend(d for d in other.pending if d not in pending)
                 self._drop(other.id)
         else:
-            target = AllocationRecord(id=new_record_id(), created=now)
+            target = AllocationRecord.new(new_record_id(), now)
             self._put(target)
             self._changed.add(target.id)
             devices, pending = [], []
@@ -632,7 +671,7 @@ class Ledger:
     def confirm(self, record: AllocationRecord, allocation: ContainerAllocation, now: float) -> None:
         """The Allocate for ``record``'s pending devices succeeded (answered at ``now``)."""
         record.allocated_at = now
-        self._reindex(record, [*record.devices, *(d for d in record.pending if d not in record.devices)], [])
+        self._reindex(record, record.all_devices(), [])
         record.prepared = prepared_summary(allocation)
 
     def settle_pending(self, record: AllocationRecord) -> None:
@@ -658,8 +697,8 @@ class Ledger:
         if not fresh:
             return None
         seen = now if pod is not None else None
-        record = AllocationRecord(
-            id=new_record_id(), devices=fresh, created=now, pod=pod, pod_uid=pod_uid, seen_at=seen, adopted=source
+        record = AllocationRecord.new(
+            new_record_id(), now, devices=fresh, pod=pod, pod_uid=pod_uid, seen_at=seen, adopted=source
         )
         self.add(record)
         return record
