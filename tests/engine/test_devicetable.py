@@ -1,4 +1,5 @@
-"""The device table's kept health sets: the counts and lists the status reads without walking every device."""
+"""The device table's kept health sets: the counts and lists the status reads, and the check every Allocate makes,
+without walking every device."""
 
 from __future__ import annotations
 
@@ -52,6 +53,19 @@ def test_health_sets_match_a_walk_under_random_changes_of_shared_and_plain_devic
         else:
             table.set_degraded(rng.choice([None, "hung"]))
         assert (table.healthy_count(), table.unhealthy_ids()) == _walked(table), f"seed {seed}"
+        asked = set(rng.sample([*names, *(d.id for d in table.reported_devices())], 3))
+        assert table.all_reported_healthy(asked) == _all_reported_healthy(table, asked), f"seed {seed}, {asked}"
+    some = {d.id for d in table.reported_devices() if d.healthy} or {"d0"}
+    table.set_degraded(None)
+    table.retire("removed from the config")
+    assert not table.all_reported_healthy(some)
+
+
+def _all_reported_healthy(table: DeviceTable, ids: set[str]) -> bool:
+    """What ``all_reported_healthy`` must say, device by device: known, healthy as reported, resource serving."""
+    if table.degraded is not None or table.retired is not None:
+        return False
+    return all((dev := table.reported(i)) is not None and dev.healthy for i in ids)
 
 
 def _random_device(rng: random.Random, name: str) -> Device:

@@ -299,7 +299,7 @@ class AllocationAnswers:
             if not self.cdi.fallback:  # the annotations are the container's: they still go in the answer
                 parts.extend(ContainerAllocation(annotations=a.annotations) for _, a in described if a.annotations)
                 described = []
-        parts.extend(a for _, a in described)
+        parts.extend([a for _, a in described])
         try:
             return merge_allocations(parts) if parts else ContainerAllocation()
         except AllocationConflictError as exc:

@@ -64,7 +64,7 @@ class DeviceLocks:
         try:
             if self._all_free(ids):  # the usual case: take them all without a wait or a task per device
                 for dev_id in ids:
-                    await self._locks.setdefault(dev_id, asyncio.Lock()).acquire()  # free, no waiter: no suspension
+                    await self._lock(dev_id).acquire()  # free, no waiter: no suspension
                     taken.append(dev_id)
                     self.activity[dev_id] = what
             else:
@@ -74,6 +74,13 @@ class DeviceLocks:
             for dev_id in taken:
                 self.activity.pop(dev_id, None)
                 self._locks[dev_id].release()
+
+    def _lock(self, device_id: str) -> asyncio.Lock:
+        """The device's lock, made on its first use."""
+        lock = self._locks.get(device_id)
+        if lock is None:
+            lock = self._locks[device_id] = asyncio.Lock()
+        return lock
 
     def _all_free(self, ids: list[str]) -> bool:
         for dev_id in ids:
@@ -87,7 +94,7 @@ class DeviceLocks:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         for dev_id in ids:
-            lock = self._locks.setdefault(dev_id, asyncio.Lock())
+            lock = self._lock(dev_id)
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             self._waiting[dev_id] = self._waiting.get(dev_id, 0) + 1
             try:

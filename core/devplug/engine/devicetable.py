@@ -124,6 +124,17 @@ class DeviceTable:
         """The physical device ID of an advertised ID (itself for a device that is not shared)."""
         return self._physical_of.get(device_id, device_id)
 
+    def physical_id_set(self, device_ids: Iterable[str]) -> set[str]:
+        """The physical device IDs of advertised IDs, as a set (the IDs themselves when no replica was ever
+        advertised or learnt)."""
+        if not self._physical_of:
+            return set(device_ids)
+        return {self._physical_of.get(i, i) for i in device_ids}
+
+    def names_replicas(self, device_ids: Iterable[str]) -> bool:
+        """True when some of ``device_ids`` is the replica ID of a shared device (advertised or learnt)."""
+        return bool(self._physical_of) and not self._physical_of.keys().isdisjoint(device_ids)
+
     def replica_ids(self, device_id: str) -> tuple[str, ...]:
         """The advertised IDs of a physical device (its own ID alone when it is not shared)."""
         return self._replicas.get(device_id, (device_id,))
@@ -171,6 +182,16 @@ class DeviceTable:
     def unhealthy_ids(self) -> set[str]:
         """The advertised IDs whose device the driver reports unhealthy (withheld ones aside)."""
         return set(self._unhealthy)
+
+    def all_reported_healthy(self, device_ids: set[str]) -> bool:
+        """True when every ID of ``device_ids`` is advertised, reported healthy by the driver, and the resource
+        is neither degraded nor retired (set operations: the check of every Allocate)."""
+        return (
+            self._degraded is None
+            and self._retired is None
+            and device_ids <= self._devices.keys()
+            and self._unhealthy.isdisjoint(device_ids)
+        )
 
     @property
     def degraded(self) -> str | None:

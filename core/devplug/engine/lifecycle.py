@@ -148,6 +148,10 @@ class DeviceLifecycle:
         A device withheld (advertised unhealthy) only while a release of it
         runs passes: the Allocate waits for that release.
         """
+        flat = [i for ids in containers for i in ids]
+        unique = set(flat)
+        if len(unique) == len(flat) and unique and self.table.all_reported_healthy(unique):
+            return  # the common case, in set operations; otherwise the checks below name what is wrong
         self._refuse_if_retired("nothing was allocated")
         self._refuse_bad_ids(
             containers,
@@ -203,6 +207,8 @@ class DeviceLifecycle:
         """``device_ids`` and every other device of the records holding them; for shared devices also of the
         records releasing another replica of them (an Allocate finishes those first)."""
         ids = set(device_ids)
+        if not self.table.shared and not self.ledger.holds_any(ids):
+            return ids
         out = ids | {d for i in ids for r in self.ledger.holders(i) for d in r.all_devices()}
         if self.table.shared:
             for phys in self.sharing.physical_ids(list(out)):
@@ -211,7 +217,7 @@ class DeviceLifecycle:
 
     def _lock_keys(self, device_ids: Iterable[str]) -> set[str]:
         """The locks of advertised IDs: one per physical device, so tenancies of a shared device take turns."""
-        return {self.table.physical_of(i) for i in device_ids}
+        return self.table.physical_id_set(device_ids)
 
     @contextlib.asynccontextmanager
     async def _hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> AsyncIterator[None]:
@@ -317,8 +323,9 @@ class DeviceLifecycle:
             ) from None
         self._on_allocated()
         self.observer.allocated(len(containers))
-        for ids in containers:  # debug: one line per Allocate at info would cost more than the call itself
-            log.debug("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
+        if log.isEnabledFor(logging.DEBUG):  # not at info: one line per Allocate would cost more than the call
+            for ids in containers:
+                log.debug("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
         return results
 
     def _refuse_more_than_one(self, containers: Sequence[Sequence[str]]) -> None:
@@ -336,6 +343,8 @@ class DeviceLifecycle:
         it), and no device whose earlier allocate timed out and still runs in the driver."""
         self._check_servable(containers)
         flat = [i for ids in containers for i in ids]
+        if not self.allocating or not self.ledger.holds_any(flat):
+            return
         hung = [i for i in flat for r in self.ledger.holders(i) if r.releasing and r.id in self.allocating]
         if hung:
             raise DriverError(
@@ -345,6 +354,8 @@ class DeviceLifecycle:
 
     async def _settle(self, requested: Sequence[str]) -> None:
         """Finish every earlier tenancy of ``requested`` that is not reused by this Allocate."""
+        if not self.table.shared and not self.ledger.holds_any(requested):
+            return
         holders = {r.id: r for i in requested for r in self.ledger.holders(i)}
         if self.table.shared:  # a release owed on another replica of a requested device is finished first
             for phys in self.sharing.physical_ids(requested):
@@ -485,7 +496,7 @@ class DeviceLifecycle:
         fresh = [i for i in ids if i not in held_before]
         if not fresh:
             return
-        record = AllocationRecord(id=new_record_id(), pending=fresh, created=now, releasing=True)
+        record = AllocationRecord.new(new_record_id(), now, pending=fresh, releasing=True)
         self.ledger.add(record)
         self.allocating.add(record.id)  # the reconciler leaves it alone while the hook still runs
         self._sync_withheld()

@@ -57,7 +57,7 @@ class SharingView:
 
     def is_shared(self, device_ids: Iterable[str]) -> bool:
         """True when some of ``device_ids`` is a replica of a shared device."""
-        return any(self.table.physical_of(i) != i for i in device_ids)
+        return self.table.names_replicas(device_ids)  # a replica's ID is never its device's
 
     def holders(self, physical_id: str, *, excluding: Iterable[str] = ()) -> list[AllocationRecord]:
         """The records holding any replica of ``physical_id``, except the records ``excluding`` names."""
