@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 
-__all__ = ["DeviceBusyError", "DeviceLocks"]
+__all__ = ["DeviceBusyError", "DeviceLocks", "HeldLocks"]
 
 
 class DeviceBusyError(Exception):
@@ -56,24 +56,10 @@ class DeviceLocks:
         lock = self._locks.get(device_id)
         return lock is not None and lock.locked()
 
-    @contextlib.asynccontextmanager
-    async def hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> AsyncIterator[None]:
-        """Hold every device's lock for the block; :class:`DeviceBusyError` after ``timeout`` seconds."""
-        ids = sorted(set(device_ids))
-        taken: list[str] = []
-        try:
-            if self._all_free(ids):  # the usual case: take them all without a wait or a task per device
-                for dev_id in ids:
-                    await self._lock(dev_id).acquire()  # free, no waiter: no suspension
-                    taken.append(dev_id)
-                    self.activity[dev_id] = what
-            else:
-                await self._take_in_order(ids, what, timeout, taken)
-            yield
-        finally:
-            for dev_id in taken:
-                self.activity.pop(dev_id, None)
-                self._locks[dev_id].release()
+    def hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> HeldLocks:
+        """``async with``: hold every device's lock for the block; :class:`DeviceBusyError` after ``timeout``
+        seconds."""
+        return HeldLocks(self, sorted(set(device_ids)), what, timeout)
 
     def _lock(self, device_id: str) -> asyncio.Lock:
         """The device's lock, made on its first use."""
@@ -116,3 +102,42 @@ class DeviceLocks:
         for dev_id in device_ids:
             if self.locked(dev_id):
                 self.activity[dev_id] = what
+
+
+class HeldLocks:
+    """The locks of some devices, held for an ``async with`` block (:meth:`DeviceLocks.hold`).
+
+    A class rather than a generator-based context manager: every Allocate takes one.
+    """
+
+    def __init__(self, locks: DeviceLocks, ids: list[str], what: str, timeout: float | None) -> None:
+        self._locks = locks
+        self._ids = ids
+        self._what = what
+        self._timeout = timeout
+        self._taken: list[str] = []
+
+    async def __aenter__(self) -> None:
+        locks, taken, what = self._locks, self._taken, self._what
+        try:
+            if locks._all_free(self._ids):  # the usual case: take them all without a wait or a task per device
+                for dev_id in self._ids:
+                    await locks._lock(dev_id).acquire()  # free, no waiter: no suspension
+                    taken.append(dev_id)
+                    locks.activity[dev_id] = what
+            else:
+                await locks._take_in_order(self._ids, what, self._timeout, taken)
+        except BaseException:
+            self.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Release the locks taken (once)."""
+        locks = self._locks
+        for dev_id in self._taken:
+            locks.activity.pop(dev_id, None)
+            locks._locks[dev_id].release()
+        self._taken.clear()

@@ -50,14 +50,14 @@ import errno
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from devplug.engine.asynctools import BackgroundTasks
 from devplug.engine.cdi import AllocationAnswers
 from devplug.engine.checkpointview import CheckpointView, pods_holding
-from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks
+from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks, HeldLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
@@ -219,17 +219,9 @@ class DeviceLifecycle:
         """The locks of advertised IDs: one per physical device, so tenancies of a shared device take turns."""
         return self.table.physical_id_set(device_ids)
 
-    @contextlib.asynccontextmanager
-    async def _hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> AsyncIterator[None]:
-        """Hold the locks of ``device_ids`` and of every device of the records holding them."""
-        want = self._closure(device_ids)
-        while True:
-            async with self.locks.hold(self._lock_keys(want), what, timeout):
-                now = self._closure(want)
-                if now <= want:
-                    yield
-                    return
-            want = now  # a record grew while we waited: take its new devices too
+    def _hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> _HeldDevices:
+        """``async with``: hold the locks of ``device_ids`` and of every device of the records holding them."""
+        return _HeldDevices(self, device_ids, what, timeout)
 
     # --- kubelet operations
 
@@ -794,3 +786,37 @@ class DeviceLifecycle:
 
     def _sync_withheld(self) -> None:
         self.table.set_withheld(self.ledger.releasing_devices())
+
+
+class _HeldDevices:
+    """The locks :meth:`DeviceLifecycle._hold` takes, for an ``async with`` block (a class: every Allocate takes
+    one, and a generator-based context manager costs several times more)."""
+
+    def __init__(self, lifecycle: DeviceLifecycle, device_ids: Iterable[str], what: str, timeout: float | None) -> None:
+        self._lifecycle = lifecycle
+        self._device_ids = device_ids
+        self._what = what
+        self._timeout = timeout
+        self._held: HeldLocks | None = None
+
+    async def __aenter__(self) -> None:
+        lifecycle = self._lifecycle
+        want = lifecycle._closure(self._device_ids)
+        while True:
+            held = lifecycle.locks.hold(lifecycle._lock_keys(want), self._what, self._timeout)
+            await held.__aenter__()
+            try:
+                now = lifecycle._closure(want)
+            except BaseException:
+                held.release()
+                raise
+            if now <= want:
+                self._held = held
+                return
+            held.release()
+            want = now  # a record grew while we waited: take its new devices too
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held = None
