@@ -130,3 +130,49 @@ def test_each_resource_has_its_own_plugin_manager() -> None:
     DriverHooks("example.com/two", Recorder("two"))
     one.pre_start(["a"])
     assert calls == ["one"]
+
+
+class ReplicaAware(Minimal):
+    """An allocate naming both arguments, recording what it got."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[tuple[str, ...], object]] = []
+
+    @hookimpl
+    def allocate(self, device_ids: Sequence[str], replicas: object) -> ContainerAllocation | None:
+        self.got.append((tuple(device_ids), replicas))
+        if "none" in device_ids:
+            return None
+        if "bad" in device_ids:
+            raise ValueError("bad device")
+        return ContainerAllocation(envs={"IDS": ",".join(device_ids)})
+
+
+@pytest.mark.parametrize("tracing", [False, True], ids=["direct", "through-pluggy"])
+def test_one_allocate_answers_alike_called_directly_or_through_pluggy(
+    tracing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver's one allocate is called without pluggy's dispatch (with DEVPLUG_TRACE_HOOKS, through it):
+    the same arguments, answers, empty answers, refusals and exceptions either way."""
+    if tracing:
+        monkeypatch.setenv("DEVPLUG_TRACE_HOOKS", "1")
+    driver = ReplicaAware()
+    hooks = DriverHooks("example.com/x", driver)
+    assert dict(hooks.allocate(["a", "b"]).envs) == {"IDS": "a,b"}
+    ids, replicas = driver.got[-1]
+    assert ids == ("a", "b") and dict(replicas.by_device) == {"a": ("a",), "b": ("b",)}  # type: ignore[attr-defined]
+    assert hooks.allocate(["none"]) == ContainerAllocation()
+    with pytest.raises(ValueError, match="bad device"):
+        hooks.allocate(["bad"])
+    only_ids = DriverHooks("example.com/x", Minimal(), [Contributor({"A": "1"})])  # names device_ids alone
+    assert dict(only_ids.allocate(["a"]).envs) == {"A": "1"}
+    only_ids.pm.register(Contributor({"LATE": "1"}))  # a plugin registered later is called too
+    assert dict(only_ids.allocate(["a"]).envs) == {"A": "1", "LATE": "1"}
+
+    class Wrong(Minimal):
+        @hookimpl
+        def allocate(self, device_ids: Sequence[str]) -> str:
+            return "not an allocation"
+
+    with pytest.raises(DriverError, match="must return a ContainerAllocation"):
+        DriverHooks("example.com/x", Wrong()).allocate(["a"])
