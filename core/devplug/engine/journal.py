@@ -28,7 +28,7 @@ __all__ = ["JournalSegment", "encode_frame", "frame_payload", "read_journal", "s
 
 _HEADER = struct.Struct("<II")
 #: One compact JSON encoder for every entry (``json.dumps`` with options builds one per call).
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # entries hold no cycles
 #: A frame larger than this is taken for garbage (a torn length), not allocated.
 MAX_FRAME = 16 * 1024 * 1024
 

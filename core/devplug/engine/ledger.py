@@ -161,7 +161,7 @@ _DEFAULTS = {f.name: f.default for f in fields(AllocationRecord) if f.default is
 _DEFAULT_FACTORIES = [(f.name, f.default_factory) for f in fields(AllocationRecord) if f.default_factory is not MISSING]
 
 #: One compact encoder for every record written (``json.dumps`` with options builds one per call).
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # records hold no cycles
 
 
 def _record_json(record: AllocationRecord) -> str:
@@ -604,6 +604,10 @@ class Ledger:
     def holds(self, device_id: str) -> bool:
         return device_id in self._index
 
+    def held_among(self, device_ids: Iterable[str]) -> set[str]:
+        """The IDs of ``device_ids`` some record holds (one set operation)."""
+        return self._index.keys() & set(device_ids)
+
     def holds_any(self, device_ids: Iterable[str]) -> bool:
         """True when some record holds one of ``device_ids`` (one set operation)."""
         return not self._index.keys().isdisjoint(device_ids)
@@ -647,10 +651,12 @@ class Ledger:
         allocation absorbs the new devices. Returns the record that holds them.
         """
         ids = list(dict.fromkeys(device_ids))
-        if self._index.keys().isdisjoint(ids):
-            overlapping = []
-        else:
-            overlapping = list({r.id: r for i in ids for r in self.holders(i) if not r.releasing}.values())
+        if self._index.keys().isdisjoint(ids):  # the usual case: a new record, indexed as it is put
+            target = AllocationRecord.new(new_record_id(), now, pending=ids)
+            self._put(target)
+            self._changed.add(target.id)
+            return target
+        overlapping = list({r.id: r for i in ids for r in self.holders(i) if not r.releasing}.values())
         if overlapping:
             target = overlapping[0]
             devices, pending = list(target.devices), list(target.pending)
@@ -671,7 +677,9 @@ class Ledger:
     def confirm(self, record: AllocationRecord, allocation: ContainerAllocation, now: float) -> None:
         """The Allocate for ``record``'s pending devices succeeded (answered at ``now``)."""
         record.allocated_at = now
-        self._reindex(record, record.all_devices(), [])
+        if record.pending:  # the same devices, now all allocated: the index does not change
+            record.devices = record.all_devices()
+            record.pending = []
         record.prepared = prepared_summary(allocation)
 
     def settle_pending(self, record: AllocationRecord) -> None:

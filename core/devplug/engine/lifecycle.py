@@ -411,8 +411,9 @@ class DeviceLifecycle:
         )
 
     async def _allocate_locked(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
-        snapshot = self.ledger.snapshot(i for ids in containers for i in ids)
-        held_before = {i for ids in containers for i in ids if self.ledger.holds(i)}
+        requested = [i for ids in containers for i in ids]
+        snapshot = self.ledger.snapshot(requested)
+        held_before = self.ledger.held_among(requested)
         now = time.time()
         records: list[AllocationRecord] = [self.ledger.begin(ids, now) for ids in containers]
         inflight = {r.id for r in records}
