@@ -164,10 +164,6 @@ _DEFAULT_FACTORIES = [(f.name, f.default_factory) for f in fields(AllocationReco
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # records hold no cycles
 
 
-def _record_json(record: AllocationRecord) -> str:
-    return _ENCODER.encode(record.to_json())
-
-
 def _is_str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -203,6 +199,23 @@ _FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
     "adopted": _optional(lambda v: isinstance(v, str)),
     "prepared": lambda v: isinstance(v, dict),
 }
+
+
+#: What a field's JSON value is when it holds its default (a field at its default is not written: loading fills
+#: it in, as it does for records written before the field existed).
+_JSON_DEFAULTS: dict[str, object] = {
+    **{name: value for name, value in _DEFAULTS.items() if name in _FIELD_CHECKS},
+    **{name: factory() for name, factory in _DEFAULT_FACTORIES},
+}
+
+
+def _record_json(record: AllocationRecord) -> str:
+    """A record's JSON as the ledger writes it: the fields not at their defaults (a new record is three)."""
+    data = record.__dict__
+    absent = object()
+    return _ENCODER.encode(
+        {name: value for name in _FIELD_CHECKS if (value := data[name]) != _JSON_DEFAULTS.get(name, absent)}
+    )
 
 
 def _short(value: object, limit: int = 80) -> str:
