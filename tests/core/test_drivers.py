@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from devplug import ContainerAllocation, Device, DriverError, Topology, hookimpl
-from devplug.drivers import DriverHooks, driver_hook_names, installed_drivers, load_driver_class
+from devplug.drivers import DriverHooks, driver_hook_names, entry_point_group, installed_drivers, load_driver_class
 from devplug.errors import DriverLoadError, DriverNotFoundError
 
 Make = Callable[[str, str, str], Path]
@@ -176,3 +176,39 @@ def test_one_allocate_answers_alike_called_directly_or_through_pluggy(
 
     with pytest.raises(DriverError, match="must return a ContainerAllocation"):
         DriverHooks("example.com/x", Wrong()).allocate(["a"])
+
+
+def test_entry_point_groups_read_as_importlib_metadata_reads_them() -> None:
+    """Every installed distribution's entry_points.txt, every group: the same (name, value) pairs as the standard
+    library's reader, which discovery avoids importing."""
+    import importlib.metadata
+
+    compared = 0
+    for dist in importlib.metadata.distributions():
+        text = dist.read_text("entry_points.txt")
+        if not text:
+            continue
+        for group in {ep.group for ep in dist.entry_points}:
+            expected = [(ep.name, ep.value) for ep in dist.entry_points if ep.group == group]
+            assert entry_point_group(text, group) == expected, f"{dist.metadata['Name']} [{group}]"
+            compared += 1
+    assert compared >= 6  # the core's console script and the five drivers' groups at least
+
+
+def test_entry_point_group_reads_comments_and_spacing_and_names_a_bad_line() -> None:
+    text = "# a comment\n\n[other]\nx = a:b\n[devplug.drivers]\n; another\n  acme  =  acme_dp.driver:Driver  \n"
+    assert entry_point_group(text, "devplug.drivers") == [("acme", "acme_dp.driver:Driver")]
+    assert entry_point_group(text, "missing") == []
+    with pytest.raises(ValueError, match=r"line 2 .*'acme_dp\.driver:Driver'"):
+        entry_point_group("[devplug.drivers]\nacme_dp.driver:Driver\n", "devplug.drivers")
+    with pytest.raises(ValueError, match="line 1 "):
+        entry_point_group("acme = x:y\n", "devplug.drivers")  # before any section
+
+
+def test_a_malformed_entry_points_file_is_skipped_with_a_warning(
+    fake_distribution: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    site = fake_distribution("devplug-test-garbled", "", "[devplug.drivers]\nthis is not an entry point\n")
+    assert "mock" in installed_drivers()  # the others are still found
+    assert "devplug-test-garbled" not in {d.distribution for d in installed_drivers().values()}
+    assert any("entry_points.txt" in r.getMessage() and "line 2" in r.getMessage() for r in caplog.records), site
