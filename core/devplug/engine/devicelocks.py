@@ -117,7 +117,8 @@ class HeldLocks:
         self._timeout = timeout
         self._taken: list[str] = []
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> bool:
+        """Take the locks; True when that had to wait (other coroutines may have run meanwhile)."""
         locks, taken, what = self._locks, self._taken, self._what
         try:
             if locks._all_free(self._ids):  # the usual case: take them all without a wait or a task per device
@@ -125,8 +126,9 @@ class HeldLocks:
                     await locks._lock(dev_id).acquire()  # free, no waiter: no suspension
                     taken.append(dev_id)
                     locks.activity[dev_id] = what
-            else:
-                await locks._take_in_order(self._ids, what, self._timeout, taken)
+                return False
+            await locks._take_in_order(self._ids, what, self._timeout, taken)
+            return True
         except BaseException:
             self.release()
             raise

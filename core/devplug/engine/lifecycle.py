@@ -304,9 +304,9 @@ class DeviceLifecycle:
             self._refuse_more_than_one(containers)
         requested = [i for ids in containers for i in ids]
         try:
-            async with self._hold(requested, "allocate", timeout=self.release_wait):
-                await self._settle(requested)
-                self._check_servable(containers)
+            async with self._hold(requested, "allocate", timeout=self.release_wait) as waited:
+                if await self._settle(requested) or waited:  # else nothing ran since the check: no need again
+                    self._check_servable(containers)
                 results = await self._allocate_locked(containers)
         except DeviceBusyError as exc:
             raise DriverError(
@@ -344,10 +344,11 @@ class DeviceLifecycle:
                 "nothing was allocated"
             )
 
-    async def _settle(self, requested: Sequence[str]) -> None:
-        """Finish every earlier tenancy of ``requested`` that is not reused by this Allocate."""
+    async def _settle(self, requested: Sequence[str]) -> bool:
+        """Finish every earlier tenancy of ``requested`` that is not reused by this Allocate; False when there was
+        none to look at (nothing was awaited)."""
         if not self.table.shared and not self.ledger.holds_any(requested):
-            return
+            return False
         holders = {r.id: r for i in requested for r in self.ledger.holders(i)}
         if self.table.shared:  # a release owed on another replica of a requested device is finished first
             for phys in self.sharing.physical_ids(requested):
@@ -376,6 +377,7 @@ class DeviceLifecycle:
                     f"{self.resource_name}: {_ids(record.all_devices())} cannot be allocated again: "
                     f"releasing the previous allocation failed ({exc}); nothing was allocated"
                 ) from exc
+        return True
 
     async def _tenancy(self, record: AllocationRecord) -> tuple[bool, str]:
         """Is an Allocate of ``record``'s devices a reuse by its own pod? Returns (reuse, why)."""
@@ -800,12 +802,14 @@ class _HeldDevices:
         self._timeout = timeout
         self._held: HeldLocks | None = None
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> bool:
+        """Take the locks; True when that had to wait (other coroutines ran meanwhile)."""
         lifecycle = self._lifecycle
         want = lifecycle._closure(self._device_ids)
+        waited = False
         while True:
             held = lifecycle.locks.hold(lifecycle._lock_keys(want), self._what, self._timeout)
-            await held.__aenter__()
+            waited = await held.__aenter__() or waited
             try:
                 now = lifecycle._closure(want)
             except BaseException:
@@ -813,8 +817,9 @@ class _HeldDevices:
                 raise
             if now <= want:
                 self._held = held
-                return
+                return waited
             held.release()
+            waited = True
             want = now  # a record grew while we waited: take its new devices too
 
     async def __aexit__(self, *exc: object) -> None:
