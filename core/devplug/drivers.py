@@ -411,7 +411,7 @@ class DriverHooks:
         self, available: Sequence[Device], must_include: Sequence[str], size: int, replicas: Replicas | None = None
     ) -> list[str]:
         if replicas is None:
-            replicas = Replicas.unshared(d.id for d in available)
+            replicas = Replicas.unshared_devices(available)
         result = self.pm.hook.preferred_allocation(
             available=available, must_include=must_include, size=size, replicas=replicas
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -158,14 +158,26 @@ def replica_id(device_id: str, index: int) -> str:
     return f"{device_id}::{index}"
 
 
+#: The empty read-only ``in_use`` and ``tenants`` of every unshared :class:`Replicas`.
+_EMPTY_REPLICA_MAP: Mapping[str, int] = MappingProxyType({})
+
+
 class _EachItsOwn(Mapping[str, tuple[str, ...]]):
     """A read-only mapping of each ID to itself alone (``Replicas.by_device`` of devices that are not shared),
     without a tuple made per ID up front: a GetPreferredAllocation offers 1,000 devices."""
 
-    __slots__ = ("_ids",)
+    __slots__ = ("_devices", "_known")
 
-    def __init__(self, device_ids: Iterable[str]) -> None:
-        self._ids = dict.fromkeys(device_ids)
+    def __init__(self, device_ids: Iterable[str] = (), devices: Sequence[Device] | None = None) -> None:
+        self._known: dict[str, None] | None = None if devices is not None else dict.fromkeys(device_ids)
+        #: The devices whose IDs these are, looked at only when the mapping is (most hooks only ask ``shared``).
+        self._devices = devices
+
+    @property
+    def _ids(self) -> dict[str, None]:
+        if self._known is None:
+            self._known = dict.fromkeys(d.id for d in self._devices or ())
+        return self._known
 
     def __getitem__(self, device_id: str) -> tuple[str, ...]:
         if device_id in self._ids:
@@ -231,10 +243,20 @@ class Replicas:
 
         Built without the per-device checks of the constructor: a GetPreferredAllocation offers 1,000 devices.
         """
+        return cls._each_its_own(_EachItsOwn(device_ids))
+
+    @classmethod
+    def unshared_devices(cls, devices: Sequence[Device]) -> Replicas:
+        """:meth:`unshared` for the IDs of ``devices``, a sequence that does not change: its IDs are gathered only
+        if a hook looks at the mapping."""
+        return cls._each_its_own(_EachItsOwn(devices=devices))
+
+    @classmethod
+    def _each_its_own(cls, by_device: _EachItsOwn) -> Replicas:
         replicas = object.__new__(cls)
-        object.__setattr__(replicas, "by_device", _EachItsOwn(device_ids))
-        object.__setattr__(replicas, "in_use", MappingProxyType({}))
-        object.__setattr__(replicas, "tenants", MappingProxyType({}))
+        object.__setattr__(replicas, "by_device", by_device)
+        object.__setattr__(replicas, "in_use", _EMPTY_REPLICA_MAP)
+        object.__setattr__(replicas, "tenants", _EMPTY_REPLICA_MAP)
         object.__setattr__(replicas, "_shared", False)
         return replicas
 

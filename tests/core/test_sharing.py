@@ -145,8 +145,13 @@ def test_replicas_value() -> None:
         shared.by_device["x"] = ()  # type: ignore[index]
 
 
-def test_unshared_replicas_are_the_same_value_as_built_by_hand() -> None:
-    lazy = Replicas.unshared(["a", "b", "a"])
+@pytest.mark.parametrize("made", ["from IDs", "from devices"])
+def test_unshared_replicas_are_the_same_value_as_built_by_hand(made: str) -> None:
+    if made == "from IDs":
+        lazy = Replicas.unshared(["a", "b", "a"])
+    else:  # the devices' IDs gathered only when the mapping is looked at
+        lazy = Replicas.unshared_devices([Device("a"), Device("b"), Device("a")])
+        assert not lazy.shared
     assert lazy == Replicas(by_device={"a": ("a",), "b": ("b",)}) == lazy
     assert list(lazy.by_device.items()) == [("a", ("a",)), ("b", ("b",))] and len(lazy.by_device) == 2
     assert lazy.replica_ids("b") == ("b",) and lazy.replica_ids("z") == () and "z" not in lazy.by_device
