@@ -55,6 +55,25 @@ def test_health_sets_match_a_walk_under_random_changes_of_shared_and_plain_devic
         assert (table.healthy_count(), table.unhealthy_ids()) == _walked(table), f"seed {seed}"
         asked = set(rng.sample([*names, *(d.id for d in table.reported_devices())], 3))
         assert table.all_reported_healthy(asked) == _all_reported_healthy(table, asked), f"seed {seed}, {asked}"
+        ids = [d.id for d in table.reported_devices()] + ["nope"] * (step == 3)
+        available = rng.sample(ids, min(len(ids), rng.randrange(8))) * rng.choice([1, 2])  # duplicates too
+        musts = rng.sample(available, min(len(available), rng.randrange(3)))
+        assert table.offer(available, musts) == _walked_offer(table, available, musts), f"seed {seed}"
+
+
+def _walked_offer(table: DeviceTable, available: list[str], musts: list[str]) -> tuple[list[Device], list[str]]:
+    """What ``offer`` must return, device by device: the must-includes as advertised, then the healthy others."""
+    offered: list[Device] = []
+    unknown: list[str] = []
+    for dev_id in dict.fromkeys([*musts, *available]):
+        reported = table.reported(dev_id)
+        if reported is None:
+            unknown.append(dev_id)
+        elif reported.healthy and not table.overrides_health(dev_id):
+            offered.append(reported)
+        elif dev_id in musts:
+            offered.append(table.advertised(dev_id) or reported)
+    return offered, unknown
     some = {d.id for d in table.reported_devices() if d.healthy} or {"d0"}
     table.set_degraded(None)
     table.retire("removed from the config")

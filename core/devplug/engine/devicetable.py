@@ -82,25 +82,27 @@ class DeviceTable:
         return None if dev is None else self._effective(dev)
 
     def offer(self, available: Iterable[str], must_include: Iterable[str]) -> tuple[list[Device], list[str]]:
-        """What a GetPreferredAllocation may choose from, in one pass: the advertised devices of ``must_include``
-        then ``available`` (each once; those of ``available`` only when healthy), and the IDs the table lacks."""
-        musts = set(must_include)
+        """What a GetPreferredAllocation may choose from: the advertised devices of ``must_include`` then
+        ``available`` (each once; those of ``available`` only when healthy), and the IDs the table lacks.
+
+        In set operations and comprehensions, not a method call per device: a request offers 1,000 devices.
+        """
+        musts = dict.fromkeys(must_include)
+        order = {**musts, **dict.fromkeys(available)}
         devices = self._devices
-        # overrides_health, inlined: a method call per device costs ~0.5 ms over 1,000 offered devices.
-        withheld = self._withheld
-        degraded = self._degraded is not None
-        healthy = Health.HEALTHY
-        offered: list[Device] = []
-        unknown: list[str] = []
-        for dev_id in dict.fromkeys((*must_include, *available)):
-            dev = devices.get(dev_id)
-            if dev is None:
-                unknown.append(dev_id)
-            elif dev.health is healthy and not degraded and dev_id not in withheld:
-                offered.append(dev)
-            elif dev_id in musts:
-                offered.append(self._effective(dev))
-        return offered, unknown
+        if not order.keys() <= devices.keys():
+            unknown = [i for i in order if i not in devices]
+            order = {i: None for i in order if i in devices}
+            musts = {i: None for i in musts if i in devices}
+        else:
+            unknown = []
+        if self._degraded is not None:  # every device advertised unhealthy: only the must-includes stay
+            return [self._effective(devices[i]) for i in musts], unknown
+        unfit = self._unhealthy.union(self._withheld) if self._unhealthy or self._withheld else None
+        if not unfit:
+            return [devices[i] for i in order], unknown
+        head = [self._effective(devices[i]) if i in unfit else devices[i] for i in musts]
+        return head + [devices[i] for i in order if i not in unfit and i not in musts], unknown
 
     def reported_devices(self) -> list[Device]:
         """Every advertised device (each replica of a shared device) as the driver reports it."""
