@@ -76,7 +76,8 @@ def small_state(lab: Lab, tmp_path: Path) -> Iterator[Path]:
 def test_allocate_on_a_full_disk_is_refused_cleanly_and_changes_nothing(lab: Lab, small_state: Path) -> None:
     lab.allocate("mock0")
     filler = _fill(small_state)
-    # The journal's last page may still have room for a few appends: those Allocates succeed, durably.
+    # Below 64 KiB free (devplug.engine.ledger.MIN_FREE_BYTES) an Allocate is refused before anything is written,
+    # whatever room the journal's last page still has; an append that failed anyway would also refuse it.
     for n in range(1, 16):
         before, records = _ledger_files(lab), lab.ledger()
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import json
 import logging
@@ -41,6 +42,12 @@ from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
 __all__ = ["COMPACT_BYTES", "FORMAT_VERSION", "AllocationRecord", "Ledger", "QuarantinedRecord", "read_ledger_records"]
+
+#: An Allocate is refused before the driver's hook when the state filesystem has less room than this: its two
+#: journal appends must not run out of space between them (the hook would have run, to be undone).
+MIN_FREE_BYTES = 64 * 1024
+#: While the filesystem has at least this much room, its free space is looked at again only after a second.
+_ROOMY_BYTES = 16 * 1024 * 1024
 
 #: Compact the journal into a new snapshot once the segment being written holds this many bytes...
 COMPACT_BYTES = 256 * 1024
@@ -310,6 +317,8 @@ class Ledger:
         self._last_write = 0.0
         #: Why the last write failed (a full disk), until one succeeds; shown in ``devplug status``.
         self.write_error: str | None = None
+        #: Until when (``time.monotonic()``) the filesystem is known to have room (see :meth:`check_room`).
+        self._roomy_until = 0.0
         #: Counts saves (for the status, which is rebuilt only when something changed).
         self.version = 0
         #: Entries that failed their checks on load; kept in the file, never acted on.
@@ -444,6 +453,32 @@ class Ledger:
         return replayed
 
     # --- saving
+
+    def check_room(self) -> None:
+        """Raise ``OSError`` (ENOSPC) when the state filesystem has less than :data:`MIN_FREE_BYTES` free (for
+        root, the blocks reserved for it count), keeping the failure as :attr:`write_error` like a failed save.
+
+        Called before an Allocate writes anything: on a full disk it is refused before the driver's hook runs.
+        """
+        now = time.monotonic()
+        if now < self._roomy_until:
+            return
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return  # the appends themselves will say what is wrong
+        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+        if free >= _ROOMY_BYTES:
+            self._roomy_until = now + 1.0
+        if free < MIN_FREE_BYTES:
+            exc = OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)} ({free} bytes free, {MIN_FREE_BYTES} needed)",
+                str(self.path.parent),
+            )
+            self.write_error = f"cannot write {self._segment.path}: {exc.strerror} (at {time.time():.0f})"
+            self._on_saved()
+            raise exc
 
     async def save(self, *, sync: bool = False) -> None:
         """Append the records changed since the last save (and the IDs removed) to the journal.

@@ -418,6 +418,10 @@ class DeviceLifecycle:
         )
 
     async def _allocate_locked(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        try:
+            self.ledger.check_room()  # a full disk refuses before anything is written or the driver is called
+        except OSError as exc:
+            raise self._write_failed(exc) from exc
         requested = [i for ids in containers for i in ids]
         snapshot = self.ledger.snapshot(requested)
         held_before = self.ledger.held_among(requested)
