@@ -476,8 +476,7 @@ class Ledger:
                 f"{os.strerror(errno.ENOSPC)} ({free} bytes free, {MIN_FREE_BYTES} needed)",
                 str(self.path.parent),
             )
-            self.write_error = f"cannot write {self._segment.path}: {exc.strerror} (at {time.time():.0f})"
-            self._on_saved()
+            self._write_failed(exc)
             raise exc
 
     async def save(self, *, sync: bool = False) -> None:
@@ -505,8 +504,7 @@ class Ledger:
                 if sync:
                     await asyncio.to_thread(self._segment.sync)
             except OSError as exc:
-                self.write_error = f"cannot write {self._segment.path}: {exc.strerror or exc} (at {time.time():.0f})"
-                self._on_saved()
+                self._write_failed(exc)
                 raise
             self._observer.ledger_written("journal", time.perf_counter() - started)
             self._changed.clear()
@@ -515,6 +513,11 @@ class Ledger:
         self.write_error = None
         self._on_saved()
         self._schedule_compaction()
+
+    def _write_failed(self, exc: OSError) -> None:
+        """Keep why the journal cannot be written as :attr:`write_error` (until a save succeeds) and report it."""
+        self.write_error = f"cannot write {self._segment.path}: {exc.strerror or exc} (at {time.time():.0f})"
+        self._on_saved()
 
     def _schedule_compaction(self) -> None:
         if self._compacting is not None and not self._compacting.done():
@@ -671,7 +674,7 @@ class Ledger:
         """What :meth:`begin` for ``device_ids`` may change, to :meth:`restore` it: copies of the records
         holding those devices (found through the index, whatever else is held)."""
         ids = set(device_ids)
-        if self._index.keys().isdisjoint(ids):
+        if not self.holds_any(ids):
             return LedgerSnapshot({})
         touched = {r.id: r.copy() for i in ids for r in self.holders(i)}
         return LedgerSnapshot(touched)
@@ -699,7 +702,7 @@ class Ledger:
         allocation absorbs the new devices. Returns the record that holds them.
         """
         ids = list(dict.fromkeys(device_ids))
-        if self._index.keys().isdisjoint(ids):  # the usual case: a new record, indexed as it is put
+        if not self.holds_any(ids):  # the usual case: a new record, indexed as it is put
             target = AllocationRecord.new(new_record_id(), now, pending=ids)
             self._put(target)
             self._changed.add(target.id)
@@ -725,14 +728,15 @@ class Ledger:
     def confirm(self, record: AllocationRecord, allocation: ContainerAllocation, now: float) -> None:
         """The Allocate for ``record``'s pending devices succeeded (answered at ``now``)."""
         record.allocated_at = now
-        if record.pending:  # the same devices, now all allocated: the index does not change
-            record.devices = record.all_devices()
-            record.pending = []
+        self.settle_pending(record)
         record.prepared = prepared_summary(allocation)
 
     def settle_pending(self, record: AllocationRecord) -> None:
-        """A record's pending devices turned out to be in use by a pod: they were allocated after all."""
-        self._reindex(record, [*record.devices, *(d for d in record.pending if d not in record.devices)], [])
+        """A record's pending devices are allocated after all (its Allocate answered, or a pod turned out to use
+        them). The record holds the same devices, so the index does not change."""
+        if record.pending:
+            record.devices = record.all_devices()
+            record.pending = []
 
     def add(self, record: AllocationRecord) -> None:
         """Keep a record made elsewhere (an undo in progress)."""
