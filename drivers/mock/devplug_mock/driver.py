@@ -273,14 +273,14 @@ class MockDriver:
         self.calls.begin(hook, ids, retry=retry, extra=extra)
         try:
             files = self._directing_files(ids)  # usually none: then no directive to look for
-            delay = max([f.delays.get(hook, 0.0) for f in files], default=0.0) if files else 0.0
+            delay = max([f.delays.get(hook, 0.0) for f in files], default=0.0)
             if delay > 0 and self.nonblocking_hooks:
                 self._log.warning(
                     "delay=%s:%g ignored: the hooks run on the event loop (inline_hooks = true)", hook, delay
                 )
             elif delay > 0:
                 self._stopping.wait(delay)
-            failing = [f.id for f in files if hook in f.fail] if files else None
+            failing = [f.id for f in files if hook in f.fail]
             if failing:
                 raise DriverError(
                     f"mock: {hook} failed for device {', '.join(failing)} "
@@ -291,7 +291,7 @@ class MockDriver:
             self.calls.record(hook, ids, retry=retry, error=str(exc), extra=extra)
             raise
         self.calls.record(hook, ids, retry=retry, extra=extra)
-        crashing = [f.id for f in files if hook in f.crash] if files else None
+        crashing = [f.id for f in files if hook in f.crash]
         if crashing:
             self._log.warning("crash=%s in %s: killing the daemon (SIGKILL)", hook, self.directory / crashing[0])
             os.kill(os.getpid(), signal.SIGKILL)
