@@ -155,6 +155,7 @@ def test_kill_9_mid_programming_never_hands_out_a_half_programmed_device(lab: An
     lab.restart()
 
     lab.wait(lambda: lab.released(CARD), what="the half-programmed card released")
+    lab.wait(lambda: lab.health(CARD) == "Healthy", what="the card healthy again")  # advertised after the release
     assert len(lab.tool.calls("deprogram", "done")) == 1
     assert lab.tool.content(CARD) == "blank"
     assert lab.admit("next") == (CARD,)
