@@ -255,6 +255,7 @@ def test_a_new_tenant_of_a_freed_replica_keeps_the_device_undeallocated(lab: Any
     a, b = two_tenants(lab)
     lab.kubelet.remove_pod("a")
     lab.wait(lambda: lab.ledger_record(a) is None, what="a's release")
+    lab.wait(lambda: lab.health(a) == "Healthy", what="a's replica advertised free")  # after the durable drop
     (c,) = lab.admit("c")
     assert c == a
     lab.kubelet.remove_pod("b")
