@@ -8,7 +8,7 @@ A driver under test appends one JSON object per hook call to a JSONL file
 in a folder (by default ``<folder>/.calls.jsonl``, a dotfile so a driver
 whose devices are files never takes it for one)::
 
-    {"hook": "deallocate", "device_ids": ["dev0"], "time": 1700000000.25, "retry": true}
+    {"hook":"deallocate","device_ids":["dev0"],"time":1700000000.25,"retry":true}
 
 ``retry`` is written only when true and ``error`` only when the hook
 raised; a hook may add fields of its own (the mock's ``preferred_allocation``
@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplug.compactjson import compact_json
+
 __all__ = [
     "CALLS_FILE",
     "RELEASE_HOOKS",
@@ -70,6 +72,7 @@ STARTED_SUFFIX = ".started"
 RELEASE_HOOKS = ("post_stop", "deallocate")
 
 _CORE_FIELDS = ("hook", "device_ids", "time", "retry", "error")
+_CORE_FIELDS_HEAD = frozenset(_CORE_FIELDS[:3])
 
 log = logging.getLogger("devplug.hookrecord")
 
@@ -127,6 +130,41 @@ class HookCall:
         )
 
 
+#: The characters JSON's ASCII encoding writes as they are (the standard library's rule), but ``"``.
+_PLAIN_BYTES = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
+
+
+def _ids_json(device_ids: Sequence[str]) -> str:
+    """The JSON array of ``device_ids``: joined when no ID needs escaping (a GetPreferredAllocation offers
+    1,000), encoded otherwise."""
+    if not device_ids:
+        return "[]"
+    try:
+        joined = '","'.join(device_ids)
+        escaped = joined.encode("ascii").translate(None, _PLAIN_BYTES)  # what is left needs escaping
+    except (TypeError, UnicodeEncodeError):  # not all strings (the encoder says what), or past ASCII
+        return compact_json(list(device_ids))
+    if len(escaped) != 2 * (len(device_ids) - 1) or escaped.count(b'"') != len(escaped):
+        return compact_json(list(device_ids))  # more than the separators' quotes: an ID needs escaping
+    return '["' + joined + '"]'
+
+
+def _call_line(call: HookCall) -> bytes:
+    """One line of the record: the text of ``compact_json(call.to_json())`` and a newline, the ID list joined
+    rather than encoded string by string."""
+    if not _CORE_FIELDS_HEAD.isdisjoint(call.extra):  # the extra fields overwrite hook, device_ids or time
+        return (compact_json(call.to_json()) + "\n").encode()
+    tail: dict[str, Any] = dict(call.extra)
+    if call.retry:
+        tail["retry"] = True
+    if call.error is not None:
+        tail["error"] = call.error
+    head = (
+        f'{{"hook":{compact_json(call.hook)},"device_ids":{_ids_json(call.device_ids)},"time":{compact_json(call.time)}'
+    )
+    return (head + ("," + compact_json(tail)[1:] if tail else "}") + "\n").encode()
+
+
 class HookRecorder:
     """Appends a driver's hook calls to ``<folder>/<file_name>``; thread-safe and safe across processes.
 
@@ -166,7 +204,7 @@ class HookRecorder:
         return call
 
     def _append(self, path: Path, call: HookCall) -> None:
-        line = (json.dumps(call.to_json()) + "\n").encode()
+        line = _call_line(call)
         with self._lock:
             try:
                 os.write(self._descriptor(path), line)

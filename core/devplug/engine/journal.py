@@ -24,18 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devplug.compactjson import compact_json
+
 __all__ = ["JournalSegment", "encode_frame", "frame_payload", "read_journal", "segment_path", "segments"]
 
 _HEADER = struct.Struct("<II")
-#: One compact JSON encoder for every entry (``json.dumps`` with options builds one per call).
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # entries hold no cycles
 #: A frame larger than this is taken for garbage (a torn length), not allocated.
 MAX_FRAME = 16 * 1024 * 1024
 
 
 def encode_frame(entry: dict[str, Any]) -> bytes:
     """One entry as a frame."""
-    return frame_payload(_ENCODER.encode(entry).encode())
+    return frame_payload(compact_json(entry).encode())
 
 
 def frame_payload(payload: bytes) -> bytes:

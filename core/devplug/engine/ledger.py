@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.atomic import write_atomic
+from devplug.compactjson import compact_json
 from devplug.engine.journal import JournalSegment, encode_frame, frame_payload, read_journal, segment_path, segments
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.errors import StateError
@@ -167,9 +168,6 @@ class AllocationRecord:
 _DEFAULTS = {f.name: f.default for f in fields(AllocationRecord) if f.default is not MISSING}
 _DEFAULT_FACTORIES = [(f.name, f.default_factory) for f in fields(AllocationRecord) if f.default_factory is not MISSING]
 
-#: One compact encoder for every record written (``json.dumps`` with options builds one per call).
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # records hold no cycles
-
 
 def _is_str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -216,12 +214,15 @@ _JSON_DEFAULTS: dict[str, object] = {
 }
 
 
+#: Stands for "no default" in :data:`_JSON_DEFAULTS` lookups (equal to no field value).
+_NO_DEFAULT = object()
+
+
 def _record_json(record: AllocationRecord) -> str:
     """A record's JSON as the ledger writes it: the fields not at their defaults (a new record is three)."""
     data = record.__dict__
-    absent = object()
-    return _ENCODER.encode(
-        {name: value for name in _FIELD_CHECKS if (value := data[name]) != _JSON_DEFAULTS.get(name, absent)}
+    return compact_json(
+        {name: value for name in _FIELD_CHECKS if (value := data[name]) != _JSON_DEFAULTS.get(name, _NO_DEFAULT)}
     )
 
 
@@ -582,7 +583,7 @@ class Ledger:
         if self.quarantined:
             head["quarantined"] = [{"reason": q.reason, "record": q.raw} for q in self.quarantined]
         records = ",".join(self._json_of(record_id, record) for record_id, record in self.records.items())
-        return (json.dumps(head, separators=(",", ":"))[:-1] + ',"allocations":[' + records + "]}\n").encode()
+        return (compact_json(head)[:-1] + ',"allocations":[' + records + "]}\n").encode()
 
     def _json_of(self, record_id: str, record: AllocationRecord) -> str:
         text = self._encoded.get(record_id)
