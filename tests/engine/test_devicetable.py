@@ -58,7 +58,11 @@ def test_health_sets_match_a_walk_under_random_changes_of_shared_and_plain_devic
         ids = [d.id for d in table.reported_devices()] + ["nope"] * (step == 3)
         available = rng.sample(ids, min(len(ids), rng.randrange(8))) * rng.choice([1, 2])  # duplicates too
         musts = rng.sample(available, min(len(available), rng.randrange(3)))
-        assert table.offer(available, musts) == _walked_offer(table, available, musts), f"seed {seed}"
+        offer, walked = table.offer(available, musts), _walked_offer(table, available, musts)
+        assert (offer.devices, offer.unknown) == walked, f"seed {seed}"
+        offered_ids = {d.id for d in walked[0]}
+        for dev_id in {*names, *ids, "nope"}:
+            assert (dev_id in offer.ids) == (dev_id in offered_ids), f"seed {seed}, {dev_id}"
 
 
 def _walked_offer(table: DeviceTable, available: list[str], musts: list[str]) -> tuple[list[Device], list[str]]:

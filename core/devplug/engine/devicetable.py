@@ -23,13 +23,37 @@ lifecycle use; :meth:`DeviceTable.physical_of` and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, KeysView
+from collections.abc import Container, Iterable, KeysView
 from dataclasses import replace
+from typing import NamedTuple
 
 from devplug.api.convert import encode_device_entry, encode_list_and_watch
 from devplug.types import Device, Health, replica_id
 
-__all__ = ["DeviceTable"]
+__all__ = ["DeviceTable", "Offer"]
+
+
+class _OfferedIds(Container[str]):
+    """Whether an ID is among an offer's devices, without a set of the 1,000 IDs a request offers."""
+
+    __slots__ = ("_known", "_musts", "_unfit")
+
+    def __init__(self, known: Container[str], musts: Container[str], unfit: Container[str] | None) -> None:
+        self._known, self._musts, self._unfit = known, musts, unfit
+
+    def __contains__(self, device_id: object) -> bool:
+        if device_id not in self._known:
+            return False
+        return self._unfit is None or device_id in self._musts or device_id not in self._unfit
+
+
+class Offer(NamedTuple):
+    """What :meth:`DeviceTable.offer` found: the devices to choose from, the IDs the table lacks, and a
+    container of the offered devices' IDs (to check a driver's choice against)."""
+
+    devices: list[Device]
+    unknown: list[str]
+    ids: Container[str]
 
 
 class DeviceTable:
@@ -81,11 +105,11 @@ class DeviceTable:
         dev = self._devices.get(device_id)
         return None if dev is None else self._effective(dev)
 
-    def offer(self, available: Iterable[str], must_include: Iterable[str]) -> tuple[list[Device], list[str]]:
+    def offer(self, available: Iterable[str], must_include: Iterable[str]) -> Offer:
         """What a GetPreferredAllocation may choose from: the advertised devices of ``must_include`` then
         ``available`` (each once; those of ``available`` only when healthy), and the IDs the table lacks.
 
-        In set operations and comprehensions, not a method call per device: a request offers 1,000 devices.
+        In set operations and C iterators, not a method call per device: a request offers 1,000 devices.
         """
         musts = dict.fromkeys(must_include)
         order = {**musts, **dict.fromkeys(available)}
@@ -97,12 +121,13 @@ class DeviceTable:
         else:
             unknown = []
         if self._degraded is not None:  # every device advertised unhealthy: only the must-includes stay
-            return [self._effective(devices[i]) for i in musts], unknown
+            return Offer([self._effective(devices[i]) for i in musts], unknown, _OfferedIds(musts, musts, None))
         unfit = self._unhealthy.union(self._withheld) if self._unhealthy or self._withheld else None
         if not unfit:
-            return [devices[i] for i in order], unknown
+            return Offer(list(map(devices.__getitem__, order)), unknown, _OfferedIds(order, musts, None))
         head = [self._effective(devices[i]) if i in unfit else devices[i] for i in musts]
-        return head + [devices[i] for i in order if i not in unfit and i not in musts], unknown
+        tail = [devices[i] for i in order if i not in unfit and i not in musts]
+        return Offer(head + tail, unknown, _OfferedIds(order, musts, unfit))
 
     def reported_devices(self) -> list[Device]:
         """Every advertised device (each replica of a shared device) as the driver reports it."""

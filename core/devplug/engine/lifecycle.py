@@ -48,7 +48,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import operator
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -84,10 +83,6 @@ class Release:
     finished_at: float
     duration_s: float
     retry: bool = False
-
-
-#: A device's ID, read in C (``map`` over the 1,000 devices a GetPreferredAllocation offers).
-_DEVICE_ID = operator.attrgetter("id")
 
 
 def _ids(ids: Iterable[str]) -> str:
@@ -147,13 +142,12 @@ class DeviceLifecycle:
             outcome="nothing was done",
         )
 
-    def _check_servable(self, containers: Sequence[Sequence[str]]) -> None:
+    def _check_servable(self, containers: Sequence[Sequence[str]], flat: Sequence[str]) -> None:
         """Every device must be known and healthy as the driver reports it, and the resource not retired.
 
         A device withheld (advertised unhealthy) only while a release of it
-        runs passes: the Allocate waits for that release.
+        runs passes: the Allocate waits for that release. ``flat``: every ID of ``containers``, in order.
         """
-        flat = [i for ids in containers for i in ids]
         unique = set(flat)
         if len(unique) == len(flat) and unique and self.table.all_reported_healthy(unique):
             return  # the common case, in set operations; otherwise the checks below name what is wrong
@@ -257,14 +251,14 @@ class DeviceLifecycle:
                 f"{self.resource_name}: {len(set(must_include))} must_include device IDs for allocation_size {size} "
                 "(the kubelet asks only while fewer than allocation_size devices are chosen)"
             )
-        offered, unknown = self.table.offer(available, must_include)
-        if unknown:
-            raise RequestError(f"{self.resource_name}: unknown device IDs: {id_list(sorted(set(unknown)))}")
+        offer = self.table.offer(available, must_include)
+        if offer.unknown:
+            raise RequestError(f"{self.resource_name}: unknown device IDs: {id_list(sorted(set(offer.unknown)))}")
+        offered = offer.devices
         if self.table.shared and self.sharing.is_shared(d.id for d in offered):
             return await self._preferred_replicas(offered, must_include, size)
         chosen = await self.driver.preferred_allocation(offered, must_include, size)
-        allowed = set(map(_DEVICE_ID, offered))
-        result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in allowed]
+        result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in offer.ids]
         return result[:size]
 
     async def _preferred_replicas(self, offered: list[Device], must_include: Sequence[str], size: int) -> list[str]:
@@ -304,15 +298,15 @@ class DeviceLifecycle:
         devices are being released waits for that release (at most
         :attr:`release_wait` seconds) and refuses only if it fails.
         """
-        self._check_servable_or_releasing(containers)
+        requested = [i for ids in containers for i in ids]  # flattened once, for every check and step below
+        self._check_servable_or_releasing(containers, requested)
         if self.fail_requests_greater_than_one:
             self._refuse_more_than_one(containers)
-        requested = [i for ids in containers for i in ids]
         try:
             async with self._hold(requested, "allocate", timeout=self.release_wait) as waited:
                 if await self._settle(requested) or waited:  # else nothing ran since the check: no need again
-                    self._check_servable(containers)
-                results = await self._allocate_locked(containers)
+                    self._check_servable(containers, requested)
+                results = await self._allocate_locked(containers, requested)
         except DeviceBusyError as exc:
             raise DriverError(
                 f"{self.resource_name}: device(s) {exc} still busy after {self.release_wait:g} s "
@@ -335,11 +329,11 @@ class DeviceLifecycle:
                     "one replica; nothing was allocated"
                 )
 
-    def _check_servable_or_releasing(self, containers: Sequence[Sequence[str]]) -> None:
+    def _check_servable_or_releasing(self, containers: Sequence[Sequence[str]], flat: Sequence[str]) -> None:
         """The up-front check: :meth:`_check_servable` (a device withheld while its release runs may wait for
-        it), and no device whose earlier allocate timed out and still runs in the driver."""
-        self._check_servable(containers)
-        flat = [i for ids in containers for i in ids]
+        it), and no device whose earlier allocate timed out and still runs in the driver. ``flat``: every ID of
+        ``containers``, in order."""
+        self._check_servable(containers, flat)
         if not self.allocating or not self.ledger.holds_any(flat):
             return
         hung = [i for i in flat for r in self.ledger.holders(i) if r.releasing and r.id in self.allocating]
@@ -417,12 +411,13 @@ class DeviceLifecycle:
             f"reused by a later container of pod {', '.join(sorted(uids))} (the kubelet's init-container reuse)",
         )
 
-    async def _allocate_locked(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+    async def _allocate_locked(
+        self, containers: Sequence[Sequence[str]], requested: Sequence[str]
+    ) -> list[ContainerAllocation]:
         try:
             self.ledger.check_room()  # a full disk refuses before anything is written or the driver is called
         except OSError as exc:
             raise self._write_failed(exc) from exc
-        requested = [i for ids in containers for i in ids]
         snapshot = self.ledger.snapshot(requested)
         held_before = self.ledger.held_among(requested)
         now = time.time()
