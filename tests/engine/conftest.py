@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -14,10 +16,58 @@ import pytest
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import Config, parse_config
 from devplug.devkubelet import DevKubelet, DevKubeletThread, ResourceView
+from devplug.engine.resource import Resource
 from devplug.resource_names import socket_file_name
 from devplug.testing.configs import dev_config
+from devplug.testing.daemon import DaemonThread
 
 Wait = Callable[..., None]
+#: The resource of :func:`daemon_holding`.
+MOCK_RESOURCE = "example.com/mock"
+T = TypeVar("T")
+
+
+@contextmanager
+def daemon_holding(
+    kubelet: DevKubeletThread, root: Path, mock_dir: Path, count: int
+) -> Iterator[tuple[DaemonThread, Resource]]:
+    """A daemon with one mock resource of ``count`` devices, each allocated alone and held (no release: the grace
+    period and the release interval are an hour)."""
+    tables = {MOCK_RESOURCE: {"driver": "mock", "options": {"directory": str(mock_dir), "count": count}}}
+    config = parse_config(dev_config(root, tables, release_interval=3600.0, grace_period=3600.0))
+    with DaemonThread(config) as daemon:
+        kubelet.wait_registered(MOCK_RESOURCE, timeout=15)
+        (resource,) = daemon.daemon.resources
+        client = PluginClient(resource.socket_path)
+        try:
+            for i in range(count):
+                client.allocate([f"mock{i}"])
+        finally:
+            client.channel.close()
+        assert len(resource.ledger.records) == count
+        yield daemon, resource
+
+
+async def ticks_during(work: Callable[[], Awaitable[T]]) -> tuple[int, T]:
+    """How many times another coroutine got to run on the event loop while ``work`` ran, and what it returned."""
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)  # the ticker's first tick, before the work
+    before = ticks
+    try:
+        result = await work()
+    finally:
+        done = True
+        await task
+    return ticks - before, result
 
 
 def view_of(kubelet: DevKubelet | DevKubeletThread, resource: str) -> ResourceView:

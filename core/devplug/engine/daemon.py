@@ -104,6 +104,7 @@ class Daemon:
         self._tasks = BackgroundTasks()
         self.started_at = time.time()
         self._status = StatusBuilder(self.started_at, str(config.path) if config.path else None)
+        self._status_building = asyncio.Lock()
         self._status_writer = SerialThread("status-writer")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watcher: DirectoryWatcher | None = None
@@ -141,15 +142,18 @@ class Daemon:
 
     async def _write_status(self, stopped: bool = False) -> None:
         self._status_pending = False
-        status = self._status.build(self.resources)
-        status["stopped"] = stopped
-        status["release"] = self.reconciler.describe()
-        status["reload"] = self.reload_record.describe()
-        path = self.state_dir / STATUS_FILE
-        try:  # its own thread, and no fsync: it never waits behind (or delays) a ledger snapshot
-            # Encoded in that thread too: nothing the status holds is changed once built (entries are fresh
-            # or cached read-only), and a 10k-device resource's entry costs milliseconds to encode.
-            await asyncio.wrap_future(self._status_writer.submit(functools.partial(_write_status_file, path, status)))
+        async with self._status_building:  # one build at a time (it lets other work run): files in build order
+            status = await self._status.build(self.resources)
+            status["stopped"] = stopped
+            status["release"] = self.reconciler.describe()
+            status["reload"] = self.reload_record.describe()
+            path = self.state_dir / STATUS_FILE
+            # its own thread, and no fsync: it never waits behind (or delays) a ledger snapshot. Encoded in that
+            # thread too: nothing the status holds is changed once built (entries are fresh or cached read-only),
+            # and a 10k-device resource's entry costs milliseconds to encode.
+            written = self._status_writer.submit(functools.partial(_write_status_file, path, status))
+        try:
+            await asyncio.wrap_future(written)
         except OSError as exc:  # a full disk: say so, and try again in a while (the status must catch up)
             if not self._status_failing:
                 log.error("cannot write %s: %s; retrying every %g s", self.state_dir / STATUS_FILE, exc, STATUS_RETRY_S)

@@ -45,7 +45,7 @@ import grpc
 import grpc.aio
 
 from devplug.config import ReleaseConfig
-from devplug.engine.asynctools import BackgroundTasks, wait_any
+from devplug.engine.asynctools import BackgroundTasks, sliced, wait_any
 from devplug.engine.checkpointview import CheckpointView, pods_holding
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.podresources_client import DeviceUse, PodResourcesClient
@@ -198,9 +198,7 @@ class Reconciler:
         in_use = used.keys()
         changed = False
         candidates: list[AllocationRecord] = []
-        for number, record in enumerate(resource.ledger, 1):
-            if number % RECORDS_PER_SLICE == 0:
-                await asyncio.sleep(0)
+        async for record in sliced(resource.ledger, RECORDS_PER_SLICE):  # the ledger iterates over a copy
             if resource.ledger.records.get(record.id) is not record:
                 continue  # released or replaced while the pass let other work run
             if record.id in self._releasing or record.id in lifecycle.allocating:
