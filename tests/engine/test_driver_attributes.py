@@ -116,3 +116,27 @@ def test_durable_allocate_syncs_the_intent_before_the_hook_and_only_for_that_dri
     # The ledger's folder is the resource's own (resources/example.com/durable/ledger.journal.N).
     assert durable_events[:2] == ["fdatasync durable", "allocate Durable"], durable_events
     assert plain_events == ["allocate Plain"], plain_events
+
+
+class Counted(Plain):
+    """Counts its ``list_devices`` calls in :data:`LISTS`; inline, as the mock runs in the benchmark."""
+
+    nonblocking_hooks = True
+
+    @hookimpl
+    def list_devices(self) -> Sequence[Device]:
+        LISTS.append(threading.current_thread().name)
+        return [Device("d0")]
+
+
+LISTS: list[str] = []
+
+
+def test_stopping_does_not_list_the_devices_again(dev_kubelet: DevKubeletThread, devplug_root: Path) -> None:
+    """The relist loop is woken by ``stop``: it must end there, not call ``list_devices`` on the way out (with a
+    driver reading 10,000 device files that kept the shutdown waiting most of a second)."""
+    LISTS.clear()
+    with DaemonThread(in_process_config(devplug_root, {PLAIN: Counted})):
+        _wait_serving(dev_kubelet, PLAIN)
+        assert len(LISTS) == 1  # at start
+    assert len(LISTS) == 1, LISTS
