@@ -355,9 +355,7 @@ class MockDriver:
         """Re-read ``names``: the devices that changed for the engine and the IDs removed."""
         changed: list[DeviceFile] = []
         removed: list[str] = []
-        for name in sorted(names, key=natural_key):
-            if not is_device_name(name):
-                continue
+        for name in sorted([n for n in names if is_device_name(n)], key=natural_key):  # not the call record
             found = read_device_file(self.directory, name)
             with self._lock:
                 old = self._known.pop(name, None)
