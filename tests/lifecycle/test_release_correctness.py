@@ -44,15 +44,23 @@ def _released_nothing(lab: Lab, device: str) -> None:
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["with-checkpoint", "podresources-only"])
 def test_kubelet_restart_with_an_empty_pod_list_releases_nothing_under_running_pods(lab: Lab, checkpoint: bool) -> None:
     lab.kubelet.write_checkpoint = checkpoint
-    lab.start(grace_period=3.0)
+    grace = 3.0
+    lab.start(grace_period=grace)
     (dev,) = lab.admit("p")
     lab.wait_seen(dev, "p")
     registrations = lab.kubelet.registrations(RESOURCE)
     writes = lab.kubelet.checkpoint_writes
-    lab.kubelet.restart(pod_list_delay=2.0)
+    # With the checkpoint, the window lasts until the daemon has asked for the kubelet's view again and again
+    # (however slow the machine), well past the grace period; without it, the window is shorter than the grace
+    # period, as the grace period's documentation requires.
+    lab.kubelet.restart(pod_list_delay=300.0 if checkpoint else grace - 1.0)
     lab.kubelet.wait_registered(RESOURCE, timeout=10, after=registrations)
-    if checkpoint:  # the daemon asked the kubelet for its view, again and again, during the window
-        lab.wait(lambda: lab.kubelet.checkpoint_writes > writes + 5, what="the daemon's checkpoint probes")
+    if checkpoint:
+        lab.wait(lambda: lab.kubelet.checkpoint_writes > writes + 5, timeout=60, what="the daemon's checkpoint probes")
+        assert not lab.kubelet.pod_list_loaded  # the probes fell in the window
+        lab.quiet(grace + 0.5)  # past the grace period, the pod list still empty
+        _released_nothing(lab, dev)
+        assert lab.kubelet.load_pods()
     lab.wait(lambda: lab.kubelet.pod_list_loaded, what="the kubelet's pod list to be loaded again")
     lab.quiet(0.5)
     _released_nothing(lab, dev)
@@ -124,7 +132,11 @@ def test_an_init_containers_device_is_not_released_while_its_pod_runs(lab: Lab) 
     pod = lab.kubelet.admit_pod(PodSpec("p", [ContainerSpec("init", {RESOURCE: 1}, init=True), ContainerSpec("app")]))
     (dev,) = pod.container("init").devices[RESOURCE]
     writes = lab.kubelet.checkpoint_writes
-    lab.wait(lambda: lab.kubelet.checkpoint_writes > writes + 10, what="ten probes of the kubelet past the grace")
+    # A count of probes, not a time: on a loaded machine each probe (a pass, a ListAndWatch message, the kubelet's
+    # rewrite) takes longer, so the wait is bounded generously.
+    lab.wait(
+        lambda: lab.kubelet.checkpoint_writes > writes + 10, timeout=60, what="ten probes of the kubelet past the grace"
+    )
     _released_nothing(lab, dev)
     lab.kubelet.remove_pod("p")
     lab.wait_released(dev)

@@ -72,6 +72,8 @@ def test_pods_are_spread_over_the_least_loaded_devices(lab: Any) -> None:
     assert sorted(got) == ["mock0", "mock1", "mock2"], "one pod per device before any device gets a second"
     (d,) = lab.admit("d")
     assert physical(d) in got
+    # The status file is rewritten at most once a second: wait until it counts the four tenancies, then check them.
+    lab.wait(lambda: sum(s["tenants"] for s in shares(lab)) == 4, what="the status to count the four pods")
     tenants = {s["device"]: s["tenants"] for s in shares(lab)}
     assert sorted(tenants.values()) == [1, 1, 2]
 
