@@ -65,18 +65,21 @@ def _dev_kubelet(node: Node) -> Iterator[DevKubeletThread]:
 
 def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
     a1k, a10, b10k, r1k = "bench.dev/a1k", "bench.dev/a10", "bench.dev/b10k", "bench.dev/r1k"
+    e10k = "bench.dev/e10k"  # node b's resource again, in a daemon that holds 1,000 allocations
     t1k = "bench.dev/t1k"  # the same 1k devices, the mock's hooks in the resource's hook thread
     floors = ws.path("f")
     with ExitStack() as stack:
         mocks_a = {a1k: (s.devices_1k, s.numa_nodes), a10: (s.devices_small, 0), t1k: (s.devices_1k, s.numa_nodes)}
         node_a = ws.node("a", mocks_a, grace_period=3600, threaded_hooks={t1k})
         node_b = ws.node("b", {b10k: (s.devices_10k, 0)}, grace_period=3600)
+        node_e = ws.node("e", {e10k: (s.devices_10k, 0)}, grace_period=3600)
         shared = s.devices_1k // allocate.REPLICAS
         node_c = ws.node("c", {r1k: (shared, s.numa_nodes)}, grace_period=3600, replicas={r1k: allocate.REPLICAS})
         kube_a = stack.enter_context(MiniKubelet(node_a.root))
         kube_b = stack.enter_context(MiniKubelet(node_b.root))
         kube_c = stack.enter_context(MiniKubelet(node_c.root))
-        for node in (node_a, node_b, node_c):
+        kube_e = stack.enter_context(MiniKubelet(node_e.root))
+        for node in (node_a, node_b, node_c, node_e):
             stack.enter_context(_running(node))
             node.start()
         host_dir = str(node_a.mock_folder(a1k))
@@ -88,14 +91,15 @@ def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
             grpc_floor(floors / "sync.sock", floors / "sync.log", mode="sync", devices=10, host_dir=host_dir)
         )
         unix = stack.enter_context(unix_floor(floors / "unix.sock", floors / "unix.log", reply_size=reply))
-        reg_1k, reg_10, reg_10k, reg_r1k, reg_t1k = (
+        reg_1k, reg_10, reg_10k, reg_r1k, reg_t1k, reg_e10k = (
             kube_a.wait_registered(a1k),
             kube_a.wait_registered(a10),
             kube_b.wait_registered(b10k),
             kube_c.wait_registered(r1k),
             kube_a.wait_registered(t1k),
+            kube_e.wait_registered(e10k),
         )
-        for reg in (reg_1k, reg_10, reg_10k, reg_r1k, reg_t1k):
+        for reg in (reg_1k, reg_10, reg_10k, reg_r1k, reg_t1k, reg_e10k):
             reg.watcher.wait(0, timeout=60)
         floor_aio, floor_sync = (stack.enter_context(_closing_client(f)) for f in (aio, sync))
         floor_aio.options()
@@ -107,6 +111,7 @@ def _speed(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
                     s,
                     plugin_1k=(reg_1k.client, reg_1k.watcher),
                     plugin_10k=(reg_10k.client, reg_10k.watcher, node_b.mock_folder(b10k)),
+                    plugin_10k_held=(reg_e10k.client, reg_e10k.watcher),
                     plugin_replicas=(reg_r1k.client, reg_r1k.watcher),
                     plugin_threaded=(reg_t1k.client, reg_t1k.watcher),
                     floor_aio=floor_aio,

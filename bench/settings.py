@@ -14,6 +14,7 @@ class Settings:
     block: int  # calls per interleaved block (devplug, then each floor)
     warmup: int  # unmeasured calls before each series
     empty_ledger_calls: int  # Allocate with a KEP Deallocate after each call (diagnostic)
+    held_calls: int  # per series of the held-0 / held-1000 comparison (a p99 of 1,000 is its 10th worst)
     preferred_calls: int
     unix_round_trips: int
     law_samples: int  # pushes per device count (median)
@@ -41,6 +42,7 @@ FULL = Settings(
     block=125,
     warmup=50,
     empty_ledger_calls=500,
+    held_calls=1_000,
     preferred_calls=2_000,
     unix_round_trips=2_000,
     law_samples=20,
@@ -60,6 +62,7 @@ QUICK = Settings(
     block=20,
     warmup=5,
     empty_ledger_calls=20,
+    held_calls=20,
     preferred_calls=40,
     unix_round_trips=100,
     law_samples=3,

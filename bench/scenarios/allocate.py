@@ -117,6 +117,7 @@ def measure(
     *,
     plugin_1k: tuple[PluginClient, ListWatcher],
     plugin_10k: tuple[PluginClient, ListWatcher, Path],
+    plugin_10k_held: tuple[PluginClient, ListWatcher],
     plugin_replicas: tuple[PluginClient, ListWatcher],
     plugin_threaded: tuple[PluginClient, ListWatcher],
     floor_aio: PluginClient,
@@ -172,7 +173,7 @@ def measure(
     _free(client_1k, settings, watcher_1k)
 
     out.update(_replicas_series(settings, plugin_replicas, floor_aio))
-    out.update(_held_series(settings, client_10k, watcher_10k))
+    out.update(_held_series(settings, (client_10k, watcher_10k), plugin_10k_held))
 
     # 10,000 devices advertised, same pool pattern, with the aio floor interleaved again
     dev10 = devplug_series("devplug-10k", client_10k, settings, _settler(watcher_10k))
@@ -236,29 +237,37 @@ def _replicas_series(
     }
 
 
-def _held_series(settings: Settings, client: PluginClient, watcher: ListWatcher) -> dict[str, float]:
-    """Allocate on the 10k resource with none held, then with 1,000 allocations held: the cost must not grow.
+def _held_series(
+    settings: Settings, none_held: tuple[PluginClient, ListWatcher], held: tuple[PluginClient, ListWatcher]
+) -> dict[str, float]:
+    """Allocate on two daemons with the same 10k resource, one holding 1,000 allocations: the cost must not grow.
 
-    Both series free each allocation right after it (so what is held stays
-    constant); the second first allocates devices 9,000-9,999 one per call
-    (untimed) and keeps them.
+    The second daemon first allocates devices 9,000-9,999 one per call
+    (untimed) and keeps them. Both series free each allocation right after it
+    (so what is held stays constant) and run interleaved, block by block, so
+    that the machine's slow spells fall on both alike (measured one after the
+    other, the ratio moved with them: 1.09 to 2.43 over a day's runs).
     """
+    held_client, held_watcher = held
+    held_ids = device_ids(settings.held_allocations, start=settings.devices_10k - settings.held_allocations)
+    for dev_id in held_ids:
+        held_client.allocate_ids([dev_id])
+    pairs = (("0", none_held), ("1000", held))
+    series = [
+        devplug_series(f"devplug-held-{label}", c, settings, _settler(w), free_each=True) for label, (c, w) in pairs
+    ]
+    for one in series:
+        one.warm_up(settings.warmup)
+    interleave(series, settings.held_calls, settings.block)
     out: dict[str, float] = {}
-    calls = settings.empty_ledger_calls
-    for label, held in (("0", 0), ("1000", settings.held_allocations)):
-        held_ids = device_ids(held, start=settings.devices_10k - held) if held else []
-        for dev_id in held_ids:
-            client.allocate_ids([dev_id])
-        series = devplug_series(f"devplug-held-{label}", client, settings, _settler(watcher), free_each=True)
-        series.warm_up(settings.warmup)
-        interleave([series], calls, settings.block)
-        summary = summary_ms(series.samples)
+    for (label, (client, watcher)), one in zip(pairs, series, strict=True):
+        summary = summary_ms(one.samples)
         out[f"allocate_p50_ms_held_{label}"] = summary["p50"]
         out[f"allocate_p99_ms_held_{label}"] = summary["p99"]
         client.deallocate(device_ids(settings.devices_1k))
-        if held_ids:
-            client.deallocate(held_ids)
         watcher.settle()
+    held_client.deallocate(held_ids)
+    held_watcher.settle()
     out["allocate_held_ratio_p99"] = out["allocate_p99_ms_held_1000"] / out["allocate_p99_ms_held_0"]
     return out
 
