@@ -19,6 +19,8 @@ VM="$ROOT/.vm"
 MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay nvme"
 
 log() { echo "fetch-assets: $*" >&2; }
+# apt has no overall deadline: a mirror connection that stalls is dropped after 30 s and retried, up to 5 times.
+apt_get() { apt-get -o Acquire::Retries=5 -o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30 "$@"; }
 
 need_apt=()
 command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
@@ -26,15 +28,15 @@ command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   log "installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  apt_get update -qq
+  apt_get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
 # Resolve the kernel package through the meta-package, as the mirror has it today.
 resolve() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
 pkg="$(resolve)"
 if [ -z "$pkg" ]; then
-  apt-get update -qq
+  apt_get update -qq
   pkg="$(resolve)"
 fi
 if [ -z "$pkg" ]; then
@@ -53,7 +55,7 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 log "downloading $pkg"
-if ! (cd "$work" && apt-get download -qq "$pkg" 2>"$work/err"); then
+if ! (cd "$work" && apt_get download -qq "$pkg" 2>"$work/err"); then
   cat "$work/err" >&2
   log "apt-get download $pkg failed (run apt-get update?)"
   exit 1
