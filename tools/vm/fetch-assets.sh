@@ -19,8 +19,7 @@ VM="$ROOT/.vm"
 MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay nvme"
 
 log() { echo "fetch-assets: $*" >&2; }
-# apt has no overall deadline: a mirror connection that stalls is dropped after 30 s and retried, up to 5 times.
-apt_get() { apt-get -o Acquire::Retries=5 -o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30 "$@"; }
+apt_get() { "$ROOT/tools/apt-get" "$@"; }  # bounded retries and timeouts
 
 need_apt=()
 command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
