@@ -40,12 +40,20 @@ class DaemonProcess:
         assert self.process is not None, "daemon not started"
         return self.process.pid
 
+    def command(self) -> list[str]:
+        """The child's command line (a subclass may run the daemon through a wrapper of its own)."""
+        return [sys.executable, "-m", "devplug", *self.run_arguments()]
+
+    def run_arguments(self) -> list[str]:
+        """The arguments of ``devplug``: ``run --config CONFIG --log-level LEVEL``."""
+        return ["run", "--config", str(self.config_path), "--log-level", self.log_level]
+
     def start(self) -> DaemonProcess:
         """Start the daemon (returns at once; wait for registration through the dev kubelet)."""
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "devplug", "run", "--config", str(self.config_path), "--log-level", self.log_level],
+            self.command(),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
