@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,64 @@ def test_quick_bench_writes_every_key(tmp_path: Path) -> None:
     assert machine["cores"] > 0
     for key in keys:
         assert key in proc.stdout, f"{key} not in the printed table"
+
+
+def _bench_module(name: str) -> Any:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(name)
+
+
+@pytest.mark.timeout(120)
+def test_quick_decompose_reports_every_variant(tmp_path: Path) -> None:
+    out = tmp_path / "decompose.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.decompose", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    results = json.loads(out.read_text())
+    names = [v.name for v in _bench_module("bench.decompose").VARIANTS]
+    assert list(results["variants"]) == names
+    for name, figures in results["variants"].items():
+        for key in ("p50_ms", "p99_ms", "ratio_p50", "ratio_p99", "handler_cpu_p50_us"):
+            assert figures[key] > 0, f"{name}.{key} is not positive: {figures[key]!r}"
+        assert f"`{name}`" in proc.stdout
+    assert results["floor"]["used"] in ("aio", "sync")
+
+
+@pytest.mark.timeout(120)
+def test_decompose_refuses_a_part_that_stayed_in(tmp_path: Path) -> None:
+    """A variant that claims parts its daemon still runs is refused, not measured."""
+    from contextlib import ExitStack
+    from dataclasses import replace
+
+    decompose = _bench_module("bench.decompose")
+    settings = _bench_module("bench.settings").QUICK
+    workspace = _bench_module("bench.workspace").Workspace
+    honest = decompose.Variant("liar", (), "the daemon as shipped")
+    with workspace() as ws, ExitStack() as stack:
+        run = decompose.start_variant(ws, stack, honest, settings)
+        decompose.check_parts_out(run, settings)  # as shipped, and said so: accepted
+        run.variant = replace(honest, parts=("call-record", "journal", "encoding"))
+        with pytest.raises(RuntimeError) as refused:
+            decompose.check_parts_out(run, settings)
+    message = str(refused.value)
+    assert "variant liar" in message
+    assert "allocate calls" in message  # the mock's record
+    assert "ledger on disk holds" in message
+    assert "answer is not empty" in message
+
+
+def test_ablate_names_what_it_cannot_take_out() -> None:
+    ablate = _bench_module("bench.ablate")
+    with pytest.raises(ValueError, match=r"unknown part.*nope.*known: call-record"):
+        ablate.apply(["nope"])
+    with pytest.raises(RuntimeError, match=r"devplug\.engine\.ledger\.Gone\.save is gone"):
+        ablate.replace_attribute("devplug.engine.ledger", "Gone.save", lambda: None)

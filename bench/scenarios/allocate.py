@@ -26,7 +26,7 @@ from bench.settings import Settings
 from bench.stats import summary_ms
 from bench.workspace import flip_device
 
-__all__ = ["Churner", "devplug_series", "floor_series", "measure", "unix_series"]
+__all__ = ["Churner", "devplug_series", "floor_series", "free_pool", "measure", "settler", "unix_series"]
 
 
 def devplug_series(
@@ -105,7 +105,9 @@ class Churner(threading.Thread):
         flip_device(self.folder, self.index, False)
 
 
-def _settler(watcher: ListWatcher) -> Callable[[], None]:
+def settler(watcher: ListWatcher) -> Callable[[], None]:
+    """``watcher.settle`` as a series' untimed step."""
+
     def settle() -> None:
         watcher.settle()
 
@@ -132,13 +134,13 @@ def measure(
     n, block, warm = settings.allocate_calls, settings.block, settings.warmup
 
     # 1,000 devices, with the bare grpcio floors (aio and sync) and the raw unix round trip interleaved
-    dev = devplug_series("devplug", client_1k, settings, _settler(watcher_1k))
+    dev = devplug_series("devplug", client_1k, settings, settler(watcher_1k))
     aio = floor_series("floor-aio", floor_aio, settings)
     sync = floor_series("floor-sync", floor_sync, settings)
     unix, pinger = unix_series(unix_socket, host_dir, settings)
     zero = CallSeries("devplug-zero-work", lambda _: client_1k.options())  # devplug's server, no handler work
     client_t, watcher_t = plugin_threaded
-    threaded = devplug_series("devplug-threaded", client_t, settings, _settler(watcher_t))  # hooks in a thread
+    threaded = devplug_series("devplug-threaded", client_t, settings, settler(watcher_t))  # hooks in a thread
     try:
         for one in (dev, aio, sync, unix, zero, threaded):
             one.warm_up(warm)
@@ -148,7 +150,7 @@ def measure(
     d, fa, fs, u, z, t = (summary_ms(s.samples) for s in (dev, aio, sync, unix, zero, threaded))
     out.update(allocate_zero_work_p50_ms=z["p50"], allocate_zero_work_p99_ms=z["p99"])
     out.update(allocate_p50_ms_threaded=t["p50"], allocate_p99_ms_threaded=t["p99"])
-    _free(client_t, settings, watcher_t)
+    free_pool(client_t, settings, watcher_t)
     floor = fa if fa["p99"] <= fs["p99"] else fs
     out.update(
         allocate_p50_ms=d["p50"],
@@ -162,28 +164,28 @@ def measure(
         unix_rtt_p50_ms=u["p50"],
         unix_rtt_p99_ms=u["p99"],
     )
-    _free(client_1k, settings, watcher_1k)
+    free_pool(client_1k, settings, watcher_1k)
 
     # diagnostic: the same calls with the ledger kept empty (KEP Deallocate after each, untimed)
-    empty = devplug_series("devplug-empty-ledger", client_1k, settings, _settler(watcher_1k), free_each=True)
+    empty = devplug_series("devplug-empty-ledger", client_1k, settings, settler(watcher_1k), free_each=True)
     empty.warm_up(warm)
     interleave([empty], settings.empty_ledger_calls, block)
     e = summary_ms(empty.samples)
     out.update(allocate_p50_ms_empty_ledger=e["p50"], allocate_p99_ms_empty_ledger=e["p99"])
-    _free(client_1k, settings, watcher_1k)
+    free_pool(client_1k, settings, watcher_1k)
 
     out.update(_replicas_series(settings, plugin_replicas, floor_aio))
     out.update(_held_series(settings, (client_10k, watcher_10k), plugin_10k_held))
 
     # 10,000 devices advertised, same pool pattern, with the aio floor interleaved again
-    dev10 = devplug_series("devplug-10k", client_10k, settings, _settler(watcher_10k))
+    dev10 = devplug_series("devplug-10k", client_10k, settings, settler(watcher_10k))
     aio10 = floor_series("floor-aio-10k", floor_aio, settings)
     for one in (dev10, aio10):
         one.warm_up(warm)
     interleave([dev10, aio10], n, block)
     d10, f10 = summary_ms(dev10.samples), summary_ms(aio10.samples)
     out.update(allocate_p50_ms_10k=d10["p50"], allocate_p99_ms_10k=d10["p99"], allocate_floor_p99_ms_10k=f10["p99"])
-    _free(client_10k, settings, watcher_10k)
+    free_pool(client_10k, settings, watcher_10k)
 
     # 10,000 devices while one device's health flips every 20 ms
     churn = Churner(folder_10k, settings.devices_10k - 1, settings.churn_period_s)
@@ -207,7 +209,7 @@ def measure(
         churn_flips_per_s=churn.flips / elapsed,
         churn_lists_per_s=(watcher_10k.count - lists_before) / elapsed,
     )
-    _free(client_10k, settings, watcher_10k)
+    free_pool(client_10k, settings, watcher_10k)
     return out
 
 
@@ -222,7 +224,7 @@ def _replicas_series(
     beside the plain 1k series, with the aio floor interleaved."""
     client, watcher = plugin
     pool = replica_ids(settings.devices_1k // REPLICAS, REPLICAS)
-    shared = devplug_series("devplug-replicas8", client, settings, _settler(watcher), pool=pool)
+    shared = devplug_series("devplug-replicas8", client, settings, settler(watcher), pool=pool)
     aio = floor_series("floor-aio-replicas8", floor_aio, settings)
     for one in (shared, aio):
         one.warm_up(settings.warmup)
@@ -254,7 +256,7 @@ def _held_series(
         held_client.allocate_ids([dev_id])
     pairs = (("0", none_held), ("1000", held))
     series = [
-        devplug_series(f"devplug-held-{label}", c, settings, _settler(w), free_each=True) for label, (c, w) in pairs
+        devplug_series(f"devplug-held-{label}", c, settings, settler(w), free_each=True) for label, (c, w) in pairs
     ]
     for one in series:
         one.warm_up(settings.warmup)
@@ -272,6 +274,7 @@ def _held_series(
     return out
 
 
-def _free(client: PluginClient, settings: Settings, watcher: ListWatcher) -> None:
+def free_pool(client: PluginClient, settings: Settings, watcher: ListWatcher) -> None:
+    """Free the whole 1,000-device pool (one KEP Deallocate) and wait for the device lists it causes."""
     client.deallocate(device_ids(settings.devices_1k))
     watcher.settle()
