@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcSample", "rss_mb", "sample"]
+__all__ = ["ProcSample", "rss_parts_mb", "sample"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -54,9 +54,20 @@ def sample(pid: int) -> ProcSample:
     return ProcSample(time.monotonic_ns(), _stat_ticks(pid), cpu_ns, switches)
 
 
-def rss_mb(pid: int) -> float:
-    """VmRSS from /proc/<pid>/status, in MiB."""
+def rss_parts_mb(pid: int) -> dict[str, float]:
+    """``VmRSS`` from /proc/<pid>/status and its parts (``RssAnon``, ``RssFile``, ``RssShmem``), in MiB.
+
+    ``RssFile`` counts the mapped files' pages (Python, grpc's shared library) that are resident, which
+    depends on the page cache as much as on the process: a library whose whole file is cached (just installed)
+    has more pages mapped around each fault than one read from disk.
+    """
+    wanted = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+    parts: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+        name, _, value = line.partition(":")
+        if name in wanted:
+            parts[name] = int(value.split()[0]) / 1024.0
+    missing = [name for name in wanted if name not in parts]
+    if missing:
+        raise RuntimeError(f"no {', '.join(missing)} in /proc/{pid}/status")
+    return parts

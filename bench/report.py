@@ -112,7 +112,11 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("startup_floor_ms", "bare grpcio process start to first answer (ms)"),
     Key("idle_cpu_percent_ticks", "idle CPU from /proc/pid/stat ticks (%)"),
     Key("idle_wakeups_per_s", "idle context switches per second, daemon"),
+    Key("idle_rss_anon_mb", "idle RSS, daemon: anonymous memory (MiB)"),
+    Key("idle_rss_file_mb", "idle RSS, daemon: mapped files' resident pages (MiB; moves with the page cache)"),
     Key("idle_floor_rss_mb", "idle RSS, bare grpc.aio server (MiB)"),
+    Key("idle_floor_rss_anon_mb", "idle RSS, bare grpc.aio server: anonymous memory (MiB)"),
+    Key("idle_floor_rss_file_mb", "idle RSS, bare grpc.aio server: mapped files' resident pages (MiB)"),
     Key("idle_floor_cpu_percent", "idle CPU, bare grpc.aio server (%)"),
     Key("idle_floor_wakeups_per_s", "idle context switches per second, floor"),
 )

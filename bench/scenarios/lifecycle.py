@@ -16,7 +16,7 @@ import time
 
 from bench.client import PluginClient
 from bench.floors import FloorProcess
-from bench.procstat import rss_mb, sample
+from bench.procstat import rss_parts_mb, sample
 from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
@@ -94,16 +94,20 @@ def measure_idle(settings: Settings, node: Node, floor: FloorProcess) -> dict[st
         first = {k: sample(p) for k, p in pids.items()}
         time.sleep(settings.idle_s)
         last = {k: sample(p) for k, p in pids.items()}
-        rss = {k: rss_mb(p) for k, p in pids.items()}
+        rss = {k: rss_parts_mb(p) for k, p in pids.items()}
     finally:
         watcher.close()
         client.close()
     return {
-        "idle_rss_mb": rss["daemon"],
+        "idle_rss_mb": rss["daemon"]["VmRSS"],
+        "idle_rss_anon_mb": rss["daemon"]["RssAnon"],
+        "idle_rss_file_mb": rss["daemon"]["RssFile"],
         "idle_cpu_percent": first["daemon"].cpu_percent(last["daemon"]),
         "idle_cpu_percent_ticks": first["daemon"].cpu_percent_ticks(last["daemon"]),
         "idle_wakeups_per_s": first["daemon"].switches_per_s(last["daemon"]),
-        "idle_floor_rss_mb": rss["floor"],
+        "idle_floor_rss_mb": rss["floor"]["VmRSS"],
+        "idle_floor_rss_anon_mb": rss["floor"]["RssAnon"],
+        "idle_floor_rss_file_mb": rss["floor"]["RssFile"],
         "idle_floor_cpu_percent": first["floor"].cpu_percent(last["floor"]),
         "idle_floor_wakeups_per_s": first["floor"].switches_per_s(last["floor"]),
     }
