@@ -25,11 +25,10 @@ diagnostic, not a goal: nothing here is compared with a target.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from bench.client import ListWatcher, PluginClient
 from bench.floors import grpc_floor
 from bench.kubelet import MiniKubelet
 from bench.payloads import allocate_request, device_ids
-from bench.scenarios.allocate import devplug_series, floor_series, free_pool, settler
+from bench.scenarios.allocate import chosen_floor, devplug_series, floor_series, free_pool, settler
 from bench.scenarios.series import CallSeries, interleave
 from bench.settings import FULL, QUICK, Settings
 from bench.stats import percentile, summary_ms
@@ -157,7 +156,7 @@ def decompose(settings: Settings, *, keep: bool = False) -> dict[str, Any]:
             )
             for m in ("aio", "sync")
         ]
-        aio, sync = (stack.enter_context(contextlib.closing(PluginClient(f.socket))) for f in floors)
+        aio, sync = (stack.enter_context(closing(PluginClient(f.socket))) for f in floors)
         aio.options()
         sync.options()
         series = [devplug_series(r.variant.name, r.client, settings, settler(r.watcher)) for r in runs]
@@ -174,8 +173,8 @@ def decompose(settings: Settings, *, keep: bool = False) -> dict[str, Any]:
             free_pool(run.client, settings, run.watcher)
             check_parts_out(run, settings)
         fa, fs, zero = (summary_ms(s.samples) for s in extra)
-        floor = fa if fa["p99"] <= fs["p99"] else fs
-        out["floor"] = {"aio": fa, "sync": fs, "used": "aio" if floor is fa else "sync", "zero_work": zero}
+        used, floor = chosen_floor(fa, fs)
+        out["floor"] = {"aio": fa, "sync": fs, "used": used, "zero_work": zero}
         for run, one in zip(runs, series, strict=True):
             figures = summary_ms(one.samples)
             out["variants"][run.variant.name] = {
@@ -195,9 +194,10 @@ def decompose(settings: Settings, *, keep: bool = False) -> dict[str, Any]:
 def format_table(result: dict[str, Any]) -> str:
     """The figures as a Markdown table, the floors below it."""
     floor = result["floor"]
+    used = floor[floor["used"]]
     lines = [
         f"Allocate, 1k devices, {result['calls']} calls per series, interleaved; floor: bare grpcio "
-        f"{floor['used']} (p50 {floor[floor['used']]['p50']:.3f} ms, p99 {floor[floor['used']]['p99']:.3f} ms)",
+        f"{floor['used']} (p50 {used['p50']:.3f} ms, p99 {used['p99']:.3f} ms)",
         "",
         "| variant | p50 (ms) | p99 (ms) | p50 / floor | p99 / floor | handler CPU p50 (us) | what |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",

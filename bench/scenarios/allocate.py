@@ -26,7 +26,16 @@ from bench.settings import Settings
 from bench.stats import summary_ms
 from bench.workspace import flip_device
 
-__all__ = ["Churner", "devplug_series", "floor_series", "free_pool", "measure", "settler", "unix_series"]
+__all__ = [
+    "Churner",
+    "chosen_floor",
+    "devplug_series",
+    "floor_series",
+    "free_pool",
+    "measure",
+    "settler",
+    "unix_series",
+]
 
 
 def devplug_series(
@@ -105,6 +114,12 @@ class Churner(threading.Thread):
         flip_device(self.folder, self.index, False)
 
 
+def chosen_floor(aio: dict[str, float], sync: dict[str, float]) -> tuple[str, dict[str, float]]:
+    """The bare grpcio floor an Allocate series is compared with, of the aio and sync servers' summaries: the one
+    with the lower p99, and its name (``"aio"`` or ``"sync"``)."""
+    return ("aio", aio) if aio["p99"] <= sync["p99"] else ("sync", sync)
+
+
 def settler(watcher: ListWatcher) -> Callable[[], None]:
     """``watcher.settle`` as a series' untimed step."""
 
@@ -151,7 +166,7 @@ def measure(
     out.update(allocate_zero_work_p50_ms=z["p50"], allocate_zero_work_p99_ms=z["p99"])
     out.update(allocate_p50_ms_threaded=t["p50"], allocate_p99_ms_threaded=t["p99"])
     free_pool(client_t, settings, watcher_t)
-    floor = fa if fa["p99"] <= fs["p99"] else fs
+    _, floor = chosen_floor(fa, fs)
     out.update(
         allocate_p50_ms=d["p50"],
         allocate_p99_ms=d["p99"],
