@@ -42,13 +42,10 @@ __all__ = ["PARTS", "AblatedDaemonProcess", "apply", "main", "replace_attribute"
 
 def replace_attribute(module_name: str, attribute: str, stand_in: Callable[..., Any]) -> None:
     """Set ``module.attribute`` (``Class.method`` when dotted) to ``stand_in``; the original must exist."""
-    module = importlib.import_module(module_name)
-    owner: Any = module
+    owner: Any = importlib.import_module(module_name)
     *path, name = attribute.split(".")
     for step in path:
-        owner = getattr(owner, step, None)
-        if owner is None:
-            raise RuntimeError(f"bench.ablate: {module_name}.{attribute} is gone: update bench/ablate.py")
+        owner = getattr(owner, step, None)  # None when a step is gone: then nothing is callable under it
     if not callable(getattr(owner, name, None)):
         raise RuntimeError(f"bench.ablate: {module_name}.{attribute} is gone: update bench/ablate.py")
     setattr(owner, name, stand_in)

@@ -16,12 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 MACHINE_FIELDS = ("cpu_model", "cores", "python", "grpcio", "protobuf")
 
 
-def _goal_keys() -> list[str]:
-    """The issue's keys, from the benchmark itself (bench/ is not installed: it runs from the checkout)."""
+def _bench_module(name: str) -> Any:
+    """A module of the benchmark (bench/ is not installed: it runs from the checkout)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    report = importlib.import_module("bench.report")
-    return [key.name for key in report.GOAL_KEYS]
+    return importlib.import_module(name)
+
+
+def _goal_keys() -> list[str]:
+    """The issue's keys, from the benchmark itself."""
+    return [key.name for key in _bench_module("bench.report").GOAL_KEYS]
 
 
 def _run_quick(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -59,12 +63,6 @@ def test_quick_bench_writes_every_key(tmp_path: Path) -> None:
     assert machine["cores"] > 0
     for key in keys:
         assert key in proc.stdout, f"{key} not in the printed table"
-
-
-def _bench_module(name: str) -> Any:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module(name)
 
 
 @pytest.mark.timeout(120)
