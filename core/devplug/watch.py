@@ -27,17 +27,33 @@ that is missing (at start or later) is looked for again every
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
 import select
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+
+from devplug.inotify import (
+    IN_ATTRIB,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    IN_UNMOUNT,
+    Inotify,
+    inotify,
+)
 
 __all__ = ["POLL_ENV", "DirectoryWatcher"]
 
@@ -46,37 +62,20 @@ POLL_ENV = "DEVPLUG_WATCH_POLL"
 
 log = logging.getLogger("devplug.watch")
 
-# From <sys/inotify.h>.
-_IN_MODIFY = 0x00000002
-_IN_ATTRIB = 0x00000004
-_IN_CLOSE_WRITE = 0x00000008
-_IN_MOVED_FROM = 0x00000040
-_IN_MOVED_TO = 0x00000080
-_IN_CREATE = 0x00000100
-_IN_DELETE = 0x00000200
-_IN_DELETE_SELF = 0x00000400
-_IN_MOVE_SELF = 0x00000800
-_IN_UNMOUNT = 0x00002000
-_IN_Q_OVERFLOW = 0x00004000
-_IN_IGNORED = 0x00008000
-_IN_ONLYDIR = 0x01000000
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = getattr(os, "O_CLOEXEC", 0o2000000)  # inotify takes the O_ flags' values
-
 _WATCH_MASK = (
-    _IN_CREATE
-    | _IN_DELETE
-    | _IN_MODIFY
-    | _IN_CLOSE_WRITE
-    | _IN_MOVED_FROM
-    | _IN_MOVED_TO
-    | _IN_ATTRIB
-    | _IN_DELETE_SELF
-    | _IN_MOVE_SELF
-    | _IN_ONLYDIR
+    IN_CREATE
+    | IN_DELETE
+    | IN_MODIFY
+    | IN_CLOSE_WRITE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_ATTRIB
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_ONLYDIR
 )
 # The watched folder is gone (or its watch was dropped): re-arm and rescan.
-_GONE = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_UNMOUNT | _IN_IGNORED
+_GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_IGNORED
 
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 _READ_SIZE = 64 * 1024
@@ -84,48 +83,7 @@ _READ_SIZE = 64 * 1024
 _Snapshot = dict[str, tuple[int, int, int]]
 
 
-class _Inotify:
-    """The three inotify calls, through ctypes; ``None`` from :meth:`load` when unavailable."""
-
-    def __init__(self, libc: ctypes.CDLL) -> None:
-        self._init1 = libc.inotify_init1
-        self._init1.argtypes = [ctypes.c_int]
-        self._init1.restype = ctypes.c_int
-        self._add = libc.inotify_add_watch
-        self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        self._add.restype = ctypes.c_int
-        self._rm = libc.inotify_rm_watch
-        self._rm.argtypes = [ctypes.c_int, ctypes.c_int]
-        self._rm.restype = ctypes.c_int
-
-    @staticmethod
-    def load() -> _Inotify | None:
-        if not sys.platform.startswith("linux"):
-            return None
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            return _Inotify(libc)
-        except (OSError, AttributeError):
-            return None
-
-    @staticmethod
-    def _check(result: int, what: str, path: Path | None = None) -> int:
-        if result < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}", None if path is None else str(path))
-        return result
-
-    def init(self) -> int:
-        return self._check(self._init1(_IN_NONBLOCK | _IN_CLOEXEC), "inotify_init1")
-
-    def add_watch(self, fd: int, path: Path, mask: int) -> int:
-        return self._check(self._add(fd, os.fsencode(path), mask), "inotify_add_watch", path)
-
-    def rm_watch(self, fd: int, wd: int) -> None:
-        self._rm(fd, wd)  # fails with EINVAL when the kernel already dropped it: fine
-
-
-_inotify_lib: _Inotify | None = _Inotify.load()
+_inotify_lib: Inotify | None = inotify
 
 
 def _snapshot(directory: Path) -> _Snapshot | None:
@@ -181,7 +139,7 @@ class DirectoryWatcher:
             raise ValueError(f"DirectoryWatcher: poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.directory = Path(directory)
         self.poll_interval = float(poll_interval)
-        self._mask = _WATCH_MASK if each_write else _WATCH_MASK & ~_IN_MODIFY
+        self._mask = _WATCH_MASK if each_write else _WATCH_MASK & ~IN_MODIFY
         self._callback = callback
         #: True when the inotify path is active (decided for good by :meth:`start`).
         self.uses_inotify: bool = _inotify_lib is not None and os.environ.get(POLL_ENV, "") not in {"1"}
@@ -438,7 +396,7 @@ class DirectoryWatcher:
             offset += _EVENT_HEADER.size
             raw = data[offset : offset + length]
             offset += length
-            if mask & _IN_Q_OVERFLOW:
+            if mask & IN_Q_OVERFLOW:
                 rescan = True
                 continue
             if wd != self._wd:
