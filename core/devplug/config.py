@@ -12,6 +12,15 @@
     [release]
     interval = 1.0        # seconds between PodResources polls
     grace_period = 10.0   # seconds a fresh allocation may stay invisible in PodResources
+    previous_tenant_wait = 30.0  # seconds an Allocate waits for the previous tenant's containers to exit
+    max_retry_interval = 60.0    # a failing release is retried with backoff, at most this far apart
+
+    [liveness]            # release evidence: no process left in the pod's cgroup
+    cgroup_mount = "/sys/fs/cgroup"  # the node's cgroup filesystem (in a pod: the host's, mounted read-only)
+    cgroup_root = "/"     # the kubelet's --cgroup-root
+    cgroup_driver = "auto"           # the kubelet's cgroup driver: cgroupfs, systemd, or auto
+    unknown_grace = 30.0  # without readable cgroups: seconds after its pod vanished before a tenancy is released
+    required = false      # true: /readyz fails while the pods' cgroups cannot be read
 
     [shutdown]
     timeout = 20.0        # seconds SIGTERM may take; hooks still running then are abandoned
@@ -70,6 +79,7 @@ __all__ = [
     "Config",
     "MetricsConfig",
     "KubeletConfig",
+    "LivenessConfig",
     "ReleaseConfig",
     "ResourceConfig",
     "ShutdownConfig",
@@ -105,6 +115,32 @@ class ReleaseConfig:
 
     interval: float = 1.0
     grace_period: float = 10.0
+    #: How long an Allocate of a device waits for the previous tenant's containers to exit (and its release to
+    #: finish) before it is refused: the kubelet can hand a device on while the old pod's containers still run.
+    previous_tenant_wait: float = 30.0
+    #: Failing releases are retried with capped exponential backoff (and jitter), at most this many seconds apart.
+    max_retry_interval: float = 60.0
+
+
+#: The cgroup drivers the kubelet knows (``--cgroup-driver``), and ``auto``: whichever layout the node has.
+CGROUP_DRIVERS = ("auto", "cgroupfs", "systemd")
+
+
+@dataclass(frozen=True)
+class LivenessConfig:
+    """Where the node's cgroups are, so that a tenancy is released only once no process of its pod is left.
+
+    ``cgroup_mount`` is the cgroup filesystem (cgroup v2, or the folder of the v1 hierarchies); ``cgroup_root``
+    the kubelet's ``--cgroup-root``; ``cgroup_driver`` its ``--cgroup-driver`` (``auto``: the layout found).
+    Where the pods' cgroups cannot be read, a tenancy whose pod vanished is released ``unknown_grace`` seconds
+    later (the kubelet's default termination grace period); ``required`` makes that a readiness failure.
+    """
+
+    cgroup_mount: Path = Path("/sys/fs/cgroup")
+    cgroup_root: str = "/"
+    cgroup_driver: str = "auto"
+    unknown_grace: float = 30.0
+    required: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +202,7 @@ class Config:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     state: StateConfig = field(default_factory=StateConfig)
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     resources: tuple[ResourceConfig, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -205,6 +242,9 @@ def _path(value: Any, base: Path | None, where: str) -> Path:
 LIMITS: dict[str, tuple[float, float, bool]] = {
     "release.interval": (0.01, 3600.0, False),  # PodResources allows ~100 calls/s
     "release.grace_period": (0.0, 86400.0, False),
+    "release.previous_tenant_wait": (0.0, 3600.0, False),
+    "release.max_retry_interval": (0.01, 86400.0, False),
+    "liveness.unknown_grace": (0.0, 86400.0, False),
     "shutdown.timeout": (0.1, 3600.0, False),
     "health_interval": (0.01, 86400.0, True),
     "hook_timeout": (0.01, 86400.0, False),
@@ -228,6 +268,7 @@ _TOP = {
     "kubelet": None,
     "state": None,
     "release": None,
+    "liveness": None,
     "shutdown": None,
     "metrics": None,
     "cdi": None,
@@ -235,7 +276,8 @@ _TOP = {
 }
 _KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None}
 _STATE = {"dir": None}
-_RELEASE = {"interval": None, "grace_period": None}
+_RELEASE = {"interval": None, "grace_period": None, "previous_tenant_wait": None, "max_retry_interval": None}
+_LIVENESS = {"cgroup_mount": None, "cgroup_root": None, "cgroup_driver": None, "unknown_grace": None, "required": None}
 _SHUTDOWN = {"timeout": None}
 _METRICS = {"enabled": None, "address": None, "port": None}
 _CDI = {"enabled": None, "spec_dir": None, "fallback": None}
@@ -279,6 +321,38 @@ def _parse_metrics(data: Mapping[str, Any], source: str) -> MetricsConfig:
             "installed; pip install 'devplug[metrics]' (or set enabled = false)"
         )
     return MetricsConfig(enabled=enabled, address=address, port=port)
+
+
+def _parse_liveness(data: Mapping[str, Any], source: str, base: Path | None) -> LivenessConfig:
+    table = _table(data, "liveness", source)
+    _check_keys(table, _LIVENESS, source, "liveness")
+    defaults = LivenessConfig()
+    root = table.get("cgroup_root", defaults.cgroup_root)
+    where = _where(source, "liveness", "cgroup_root")
+    if not isinstance(root, str) or not root.startswith("/") or "\0" in root or ".." in root.split("/"):
+        raise ConfigError(
+            f'{where}: expected the kubelet\'s --cgroup-root, an absolute cgroup path like "/" (the default) or '
+            f'"/kubelet", got {root!r}'
+        )
+    driver = table.get("cgroup_driver", defaults.cgroup_driver)
+    if driver not in CGROUP_DRIVERS:
+        raise ConfigError(
+            f"{_where(source, 'liveness', 'cgroup_driver')}: expected one of {', '.join(CGROUP_DRIVERS)} (the "
+            f"kubelet's --cgroup-driver, or auto to use the layout found), got {driver!r}"
+        )
+    return LivenessConfig(
+        cgroup_mount=_path(
+            table.get("cgroup_mount", str(defaults.cgroup_mount)), base, _where(source, "liveness", "cgroup_mount")
+        ),
+        cgroup_root=root,
+        cgroup_driver=driver,
+        unknown_grace=_seconds(
+            table.get("unknown_grace", defaults.unknown_grace),
+            _where(source, "liveness", "unknown_grace"),
+            "liveness.unknown_grace",
+        ),
+        required=_bool(table.get("required", defaults.required), _where(source, "liveness", "required")),
+    )
 
 
 def _parse_cdi(data: Mapping[str, Any], source: str, base: Path | None) -> CdiConfig:
@@ -345,15 +419,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     _check_keys(release_t, _RELEASE, source, "release")
     rdef = ReleaseConfig()
     release = ReleaseConfig(
-        interval=_seconds(
-            release_t.get("interval", rdef.interval), _where(source, "release", "interval"), "release.interval"
-        ),
-        grace_period=_seconds(
-            release_t.get("grace_period", rdef.grace_period),
-            _where(source, "release", "grace_period"),
-            "release.grace_period",
-        ),
+        **{
+            key: _seconds(release_t.get(key, getattr(rdef, key)), _where(source, "release", key), f"release.{key}")
+            for key in _RELEASE
+        }
     )
+    liveness = _parse_liveness(data, source, base)
     shutdown_t = _table(data, "shutdown", source)
     _check_keys(shutdown_t, _SHUTDOWN, source, "shutdown")
     shutdown = ShutdownConfig(
@@ -379,6 +450,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         kubelet=kubelet,
         state=state,
         release=release,
+        liveness=liveness,
         shutdown=shutdown,
         resources=resources,
         metrics=metrics,
