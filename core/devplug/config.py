@@ -12,7 +12,7 @@
     [release]
     interval = 1.0        # seconds between PodResources polls
     grace_period = 10.0   # seconds a fresh allocation may stay invisible in PodResources
-    previous_tenant_wait = 30.0  # seconds an Allocate waits for the previous tenant's containers to exit
+    previous_tenant_wait = 40.0  # seconds an Allocate waits for the previous tenant's containers to exit
     max_retry_interval = 60.0    # a failing release is retried with backoff, at most this far apart
 
     [liveness]            # release evidence: no process left in the pod's cgroup
@@ -116,8 +116,9 @@ class ReleaseConfig:
     interval: float = 1.0
     grace_period: float = 10.0
     #: How long an Allocate of a device waits for the previous tenant's containers to exit (and its release to
-    #: finish) before it is refused: the kubelet can hand a device on while the old pod's containers still run.
-    previous_tenant_wait: float = 30.0
+    #: finish) before it is refused: the kubelet can hand a device on while the old pod's containers still run. The
+    #: default outlasts the kubelet's default termination grace period (30 s), after which it kills them.
+    previous_tenant_wait: float = 40.0
     #: Failing releases are retried with capped exponential backoff (and jitter), at most this many seconds apart.
     max_retry_interval: float = 60.0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.devkubelet.daemonconfig import no_containers_liveness
 from devplug.engine.status import read_status
 from devplug.errors import ConfigError, StateError
 from devplug.hookrecord import read_hook_calls
@@ -45,9 +46,17 @@ def example_config_text() -> str:
     return (resources.files("devplug") / "config.example.toml").read_text()
 
 
-def relocate(config: dict[str, Any], root: Path) -> tuple[dict[str, Any], dict[str, Path]]:
-    """The example config with every path moved under ``root``; also each mock resource's folder."""
+def relocate(
+    config: dict[str, Any], root: Path, liveness: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The example config with every path moved under ``root``; also each mock resource's folder.
+
+    ``liveness`` is the ``[liveness]`` table for the dev kubelet's containers; by default the dev kubelet runs none,
+    and a pod that vanished is released after :data:`~devplug.devkubelet.daemonconfig.NO_CONTAINERS_GRACE`
+    seconds.
+    """
     config = json.loads(json.dumps(config))
+    config["liveness"] = liveness if liveness is not None else no_containers_liveness(root)
     config.setdefault("kubelet", {})
     config["kubelet"]["device_plugin_dir"] = str(root / "device-plugins")
     config["kubelet"]["pod_resources_socket"] = str(root / "pod-resources" / "kubelet.sock")

@@ -10,6 +10,9 @@
     │   └── HookTimeoutError          a driver hook did not return within its timeout
     ├── RequestError                  a kubelet request that cannot be served (unknown, unhealthy
     │                                 or duplicate device IDs); nothing was done
+    │   └── DeviceBusyError           the devices are still in use or being worked on (the previous
+    │                                 tenant's containers still run, a hook on them has not
+    │                                 returned); nothing was done
     ├── AllocationConflictError       two contributions to one container allocation disagree
     ├── StateError                    the daemon's own files (lock, ledger) cannot be used
     │   ├── StateWriteError           a state file could not be written (full disk): request refused
@@ -49,7 +52,13 @@ class DriverError(DevplugError):
 
     Drivers raise it (or a subclass) for expected failures, with a message that
     names the device; the engine reports the message to the kubelet and the log.
+    When the engine re-raises a hook's failure it prefixes the resource and the
+    hook, and keeps them apart in ``hook`` and ``reason`` (the driver's own
+    words), which are None on an error a driver raised itself.
     """
+
+    hook: str | None = None
+    reason: str | None = None
 
 
 class HookTimeoutError(DriverError):
@@ -64,6 +73,14 @@ class HookTimeoutError(DriverError):
 
 class RequestError(DevplugError):
     """A kubelet request names devices that cannot be served; nothing was done."""
+
+
+class DeviceBusyError(RequestError):
+    """The devices of a request are still in use, or a driver hook on them has not returned; nothing was done.
+
+    The kubelet gets ``FAILED_PRECONDITION``: the request may succeed later, once the previous tenant's containers
+    exited or the hook returned.
+    """
 
 
 class AllocationConflictError(DevplugError):

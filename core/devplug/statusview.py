@@ -45,6 +45,25 @@ def format_status(data: dict[str, Any]) -> str:
         )
         if release.get("checkpoint_problem"):
             lines.append(f"  kubelet checkpoint: no evidence ({release['checkpoint_problem']})")
+        liveness = release.get("liveness")
+        if liveness:
+            if liveness.get("state") == "unknown":
+                required = " (REQUIRED)" if liveness.get("required") else ""
+                lines.append(
+                    f"  container liveness: unknown{required}: {liveness.get('problem')}; a pod that vanished is "
+                    f"released {liveness.get('unknown_grace', '?')}s later"
+                )
+            else:
+                lines.append(
+                    f"  container liveness: {liveness.get('state')}, {liveness.get('driver')} driver, pods under "
+                    f"{liveness.get('kubepods')}"
+                )
+        for waiting in release.get("awaiting_exit") or []:
+            lines.append(
+                f"  {waiting.get('resource')}: {', '.join(waiting.get('devices') or [])} wait for pod "
+                f"{waiting.get('pod') or waiting.get('pod_uid') or '?'} to exit "
+                f"(since {_ago(waiting.get('since'))}): {waiting.get('why')}"
+            )
         for name, problem in (release.get("resource_errors") or {}).items():
             lines.append(f"  release detection for {name} failing: {problem}")
     for res in data.get("resources", []):
@@ -89,6 +108,8 @@ def format_status(data: dict[str, Any]) -> str:
             lines.append(f"  STATE WRITE FAILED: {res['state_error']} (Allocate is refused until it can write)")
         for devices, failure in (res.get("release_failures") or {}).items():
             lines.append(f"  release of {devices} failing: {failure}")
+        for device, why in (res.get("busy_devices") or {}).items():
+            lines.append(f"  BUSY {device}: {why}")
         for bad in res.get("quarantined_records") or []:
             named = ", ".join(bad.get("devices") or []) or "no devices"
             lines.append(f"  QUARANTINED ledger record #{bad.get('index')} ({named}): {bad.get('reason')}")
@@ -106,4 +127,6 @@ def format_status(data: dict[str, Any]) -> str:
                     f"    {_ago(rel.get('finished_at')):>8}  {', '.join(rel['devices'])}  "
                     f"({rel['reason']}; took {rel['duration_s'] * 1000:.0f} ms)"
                 )
+                if rel.get("evidence"):
+                    lines.append(f"              containers gone: {rel['evidence']}")
     return "\n".join(escape(line) for line in lines)

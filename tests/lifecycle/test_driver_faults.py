@@ -1,15 +1,19 @@
 """Failing drivers (issue 3): a hook that raises fails only its request, all or nothing; a hook that
-hangs times out (``hook_timeout``), its resource reports every device unhealthy until the driver
-answers again, and the daemon's other resources keep working meanwhile."""
+hangs times out (``hook_timeout``) and its devices stay out of service (advertised unhealthy, no new hook
+on them, an Allocate of them refused naming them) until the call really returns, while the resource's other
+devices and the daemon's other resources keep working (issue 23: "driver failing" is for the driver as a
+whole, not for one device's hook)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
+import grpc
 import pytest
 
 from devplug.errors import KubeletError
+from devplug_mock import read_calls
 
 if TYPE_CHECKING:
     from tests.lifecycle.conftest import Lab
@@ -58,17 +62,37 @@ def _hanging(lab: Lab) -> float:
     return started
 
 
-def test_hanging_allocate_times_out_and_degrades_the_resource_until_the_driver_answers(lab: Lab) -> None:
+def test_a_hanging_allocate_keeps_only_its_device_out_of_service_until_it_returns(lab: Lab) -> None:
     started = _hanging(lab)
-    lab.wait(
-        lambda: any(set(e.device_ids) == set(DEVICES) for e in lab.events("list-and-watch", since=started)),
-        what="the kubelet to get every device of the resource as unhealthy",
-    )
-    assert lab.calls("allocate", resource=RESOURCE, ok=None) == [], "reported while the hook was still hung"
-    assert "driver failing, all devices reported unhealthy" in lab.log()
-    assert "did not return within 0.5 s" in lab.log()
-    lab.wait(lambda: lab.view().allocatable > 0, timeout=HANG + 10, what="the resource to recover")
-    assert "driver recovered" in lab.log()
+    (attempt,) = lab.events("allocate", since=started)
+    (hung,) = attempt.device_ids
+    others = [d for d in DEVICES if d != hung]
+    lab.wait(lambda: lab.health(hung) == "Unhealthy", what=f"the kubelet to get {hung} (hook still running) unhealthy")
+    assert lab.view().allocatable == 3
+    assert all(lab.health(d) == "Healthy" for d in others)
+    assert "driver failing" not in lab.log()
+    assert lab.resource_status()["degraded"] is None
+    busy = lab.wait(lambda: lab.resource_status()["busy_devices"], what="the status to show the busy device")
+    assert list(busy) == [hung] and "allocate running past hook_timeout" in busy[hung]
+
+    with pytest.raises(grpc.RpcError) as refused:
+        lab.allocate(hung)  # a kubelet offering it anyway gets a clear no, and no second hook runs on it
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert hung in str(refused.value.details()) and "past hook_timeout" in str(refused.value.details())
+    started_on_it = [
+        c["hook"]
+        for c in read_calls(lab.mock_dir(), started=True)
+        if hung in c["device_ids"] and c["hook"] != "preferred_allocation"  # that one lists every device offered
+    ]
+    assert started_on_it == ["allocate"]
+
+    lab.write_device(others[0])  # the others keep serving (without the slow directive)
+    response = lab.allocate(others[0])
+    assert response.container_responses[0].envs["MOCK_DEVICES"] == others[0]
+
+    lab.wait(lambda: lab.health(hung) == "Healthy", timeout=HANG + 10, what=f"{hung} back once its call returned")
+    assert lab.calls("deallocate", hung), "the late allocate is undone before the device is offered again"
+    lab.wait(lambda: lab.resource_status()["busy_devices"] == {}, what="the status to show no busy device")
 
 
 def test_other_resource_keeps_working_while_a_hook_hangs(lab: Lab) -> None:

@@ -4,6 +4,7 @@ backoff, background tasks."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -33,16 +34,26 @@ async def sliced(items: Iterable[T], every: int) -> AsyncIterator[T]:
 
 
 class Backoff:
-    """Capped exponential backoff: ``initial``, doubling, at most ``cap`` seconds."""
+    """Capped exponential backoff: ``initial``, doubling, at most ``cap`` seconds; with ``jitter`` (0 to 1) each
+    delay is shortened by a random part of up to that fraction, so retries of many failures spread out.
 
-    def __init__(self, initial: float = 0.05, cap: float = 5.0) -> None:
+    Our own rather than a retry library's: the core depends only on pluggy, grpcio, protobuf and click, and its
+    retries are schedules kept per record and per connection, not calls a decorator could wrap.
+    """
+
+    def __init__(self, initial: float = 0.05, cap: float = 5.0, jitter: float = 0.0) -> None:
+        if not 0.0 <= jitter <= 1.0:
+            raise ValueError(f"Backoff: jitter must be from 0 to 1, got {jitter!r}")
         self.initial = initial
         self.cap = cap
+        self.jitter = jitter
         self._next = initial
 
     def next(self) -> float:
         delay = self._next
         self._next = min(self._next * 2, self.cap)
+        if self.jitter:
+            delay *= 1.0 - self.jitter * random.random()
         return delay
 
     def reset(self) -> None:

@@ -31,6 +31,7 @@ from devplug.config import Config, ResourceConfig, load_config
 from devplug.engine.asynctools import BackgroundTasks
 from devplug.engine.cdi import remove_stale_specs, spec_file_name
 from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
+from devplug.engine.liveness import ContainerLiveness
 from devplug.engine.lock import StateLock
 from devplug.engine.observer import NULL_OBSERVER
 from devplug.engine.reconciler import Reconciler
@@ -40,6 +41,7 @@ from devplug.engine.resourcestatus import ResourceState
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.status import STATUS_FILE, StatusBuilder
+from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import ConfigError, DevplugError
 from devplug.watch import DirectoryWatcher
 
@@ -77,6 +79,8 @@ class Daemon:
         self.lock = StateLock(self.state_dir)
         self._writer = SerialThread("state-writer")
         self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
+        #: Whether pods' containers still run (their cgroups), the release evidence beside the kubelet's view.
+        self.exits = ExitEvidence(ContainerLiveness(config.liveness), config.liveness)
         self._release_wake = asyncio.Event()
         #: The Prometheus metrics, when ``[metrics] enabled`` (only then is prometheus_client imported).
         self.metrics: Metrics | None = None
@@ -88,7 +92,12 @@ class Daemon:
         #: Every resource alive: those of the config, and those a reload removed that still drain.
         self.resources = [self._new_resource(rc) for rc in config.resources]
         self.reconciler = Reconciler(
-            self.resources, config.kubelet.pod_resources_socket, config.release, self.checkpoint, self._release_wake
+            self.resources,
+            config.kubelet.pod_resources_socket,
+            config.release,
+            self.checkpoint,
+            self._release_wake,
+            self.exits,
         )
         self.reload_record = ReloadRecord()
         self._lives: dict[Resource, asyncio.Future[None]] = {}
@@ -120,6 +129,8 @@ class Daemon:
             on_allocated=self._release_wake.set,
             observer=self.metrics.observer(rc.name, rc.driver) if self.metrics is not None else NULL_OBSERVER,
             cdi=self.config.cdi,
+            exits=self.exits,
+            previous_tenant_wait=self.config.release.previous_tenant_wait,
         )
 
     async def write_file(self, path: Path, data: bytes) -> None:
@@ -251,6 +262,7 @@ class Daemon:
         try:
             plugin_dir = self._prepare_plugin_dir()
             loop = self._loop
+            self.exits.liveness.start()
             self._prepare_cdi()
             self._serve_metrics(loop)
 
@@ -295,6 +307,7 @@ class Daemon:
         finally:
             if self._watcher is not None:
                 self._watcher.close()
+            self.exits.liveness.close()
             if self._metrics_server is not None:
                 self._metrics_server.close()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -364,6 +377,10 @@ class Daemon:
             self.config = new
             self.reconciler.interval = new.release.interval
             self.reconciler.grace = new.release.grace_period
+            self.reconciler.max_retry_interval = new.release.max_retry_interval
+            self.exits.reconfigure(new.liveness)
+            for resource in self.resources:
+                resource.set_previous_tenant_wait(new.release.previous_tenant_wait)
             for name in plan.removed:
                 self._drain(self._resource(name))
             await asyncio.gather(*(self._replace(rc) for rc in (*plan.changed, *plan.added)))

@@ -22,7 +22,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.supervise import supervise
-from devplug.errors import DriverError, HookTimeoutError
+from devplug.errors import DriverError
 from devplug.types import Device
 
 __all__ = ["DriverHost", "PublishedStatus"]
@@ -184,11 +184,6 @@ class DriverHost:
         if not self._recovering:
             self._recovering = True
             self._tasks.spawn(self._recover())
-
-    def note_hook_failure(self, exc: DriverError) -> None:
-        """A hang is a sick driver: degrade until it answers again. Plain failures only fail the request."""
-        if isinstance(exc, HookTimeoutError):
-            self.degrade(str(exc))
 
     async def _recover(self) -> None:
         backoff = Backoff(initial=0.5, cap=30.0)

@@ -112,6 +112,8 @@ class HookRunner:
                         f"{self.resource_name}: driver hook {hook} did not return within {limit:g} s "
                         "(hook_timeout); its thread was abandoned"
                     )
+                    timeout_error.hook = hook
+                    timeout_error.reason = f"did not return within {limit:g} s (hook_timeout)"
                     timeout_error.still_running = future
                     future.add_done_callback(_consume)
                     raise timeout_error
@@ -129,14 +131,33 @@ class HookRunner:
                     raise
                 raise failure from exc
 
+    async def outcome(self, hook: str, call: asyncio.Future[T]) -> T:
+        """Wait for a hook call abandoned at its timeout (``HookTimeoutError.still_running``) to return; its result,
+        or its failure raised as :meth:`call` raises it. Cancelling the wait leaves the call running."""
+        await asyncio.wait((call,))
+        try:
+            return call.result()
+        except Exception as exc:
+            self.observer.hook_failed(hook)
+            failure = self._failure(hook, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+
     def _failure(self, hook: str, exc: Exception) -> Exception:
-        """What a hook's exception becomes: a :class:`DriverError` naming the resource and hook."""
+        """What a hook's exception becomes: a :class:`DriverError` naming the resource and hook, with the hook
+        and the driver's own words kept apart (``hook``, ``reason``)."""
         if isinstance(exc, DriverError):
-            if str(exc).startswith(f"{self.resource_name}:"):
+            if exc.hook is not None or str(exc).startswith(f"{self.resource_name}:"):
                 return exc
-            return type(exc)(f"{self.resource_name}: {hook}: {exc}")
-        log.error("[%s] driver hook %s raised %s", self.resource_name, hook, type(exc).__name__, exc_info=exc)
-        return DriverError(f"{self.resource_name}: driver hook {hook} failed: {type(exc).__name__}: {exc}")
+            failure: DriverError = type(exc)(f"{self.resource_name}: {hook}: {exc}")
+            reason = str(exc)
+        else:
+            log.error("[%s] driver hook %s raised %s", self.resource_name, hook, type(exc).__name__, exc_info=exc)
+            reason = f"{type(exc).__name__}: {exc}"
+            failure = DriverError(f"{self.resource_name}: driver hook {hook} failed: {reason}")
+        failure.hook, failure.reason = hook, reason
+        return failure
 
     def _abandon(self) -> None:
         self._thread.close()

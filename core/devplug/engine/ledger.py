@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import itertools
 import json
 import logging
@@ -42,7 +43,15 @@ from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
-__all__ = ["COMPACT_BYTES", "FORMAT_VERSION", "AllocationRecord", "Ledger", "QuarantinedRecord", "read_ledger_records"]
+__all__ = [
+    "COMPACT_BYTES",
+    "FORMAT_VERSION",
+    "QUARANTINE_PREFIX",
+    "AllocationRecord",
+    "Ledger",
+    "QuarantinedRecord",
+    "read_ledger_records",
+]
 
 #: An Allocate is refused before the driver's hook when the state filesystem has less room than this: its two
 #: journal appends must not run out of space between them (the hook would have run, to be undone).
@@ -231,13 +240,42 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: The ID prefix of the record that holds a quarantined entry's devices until they are released through the driver.
+QUARANTINE_PREFIX = "quarantined-"
+
+
 @dataclass(frozen=True)
 class QuarantinedRecord:
-    """A ledger entry that failed its checks on load: kept aside, shown in ``devplug status``."""
+    """A ledger entry that failed its checks on load: kept aside, shown in ``devplug status``.
+
+    Its devices may have been handed to a pod and never cleaned: they are held by a record of their own
+    (:attr:`record_id`), withheld from the kubelet, and released through the driver (``post_stop`` and
+    ``deallocate`` with ``retry=True``) once no pod holds them; or the operator clears it
+    (``devplug quarantine clear``). Either drops the entry.
+    """
 
     index: int
     reason: str
     raw: object
+
+    @property
+    def key(self) -> str:
+        """A name for the entry that does not change with its position (a digest of its content)."""
+        text = json.dumps(self.raw, sort_keys=True, separators=(",", ":"), default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def record_id(self) -> str:
+        """The ID of the record that holds its devices until they are released."""
+        return QUARANTINE_PREFIX + self.key
+
+    def pod_uid(self) -> str | None:
+        """The pod UID the entry names, if it is readable."""
+        uid = self.raw.get("pod_uid") if isinstance(self.raw, dict) else None
+        return uid if isinstance(uid, str) and uid else None
+
+    def describe(self) -> str:
+        return f"quarantined ledger record #{self.index} ({self.reason})"
 
     def devices(self) -> list[str]:
         """The device IDs the entry seems to name (best effort, for the operator)."""
@@ -328,6 +366,10 @@ class Ledger:
         #: True when there was no ledger to load (first start, or the file was lost or corrupt):
         #: what the kubelet's checkpoint says pods held is then adopted (see the resource's start).
         self.lost = False
+        #: Device -> the quarantined entry whose record holds it (those devices are withheld).
+        self._quarantine_holds: dict[str, QuarantinedRecord] = {}
+        #: Keys of quarantined entries dropped since the last save (journaled as ``unquarantine``).
+        self._unquarantined: list[str] = []
 
     # --- loading
 
@@ -352,6 +394,62 @@ class Ledger:
         self._segment = JournalSegment(segment_path(self.path, newest + 1))  # never append after a torn tail
         self._changed.clear()
         self._removed.clear()
+        self._hold_quarantined(time.time())
+
+    def _hold_quarantined(self, now: float) -> None:
+        """Give each quarantined entry's devices (those no valid record holds) a record of their own, so they are
+        withheld and released through the driver like an adopted allocation (``retry=True``); written at the
+        next save."""
+        self._quarantine_holds = {}
+        for bad in self.quarantined:
+            record = self.records.get(bad.record_id)
+            if record is None:
+                fresh = [d for d in bad.devices() if d and not self.holds(d)]
+                if not fresh:
+                    continue
+                record = AllocationRecord.new(
+                    bad.record_id, now, devices=fresh, pod_uid=bad.pod_uid(), adopted=bad.describe()
+                )
+                self._put(record)
+                self._changed.add(record.id)
+                log.error(
+                    "[%s] %s names %s: withheld until they are released through the driver (post_stop and "
+                    "deallocate with retry=True, once no pod holds them) or cleared with `devplug quarantine clear`",
+                    self.resource_name,
+                    bad.describe(),
+                    ", ".join(fresh),
+                )
+            for dev in record.all_devices():
+                self._quarantine_holds[dev] = bad
+
+    def quarantined_devices(self) -> dict[str, str]:
+        """Device -> the quarantined entry holding it (described), for the devices withheld because of one."""
+        return {dev: bad.describe() for dev, bad in self._quarantine_holds.items()} if self._quarantine_holds else {}
+
+    def _unquarantine(self, record_id: str) -> QuarantinedRecord | None:
+        """The record holding a quarantined entry's devices is gone: drop the entry (journaled at the next save)."""
+        for number, bad in enumerate(self.quarantined):
+            if bad.record_id == record_id:
+                del self.quarantined[number]
+                self._unquarantined.append(bad.key)
+                self._quarantine_holds = {d: q for d, q in self._quarantine_holds.items() if q is not bad}
+                return bad
+        return None
+
+    def clear_quarantined(self, keys: Iterable[str] | None = None) -> list[QuarantinedRecord]:
+        """The operator says these entries' devices are clean (all when ``keys`` is None): drop the entries and
+        the records holding their devices, without calling the driver. Returns the entries dropped."""
+        wanted = None if keys is None else set(keys)
+        dropped = []
+        for bad in list(self.quarantined):
+            if wanted is not None and bad.key not in wanted:
+                continue
+            if bad.record_id in self.records:
+                self._drop(bad.record_id)
+            if self._unquarantine(bad.record_id) is None:
+                continue
+            dropped.append(bad)
+        return dropped
 
     def _reset_memory(self) -> None:
         self.records = {}
@@ -359,6 +457,8 @@ class Ledger:
         self._releasing = set()
         self._encoded = {}
         self.quarantined = []
+        self._quarantine_holds = {}
+        self._unquarantined = []
         self._snapshot_seq = 0
 
     def _load_snapshot(self, readonly: bool = False) -> bool:
@@ -449,6 +549,9 @@ class Ledger:
                     self._load_record(entry["put"], f"journal {path.name} entry #{number}", number)
                 elif isinstance(entry.get("del"), str):
                     self._drop(entry["del"])
+                elif isinstance(entry.get("unquarantine"), str):
+                    key = entry["unquarantine"]
+                    self.quarantined = [q for q in self.quarantined if q.key != key]
                 else:
                     log.error("[%s] %s entry #%d is neither put nor del; ignored", self.resource_name, path, number)
         return replayed
@@ -497,6 +600,8 @@ class Ledger:
                 puts.append(frame_payload(b'{"put":' + text.encode() + b"}"))
         if self._removed:
             puts.extend([encode_frame({"del": i}) for i in self._removed if i not in self.records])
+        if self._unquarantined:
+            puts.extend([encode_frame({"unquarantine": key}) for key in self._unquarantined])
         frames = b"".join(puts)
         if frames:
             started = time.perf_counter()
@@ -510,6 +615,7 @@ class Ledger:
             self._observer.ledger_written("journal", time.perf_counter() - started)
             self._changed.clear()
             self._removed.clear()
+            self._unquarantined.clear()
             self.version += 1
         self.write_error = None
         self._on_saved()
@@ -765,7 +871,10 @@ class Ledger:
         return record
 
     def remove(self, record: AllocationRecord) -> None:
+        """The allocation was released (a quarantined entry's record: the entry goes too)."""
         self._drop(record.id)
+        if self._quarantine_holds and record.id.startswith(QUARANTINE_PREFIX):
+            self._unquarantine(record.id)
 
     def drop_devices(self, device_ids: Iterable[str]) -> list[AllocationRecord]:
         """Forget ``device_ids`` (released through the KEP's Deallocate); returns the records emptied."""
@@ -776,7 +885,7 @@ class Ledger:
                 record, [d for d in record.devices if d not in ids], [d for d in record.pending if d not in ids]
             )
             if not record.devices and not record.pending:
-                self._drop(record.id)
+                self.remove(record)
                 emptied.append(record)
         return emptied
 

@@ -51,25 +51,43 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from devplug.config import ReleaseConfig
 from devplug.engine.asynctools import BackgroundTasks
 from devplug.engine.cdi import AllocationAnswers
 from devplug.engine.checkpointview import CheckpointView, pods_holding
-from devplug.engine.devicelocks import DeviceBusyError, DeviceLocks, HeldLocks
+from devplug.engine.devicelocks import DeviceLocks, HeldLocks, LockTimeout
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.engine.ledger import AllocationRecord, Ledger, new_record_id
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.sharing import DeviceShare, SharingView, shared_env_name
-from devplug.errors import DriverError, HookTimeoutError, RequestError, StateWriteError
+from devplug.engine.tenantexit import ExitEvidence
+from devplug.errors import DeviceBusyError, DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
 from devplug.types import ContainerAllocation, Device, Replicas
 
-__all__ = ["DeviceLifecycle", "Release"]
+__all__ = ["DeviceLifecycle", "Release", "ReleaseFailure"]
 
 log = logging.getLogger("devplug.engine")
+
+
+@dataclass
+class ReleaseFailure:
+    """A release that failed, until it succeeds: the hook, the driver's own words, attempts, since when."""
+
+    hook: str
+    message: str
+    attempts: int = 1
+    since: float = field(default_factory=time.time)
+
+    def describe(self) -> str:
+        """One line for the status: ``deallocate: <the driver's message> (3 attempts since 12:00:01)``."""
+        plural = "s" if self.attempts != 1 else ""
+        since = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"{self.hook}: {self.message} ({self.attempts} attempt{plural} since {since})"
 
 
 @dataclass(frozen=True)
@@ -83,11 +101,22 @@ class Release:
     finished_at: float
     duration_s: float
     retry: bool = False
+    #: What showed the pod's containers were gone (its cgroup, or the grace when that cannot be read).
+    evidence: str | None = None
 
 
 def _ids(ids: Iterable[str]) -> str:
     """Device IDs for a message or log line: at most a few, escaped, and a count of the rest."""
     return id_list(list(ids))
+
+
+def _tenant(record: AllocationRecord) -> str:
+    """The pod of a tenancy, for messages: ``pod default/x (uid ...)`` as far as it is known."""
+    if record.pod is not None:
+        return f"pod {record.pod}" + (f" (uid {record.pod_uid})" if record.pod_uid else "")
+    if record.pod_uid is not None:
+        return f"pod {record.pod_uid}"
+    return "its previous pod"
 
 
 class DeviceLifecycle:
@@ -104,6 +133,9 @@ class DeviceLifecycle:
         answers: AllocationAnswers | None = None,
         observer: ResourceObserver = NULL_OBSERVER,
         *,
+        exits: ExitEvidence,
+        previous_tenant_wait: float = ReleaseConfig.previous_tenant_wait,
+        on_change: Callable[[], None] = lambda: None,
         fail_requests_greater_than_one: bool = False,
     ) -> None:
         self.resource_name = resource_name
@@ -117,12 +149,24 @@ class DeviceLifecycle:
         self._on_allocated = on_allocated
         self.answers = answers or AllocationAnswers(resource_name, table, driver, None)
         self.observer = observer
-        self.locks = DeviceLocks()
+        #: Whether a previous tenant's containers are gone (its pod's cgroup, or the unknown-liveness grace).
+        self.exits = exits
+        #: How long an Allocate waits for the previous tenant's containers to exit ([release] previous_tenant_wait).
+        self.previous_tenant_wait = previous_tenant_wait
+        #: Called when what the status shows changes outside the ledger (busy devices, release failures).
+        self._on_change = on_change
+        self.locks = DeviceLocks(self._kept_released)
+        #: Physical device ID -> what a release hook still running past ``hook_timeout`` is doing (the release waits
+        #: for it to return; the device stays out of service meanwhile).
+        self.overdue: dict[str, str] = {}
+        self._preferred_running: asyncio.Future[Any] | None = None
         self.recent_releases: deque[Release] = deque(maxlen=50)
         #: IDs of the records an Allocate in flight is filling; the reconciler leaves them alone.
         self.allocating: set[str] = set()
-        #: The last failure of each record's release ("post_stop: ..."), until it succeeds.
-        self.release_failures: dict[str, str] = {}
+        #: Each failing release's last failure (by record ID), until it succeeds.
+        self.release_failures: dict[str, ReleaseFailure] = {}
+        #: Counts changes of :attr:`release_failures` (the status is rebuilt when it moves).
+        self.failures_version = 0
         self._tasks = BackgroundTasks()
 
     @property
@@ -257,7 +301,7 @@ class DeviceLifecycle:
         offered = offer.devices
         if self.table.shared and self.sharing.is_shared(d.id for d in offered):
             return await self._preferred_replicas(offered, must_include, size)
-        chosen = await self.driver.preferred_allocation(offered, must_include, size)
+        chosen = await self._preferred_call(offered, must_include, size)
         result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in offer.ids]
         return result[:size]
 
@@ -267,9 +311,7 @@ class DeviceLifecycle:
         musts = list(dict.fromkeys(must_include))
         physical_ids, replicas = self.sharing.replicas([d.id for d in offered])
         physical = [p for i in physical_ids if (p := self._physical_device(i)) is not None]
-        chosen = await self.driver.preferred_allocation(
-            physical, [self.table.physical_of(i) for i in musts], size, replicas
-        )
+        chosen = await self._preferred_call(physical, [self.table.physical_of(i) for i in musts], size, replicas)
         free = {phys: [i for i in ids if i not in musts] for phys, ids in replicas.by_device.items()}
         result = list(musts)
         for choice in chosen:
@@ -283,6 +325,23 @@ class DeviceLifecycle:
                 free[phys].remove(choice)
                 result.append(choice)
         return result[:size]
+
+    async def _preferred_call(
+        self, offered: list[Device], must_include: Sequence[str], size: int, replicas: Replicas | None = None
+    ) -> list[str]:
+        """The driver's ``preferred_allocation``; refused at once while an earlier call that outlived
+        ``hook_timeout`` still runs (each would take a thread of its own)."""
+        running = self._preferred_running
+        if running is not None and not running.done():
+            raise DeviceBusyError(
+                f"{self.resource_name}: the driver's preferred_allocation has not returned since it outlived "
+                "hook_timeout; nothing was chosen"
+            )
+        try:
+            return await self.driver.preferred_allocation(offered, must_include, size, replicas)
+        except HookTimeoutError as exc:
+            self._preferred_running = exc.still_running
+            raise
 
     def _physical_device(self, physical_id: str) -> Device | None:
         """The driver's device, as the kubelet sees it (unhealthy while the resource is degraded)."""
@@ -307,8 +366,8 @@ class DeviceLifecycle:
                 if await self._settle(requested) or waited:  # else nothing ran since the check: no need again
                     self._check_servable(containers, requested)
                 results = await self._allocate_locked(containers, requested)
-        except DeviceBusyError as exc:
-            raise DriverError(
+        except LockTimeout as exc:
+            raise DeviceBusyError(
                 f"{self.resource_name}: device(s) {exc} still busy after {self.release_wait:g} s "
                 "(twice hook_timeout); nothing was allocated"
             ) from None
@@ -331,17 +390,42 @@ class DeviceLifecycle:
 
     def _check_servable_or_releasing(self, containers: Sequence[Sequence[str]], flat: Sequence[str]) -> None:
         """The up-front check: :meth:`_check_servable` (a device withheld while its release runs may wait for
-        it), and no device whose earlier allocate timed out and still runs in the driver. ``flat``: every ID of
-        ``containers``, in order."""
+        it), and no device a hook may not touch now (:meth:`busy_devices`). ``flat``: every ID of ``containers``,
+        in order."""
         self._check_servable(containers, flat)
-        if not self.allocating or not self.ledger.holds_any(flat):
-            return
-        hung = [i for i in flat for r in self.ledger.holders(i) if r.releasing and r.id in self.allocating]
-        if hung:
-            raise DriverError(
-                f"{self.resource_name}: an earlier allocate of {_ids(hung)} has not returned yet (it timed out); "
-                "nothing was allocated"
+        busy = self.busy_devices(flat)
+        if busy:
+            raise DeviceBusyError(
+                f"{self.resource_name}: busy devices: "
+                + "; ".join(f"{dev} ({what})" for dev, what in list(busy.items())[:10])
+                + (f"; and {len(busy) - 10} more" if len(busy) > 10 else "")
+                + "; nothing was allocated"
             )
+
+    def busy_devices(self, device_ids: Iterable[str] | None = None) -> dict[str, str]:
+        """Devices (of ``device_ids``, or all) that no hook may touch now, and why: a hook abandoned at its
+        ``hook_timeout`` still runs on them, a release hook runs past its timeout, an earlier allocate of them
+        timed out and has not returned, or a quarantined ledger record names them."""
+        kept = self.locks.kept()
+        quarantined = self.ledger.quarantined_devices()
+        if not kept and not self.overdue and not quarantined and not self.allocating:
+            return {}  # the common case, without a walk over the IDs
+        ids = list(dict.fromkeys(device_ids)) if device_ids is not None else None
+        busy: dict[str, str] = {}
+        for phys, what in (*kept.items(), *self.overdue.items()):
+            for dev in self.table.all_replica_ids(phys):
+                if ids is None or dev in ids:
+                    busy.setdefault(dev, what)
+        for dev, where in quarantined.items():
+            if ids is None or dev in ids:
+                busy.setdefault(
+                    dev, f"named by {where}: withheld until released through the driver or cleared by the operator"
+                )
+        if self.allocating:
+            for dev in ids if ids is not None else self.ledger.held_devices():
+                if any(r.releasing and r.id in self.allocating for r in self.ledger.holders(dev)):
+                    busy.setdefault(dev, "an earlier allocate of it timed out and has not returned yet")
+        return busy
 
     async def _settle(self, requested: Sequence[str]) -> bool:
         """Finish every earlier tenancy of ``requested`` that is not reused by this Allocate; False when there was
@@ -368,6 +452,8 @@ class DeviceLifecycle:
                         extra={"device": _ids(record.all_devices())},
                     )
                     continue
+                if not record.pending:  # an Allocate that never answered: no container ever had its devices
+                    await self._previous_tenant_gone(record)
             try:
                 await self._release_locked(record, reason)
             except DriverError as exc:
@@ -377,6 +463,39 @@ class DeviceLifecycle:
                     f"releasing the previous allocation failed ({exc}); nothing was allocated"
                 ) from exc
         return True
+
+    async def _previous_tenant_gone(self, record: AllocationRecord) -> None:
+        """Return once the containers of ``record``'s pod are gone; :class:`DeviceBusyError` when they still run
+        (or cannot be known gone) after ``previous_tenant_wait`` seconds.
+
+        The kubelet hands a device to the next pod as soon as it forgets the previous one, which a static pod's
+        removal or a forced deletion does while that pod's containers still run out their grace period.
+        """
+        verdict = self.exits.verdict(record)
+        if verdict.exited:
+            return
+        devices = record.all_devices()
+        keys = self._lock_keys(devices)
+        who = _tenant(record)
+        log.warning(
+            "[%s] %s: the kubelet gives them to a new pod while %s may still run (%s); waiting up to %g s for it",
+            self.resource_name,
+            _ids(devices),
+            who,
+            verdict.why,
+            self.previous_tenant_wait,
+            extra={"device": _ids(devices)},
+        )
+        self.locks.set_activity(keys, f"allocate: waiting for {who} to exit")
+        verdict = await self.exits.wait(record, self.previous_tenant_wait)
+        self.locks.set_activity(keys, "allocate")
+        if not verdict.exited:
+            raise DeviceBusyError(
+                f"{self.resource_name}: {_ids(devices)} still used by {who}: {verdict.why}; waited "
+                f"{self.previous_tenant_wait:g} s ([release] previous_tenant_wait) for its containers to exit; "
+                "nothing was allocated"
+            )
+        log.info("[%s] %s: %s is gone (%s)", self.resource_name, _ids(devices), who, verdict.why)
 
     async def _tenancy(self, record: AllocationRecord) -> tuple[bool, str]:
         """Is an Allocate of ``record``'s devices a reuse by its own pod? Returns (reuse, why)."""
@@ -438,6 +557,8 @@ class DeviceLifecycle:
                     results.append(allocation)
             except DriverError as exc:
                 hung = exc.still_running if isinstance(exc, HookTimeoutError) else None
+                if hung is not None:
+                    self._keep_busy(hung, containers[len(results)], "allocate")
                 done = len(results) if hung is not None else len(results) + 1
                 await self._undo(containers[:done], held_before)
                 self.ledger.restore(snapshot, inflight)
@@ -530,6 +651,7 @@ class DeviceLifecycle:
                 else:
                     await self.driver.deallocate(fresh, False)
             except DriverError as exc:
+                self._keep_if_hung(exc, fresh)
                 log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, _ids(fresh), exc)
 
     async def _undo_shared(self, fresh: list[str], undone: set[str]) -> None:
@@ -563,11 +685,15 @@ class DeviceLifecycle:
                     f"{self.resource_name}: PreStartContainer: " + "; ".join(problems) + "; nothing was done"
                 )
             if self.driver.capabilities.pre_start:
-                if self.sharing.is_shared(device_ids):
-                    holding = [r.id for i in device_ids for r in self.ledger.holders(i)]
-                    await self.driver.pre_start(*self.sharing.replicas(device_ids, excluding=holding))
-                else:
-                    await self.driver.pre_start(device_ids)
+                try:
+                    if self.sharing.is_shared(device_ids):
+                        holding = [r.id for i in device_ids for r in self.ledger.holders(i)]
+                        await self.driver.pre_start(*self.sharing.replicas(device_ids, excluding=holding))
+                    else:
+                        await self.driver.pre_start(device_ids)
+                except DriverError as exc:
+                    self._keep_if_hung(exc, device_ids)
+                    raise
 
     def _reported_healthy(self, device_id: str) -> bool:
         dev = self.table.reported(device_id)
@@ -591,7 +717,11 @@ class DeviceLifecycle:
                 for record in records:
                     record.mark_post_stop_begun(i for i in owed if i in record.devices)
                 await self.ledger.save(sync=True)
-                await self._post_stop(owed, retry, [r.id for r in records])
+                try:
+                    await self._post_stop(owed, retry, [r.id for r in records])
+                except DriverError as exc:
+                    self._keep_if_hung(exc, owed)
+                    raise
             for record in records:
                 record.mark_post_stopped([i for i in owed if i in record.devices])
             if records:
@@ -623,7 +753,8 @@ class DeviceLifecycle:
             try:
                 if self.driver.capabilities.deallocate:
                     await self._deallocate(held, retry)
-            except DriverError:
+            except DriverError as exc:
+                self._keep_if_hung(exc, held)
                 for record in records:
                     record.releasing = False
                 self._sync_withheld()
@@ -644,7 +775,7 @@ class DeviceLifecycle:
 
     # --- releases found by the engine (reconciler, start-up, a new tenancy)
 
-    async def release(self, record: AllocationRecord, reason: str) -> None:
+    async def release(self, record: AllocationRecord, reason: str, evidence: str | None = None) -> None:
         """Release one allocation: post-stop (the devices not yet post-stopped), then deallocate.
 
         The devices are advertised unhealthy from the first step until the
@@ -654,9 +785,9 @@ class DeviceLifecycle:
         the record releasing; the caller retries later.
         """
         async with self._hold(record.all_devices(), "release"):
-            await self._release_locked(record, reason)
+            await self._release_locked(record, reason, evidence)
 
-    async def _release_locked(self, record: AllocationRecord, reason: str) -> None:
+    async def _release_locked(self, record: AllocationRecord, reason: str, evidence: str | None = None) -> None:
         """:meth:`release`, with the devices' locks held.
 
         Each hook's intent is written to the ledger before the hook is called
@@ -696,10 +827,11 @@ class DeviceLifecycle:
         finally:
             self.locks.set_activity(self._lock_keys(owed), "release")
         self.ledger.remove(record)
-        self.release_failures.pop(record.id, None)
+        if self.release_failures.pop(record.id, None) is not None:
+            self.failures_version += 1
         self._sync_withheld()
         await self.ledger.save(sync=True)  # the release path can afford power-loss durability
-        self._released(record, owed, reason, start, retried)
+        self._released(record, owed, reason, start, retried, evidence)
 
     async def _post_stop(self, device_ids: Sequence[str], retry: bool, tenancy: Iterable[str]) -> None:
         """The driver's ``post_stop`` for one tenancy (the records ``tenancy`` names): on shared devices, the
@@ -761,15 +893,109 @@ class DeviceLifecycle:
         device_ids: tuple[str, ...],
         retry: bool,
     ) -> None:
+        """Call a release hook. One that outlives ``hook_timeout`` is waited for (the devices' locks held, the
+        devices withheld): its outcome decides the release, and no second call starts on its devices meanwhile."""
         try:
-            await call(device_ids, retry)
+            try:
+                await call(device_ids, retry)
+            except HookTimeoutError as exc:
+                if exc.still_running is None:
+                    raise
+                await self._await_overdue(hook, exc.still_running, device_ids)
         except DriverError as exc:
-            self.release_failures[record.id] = f"{hook}: {exc}"
+            self._note_release_failure(record, hook, exc)
             await self.ledger.save()  # keep what was done (post-stopped devices) before the failure
             raise
 
+    def _note_release_failure(self, record: AllocationRecord, hook: str, exc: DriverError) -> None:
+        message = exc.reason or str(exc)
+        failure = self.release_failures.get(record.id)
+        if failure is None:
+            self.release_failures[record.id] = ReleaseFailure(hook, message)
+        else:
+            failure.attempts += 1
+            failure.hook, failure.message = hook, message
+        self.failures_version += 1
+        self._on_change()
+
+    async def _await_overdue(self, hook: str, running: asyncio.Future[Any], device_ids: Sequence[str]) -> None:
+        """Wait for a release hook running past ``hook_timeout``; its failure is raised as the hook's."""
+        keys = self._lock_keys(device_ids)
+        started = time.time()
+        what = f"{hook} running past hook_timeout ({self.driver.runner.timeout:g} s) since {time.ctime(started)}"
+        self.overdue.update(dict.fromkeys(keys, what))
+        self.locks.set_activity(keys, f"release: {what}")
+        log.warning(
+            "[%s] %s of %s did not return within hook_timeout (%g s): waiting for it; the devices stay out of "
+            "service and no other hook runs on them until it returns",
+            self.resource_name,
+            hook,
+            _ids(device_ids),
+            self.driver.runner.timeout,
+            extra={"device": _ids(device_ids)},
+        )
+        self._sync_withheld()
+        self._on_change()
+        try:
+            await self.driver.runner.outcome(hook, running)
+        finally:
+            for key in keys:
+                self.overdue.pop(key, None)
+            self._sync_withheld()
+            self._on_change()
+        log.info(
+            "[%s] %s of %s returned after %.1f s",
+            self.resource_name,
+            hook,
+            _ids(device_ids),
+            time.time() - started,
+            extra={"device": _ids(device_ids)},
+        )
+
+    def _keep_if_hung(self, exc: DriverError, device_ids: Sequence[str]) -> None:
+        """After a hook on ``device_ids`` failed: if it outlived ``hook_timeout`` and still runs, keep the devices
+        busy until it returns (:meth:`_keep_busy`)."""
+        if isinstance(exc, HookTimeoutError) and exc.still_running is not None:
+            self._keep_busy(exc.still_running, device_ids, exc.hook or "a hook")
+
+    def _keep_busy(self, running: asyncio.Future[Any], device_ids: Sequence[str], hook: str) -> None:
+        """A hook on ``device_ids`` outlived ``hook_timeout`` and still runs: their locks stay held (no other hook
+        touches them) and they are advertised unhealthy until it returns; the resource's other devices go on."""
+        if running.done():
+            return
+        keys = self._lock_keys(device_ids)
+        self.locks.keep_until(
+            keys, running, f"{hook} running past hook_timeout ({self.driver.runner.timeout:g} s) since {time.ctime()}"
+        )
+        self._sync_withheld()
+        self._on_change()
+        log.warning(
+            "[%s] %s of %s did not return within hook_timeout (%g s): the devices stay out of service until it "
+            "returns; the other devices go on",
+            self.resource_name,
+            hook,
+            _ids(device_ids),
+            self.driver.runner.timeout,
+            extra={"device": _ids(device_ids)},
+        )
+
+    def _kept_released(self, keys: list[str]) -> None:
+        """A hook abandoned at its timeout returned: its devices are back (unless released meanwhile)."""
+        log.info(
+            "[%s] the hook abandoned on %s returned: the devices are in service again", self.resource_name, _ids(keys)
+        )
+        self._sync_withheld()
+        self._on_change()
+        self._on_allocated()  # wakes the reconciler: a release of them may be due
+
     def _released(
-        self, record: AllocationRecord, devices: tuple[str, ...], reason: str, start: float, retry: bool
+        self,
+        record: AllocationRecord,
+        devices: tuple[str, ...],
+        reason: str,
+        start: float,
+        retry: bool,
+        evidence: str | None = None,
     ) -> None:
         release = Release(
             record_id=record.id,
@@ -779,20 +1005,29 @@ class DeviceLifecycle:
             finished_at=time.time(),
             duration_s=time.monotonic() - start,
             retry=retry,
+            evidence=evidence,
         )
         self.recent_releases.append(release)
         self.observer.released(release.duration_s)
         log.info(
-            "[%s] released %s (%s)%s",
+            "[%s] released %s (%s)%s%s",
             self.resource_name,
             _ids(devices),
             reason,
-            "; hooks called again after a restart (retry)" if retry else "",
+            f"; {evidence}" if evidence else "",
+            "; hooks called with retry=True (an earlier call may have done part of the work)" if retry else "",
             extra={"device": _ids(devices)},
         )
 
     def _sync_withheld(self) -> None:
-        self.table.set_withheld(self.ledger.releasing_devices())
+        """Advertise unhealthy the devices being released, those a hook still running keeps busy, and those a
+        quarantined ledger record names."""
+        withheld = self.ledger.releasing_devices()
+        busy = [*self.locks.kept(), *self.overdue]
+        for phys in busy:
+            withheld.update(self.table.all_replica_ids(phys))
+        withheld.update(self.ledger.quarantined_devices())
+        self.table.set_withheld(withheld)
 
 
 class _HeldDevices:

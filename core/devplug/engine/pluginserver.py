@@ -27,7 +27,6 @@ from devplug.engine.asynctools import Backoff, wait_any
 from devplug.engine.registration_client import API_VERSION, register
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.servicer import DevicePluginService, StreamObserver
-from devplug.errors import DriverError
 
 __all__ = ["PluginServer"]
 
@@ -46,7 +45,6 @@ class PluginServer:
         make_service: Callable[[StreamObserver], DevicePluginService],
         status: ResourceStatus,
         on_change: Callable[[], None],
-        note_hook_failure: Callable[[DriverError], None],
     ) -> None:
         self.name = name
         self.kubelet = kubelet
@@ -56,7 +54,6 @@ class PluginServer:
         self._make_service = make_service
         self.status = status
         self._on_change = on_change
-        self._note_hook_failure = note_hook_failure
         self.stopping = False
         self._restart = asyncio.Event()
         self._restart_reason = ""
@@ -265,9 +262,6 @@ class PluginServer:
             self.trigger_reregister("the kubelet ended the ListAndWatch stream")
         else:
             log.debug("[%s] ListAndWatch stream %d of another client ended; not a kubelet restart", self.name, stream)
-
-    def note_hook_failure(self, exc: DriverError) -> None:
-        self._note_hook_failure(exc)
 
     # --- shutdown
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from devplug.api.convert import options_to_pb
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.config import CdiConfig, KubeletConfig, ResourceConfig
+from devplug.config import CdiConfig, KubeletConfig, ReleaseConfig, ResourceConfig
 from devplug.drivers import DriverCapabilities, DriverHooks
 from devplug.engine.asynctools import Backoff
 from devplug.engine.cdi import AllocationAnswers, CdiSpecs
@@ -33,6 +33,7 @@ from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.servicer import DevicePluginService, StreamObserver
 from devplug.engine.sharing import DeviceShare
 from devplug.engine.statedir import prepare_resource_dir
+from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import DriverError, StateError
 from devplug.resource_names import resource_state_dir, socket_file_name
 
@@ -64,6 +65,9 @@ class Resource:
         on_allocated: Callable[[], None] = lambda: None,
         observer: ResourceObserver = NULL_OBSERVER,
         cdi: CdiConfig | None = None,
+        *,
+        exits: ExitEvidence,
+        previous_tenant_wait: float = ReleaseConfig.previous_tenant_wait,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -74,6 +78,8 @@ class Resource:
         self.state_dir = resource_state_dir(state_dir, self.name)
         self.driver_state_dir = self.state_dir / "driver"
         self.checkpoint = checkpoint
+        self.exits = exits
+        self._previous_tenant_wait = previous_tenant_wait
         self._on_change = on_change
         self._on_allocated = on_allocated
         self.table = DeviceTable(config.replicas)
@@ -180,6 +186,9 @@ class Resource:
                 self._on_allocated,
                 AllocationAnswers(self.name, self.table, host.driver, self.cdi),
                 self.observer,
+                exits=self.exits,
+                previous_tenant_wait=self._previous_tenant_wait,
+                on_change=self._on_change,
                 fail_requests_greater_than_one=self.config.fail_requests_greater_than_one,
             )
             if self.ledger.lost:
@@ -200,7 +209,6 @@ class Resource:
                 make_service,
                 self.status,
                 self._on_change,
-                host.note_hook_failure,
             )
         except BaseException:
             await host.stop()
@@ -252,10 +260,11 @@ class Resource:
         if self.server is not None:
             self.server.on_plugin_dir_changed(names)
 
-    def note_hook_failure(self, exc: DriverError) -> None:
-        """A hook failed outside a kubelet call (a release): a hang degrades the resource."""
-        if self.host is not None:
-            self.host.note_hook_failure(exc)
+    def set_previous_tenant_wait(self, seconds: float) -> None:
+        """``[release] previous_tenant_wait`` changed (a reload)."""
+        self._previous_tenant_wait = seconds
+        if self.lifecycle is not None:
+            self.lifecycle.previous_tenant_wait = seconds
 
     def retire(self, reason: str) -> None:
         """Removed from the config: advertise no devices and take no new allocation, but keep serving the

@@ -2,8 +2,10 @@
 
 This module is the only place where the engine's errors become gRPC status
 codes: a request naming unknown, unhealthy or duplicate devices gets
-INVALID_ARGUMENT, a driver that fails gets INTERNAL (DEADLINE_EXCEEDED for a
-hook timeout), both with the message. Device IDs no kubelet could send (not a
+INVALID_ARGUMENT, one for devices still in use or busy (the previous tenant's
+containers still run, a hook on them has not returned) FAILED_PRECONDITION, a
+driver that fails gets INTERNAL (DEADLINE_EXCEEDED for a hook timeout), each
+with the message. Device IDs no kubelet could send (not a
 valid :class:`~devplug.types.Device` ID: control characters, whitespace, too
 long) are refused before anything else looks at the request. Messages and log
 lines repeat request data escaped and bounded (:mod:`devplug.logsafe`).
@@ -27,7 +29,14 @@ from devplug.api.convert import encode_allocate_response
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.errors import DevplugError, DriverError, HookTimeoutError, RequestError, StateWriteError
+from devplug.errors import (
+    DeviceBusyError,
+    DevplugError,
+    DriverError,
+    HookTimeoutError,
+    RequestError,
+    StateWriteError,
+)
 from devplug.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
@@ -50,8 +59,6 @@ class StreamObserver(Protocol):
 
     def stream_closed(self, stream: int, by_peer: bool) -> None:
         """Stream ``stream`` ended: by its client (``by_peer``), or because devplug ended it."""
-
-    def note_hook_failure(self, exc: DriverError) -> None: ...
 
 
 def _identity(data: bytes) -> bytes:
@@ -148,16 +155,17 @@ class DevicePluginService:
         async def call(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
             try:
                 return await method(request)
+            except DeviceBusyError as exc:
+                log.warning("[%s] %s refused: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, bounded(str(exc)))
             except RequestError as exc:
                 log.warning("[%s] %s refused: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(str(exc)))
             except HookTimeoutError as exc:
                 log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
-                self.observer.note_hook_failure(exc)
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, bounded(str(exc)))
             except DriverError as exc:
                 log.error("[%s] %s failed: %s", self.lifecycle.resource_name, name, bounded(str(exc)))
-                self.observer.note_hook_failure(exc)
                 await context.abort(grpc.StatusCode.INTERNAL, bounded(str(exc)))
             except StateWriteError as exc:
                 log.error("[%s] %s refused: %s", self.lifecycle.resource_name, name, exc)

@@ -132,16 +132,18 @@ async def _resource_status(resource: Resource, cache: dict[str, _CachedEntry]) -
                 "finished_at": r.finished_at,
                 "duration_s": round(r.duration_s, 4),
                 "retry": r.retry,
+                "evidence": r.evidence,
             }
             for r in list(resource.lifecycle.recent_releases)[-10:]
         ]
         failures = {
-            ", ".join(record.all_devices()): resource.lifecycle.release_failures[record.id]
+            ", ".join(record.all_devices()): resource.lifecycle.release_failures[record.id].describe()
             for record in records
             if record.id in resource.lifecycle.release_failures
         }
+        busy = resource.lifecycle.busy_devices()
     else:
-        failures = {}
+        failures, busy = {}, {}
     return {
         "name": resource.name,
         "driver": resource.config.driver,
@@ -163,6 +165,7 @@ async def _resource_status(resource: Resource, cache: dict[str, _CachedEntry]) -
         "devices": devices,
         "recent_releases": releases,
         "release_failures": failures,
+        "busy_devices": busy,
         "state_error": resource.state_error,
         "driver_status": resource.published.data,
         **({"sharing": sharing} if (sharing := _sharing_status(resource)) is not None else {}),
@@ -183,7 +186,9 @@ def _version(resource: Resource) -> tuple[object, ...]:
         resource.status.registrations,
         resource.ledger.write_error,
         len(resource.ledger.quarantined),
-        None if lifecycle is None else (len(lifecycle.recent_releases), tuple(lifecycle.release_failures)),
+        None
+        if lifecycle is None
+        else (len(lifecycle.recent_releases), lifecycle.failures_version, tuple(lifecycle.busy_devices())),
         resource.hooks is not None,
         resource.published.version,
     )

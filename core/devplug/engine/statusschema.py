@@ -39,6 +39,7 @@ _RELEASE = {
     "finished_at?": _Optional(Number),
     "duration_s": Number,
     "retry?": bool,
+    "evidence?": _Optional(str),
 }
 _QUARANTINED = {"index?": int, "reason?": str, "devices?": [str]}
 _DEVICE = {
@@ -81,6 +82,7 @@ _RESOURCE = {
     "devices?": [_DEVICE],
     "recent_releases?": [_RELEASE],
     "release_failures?": _Map(str),
+    "busy_devices?": _Map(str),
     "quarantined_records?": [_QUARANTINED],
     "state_error?": _Optional(str),
     "driver_status?": _Optional({}),
@@ -101,6 +103,25 @@ _STATUS = {
             "last_error?": _Optional(str),
             "checkpoint_problem?": _Optional(str),
             "resource_errors?": _Map(str),
+            "liveness?": _Optional(
+                {
+                    "state?": str,
+                    "driver?": _Optional(str),
+                    "kubepods?": _Optional(str),
+                    "problem?": _Optional(str),
+                    "required?": bool,
+                }
+            ),
+            "awaiting_exit?": [
+                {
+                    "resource?": str,
+                    "devices?": [str],
+                    "pod?": _Optional(str),
+                    "pod_uid?": _Optional(str),
+                    "since?": _Optional(Number),
+                    "why?": str,
+                }
+            ],
         }
     ),
     "reload?": _Optional(

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from devplug.devkubelet.daemonconfig import no_containers_liveness
 from devplug.tomlwrite import dumps_toml, write_toml
 
 __all__ = ["dev_config", "dumps_toml", "write_toml"]
@@ -17,13 +18,20 @@ def dev_config(
     *,
     release_interval: float = 0.2,
     grace_period: float = 2.0,
+    max_retry_interval: float = 2.0,
+    release: Mapping[str, Any] | None = None,
+    liveness: Mapping[str, Any] | None = None,
     shutdown_timeout: float | None = None,
     metrics: Mapping[str, Any] | None = None,
     cdi: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A config whose kubelet folders and state dir all live under ``root`` (the dev kubelet's layout).
 
-    ``metrics`` and ``cdi`` are the ``[metrics]`` and ``[cdi]`` tables, when given.
+    ``release`` adds keys to the ``[release]`` table (``previous_tenant_wait``, ...); ``metrics`` and ``cdi`` are
+    the ``[metrics]`` and ``[cdi]`` tables, when given. ``liveness`` is the ``[liveness]`` table: give the dev
+    kubelet's (:meth:`~devplug.devkubelet.DevKubelet.liveness_config`) when it runs containers in cgroups; by
+    default there are none to read (:func:`~devplug.devkubelet.daemonconfig.no_containers_liveness`). Failing
+    releases back off to at most ``max_retry_interval`` seconds (short, so tests of recovery need not wait a minute).
     """
     config: dict[str, Any] = {
         "kubelet": {
@@ -31,8 +39,14 @@ def dev_config(
             "pod_resources_socket": str(root / "pod-resources" / "kubelet.sock"),
         },
         "state": {"dir": str(root / "state")},
-        "release": {"interval": release_interval, "grace_period": grace_period},
+        "release": {
+            "interval": release_interval,
+            "grace_period": grace_period,
+            "max_retry_interval": max_retry_interval,
+            **(release or {}),
+        },
     }
+    config["liveness"] = dict(liveness) if liveness is not None else no_containers_liveness(root)
     if shutdown_timeout is not None:
         config["shutdown"] = {"timeout": shutdown_timeout}
     if metrics is not None:

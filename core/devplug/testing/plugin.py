@@ -151,6 +151,14 @@ def dev_kubelet(devplug_root: Path) -> Iterator[DevKubeletThread]:
 DaemonFactory = Callable[..., RunningDaemon]
 
 
+def _liveness_table(kubelet: DevKubeletThread) -> dict[str, Any] | None:
+    """The ``[liveness]`` table for a daemon serving ``kubelet``: where its containers' cgroups are (None: it runs
+    no container processes, see :func:`~devplug.testing.configs.dev_config`)."""
+    describe = getattr(kubelet, "liveness_config", None)
+    table = describe() if describe is not None else None
+    return dict(table) if table else None
+
+
 def _check_drivers_installed(resources: Mapping[str, Mapping[str, Any]], extra_path: Sequence[Path]) -> None:
     """Fail the test at once (not after the registration timeout) when a resource names a driver
     the child process would not find."""
@@ -199,6 +207,7 @@ def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterato
                 table.setdefault("hook_timeout", hook_timeout)
         env = entry_point_env(devplug_root / "test-drivers", test_drivers or {}, python_path)
         _check_drivers_installed(tables, [devplug_root / "test-drivers"] if env else [])
+        config_options.setdefault("liveness", _liveness_table(dev_kubelet))
         config = dev_config(devplug_root, tables, **config_options)
         path = write_toml(devplug_root / f"devplug-{len(started)}.toml", config)
         process = DaemonProcess(path, devplug_root / f"daemon-{len(started)}.log", env=env)
