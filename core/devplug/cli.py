@@ -215,3 +215,94 @@ def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> N
         click.echo(format_status(data))
     if not data.get("running"):
         sys.exit(EXIT_STATE)
+
+
+@main.group()
+def quarantine() -> None:
+    """Quarantined ledger records: their devices are withheld until released through the driver."""
+
+
+def _quarantine_targets(config_path: Path, resource: str | None) -> tuple[Path, list[str]]:
+    from devplug.config import load_config
+    from devplug.errors import ConfigError
+
+    config = load_config(config_path)
+    names = [rc.name for rc in config.resources]
+    if resource is not None:
+        if resource not in names:
+            raise ConfigError(f"{config_path}: no resource {resource!r} (configured: {', '.join(names)})")
+        names = [resource]
+    return config.state.dir, names
+
+
+@quarantine.command("list")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), required=True, help="The TOML config.")
+@click.option("--resource", help="Only this resource.")
+def quarantine_list(config_path: Path, resource: str | None) -> None:
+    """List the quarantined ledger records (key, devices, why), as the ledgers on disk hold them."""
+    from devplug.engine.quarantine import read_quarantined
+
+    try:
+        state_dir, names = _quarantine_targets(config_path, resource)
+        found = [(name, bad) for name in names for bad in read_quarantined(state_dir, name)]
+    except DevplugError as exc:
+        _fail(exc)
+    if not found:
+        click.echo("no quarantined ledger records")
+    for name, bad in found:
+        click.echo(f"{name}  key {bad.key}  devices {', '.join(bad.devices()) or '-'}: {bad.reason}")
+
+
+@quarantine.command("clear")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), required=True, help="The TOML config.")
+@click.option("--resource", help="Only this resource.")
+@click.option("--all", "clear_all", is_flag=True, help="Every quarantined record (of --resource, or of all).")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for a running daemon.")
+@click.argument("keys", nargs=-1)
+def quarantine_clear(
+    config_path: Path, resource: str | None, clear_all: bool, timeout: float, keys: tuple[str, ...]
+) -> None:
+    """Drop quarantined ledger records (by KEY, from `devplug quarantine list`) without calling the driver: their
+    devices go back into service as they are. Only when you know they are clean.
+
+    A running daemon takes the request at its next release pass; with none running, the ledger is changed here.
+    Exits 3 when a running daemon did not take it within --timeout.
+    """
+    import time as clock
+
+    from devplug.engine.ledger import Ledger
+    from devplug.engine.lock import StateLock
+    from devplug.engine.quarantine import clear_offline, write_clear_request
+    from devplug.errors import AlreadyRunningError, ConfigError, StateError
+    from devplug.resource_names import resource_state_dir
+
+    try:
+        if not keys and not clear_all:
+            raise ConfigError("name the records to clear (their keys, from `devplug quarantine list`), or --all")
+        state_dir, names = _quarantine_targets(config_path, resource)
+        wanted = None if clear_all else list(keys)
+        lock = StateLock(state_dir)
+        try:
+            lock.acquire()
+        except AlreadyRunningError:
+            requests = [write_clear_request(state_dir, name, wanted) for name in names]
+            deadline = clock.monotonic() + timeout
+            while any(r.exists() for r in requests):
+                if clock.monotonic() > deadline:
+                    raise StateError(
+                        f"the running daemon did not take the request within {timeout:g} s (it does at its next "
+                        "release pass, while PodResources answers); the request stays: "
+                        + ", ".join(str(r) for r in requests if r.exists())
+                    ) from None
+                clock.sleep(0.05)
+            click.echo("the running daemon took the request; `devplug status` shows what is left")
+            return
+        try:
+            for name in names:
+                ledger = Ledger(name, resource_state_dir(state_dir, name) / "ledger.json")
+                for bad in asyncio.run(clear_offline(ledger, wanted)):
+                    click.echo(f"{name}: cleared key {bad.key} ({', '.join(bad.devices()) or 'no devices'})")
+        finally:
+            lock.release()
+    except DevplugError as exc:
+        _fail(exc)

@@ -112,7 +112,10 @@ def format_status(data: dict[str, Any]) -> str:
             lines.append(f"  BUSY {device}: {why}")
         for bad in res.get("quarantined_records") or []:
             named = ", ".join(bad.get("devices") or []) or "no devices"
-            lines.append(f"  QUARANTINED ledger record #{bad.get('index')} ({named}): {bad.get('reason')}")
+            lines.append(
+                f"  QUARANTINED ledger record #{bad.get('index')} (key {bad.get('key', '?')}; {named}): "
+                f"{bad.get('reason')}; withheld until released through the driver, or `devplug quarantine clear`"
+            )
         published = res.get("driver_status")
         if published:
             lines.append("  driver status:")

@@ -1019,6 +1019,10 @@ class DeviceLifecycle:
             extra={"device": _ids(devices)},
         )
 
+    def withheld_changed(self) -> None:
+        """What is withheld changed outside the lifecycle (quarantined records cleared): advertise it."""
+        self._sync_withheld()
+
     def _sync_withheld(self) -> None:
         """Advertise unhealthy the devices being released, those a hook still running keeps busy, and those a
         quarantined ledger record names."""

@@ -246,6 +246,7 @@ class Reconciler:
 
     async def _reconcile_guarded(self, resource: Resource, use: DeviceUse, now: float) -> None:
         try:
+            await resource.apply_quarantine_request()
             await self._reconcile_resource(resource, use, now)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"

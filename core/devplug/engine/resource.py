@@ -29,6 +29,7 @@ from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.pluginserver import PluginServer
+from devplug.engine.quarantine import apply_clear_request
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.servicer import DevicePluginService, StreamObserver
 from devplug.engine.sharing import DeviceShare
@@ -195,7 +196,7 @@ class Resource:
                 await self._adopt_from_checkpoint()
             for dev_id in self.table.learn_replica_ids(self.ledger.held_devices()):
                 log.warning("[%s] %s is held but no longer advertised: released through its device", self.name, dev_id)
-            self.table.set_withheld(self.ledger.releasing_devices())
+            lifecycle.withheld_changed()  # devices being released, or named by a quarantined record
             options = _kubelet_options(host.driver.capabilities)
 
             def make_service(observer: StreamObserver) -> DevicePluginService:
@@ -259,6 +260,30 @@ class Resource:
         """Entries of the device-plugin folder changed (empty: unknown which)."""
         if self.server is not None:
             self.server.on_plugin_dir_changed(names)
+
+    async def apply_quarantine_request(self) -> None:
+        """Clear the quarantined ledger records an operator asked to clear (``devplug quarantine clear``)."""
+        if self.lifecycle is None:
+            return
+        try:
+            cleared = apply_clear_request(self.ledger, self.state_dir)
+        except ValueError as exc:
+            log.error("[%s] quarantine clear request %s", self.name, exc)
+            return
+        if cleared is None:
+            return
+        for bad in cleared:
+            log.warning(
+                "[%s] %s cleared by the operator: %s back in service without a release through the driver",
+                self.name,
+                bad.describe(),
+                ", ".join(bad.devices()) or "no devices",
+            )
+        if not cleared:
+            log.warning("[%s] quarantine clear request: no such quarantined record", self.name)
+        self.lifecycle.withheld_changed()
+        await self.ledger.save(sync=True)
+        self._on_change()
 
     def set_previous_tenant_wait(self, seconds: float) -> None:
         """``[release] previous_tenant_wait`` changed (a reload)."""

@@ -170,7 +170,8 @@ async def _resource_status(resource: Resource, cache: dict[str, _CachedEntry]) -
         "driver_status": resource.published.data,
         **({"sharing": sharing} if (sharing := _sharing_status(resource)) is not None else {}),
         "quarantined_records": [
-            {"index": q.index, "reason": q.reason, "devices": q.devices()} for q in resource.ledger.quarantined
+            {"index": q.index, "key": q.key, "reason": q.reason, "devices": q.devices()}
+            for q in resource.ledger.quarantined
         ],
     }
 

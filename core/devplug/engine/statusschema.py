@@ -41,7 +41,7 @@ _RELEASE = {
     "retry?": bool,
     "evidence?": _Optional(str),
 }
-_QUARANTINED = {"index?": int, "reason?": str, "devices?": [str]}
+_QUARANTINED = {"index?": int, "key?": str, "reason?": str, "devices?": [str]}
 _DEVICE = {
     "id": str,
     "health": str,
