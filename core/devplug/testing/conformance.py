@@ -34,6 +34,10 @@ implement ``list_devices``; the checks, one test each:
 * ``test_a_release_killed_midway_is_finished_after_restart`` -- ``kill -9`` while a release hook runs (made
   slow by :meth:`slow_release`; skipped when it returns False); after a restart the interrupted hook runs again,
   once, with ``retry=True``, the later ones once; the hooks are at least once, so this is exactly what is allowed;
+* ``test_a_slow_release_is_never_doubled_and_stays_on_its_device`` -- a release hook made slow
+  (:meth:`slow_release`) outlives ``hook_timeout``: no second release call starts on that device while it runs,
+  the device is advertised unhealthy meanwhile, the resource is not degraded, and the other devices keep serving
+  (another pod is admitted on them); needs two devices;
 * ``test_check_config_*`` -- ``devplug check-config`` accepts :meth:`options`, and refuses an unknown key and
   :meth:`bad_options` with exit code 2, naming the file, the resource and the key.
 
@@ -335,6 +339,49 @@ class DriverConformance:
         killed = self.release_hooks.index(hook)
         assert calls[killed].retry, f"the {hook} call after the restart must be flagged retry=True"
         assert not any(c.retry for c in calls[:killed]), "hooks finished before the kill are not retried"
+
+    def test_a_slow_release_is_never_doubled_and_stays_on_its_device(
+        self, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon], conformance_folder: Path
+    ) -> None:
+        if self.device_count < 2:
+            pytest.skip("needs two devices: one slow, one to keep serving")
+        hook_timeout = 1.0
+        daemon = devplug_daemon(
+            {self.resource: {**self.resource_table(conformance_folder), "hook_timeout": hook_timeout}},
+            release_interval=0.1,
+            grace_period=1.0,
+            test_drivers=self.test_drivers,
+            python_path=self.python_path,
+        )
+        (advertised,) = self.admit(dev_kubelet, "p", 1)
+        dev = self.physical_id(advertised)
+        if not self.slow_release(conformance_folder, dev):
+            pytest.skip(f"{type(self).__name__}.slow_release cannot make a release slow")
+        dev_kubelet.remove_pod("p")
+        poll_until(lambda: self.release_calls(conformance_folder, dev, started=True), f"a release hook of {dev}")
+
+        def unhealthy() -> bool:
+            view = dev_kubelet.resource(self.resource)
+            device = None if view is None else view.device(advertised)
+            return device is not None and not device.healthy
+
+        poll_until(unhealthy, f"{advertised} advertised unhealthy while its release runs")
+        deadline = time.monotonic() + 4 * hook_timeout  # well past hook_timeout: retries would have started
+        while time.monotonic() < deadline:
+            began = [c.hook for c in self.release_calls(conformance_folder, dev, started=True)]
+            done = [c.hook for c in self.release_calls(conformance_folder, dev)]
+            running = [h for h in self.release_hooks if began.count(h) > done.count(h)]
+            assert len(running) <= 1 and all(began.count(h) - done.count(h) <= 1 for h in running), (
+                f"two release calls on {dev} at once: started {began}, finished {done}"
+            )
+            time.sleep(0.05)
+        view = dev_kubelet.resource(self.resource)
+        assert view is not None
+        healthy = {self.physical_id(d.id) for d in view.devices if d.healthy}
+        assert dev not in healthy and len(healthy) == self.device_count - 1, "only the slow device may be out"
+        other = self.admit(dev_kubelet, "q", 1)
+        assert self.physical_id(other[0]) != dev
+        daemon.kill()  # the slow hook would outlive the test; its device's state no longer matters
 
     def test_check_config_accepts_the_options(self, conformance_folder: Path) -> None:
         _, done = self._check_config(conformance_folder, self.options(conformance_folder))

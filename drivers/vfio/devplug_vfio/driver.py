@@ -368,10 +368,20 @@ class VfioDriver:
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str]) -> None:
-        """Give the devices' groups back to their own drivers (``on-allocate``), or just free them."""
+        """Give the devices' groups back to their own drivers (``on-allocate``), or just free them.
+
+        The kernel's unbind can take long (it waits for user space to close the device): it runs outside the
+        driver's lock, so one slow group never holds up the others' hooks. The engine runs no two hooks on one
+        device at once.
+        """
         with self._lock:
             numbers = {self._records[a].group for a in device_ids if a in self._records}
-            self._free([a for a, r in self._records.items() if r.group in numbers])
+            members = [a for a, r in self._records.items() if r.group in numbers]
+            if self.options.bind == "at-start":
+                self._free(members)
+                return
+            originals = self._mark_restoring(members)
+        self._restore(originals)
 
     def _free(self, members: Sequence[str]) -> None:
         if self.options.bind == "at-start":
@@ -383,24 +393,39 @@ class VfioDriver:
 
     def _release(self, members: Sequence[str]) -> None:
         """Restore each device's own driver; records of those that failed stay ``restoring``."""
-        if not members:
-            return
+        with self._lock:
+            originals = self._mark_restoring(members)
+        self._restore(originals)
+
+    def _mark_restoring(self, members: Sequence[str]) -> dict[str, str | None]:
+        """Record (with the lock held) that ``members`` are being given back; their original drivers."""
         for address in members:
             self._records[address].phase = "restoring"
             self._records[address].allocated = False
-        self._save()
+        if members:
+            self._save()
+        return {address: self._records[address].original_driver for address in members}
+
+    def _restore(self, originals: Mapping[str, str | None]) -> None:
+        """Give each device back to its original driver (sysfs writes, without the lock), then drop the records
+        of those given back; the failures' records stay ``restoring``."""
         failures = []
-        for address in members:
+        done = []
+        for address, original in originals.items():
             if not self.bus.exists(address):
                 self._log().warning("%s vanished before it was given back to its driver", address)
-                del self._records[address]
+                done.append(address)
                 continue
             try:
-                self.bus.restore(address, self._records[address].original_driver)
+                self.bus.restore(address, original)
             except DriverError as exc:
                 failures.append(str(exc))
                 continue
-            del self._records[address]
-        self._save()
+            done.append(address)
+        if originals:
+            with self._lock:
+                for address in done:
+                    self._records.pop(address, None)
+                self._save()
         if failures:
             raise DriverError("; ".join(failures))

@@ -46,7 +46,7 @@ class TestVfioConformance(DriverConformance):
         assert len(allocation.devices) == 1 + len(device_ids)  # one group per NIC
 
     def slow_release(self, folder: Path, device_id: str) -> bool:
-        (folder / "machine" / SLOW_FILE).touch()
+        (folder / "machine" / SLOW_FILE).write_text(f"{device_id}\n")  # only its unbind waits
         return True
 
     def fast_release(self, folder: Path, device_id: str) -> None:

@@ -50,7 +50,8 @@ def open_machine(root: Path) -> PciSysfsModel:
 
 
 class SlowUnbind:
-    """A SysfsAccess whose ``unbind`` writes wait while ``flag`` exists (at most ``limit`` seconds)."""
+    """A SysfsAccess whose ``unbind`` writes wait while ``flag`` exists (at most ``limit`` seconds): those of the
+    devices the flag file names (one address per line), or of every device when it is empty."""
 
     def __init__(self, inner: SysfsAccess, flag: Path, limit: float = 300.0) -> None:
         self.inner = inner
@@ -69,11 +70,18 @@ class SlowUnbind:
         return self.inner.read_text(path)
 
     def write_text(self, path: Path, data: str) -> None:
-        if path.name == "unbind":
+        if path.name == "unbind" and self._slowed(data):
             deadline = time.monotonic() + self.limit
             while self.flag.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.inner.write_text(path, data)
+
+    def _slowed(self, address: str) -> bool:
+        try:
+            named = self.flag.read_text().split()
+        except FileNotFoundError:
+            return False
+        return not named or address.strip() in named
 
     def exists(self, path: Path) -> bool:
         return self.inner.exists(path)
