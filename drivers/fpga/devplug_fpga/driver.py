@@ -213,10 +213,11 @@ class FpgaDriver:
         store = self._state()
 
         def record(pid: int, program: str) -> None:
-            current = store.records.get(device)
-            if current is not None:
-                store.records[device] = replace(current, pid=pid, program=program)
-                store.save()
+            with self._lock:
+                current = store.records.get(device)
+                if current is not None:
+                    store.records[device] = replace(current, pid=pid, program=program)
+                    store.save()
 
         return record
 
@@ -247,19 +248,23 @@ class FpgaDriver:
             if conflicts:
                 raise DriverError("; ".join(conflicts))
             fresh = [t for t in wanted if store.phase(t.id) in (None, "clean")]
-            if self.options.default_image is not None and fresh:
-                self._program_default(fresh)
+            programming = self.options.default_image is not None and bool(fresh)
+            if programming:  # overlapping devices see the phase and are refused meanwhile
+                store.set([t.id for t in fresh], "programming")
+        if programming:
+            self._program_default(fresh)  # the vendor tool, without the lock: other devices' hooks go on
+        with self._lock:
             store.set([t.id for t in fresh], "allocated")
             self._restore_power({t.card.address for t in wanted})
             self._push()
             return self._allocation(wanted)
 
     def _program_default(self, fresh: list[Target]) -> None:
-        """Load the default image into every region of ``fresh``; on failure deprogram them all and raise."""
+        """Load the default image into every region of ``fresh`` (their phase already ``programming``); on failure
+        deprogram them all and raise. Runs without the lock."""
         store = self._state()
         image = self.options.default_image
         assert image is not None
-        store.set([t.id for t in fresh], "programming")
         try:
             for target in fresh:
                 for region in target.regions:
@@ -267,7 +272,8 @@ class FpgaDriver:
                         target.card, region, image, self.options.default_afu_id, self._recorder(target.id)
                     )
         except FpgaError as exc:
-            store.set([t.id for t in fresh], "programming")  # the tool is done: forget its PID
+            with self._lock:
+                store.set([t.id for t in fresh], "programming")  # the tool is done: forget its PID
             self._log().error("programming %s failed: %s%s", image, exc, _shown(exc.output))
             undone = []
             for target in fresh:
@@ -276,7 +282,8 @@ class FpgaDriver:
                 except FpgaError as again:
                     undone.append(str(again))
                     continue
-                store.drop([target.id])
+                with self._lock:
+                    store.drop([target.id])
             if undone:
                 raise DriverError(f"programming the default image failed: {exc}; " + "; ".join(undone)) from exc
             raise DriverError(f"programming the default image failed (the devices were deprogrammed): {exc}") from exc
@@ -303,30 +310,34 @@ class FpgaDriver:
         """Deprogram and verify ``target``, exactly once: a clean record is never redone; failures quarantine.
 
         ``retry`` (the engine calling again after a crash or a failure) only changes what is logged: the
-        driver's own record says what was done.
+        driver's own record says what was done. The vendor tool runs without the driver's lock, so a slow
+        deprogram of one device never holds up the other devices' hooks (the engine runs no two hooks on one
+        device at once; overlapping devices see the ``deprogramming`` phase and are refused meanwhile).
         """
         store = self._state()
-        quarantined = store.quarantined()
-        if target.id in quarantined:
-            raise FpgaError(
-                f"{target.id} is out of service: {quarantined[target.id]}; once the card is fixed, clear it: "
-                f"rm {store.marker(target.id)}"
-            )
-        phase = store.phase(target.id)
-        if phase == "clean":
-            if retry:
-                self._log().info("%s was deprogrammed and verified before; not again", target.id)
-            return
-        if phase == "deprogramming":
-            self._log().info("%s: finishing a deprogram that was cut short", target.id, extra={"device": target.id})
-        store.set([target.id], "deprogramming")
+        with self._lock:
+            quarantined = store.quarantined()
+            if target.id in quarantined:
+                raise FpgaError(
+                    f"{target.id} is out of service: {quarantined[target.id]}; once the card is fixed, clear it: "
+                    f"rm {store.marker(target.id)}"
+                )
+            phase = store.phase(target.id)
+            if phase == "clean":
+                if retry:
+                    self._log().info("%s was deprogrammed and verified before; not again", target.id)
+                return
+            if phase == "deprogramming":
+                self._log().info("%s: finishing a deprogram that was cut short", target.id, extra={"device": target.id})
+            store.set([target.id], "deprogramming")
         try:
             for region in target.regions:
                 self.backend.deprogram(target.card, region, self._recorder(target.id))
                 self.backend.verify(target.card, region, self._recorder(target.id))
         except FpgaError as exc:
-            store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
-            marker = store.quarantine(target.id, str(exc), exc.output)
+            with self._lock:
+                store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
+                marker = store.quarantine(target.id, str(exc), exc.output)
             self._log().error(
                 "%s failed to deprogram; out of service until %s is deleted: %s%s",
                 target.id,
@@ -340,43 +351,46 @@ class FpgaDriver:
                 f"rm {marker}",
                 exc.output,
             ) from exc
-        store.set([target.id], "clean")
+        with self._lock:
+            store.set([target.id], "clean")
         self._log().info("%s deprogrammed and verified", target.id, extra={"device": target.id})
 
     @hookimpl
     def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
         """Deprogram, then verify, each device; on a retry, devices already clean are left alone."""
         with self._lock:
-            failures = []
-            for target in self._targets_of(device_ids):
-                try:
-                    self._clean(target, retry)
-                except FpgaError as exc:
-                    failures.append(str(exc))
+            wanted = self._targets_of(device_ids)
+        failures = []
+        for target in wanted:
+            try:
+                self._clean(target, retry)
+            except FpgaError as exc:
+                failures.append(str(exc))
+        with self._lock:
             self._push()
-            if failures:
-                raise DriverError("; ".join(failures))
+        if failures:
+            raise DriverError("; ".join(failures))
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
         """Free the devices (deprogramming any never cleaned), then save power on cards left wholly free."""
+        store = self._state()
         with self._lock:
-            store = self._state()
-            failures = []
-            for target in self._targets_of(device_ids):
-                phase = store.phase(target.id)
-                if phase is None:
-                    continue
-                try:
-                    self._clean(target, retry)
-                except FpgaError as exc:
-                    failures.append(str(exc))
-                    continue
+            wanted = [t for t in self._targets_of(device_ids) if store.phase(t.id) is not None]
+        failures = []
+        for target in wanted:
+            try:
+                self._clean(target, retry)
+            except FpgaError as exc:
+                failures.append(str(exc))
+                continue
+            with self._lock:
                 store.drop([target.id])
+        with self._lock:
             self._save_power()
             self._push()
-            if failures:
-                raise DriverError("; ".join(failures))
+        if failures:
+            raise DriverError("; ".join(failures))
 
     # --- power --------------------------------------------------------------------------------
 

@@ -221,3 +221,25 @@ def test_a_default_image_that_fails_to_load_fails_the_allocate_and_leaves_the_ca
     assert len(lab.tool.calls("deprogram", "done")) == 1
     assert lab.driver_state() == {}
     assert lab.health(CARD) == "Healthy"
+
+
+def test_a_slow_deprogram_of_one_region_holds_up_no_other_region(lab: Any) -> None:
+    """The vendor tool runs without the driver's lock (issue 23): while one region's deprogram hangs, the other
+    region is released and allocated again, and the slow one is never deprogrammed twice at once."""
+    lab.tool.behave({"deprogram:0": {"hang": True}})
+    lab.start(lab.command_options(mode="regions", regions_per_card=2), hook_timeout=1.0)
+    slow, quick = f"{CARD}-region0", f"{CARD}-region1"
+    admitted = {lab.admit("a")[0]: "a", lab.admit("b")[0]: "b"}
+    assert set(admitted) == {slow, quick}
+    lab.kubelet.remove_pod(admitted[slow])
+    lab.wait(lambda: lab.tool.calls("deprogram", "hanging"), what="the slow deprogram under way")
+    lab.kubelet.remove_pod(admitted[quick])
+    lab.wait(lambda: lab.released(quick), what=f"{quick} released while {slow}'s deprogram hangs")
+    assert lab.health(quick) == "Healthy" and lab.health(slow) == "Unhealthy"
+    assert lab.admit("c") == (quick,)  # allocated again meanwhile
+    assert len(lab.tool.calls("deprogram", "start", card=CARD)) == 2  # one per region: the slow one not redone
+    assert "driver failing" not in lab.log()
+
+    lab.tool.release("deprogram")
+    lab.wait(lambda: lab.released(slow), what=f"{slow} released once its deprogram returned")
+    assert len([c for c in lab.tool.calls("deprogram", "done") if c["args"].get("--region") == "0"]) == 1
