@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from devplug import hookspecs
-from devplug.config import _CDI, _KUBELET, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
+from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
 from devplug.drivers import HOOK_NAMES
 from devplug.engine.metrics import EngineCollector, Metrics, ResourceFigures
 
@@ -29,6 +29,7 @@ def test_every_config_key_is_documented() -> None:
         ("kubelet", _KUBELET),
         ("state", _STATE),
         ("release", _RELEASE),
+        ("liveness", _LIVENESS),
         ("shutdown", _SHUTDOWN),
         ("metrics", _METRICS),
         ("cdi", _CDI),

@@ -25,7 +25,12 @@ How hooks are called:
 * Hooks are plain (blocking) functions. The engine runs them off its event
   loop, in a thread of the resource's own, one hook at a time per driver
   instance, each under the resource's ``hook_timeout``. A hook that exceeds it
-  is abandoned (its thread left to finish) and counts as failed.
+  is abandoned by its caller (its thread left to finish, a fresh thread serving
+  the next hook, so other devices' hooks may then run beside it) and counts as
+  failed; its devices stay out of service, and no other hook is called on them,
+  until it really returns. The engine never calls two hooks on one device at
+  once; a driver may let hooks on *different* devices run concurrently (take
+  a lock only around its own shared state, not around slow device work).
 * A hook fails by raising; :class:`devplug.DriverError` carries an expected
   failure whose message reaches the kubelet and the log. Anything else is
   logged with its traceback.
@@ -316,12 +321,23 @@ def post_stop(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> Non
     then ``deallocate``. Deprogram, scrub, reset here. The devices may have
     vanished meanwhile.
 
+    Called only once no process of the pod is left on the node (its cgroup is
+    empty), or, where that cannot be read, ``[liveness] unknown_grace``
+    seconds after the pod vanished from the kubelet's view.
+
     At least once: the engine records that the hook is about to run before it
     calls it, and that it returned afterwards. A daemon killed in between (or
     a ledger rebuilt from the kubelet's state) calls it again after the restart
     with ``retry=True``; a hook must then cope with finding the work done.
     Declare ``retry`` in the signature to receive it; hooks without it are
     called the same way.
+
+    Raising (:class:`devplug.DriverError`, with a message naming the device)
+    fails the release: the devices stay out of service (advertised unhealthy,
+    never allocated), the release is retried with capped exponential backoff,
+    with ``retry=True``, until it succeeds; the message is shown in ``devplug
+    status``. A call outliving ``hook_timeout`` is waited for; its outcome
+    decides.
 
     Shared devices: called once per tenancy (each allocation of replicas),
     with that tenancy's physical devices, while other tenants may still be
@@ -349,7 +365,9 @@ def deallocate(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> No
     part-way. Unbind drivers, free shared slots, switch modes here. The
     devices may have vanished meanwhile; must be safe to call for devices
     only partly prepared. At least once, like ``post_stop``: ``retry=True``
-    when the daemon may have called it for these devices before a restart.
+    when an earlier call for these devices may have done part of the work (a
+    restart, a failed attempt). Raising keeps the devices out of service and
+    the release is retried with backoff, as for ``post_stop``.
 
     Shared devices: called with a physical device only once its last replica
     is released (after that tenancy's ``post_stop``), so a device is never
