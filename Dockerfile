@@ -1,25 +1,30 @@
 # devplug's image: the core and every driver, installed from their wheels, running `devplug run`.
 #
-#   docker build -t devplug:0.1.0 .          (or buildah bud, kaniko: any builder of Dockerfiles)
+#   docker build -t devplug:0.1.0 .          (or buildah bud, kaniko: any builder of Dockerfiles; the DaemonSet of
+#                                            deploy/ runs devplug:0.1.0)
 #
 # Without a Docker engine, `make image` builds the same layout from Debian's packages (tools/image/build.sh).
 # The DaemonSet (deploy/) mounts the config at /etc/devplug/config.toml.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# 1. The wheels, built from this tree as `make dist` builds them (PEP 517: each sdist, then its wheel).
+# 1. The wheels, built from this tree as `make dist` builds them (PEP 517: each sdist, then its wheel), and the list
+#    of what the image installs from them (tools/image/contents.py: the core with every extra for users, such as
+#    prometheus-client for [metrics], and every driver), as `make image` installs it.
 FROM ${PYTHON_IMAGE} AS wheels
 WORKDIR /src
 COPY . .
 RUN python -m pip install --no-cache-dir "build==1.2.2" \
     && python -m build --outdir /dist . \
-    && for driver in drivers/*/; do python -m build --outdir /dist "$driver"; done
+    && for driver in drivers/*/; do python -m build --outdir /dist "$driver"; done \
+    && python tools/image/contents.py requirements /dist --prefix /wheels > /dist/requirements.txt
 
 # 2. A virtual environment with the wheels and their dependencies (binary wheels: nothing is compiled).
 FROM ${PYTHON_IMAGE} AS install
-COPY --from=wheels /dist/*.whl /wheels/
+COPY --from=wheels /dist/ /wheels/
 RUN python -m venv --without-pip /opt/devplug \
-    && python -m pip --python /opt/devplug/bin/python install --no-cache-dir --only-binary=:all: /wheels/*.whl
+    && python -m pip --python /opt/devplug/bin/python install --no-cache-dir --only-binary=:all: \
+        --requirement /wheels/requirements.txt
 
 # 3. The runtime: the base image and the environment alone; no wheels, no build tools, no pip cache.
 FROM ${PYTHON_IMAGE}

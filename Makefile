@@ -47,7 +47,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 # The wheels and sdists users install (PEP 517, `python -m build`: each sdist, then its wheel built from it), the
-# core's and every driver's, into dist/; their third-party dependencies into dist/wheelhouse (from PyPI, so that
+# core's and every driver's, into dist/; their third-party dependencies, those of every extra for users included
+# (tools/image/contents.py lists the wheels with their extras), into dist/wheelhouse (from PyPI, so that
 # tests/deploy/test_wheels.py installs into a fresh venv with --no-index); dist/SOURCE-DIGEST says what they were
 # built from.
 DIST ?= dist
@@ -55,16 +56,20 @@ dist: $(STAMP)
 	rm -rf $(DIST)
 	$(BIN)/python -m build --outdir $(DIST) .
 	@set -e; for d in $(DRIVERS); do $(BIN)/python -m build --outdir $(DIST) $$d; done
-	$(BIN)/python -m pip download --quiet --dest $(DIST)/wheelhouse --find-links $(DIST) $(DIST)/*.whl
+	$(BIN)/python -m pip download --quiet --dest $(DIST)/wheelhouse --find-links $(DIST) \
+		$$($(BIN)/python tools/image/contents.py requirements $(DIST))
 	@cd $(DIST) && for w in *.whl; do rm -f wheelhouse/$$w; done  # the wheelhouse: third-party wheels only
 	$(BIN)/python tools/dist_digest.py > $(DIST)/SOURCE-DIGEST
 	@ls -1 $(DIST)
 
-# An OCI image of the daemon without a Docker engine: a Debian root filesystem (debootstrap) with the wheels of
-# `make dist` installed, packed by umoci into build/image/oci, then smoke-tested (`devplug --version` inside it).
-# Needs root and Debian's debootstrap and umoci (tools/image/build.sh installs them). Not part of `make test`.
+# An OCI image of the daemon without a Docker engine, devplug:VERSION: a Debian root filesystem (debootstrap) with
+# the wheels of `make dist` installed (every extra for users, every driver), packed by umoci into build/image/oci
+# and build/image/devplug-VERSION.oci.tar, then smoke-tested with podman: `devplug check-config` on every config
+# deploy/ renders, and the daemon of the mock overlay registering with a dev kubelet through the DaemonSet's mounts
+# (tools/image/smoke.py). Needs root; tools/image/setup.sh installs Debian's debootstrap, umoci and podman. Not
+# part of `make test`.
 image: dist
-	bash tools/image/build.sh $(DIST) build/image
+	PYTHON=$(BIN)/python bash tools/image/build.sh $(DIST) build/image
 
 # QEMU and the distribution kernel for the real-kernel suite (Debian packages, into .vm/).
 vm-assets:

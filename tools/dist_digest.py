@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: What goes into the core's and the drivers' distributions (see MANIFEST.in and each pyproject.toml).
-TOP_LEVEL = ("pyproject.toml", "MANIFEST.in", "README.md", "config.example.toml")
+TOP_LEVEL = ("pyproject.toml", "MANIFEST.in", "README.md", "config.example.toml", "LICENSE")
 TREES = ("core", "proto")
 
 

@@ -39,7 +39,7 @@ def test_the_last_stage_is_the_installed_environment_alone() -> None:
     assert copies == ["--from=install /opt/devplug /opt/devplug"], copies
     install = next(s for s in stages if s[0][1].endswith(" AS install"))
     (run,) = [a for i, a in install if i == "RUN"]
-    assert "--no-cache-dir" in run and "/wheels/*.whl" in run and "--only-binary=:all:" in run
+    assert "--no-cache-dir" in run and "--requirement /wheels/requirements.txt" in run and "--only-binary=:all:" in run
 
 
 def test_it_runs_devplug_run_on_the_config_the_daemonset_mounts() -> None:

@@ -1,14 +1,19 @@
-"""deploy/: every overlay renders with ``kubectl kustomize``, every object it renders is valid for Kubernetes
-:data:`KUBERNETES_VERSION` (kubernetes-validate's bundled schemas, strict: unknown fields are errors), and the
+"""deploy/: every overlay renders with ``kubectl kustomize``, alone and with each optional component (CDI, a
+PodMonitor, another kubelet root), every object it renders is valid for each Kubernetes version of
+:data:`KUBERNETES_VERSIONS` (kubernetes-validate's bundled schemas, strict: unknown fields are errors), and the
 DaemonSet is the one the README promises: folders of the kubelet mounted (never its sockets), the state dir on the
-host, /sys and /dev only for drivers that need them, no two daemons on a node, probes on the daemon's HTTP
-server, requests sized from ``make bench``, and a config devplug itself accepts."""
+host, of the host's /sys and /dev only the trees each driver reads or writes (derived here from its config), nodes
+chosen by a label with device taints tolerated, the runtime's seccomp filter, the namespace's Pod Security level,
+API access only for the Lease backend, no two daemons on a node, probes on the daemon's HTTP server, requests
+sized from ``make bench``, and a config devplug itself accepts."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,11 +31,27 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 
-#: The Kubernetes version the manifests are validated against (the kubelet behaviour devplug follows is v1.32's).
-KUBERNETES_VERSION = "1.32"
+#: The Kubernetes versions the manifests are validated against: the kubelet behaviour devplug follows is v1.32's,
+#: and the newest schemas kubernetes-validate bundles are 1.37's.
+KUBERNETES_VERSIONS = ("1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
 
-#: Drivers that work on the host's hardware through sysfs and device nodes, and so get the host's /sys and /dev.
-HOST_TREE_DRIVERS = frozenset({"vfio", "sriov", "fpga"})
+#: Components an operator adds in an overlay of their own (the others are parts of the shipped overlays).
+OPTIONAL_COMPONENTS = ("cdi", "podmonitor", "kubelet-root/microk8s", "kubelet-root/k0s")
+
+#: Kubelet root dirs of the kubelet-root components.
+KUBELET_ROOTS = {
+    "kubelet-root/microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+    "kubelet-root/k0s": "/var/lib/k0s/kubelet",
+}
+
+VARIANTS = [(overlay, ()) for overlay in OVERLAYS] + [
+    (overlay, (component,)) for overlay in OVERLAYS for component in OPTIONAL_COMPONENTS
+]
+
+
+def _variant_id(variant: tuple[str, tuple[str, ...]]) -> str:
+    overlay, components = variant
+    return "+".join([overlay, *components])
 
 
 def test_there_is_an_overlay_per_driver() -> None:
@@ -38,12 +59,34 @@ def test_there_is_an_overlay_per_driver() -> None:
     assert drivers == OVERLAYS
 
 
-@cache
-def _render(kubectl: str, overlay: str) -> tuple[dict[str, Any], ...]:
-    done = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)], capture_output=True, text=True, timeout=120
+def test_every_optional_component_is_tested() -> None:
+    found = sorted(
+        str(p.parent.relative_to(DEPLOY / "components")) for p in DEPLOY.glob("components/**/kustomization.yaml")
     )
-    assert done.returncode == 0, f"kubectl kustomize deploy/overlays/{overlay}: {done.stderr}"
+    used = set()
+    for overlay in OVERLAYS:
+        kustomization = yaml.safe_load((DEPLOY / "overlays" / overlay / "kustomization.yaml").read_text())
+        used |= {Path(c).relative_to("../../components").as_posix() for c in kustomization.get("components", [])}
+    assert sorted(set(found) - used) == sorted(OPTIONAL_COMPONENTS)
+
+
+@cache
+def _render(kubectl: str, overlay: str, components: tuple[str, ...] = ()) -> tuple[dict[str, Any], ...]:
+    """``kubectl kustomize`` of an overlay, with components through a kustomization of the test's own."""
+    target = DEPLOY / "overlays" / overlay
+    with tempfile.TemporaryDirectory() as folder:
+        if components:
+            relative = os.path.relpath(DEPLOY, folder)
+            kustomization = {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [f"{relative}/overlays/{overlay}"],
+                "components": [f"{relative}/components/{c}" for c in components],
+            }
+            (Path(folder) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+            target = Path(folder)
+        done = subprocess.run([kubectl, "kustomize", str(target)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"kubectl kustomize {overlay} with {components}: {done.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
 
@@ -53,8 +96,14 @@ def _one(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def _config_text(objects: tuple[dict[str, Any], ...]) -> str:
+    """The config the daemon runs on: config.toml, with the CDI component's cdi.toml appended as its command does."""
+    data = _one(objects, "ConfigMap")["data"]
+    return str(data["config.toml"]) + str(data.get("cdi.toml", ""))
+
+
 def _config(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    return tomllib.loads(_one(objects, "ConfigMap")["data"]["config.toml"])
+    return tomllib.loads(_config_text(objects))
 
 
 def _container(daemonset: dict[str, Any]) -> dict[str, Any]:
@@ -73,50 +122,68 @@ def _host_paths(daemonset: dict[str, Any]) -> dict[str, tuple[dict[str, Any], di
     return out
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_object_is_valid_for_the_named_kubernetes_version(kubectl: str, overlay: str) -> None:
-    objects = _render(kubectl, overlay)
-    kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount"]
+def _kinds(overlay: str, components: tuple[str, ...]) -> list[str]:
+    kinds = ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+    if overlay == "shared":
+        kinds += ["Role", "RoleBinding"]
+    if "podmonitor" in components:
+        kinds.append("PodMonitor")
+    return sorted(kinds)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+def test_every_object_is_valid_for_each_kubernetes_version(kubectl: str, variant: tuple[str, tuple[str, ...]]) -> None:
+    overlay, components = variant
+    objects = _render(kubectl, overlay, components)
+    assert sorted(o["kind"] for o in objects) == _kinds(overlay, components)
     for obj in objects:
-        name = f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
-        try:
-            validated = kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = ".".join(str(p) for p in exc.path)
-            pytest.fail(f"{name} is not valid for Kubernetes {KUBERNETES_VERSION}: {path}: {exc.message}")
-        except kubernetes_validate.SchemaNotFoundError as exc:
-            pytest.fail(f"{name}: {exc.message}")
-        assert validated == KUBERNETES_VERSION, name
+        name = f"{_variant_id(variant)}: {obj['kind']}/{obj['metadata']['name']}"
         if obj["kind"] != "Namespace":
             assert obj["metadata"]["namespace"] == "devplug", name
+        if obj["apiVersion"] == "monitoring.coreos.com/v1":
+            continue  # a CRD's object: no Kubernetes schema (test_the_podmonitor_scrapes_the_daemons_port)
+        for version in KUBERNETES_VERSIONS:
+            try:
+                validated = kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                pytest.fail(f"{name} is not valid for Kubernetes {version}: {path}: {exc.message}")
+            except kubernetes_validate.SchemaNotFoundError as exc:
+                pytest.fail(f"{name}: {exc.message}")
+            assert validated == version, name
 
 
-def test_the_validation_catches_a_mistake() -> None:
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_validation_catches_a_mistake(version: str) -> None:
     """The check above can fail: a DaemonSet with a misspelt field and one with a wrong type are refused."""
     daemonset = yaml.safe_load((DEPLOY / "base" / "daemonset.yaml").read_text())
     daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurgee"] = 0
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(daemonset, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(daemonset, version, strict=True)
     daemonset = yaml.safe_load((DEPLOY / "base" / "daemonset.yaml").read_text())
     daemonset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "thirty"
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(daemonset, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(daemonset, version, strict=True)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_kubelet_folders_are_mounted_never_its_sockets(kubectl: str, overlay: str) -> None:
-    objects = _render(kubectl, overlay)
+@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+def test_the_kubelet_folders_are_mounted_never_its_sockets(kubectl: str, variant: tuple[str, tuple[str, ...]]) -> None:
+    overlay, components = variant
+    objects = _render(kubectl, overlay, components)
     daemonset, config = _one(objects, "DaemonSet"), _config(objects)
-    host = _host_paths(daemonset)
+    mounts = {m["mountPath"]: m for m in _container(daemonset)["volumeMounts"]}
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    kubelet_root = next((KUBELET_ROOTS[c] for c in components if c in KUBELET_ROOTS), "/var/lib/kubelet")
     plugin_dir = config["kubelet"]["device_plugin_dir"]
     pod_resources_dir = str(Path(config["kubelet"]["pod_resources_socket"]).parent)
     for folder in (plugin_dir, pod_resources_dir):
-        assert folder in host, f"{overlay}: {folder} is not mounted from the host"
-        volume, mount = host[folder]
+        assert folder in mounts, f"{overlay}: nothing is mounted at {folder}"
+        volume = volumes[mounts[folder]["name"]]["hostPath"]
         assert volume.get("type") == "Directory", f"{overlay}: {folder} must be mounted as a folder: {volume}"
-        assert mount["mountPath"] == folder, f"{overlay}: {folder} is mounted at {mount['mountPath']}"
-    assert not host[plugin_dir][1].get("readOnly"), "the daemon creates its sockets in the device-plugins folder"
+        # The container sees the kubelet's folder where config.toml says; the host's is under the kubelet's root.
+        assert volume["path"] == folder.replace("/var/lib/kubelet", kubelet_root, 1), (folder, volume)
+    assert not mounts[plugin_dir].get("readOnly"), "the daemon creates its sockets in the device-plugins folder"
+    host = _host_paths(daemonset)
     for path, (volume, mount) in host.items():
         assert not path.endswith(".sock") and volume.get("type") not in ("Socket", "File", "FileOrCreate"), path
         assert not mount["mountPath"].endswith(".sock"), mount
@@ -125,26 +192,119 @@ def test_the_kubelet_folders_are_mounted_never_its_sockets(kubectl: str, overlay
     assert host[state][1]["mountPath"] == state
 
 
+def _driver_mounts(driver: str, options: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """The host trees a driver reads or writes, from reading drivers/<name>/: host path -> (mount path, read-only).
+
+    The roots are the driver's sysfs_root and dev_root options (where the container sees the host's trees)."""
+    sys_root = str(options.get("sysfs_root", "/sys"))
+    dev_root = str(options.get("dev_root", "/dev"))
+    pci = {  # devplug.pci.PciBus: bus/pci/{devices,drivers,drivers_probe}, and where devices/ links lead
+        "/sys/bus/pci": (f"{sys_root}/bus/pci", False),
+        "/sys/devices": (f"{sys_root}/devices", False),
+    }
+    vfio_nodes = {  # PciBus.groups_dir and vfio_dir: group members; /dev/vfio/<group> appearing after a bind
+        "/sys/kernel/iommu_groups": (f"{sys_root}/kernel/iommu_groups", True),
+        "/dev/vfio": (f"{dev_root}/vfio", True),
+    }
+    if driver == "vfio":
+        return pci | vfio_nodes
+    if driver == "sriov":
+        return pci | (vfio_nodes if options.get("vf_driver") == "vfio-pci" else {})
+    if driver == "fpga":  # devplug_fpga.dfl: class/fpga_region, bus/platform/devices, hwmon, the DFL nodes
+        mounts = {
+            "/sys/class/fpga_region": (f"{sys_root}/class/fpga_region", True),
+            "/sys/bus/platform/devices": (f"{sys_root}/bus/platform/devices", True),
+            "/sys/devices": (f"{sys_root}/devices", "power_save_watts" not in options),
+            "/dev": (dev_root, True),
+        }
+        for key in ("blank_image", "default_image"):
+            if key in options:
+                folder = str(Path(options[key]).parent)
+                mounts[folder] = (folder, True)
+        return mounts
+    return {}  # mock (files in the pod), shared (the network and the API server)
+
+
+def _needed_mounts(config: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    kubelet = config["kubelet"]
+    plugin_dir = kubelet["device_plugin_dir"]
+    pod_resources = str(Path(kubelet["pod_resources_socket"]).parent)
+    needed = {
+        plugin_dir: (plugin_dir, False),
+        pod_resources: (pod_resources, True),
+        config["state"]["dir"]: (config["state"]["dir"], False),
+    }
+    if config.get("cdi", {}).get("enabled"):
+        spec_dir = config["cdi"].get("spec_dir", "/var/run/cdi")
+        needed[spec_dir] = (spec_dir, False)
+    for table in config["resources"].values():
+        for host, (target, read_only) in _driver_mounts(table["driver"], table.get("options", {})).items():
+            # Read-write wins where two drivers share a tree.
+            needed[host] = (target, read_only and needed.get(host, (target, True))[1])
+    return needed
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_sys_and_dev_only_for_drivers_that_need_them(kubectl: str, overlay: str) -> None:
+def test_host_mounts_are_the_trees_the_driver_needs_and_no_more(kubectl: str, overlay: str) -> None:
+    for components in ((), ("cdi",)):
+        objects = _render(kubectl, overlay, components)
+        host = _host_paths(_one(objects, "DaemonSet"))
+        mounted = {path: (mount["mountPath"], bool(mount.get("readOnly"))) for path, (_, mount) in host.items()}
+        assert mounted == _needed_mounts(_config(objects)), f"{overlay} with {components}"
+
+
+def test_the_mount_check_sees_a_missing_or_extra_tree() -> None:
+    """The check above can fail: sriov with vfio-pci VFs needs /dev/vfio; fpga writing power1_max needs /sys rw."""
+    base = {"kubelet": {"device_plugin_dir": "/p", "pod_resources_socket": "/r/k.sock"}, "state": {"dir": "/s"}}
+    kernel_vfs = _needed_mounts({**base, "resources": {"a/b": {"driver": "sriov", "options": {}}}})
+    vfio_vfs = _needed_mounts({**base, "resources": {"a/b": {"driver": "sriov", "options": {"vf_driver": "vfio-pci"}}}})
+    assert set(vfio_vfs) - set(kernel_vfs) == {"/dev/vfio", "/sys/kernel/iommu_groups"}
+    quiet = _needed_mounts({**base, "resources": {"a/b": {"driver": "fpga", "options": {"dev_root": "/host/dev"}}}})
+    saving = {"driver": "fpga", "options": {"power_save_watts": 40}}
+    assert quiet["/sys/devices"] == ("/sys/devices", True) and quiet["/dev"] == ("/host/dev", True)
+    assert _needed_mounts({**base, "resources": {"a/b": saving}})["/sys/devices"] == ("/sys/devices", False)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_privileged_only_for_drivers_that_change_the_hosts_hardware(kubectl: str, overlay: str) -> None:
     objects = _render(kubectl, overlay)
     daemonset, config = _one(objects, "DaemonSet"), _config(objects)
     drivers = {table["driver"] for table in config["resources"].values()}
-    needs = bool(drivers & HOST_TREE_DRIVERS)
-    host = _host_paths(daemonset)
-    kernel_trees = sorted(p for p in host if p in ("/sys", "/dev") or p.startswith(("/sys/", "/dev/", "/proc")))
     security = _container(daemonset)["securityContext"]
-    if needs:
-        assert kernel_trees == ["/dev", "/sys"], f"{overlay} ({drivers}) needs the host's /sys and /dev"
-        assert host["/sys"][1]["mountPath"] == "/sys" and host["/dev"][1]["mountPath"] == "/dev"
-        assert not host["/sys"][1].get("readOnly"), "vfio, sriov and fpga write to sysfs"
-        assert security.get("privileged") is True
+    assert security["runAsUser"] == 0 and security["readOnlyRootFilesystem"] is True
+    if drivers & {"vfio", "sriov", "fpga"}:
+        assert security.get("privileged") is True, f"{overlay} ({drivers}) writes sysfs, netlink or DFL ioctls"
     else:
-        assert kernel_trees == [], f"{overlay} ({drivers}) must not mount {kernel_trees}"
         assert not security.get("privileged") and security.get("allowPrivilegeEscalation") is False
         assert security["capabilities"]["drop"] == ["ALL"]
     host_network = daemonset["spec"]["template"]["spec"].get("hostNetwork", False)
     assert host_network == ("sriov" in drivers), "only sriov needs the host's network namespace (netlink on its PFs)"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nodes_opt_in_by_label_and_device_taints_are_tolerated(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay)
+    spec = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", f"devplug/{overlay}": "true"}
+    tolerations = spec["tolerations"]
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in tolerations
+    for resource, table in _config(objects)["resources"].items():
+        advertised = table.get("rename", resource)
+        assert {"key": advertised, "operator": "Exists"} in tolerations, f"{overlay}: no toleration of {advertised}"
+    assert all(t.get("key") for t in tolerations), "a toleration without a key tolerates every taint"
+    assert len(tolerations) == 1 + len(_config(objects)["resources"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_seccomp_and_the_namespaces_pod_security_level(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay)
+    spec = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "seccompProfile" not in _container(_one(objects, "DaemonSet"))["securityContext"]
+    labels = _one(objects, "Namespace")["metadata"]["labels"]
+    # hostPath volumes (every overlay) are refused under "baseline": only "privileged" admits the DaemonSet.
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert any(v.get("hostPath") for v in spec["volumes"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -194,23 +354,105 @@ def test_resources_are_sized_from_the_bench_and_shutdown_fits_the_grace_period(k
     assert config["shutdown"]["timeout"] < grace, "SIGTERM must be allowed to finish before the kubelet kills"
 
 
+def _uses_the_lease_backend(config: dict[str, Any]) -> bool:
+    return any(
+        table["driver"] == "shared" and table.get("options", {}).get("coordination", {}).get("backend") == "kubernetes"
+        for table in config["resources"].values()
+    )
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_rbac_and_references_hold_together(kubectl: str, overlay: str) -> None:
+def test_api_access_only_where_the_lease_backend_uses_it(kubectl: str, overlay: str) -> None:
     objects = _render(kubectl, overlay)
     daemonset = _one(objects, "DaemonSet")
     spec = daemonset["spec"]["template"]["spec"]
     account = _one(objects, "ServiceAccount")
     assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    leases = _uses_the_lease_backend(_config(objects))
+    assert spec["automountServiceAccountToken"] is leases, f"{overlay}: the token only for the Lease backend"
+    roles = [o for o in objects if o["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
+    if not leases:
+        assert roles == [], f"{overlay} uses no API: no RBAC"
+        return
     binding = _one(objects, "RoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devplug", "namespace": "devplug"}]
     assert binding["roleRef"]["name"] == _one(objects, "Role")["metadata"]["name"]
     shipped = [d for d in yaml.safe_load_all((ROOT / "drivers/shared/devplug_shared/rbac.yaml").read_text())]
     (shipped_role,) = [d for d in shipped if d["kind"] == "Role"]
-    assert _one(objects, "Role")["rules"] == shipped_role["rules"], "devplug-shared's own RBAC and the base differ"
+    assert _one(objects, "Role")["rules"] == shipped_role["rules"], "devplug-shared's own RBAC and the overlay differ"
+    namespaces = {t["options"]["coordination"].get("namespace") for t in _config(objects)["resources"].values()}
+    assert namespaces == {"devplug"}, "the Leases live in the namespace the Role is in"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_references_hold_together(kubectl: str, overlay: str) -> None:
+    daemonset = _one(_render(kubectl, overlay), "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
     (config_volume,) = [v for v in spec["volumes"] if "configMap" in v]
-    assert config_volume["configMap"]["name"] == _one(objects, "ConfigMap")["metadata"]["name"]
+    assert config_volume["configMap"]["name"] == _one(_render(kubectl, overlay), "ConfigMap")["metadata"]["name"]
     selector = daemonset["spec"]["selector"]["matchLabels"]
     assert selector.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert _container(daemonset)["image"] == f"devplug:{_core_version()}", "the name make image gives the image"
+
+
+def _core_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_cdi_component_mounts_the_spec_dir_and_turns_cdi_on(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay, ("cdi",))
+    daemonset, config = _one(objects, "DaemonSet"), _config(objects)
+    assert config["cdi"] == {"enabled": True, "spec_dir": "/var/run/cdi", "fallback": True}
+    host = _host_paths(daemonset)
+    assert host["/var/run/cdi"][1]["mountPath"] == config["cdi"]["spec_dir"]
+    assert host["/var/run/cdi"][0]["type"] == "DirectoryOrCreate" and not host["/var/run/cdi"][1].get("readOnly")
+    container = _container(daemonset)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    config_dir = next(mounts[n] for n, v in volumes.items() if "configMap" in v)
+    merged = container["args"][container["args"].index("--config") + 1]
+    # The command writes the merged config into an emptyDir (the root filesystem is read-only), then runs devplug.
+    assert container["command"] == [
+        "/bin/sh",
+        "-c",
+        f'cat {config_dir}/config.toml {config_dir}/cdi.toml > {merged} && exec devplug "$@"',
+        "devplug",
+    ]
+    assert container["args"][0] == "run"
+    assert any("emptyDir" in volumes[n] and merged.startswith(p + "/") for n, p in mounts.items())
+    without = _container(_one(_render(kubectl, overlay), "DaemonSet"))
+    assert container["args"][3:] == without["args"][3:], "the same options as without CDI"
+
+
+@pytest.mark.parametrize("component", sorted(KUBELET_ROOTS))
+def test_a_kubelet_root_component_changes_only_the_host_folders(kubectl: str, component: str) -> None:
+    plain, moved = _render(kubectl, "mock"), _render(kubectl, "mock", (component,))
+    assert _config(plain) == _config(moved)
+    before, after = _host_paths(_one(plain, "DaemonSet")), _host_paths(_one(moved, "DaemonSet"))
+    assert sorted(set(before) - set(after)) == ["/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"]
+    root = KUBELET_ROOTS[component]
+    assert sorted(set(after) - set(before)) == [f"{root}/device-plugins", f"{root}/pod-resources"]
+    for folder in ("device-plugins", "pod-resources"):
+        assert after[f"{root}/{folder}"][1] == before[f"/var/lib/kubelet/{folder}"][1], "mounted where it was"
+    assert {p: v for p, v in after.items() if not p.startswith(root)} == {
+        p: v for p, v in before.items() if not p.startswith("/var/lib/kubelet")
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_podmonitor_scrapes_the_daemons_port(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay, ("podmonitor",))
+    monitor, daemonset = _one(objects, "PodMonitor"), _one(objects, "DaemonSet")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = monitor["spec"]
+    assert set(spec) == {"selector", "podMetricsEndpoints"}, "fields of PodMonitor's spec only"
+    assert spec["selector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in _container(daemonset)["ports"]}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and ports[endpoint["port"]] == _config(objects)["metrics"]["port"]
+    assert endpoint["path"] == "/metrics" and re.fullmatch(r"[0-9]+s", endpoint["interval"])
 
 
 def _check_config(path: Path) -> subprocess.CompletedProcess[str]:
@@ -219,21 +461,17 @@ def _check_config(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_devplug_accepts_the_config(kubectl: str, overlay: str, tmp_path: Path) -> None:
-    """``devplug check-config`` on the ConfigMap's config.toml, on this machine (without the nodes' hardware)."""
-    text = _one(_render(kubectl, overlay), "ConfigMap")["data"]["config.toml"]
+@pytest.mark.parametrize("variant", [(o, c) for o in OVERLAYS for c in ((), ("cdi",))], ids=_variant_id)
+def test_devplug_accepts_the_config(kubectl: str, variant: tuple[str, tuple[str, ...]], tmp_path: Path) -> None:
+    """``devplug check-config`` on the config the pod runs on, on this machine (without the nodes' hardware)."""
+    overlay, components = variant
+    text = _config_text(_render(kubectl, overlay, components))
     if overlay == "fpga":  # the bitstream comes from the node's /opt/devplug/fpga: give it one here
         (tmp_path / "blank.gbs").write_bytes(b"\0")
         text = text.replace("/opt/devplug/fpga/", f"{tmp_path}/")
     path = tmp_path / "config.toml"
     path.write_text(text)
     result = _check_config(path)
-    if f"{path}: metrics: unknown key" in result.stderr:
-        # A core without the daemon's HTTP server (the [metrics] table) refuses just that table; the rest of
-        # the config must still pass. The probes test above checks the table itself.
-        path.write_text(re.sub(r"^\[metrics\]\n(?:(?!\[).*\n)*", "", text, flags=re.M))
-        result = _check_config(path)
     if overlay == "sriov":  # its set-up checks the node: this machine has no PF ens1f0, and nothing else may fail
         assert result.returncode == 2, result.stdout + result.stderr
         assert "pfs: 'ens1f0' names no SR-IOV physical function on this node" in result.stderr

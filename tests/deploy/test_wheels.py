@@ -1,10 +1,13 @@
 """The wheels of ``make dist``, installed as a user installs them: a fresh virtual environment, no editable
 installs, no source tree on the path, nothing from the network (``--no-index`` from ``dist/`` and the wheelhouse
-``make dist`` filled with the third-party dependencies). Then ``devplug`` runs from there, in a folder outside the
-repository: its version, every driver with its version and contract, and the demo's whole lifecycle."""
+``make dist`` filled with the third-party dependencies). What is installed is what the image installs
+(``tools/image/contents.py``: the core with every extra for users, every driver), so the wheelhouse must hold every
+extra's dependencies. Then ``devplug`` runs from there, in a folder outside the repository: its version, every
+driver with its version and contract, the demo's whole lifecycle, and ``check-config`` on the deploy configs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +22,15 @@ import pytest
 from devplug import HOOK_CONTRACT
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _image_requirements(dist: Path) -> list[str]:
+    """What the image installs from ``dist`` (tools/image/contents.py)."""
+    spec = importlib.util.spec_from_file_location("devplug_image_contents", ROOT / "tools" / "image" / "contents.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.requirements(dist))
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,7 @@ def installed(dist: Any, tmp_path_factory: pytest.TempPathFactory) -> InstalledV
         str(dist.folder),
         "--find-links",
         str(dist.wheelhouse),
-        *[f"{name}=={version}" for name, version in dist.versions.items()],
+        *_image_requirements(dist.folder),
         timeout=300,
     )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
@@ -133,3 +145,22 @@ def test_each_driver_wheel_declares_the_compatible_core_range(dist: Any) -> None
             line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
         ]
         assert "devplug<0.2,>=0.1" in requires, (wheel.name, requires)
+
+
+def test_every_extra_for_users_is_installed_from_the_wheelhouse(installed: InstalledVenv) -> None:
+    """The core's extras (metrics: prometheus-client) came from the wheelhouse, offline, as in the image."""
+    imported = installed.python("import prometheus_client; print(prometheus_client.__name__)")
+    assert imported.strip() == "prometheus_client"
+
+
+@pytest.mark.parametrize("config", ["base", "shared"])
+def test_check_config_accepts_the_deploy_configs_from_the_installed_wheels(
+    installed: InstalledVenv, config: str, tmp_path: Path
+) -> None:
+    """A config of deploy/ with [metrics] on passes where only the wheels and the wheelhouse were installed."""
+    source = ROOT / "deploy" / ("base" if config == "base" else "overlays/shared") / "config.toml"
+    path = tmp_path / "config.toml"
+    path.write_text(source.read_text())
+    result = installed.run("devplug", "check-config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{path}: ok" in result.stdout

@@ -3,17 +3,23 @@
 #
 #   bash tools/image/build.sh DIST OUT
 #
-# 1. debootstrap: a minimal Debian bookworm root filesystem with python3 (3.11, the Python the wheelhouse of
+# 1. tools/image/setup.sh installs Debian's debootstrap, umoci and podman where they are missing;
+# 2. debootstrap: a minimal Debian bookworm root filesystem with python3 (3.11, the Python the wheelhouse of
 #    `make dist` was downloaded for) and python3-venv;
-# 2. a virtual environment at /opt/devplug in it, the core and every driver installed from DIST's wheels and the
-#    wheelhouse (--no-index: what `make dist` built and downloaded, nothing else); pip then removed from it;
-# 3. apt's caches and lists, docs and bytecode caches removed;
-# 4. umoci packs it as the one layer of an OCI image, OUT/oci (tag: the core's version), with the Dockerfile's
-#    entrypoint and command, and OUT/devplug-VERSION.oci.tar, the same layout as an archive;
-# 5. tools/image/smoke.sh unpacks the image again and runs `devplug --version` (and `devplug drivers`) in it.
+# 3. a virtual environment at /opt/devplug in it: the core with every extra for users (prometheus-client for
+#    [metrics]) and every driver, from DIST's wheels and the wheelhouse (--no-index: what `make dist` built and
+#    downloaded, nothing else; tools/image/contents.py lists them); pip then removed from it;
+# 4. apt's caches and lists, docs and bytecode caches removed;
+# 5. umoci packs it as the one layer of an OCI image, OUT/oci, tagged devplug:VERSION (the name `podman load`
+#    gives it, and the DaemonSet's image), with the Dockerfile's entrypoint and command, and
+#    OUT/devplug-VERSION.oci.tar, the same layout as an archive;
+# 6. tools/image/smoke.py loads that archive with podman and checks the image: its version and drivers, `devplug
+#    check-config` on every config deploy/ renders, and the daemon of the mock overlay (with the CDI component)
+#    against a dev kubelet, through the DaemonSet's own mounts.
 #
-# Needs root (debootstrap and chroot) and Debian's debootstrap and umoci, installed here with apt-get if missing.
-# DEVPLUG_DEBIAN_MIRROR overrides the Debian mirror (default http://deb.debian.org/debian).
+# Needs root (debootstrap and chroot). PYTHON (default: python3) runs the helpers and the smoke test's dev kubelet:
+# an environment with devplug installed (the Makefile passes .venv/bin/python). DEVPLUG_DEBIAN_MIRROR overrides
+# the Debian mirror (default http://deb.debian.org/debian).
 set -euo pipefail
 dist=${1:?usage: build.sh DIST OUT}
 out=${2:?usage: build.sh DIST OUT}
@@ -23,15 +29,9 @@ if [ "$(id -u)" != 0 ]; then
   echo "make image: needs root (debootstrap and chroot build the root filesystem)" >&2
   exit 1
 fi
-missing=()
-command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-command -v umoci >/dev/null 2>&1 || missing+=(umoci)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "make image: installing ${missing[*]} (Debian's packages)" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+python=${PYTHON:-python3}
+started=$SECONDS
+bash "$here/setup.sh"
 
 core_wheel=$(ls "$dist"/devplug-*-py3-none-any.whl 2>/dev/null | head -1 || true)
 if [ -z "$core_wheel" ] || [ ! -d "$dist/wheelhouse" ]; then
@@ -39,11 +39,8 @@ if [ -z "$core_wheel" ] || [ ! -d "$dist/wheelhouse" ]; then
   exit 1
 fi
 version=$(basename "$core_wheel" | sed -E 's/^devplug-([^-]+)-.*/\1/')
-distributions=()
-for wheel in "$dist"/*.whl; do
-  name=$(basename "$wheel" | sed -E 's/^([^-]+)-.*/\1/' | tr _ -)
-  distributions+=("$name==$(basename "$wheel" | sed -E 's/^[^-]+-([^-]+)-.*/\1/')")
-done
+listed=$("$python" "$here/contents.py" requirements "$dist" --prefix /tmp/wheels/dist)
+mapfile -t requirements <<<"$listed"
 
 mirror=${DEVPLUG_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -52,7 +49,8 @@ mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/devplug-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 oci="$out/oci"
-tag="$oci:$version"
+name=devplug
+tag="$oci:$name:$version"
 
 umoci init --layout "$oci"
 umoci new --image "$tag"
@@ -63,13 +61,13 @@ echo "make image: debootstrap bookworm from $mirror" >&2
 debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 \
   || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
 
-echo "make image: installing ${distributions[*]}" >&2
+echo "make image: installing ${requirements[*]#/tmp/wheels/dist/}" >&2
 mkdir -p "$rootfs/tmp/wheels/dist" "$rootfs/tmp/wheels/deps"
 cp "$dist"/*.whl "$rootfs/tmp/wheels/dist/"
 cp "$dist"/wheelhouse/*.whl "$rootfs/tmp/wheels/deps/"
 chroot "$rootfs" /usr/bin/python3 -m venv /opt/devplug
 chroot "$rootfs" /opt/devplug/bin/python -m pip --isolated --disable-pip-version-check install --quiet \
-  --no-index --no-cache-dir --find-links /tmp/wheels/dist --find-links /tmp/wheels/deps "${distributions[@]}"
+  --no-index --no-cache-dir --find-links /tmp/wheels/dist --find-links /tmp/wheels/deps "${requirements[@]}"
 chroot "$rootfs" /opt/devplug/bin/python -m pip --isolated uninstall --quiet --yes pip
 
 rm -rf "$rootfs/tmp/wheels" "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
@@ -87,7 +85,11 @@ umoci config --image "$tag" --os linux --architecture amd64 \
   --config.label "org.opencontainers.image.version=$version" \
   --config.label org.opencontainers.image.licenses=Apache-2.0
 umoci gc --layout "$oci"
-tar -C "$oci" -cf "$out/devplug-$version.oci.tar" .
+archive="$out/devplug-$version.oci.tar"
+tar -C "$oci" -cf "$archive" .
+built=$((SECONDS - started))
+echo "make image: built in ${built} s: $oci ($name:$version), $archive ($(du -h "$archive" | cut -f1))," \
+  "unpacked $(du -sh "$rootfs" | cut -f1)" >&2
 
-bash "$here/smoke.sh" "$oci" "$version"
-echo "make image: $oci (tag $version), $out/devplug-$version.oci.tar ($(du -h "$out/devplug-$version.oci.tar" | cut -f1))"
+"$python" "$here/smoke.py" "$archive" "$name:$version"
+echo "make image: $archive ($name:$version) built in ${built} s, smoke-tested in $((SECONDS - started - built)) s"

@@ -1,0 +1,403 @@
+"""The image's smoke test (run by ``make image``): the image as a node runs it, with podman.
+
+    python tools/image/smoke.py ARCHIVE REFERENCE        (e.g. build/image/devplug-0.1.0.oci.tar devplug:0.1.0)
+
+1. ``podman load`` takes the OCI archive; the DaemonSet's image (``kubectl kustomize deploy/overlays/mock``) must
+   be ``REFERENCE`` and resolve to the loaded image by that very name.
+2. ``devplug --version`` and ``devplug drivers --json`` in it: this version, every driver of ``drivers/``, none
+   broken.
+3. ``devplug check-config`` in it on the config of every overlay of ``deploy/overlays``, alone and with the CDI
+   component, as the DaemonSet runs it: the ConfigMap's files where the pod mounts them, the container's own
+   command (the CDI component assembles the config in it), the host folders the config names (the FPGA
+   bitstreams) from a stand-in node folder. Every config must pass, but for the sriov overlay's on a machine
+   without its PF ens1f0, which must fail for exactly that reason and no other.
+4. The daemon of the mock overlay, with the CDI component, and again with the microk8s kubelet-root component,
+   run from the image as the DaemonSet runs it (its command, mounts, security context and limits translated to
+   podman's options; the hostPath volumes from a stand-in node folder) against a dev kubelet on this machine
+   serving that folder's kubelet sockets: it must register, advertise its four devices healthy, answer an
+   Allocate (the CDI device named, its spec file in the node's CDI folder), answer its probes (``/healthz``,
+   ``/readyz``; ``/metrics``) and, on SIGTERM, exit 0 having removed its socket.
+
+Every container gets ``--ulimit nofile=1024:1024 --ulimit nproc=1000:1000`` (podman from Debian's packages cannot
+start containers here without) and runs with runc (tools/image/setup.sh says why). podman keeps its images and
+containers in a folder of this run, removed at the end, so nothing is left in the machine's own podman storage.
+Needs root, podman and kubectl; run with a Python that has devplug installed (its dev kubelet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000")
+#: Host trees a check-config run does not get: the drivers then read the container's own /sys and /dev.
+KERNEL_TREES = ("/sys", "/dev", "/proc", "/host/dev")
+#: The one config that checks this machine's hardware, and the one error it must give where that is missing.
+SRIOV_ON_ANOTHER_MACHINE = "pfs: 'ens1f0' names no SR-IOV physical function on this node"
+MOCK_RESOURCE = "example.com/mock"
+MOCK_DEVICES = 4
+NODE_NAME = "smoke-node"
+
+
+class SmokeFailure(Exception):
+    """What the image got wrong, with the evidence."""
+
+
+def say(message: str) -> None:
+    print(f"smoke: {message}", flush=True)
+
+
+# --- podman --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Podman:
+    """podman on a storage of its own (a folder of this run)."""
+
+    root: Path
+
+    def command(self, *argv: str) -> list[str]:
+        storage = ["--root", str(self.root / "storage"), "--runroot", str(self.root / "run")]
+        # runc: crun, podman's default runtime, refuses a hybrid cgroup hierarchy (cgroup v1 with a v2 mount).
+        engine = ["--runtime", "runc", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+        return ["podman", *storage, *engine, *argv]
+
+    def run(self, *argv: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise SmokeFailure(f"podman {' '.join(argv)}: exit {done.returncode}\n{done.stdout}{done.stderr}")
+        return done
+
+
+# --- deploy/ as kubectl renders it ---------------------------------------------------------------------------------
+
+
+def render(overlay: str, components: Sequence[str], scratch: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of an overlay with components (through a kustomization of this run's own)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise SmokeFailure("kubectl is not on PATH: it renders deploy/ as an operator's kubectl apply -k would")
+    folder = Path(tempfile.mkdtemp(prefix="kustomization-", dir=scratch))
+    relative = os.path.relpath(DEPLOY, folder)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [f"{relative}/overlays/{overlay}"],
+        "components": [f"{relative}/components/{c}" for c in components],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SmokeFailure(f"kubectl kustomize {overlay} with {list(components)}: {done.stderr}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def one(objects: Sequence[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    if len(found) != 1:
+        raise SmokeFailure(f"expected one {kind} in the rendered manifests, got {len(found)}")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class PodRun:
+    """The DaemonSet's one container as podman options, for a given stand-in node folder."""
+
+    options: list[str]
+    entrypoint: list[str] | None
+    args: list[str]
+    host_paths: dict[str, str]  # volume hostPath -> mountPath
+    config_path: str
+
+
+def pod_run(objects: Sequence[dict[str, Any]], node: Path, config_dir: Path, *, kernel_trees: bool) -> PodRun:
+    """Translate the rendered DaemonSet's container: mounts, security context, limits, env, command."""
+    daemonset = one(objects, "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    configmap = one(objects, "ConfigMap")
+    config_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in configmap["data"].items():
+        (config_dir / name).write_text(text)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    options: list[str] = []
+    host_paths: dict[str, str] = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        target, read_only = mount["mountPath"], bool(mount.get("readOnly"))
+        if "hostPath" in volume:
+            path = volume["hostPath"]["path"]
+            if not kernel_trees and path.startswith(KERNEL_TREES):
+                continue
+            source = node / path.lstrip("/")
+            if volume["hostPath"].get("type") == "DirectoryOrCreate":
+                source.mkdir(parents=True, exist_ok=True)
+            if not source.is_dir():
+                raise SmokeFailure(f"hostPath {path} (type Directory) is not on the stand-in node at {source}")
+            host_paths[path] = target
+            options += ["--volume", f"{source}:{target}:{'ro' if read_only else 'rw'}"]
+        elif "configMap" in volume:
+            if volume["configMap"]["name"] != configmap["metadata"]["name"]:
+                raise SmokeFailure(f"volume {mount['name']} names another ConfigMap than the rendered one")
+            options += ["--volume", f"{config_dir}:{target}:ro"]
+        elif "emptyDir" in volume:
+            options += ["--mount", f"type=tmpfs,destination={target}"]
+        else:
+            raise SmokeFailure(f"volume {mount['name']}: a kind the smoke test does not translate: {volume}")
+    security = container.get("securityContext", {})
+    if security.get("readOnlyRootFilesystem"):
+        options += ["--read-only", "--read-only-tmpfs=false"]
+    if "runAsUser" in security:
+        options += ["--user", str(security["runAsUser"])]
+    if security.get("privileged"):
+        options += ["--privileged"]
+    if "ALL" in security.get("capabilities", {}).get("drop", []):
+        options += ["--cap-drop", "all"]
+    if security.get("allowPrivilegeEscalation") is False:
+        options += ["--security-opt", "no-new-privileges"]
+    seccomp = spec.get("securityContext", {}).get("seccompProfile", {}).get("type")
+    if seccomp not in (None, "RuntimeDefault"):
+        raise SmokeFailure(f"seccompProfile {seccomp}: podman's default filter stands for RuntimeDefault only")
+    options += ["--network", "host" if spec.get("hostNetwork") else "none"]
+    limits = container.get("resources", {}).get("limits", {})
+    if "memory" in limits:
+        options += ["--memory", limits["memory"].replace("Mi", "m").replace("Gi", "g")]
+    if "cpu" in limits:
+        cpu = limits["cpu"]
+        options += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
+    for env in container.get("env", []):
+        value = env.get("value")
+        if value is None and env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+            value = NODE_NAME
+        if value is None:
+            raise SmokeFailure(f"env {env['name']}: a source the smoke test does not translate")
+        options += ["--env", f"{env['name']}={value}"]
+    args = list(container.get("args", []))
+    if "--config" not in args:
+        raise SmokeFailure(f"the container's args name no --config: {args}")
+    return PodRun(options, container.get("command"), args, host_paths, args[args.index("--config") + 1])
+
+
+def podman_run_argv(run: PodRun, reference: str, args: Sequence[str]) -> list[str]:
+    entry = ["--entrypoint", json.dumps(run.entrypoint)] if run.entrypoint else []
+    return [*ULIMITS, *run.options, *entry, reference, *args]
+
+
+# --- the checks ----------------------------------------------------------------------------------------------------
+
+
+def check_load(podman: Podman, archive: Path, reference: str, scratch: Path) -> None:
+    loaded = podman.run("load", "--input", str(archive)).stdout
+    say(loaded.strip())
+    image = one(render("mock", [], scratch), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+    if image != reference:
+        raise SmokeFailure(f"the DaemonSet runs {image!r}, but the image built is {reference!r}")
+    found = podman.run("image", "inspect", "--format", "{{.RepoTags}}", image).stdout.strip()
+    say(f"the DaemonSet's image {image} is the loaded image {found}")
+
+
+def check_version_and_drivers(podman: Podman, reference: str, version: str) -> None:
+    got = podman.run("run", "--rm", *ULIMITS, "--network", "none", reference, "--version").stdout.strip()
+    if not got.startswith(f"devplug {version} (hook contract "):
+        raise SmokeFailure(f"devplug --version printed {got!r}, expected 'devplug {version} (hook contract ...)'")
+    say(got)
+    rows = json.loads(podman.run("run", "--rm", *ULIMITS, "--network", "none", reference, "drivers", "--json").stdout)
+    shipped = sorted(p.parent.name for p in (ROOT / "drivers").glob("*/pyproject.toml"))
+    found = {row["name"]: row for row in rows}
+    if sorted(found) != shipped:
+        raise SmokeFailure(f"the image's drivers are {sorted(found)}, drivers/ has {shipped}")
+    for name, row in found.items():
+        if "error" in row or row["version"] != version:
+            raise SmokeFailure(f"driver {name} in the image: {row}")
+    listed = ", ".join(f"{n} {r['version']}" for n, r in sorted(found.items()))
+    say(f"drivers: {listed}")
+
+
+def check_configs(podman: Podman, reference: str, scratch: Path) -> int:
+    overlays = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+    checked = 0
+    for overlay in overlays:
+        for components in ([], ["cdi"]):
+            label = overlay + "".join(f" + {c}" for c in components)
+            case = Path(tempfile.mkdtemp(prefix=f"check-{overlay}-", dir=scratch))
+            node = case / "node"
+            objects = render(overlay, components, scratch)
+            for volume in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]:
+                host = volume.get("hostPath")
+                if host and host.get("type") == "Directory" and not host["path"].startswith(KERNEL_TREES):
+                    (node / host["path"].lstrip("/")).mkdir(parents=True, exist_ok=True)
+            # The node's files the configs name: the FPGA overlay's blank bitstream.
+            if overlay == "fpga":
+                (node / "opt/devplug/fpga/blank.gbs").write_bytes(b"\0")
+            run = pod_run(objects, node, case / "config", kernel_trees=False)
+            argv = podman_run_argv(run, reference, ["check-config", run.config_path])
+            done = podman.run("run", "--rm", *argv, check=False, timeout=120)
+            output = (done.stdout + done.stderr).strip()
+            if overlay == "sriov" and done.returncode == 2 and SRIOV_ON_ANOTHER_MACHINE in done.stderr:
+                say(f"check-config {label}: refused as expected on a machine without its PF: {done.stderr.strip()}")
+            elif done.returncode == 0 and f"{run.config_path}: ok" in done.stdout:
+                say(f"check-config {label}: ok")
+            else:
+                raise SmokeFailure(f"devplug check-config in the image, {label}: exit {done.returncode}\n{output}")
+            checked += 1
+    return checked
+
+
+def _probe(podman: Podman, container: str, port: int, path: str) -> tuple[int, str]:
+    """An HTTP GET from inside the pod's network namespace, as the kubelet's probe would (on the pod's address)."""
+    source = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        f"    r = urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=5)\n"
+        "    print(r.status); print(r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code); print(e.read().decode())\n"
+    )
+    out = podman.run("exec", container, "/opt/devplug/bin/python", "-c", source, timeout=60).stdout
+    status, _, body = out.partition("\n")
+    return int(status), body
+
+
+def _poll(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise SmokeFailure(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+@contextmanager
+def dev_kubelet(device_plugin_dir: Path, pod_resources_socket: Path) -> Iterator[Any]:
+    from devplug.devkubelet import DevKubeletThread
+
+    device_plugin_dir.mkdir(parents=True, exist_ok=True)
+    pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+    kubelet = DevKubeletThread(device_plugin_dir, pod_resources_socket=pod_resources_socket)
+    try:
+        kubelet.start()
+        yield kubelet
+    finally:
+        kubelet.close()
+
+
+def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequence[str], index: int) -> None:
+    from devplug.devkubelet import ContainerSpec, PodSpec
+
+    label = "mock" + "".join(f" + {c}" for c in components)
+    # Short names: the kubelet dials the plugin's socket by its host path, which a unix address limits to 107 bytes.
+    case = scratch / f"d{index}"
+    node = case / "n"
+    objects = render("mock", components, scratch)
+    volumes = {v["name"]: v for v in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    plugin_dir = node / volumes["device-plugins"]["hostPath"]["path"].lstrip("/")
+    pod_resources = node / volumes["pod-resources"]["hostPath"]["path"].lstrip("/") / "kubelet.sock"
+    started = time.monotonic()
+    with dev_kubelet(plugin_dir, pod_resources) as kubelet:
+        run = pod_run(objects, node, case / "config", kernel_trees=True)
+        name = f"devplug-smoke-{os.getpid()}-{index}"
+        podman.run("run", "--detach", "--name", name, *podman_run_argv(run, reference, run.args))
+        try:
+            kubelet.wait_registered(MOCK_RESOURCE, timeout=60)
+
+            def advertised() -> bool:
+                view = kubelet.resource(MOCK_RESOURCE)
+                return view is not None and sum(d.healthy for d in view.devices) == MOCK_DEVICES
+
+            _poll(f"{MOCK_DEVICES} healthy {MOCK_RESOURCE} devices", advertised, 60)
+            view = kubelet.resource(MOCK_RESOURCE)
+            assert view is not None
+            say(
+                f"{label}: registered (endpoint {view.endpoint}) and advertised {len(view.devices)} healthy devices "
+                f"in {time.monotonic() - started:.1f} s, through {plugin_dir.relative_to(node)}"
+            )
+            pod = kubelet.admit_pod(PodSpec("smoke", [ContainerSpec("app", requests={MOCK_RESOURCE: 1})]))
+            allocation = pod.containers[0].allocations[MOCK_RESOURCE]
+            device = pod.containers[0].devices[MOCK_RESOURCE][0]
+            if not allocation.devices:
+                raise SmokeFailure(f"{label}: the Allocate answer for {device} has no device node: {allocation}")
+            if "cdi" in components:
+                wanted = f"{MOCK_RESOURCE}={device}"
+                if [c.name for c in allocation.cdi_devices] != [wanted]:
+                    raise SmokeFailure(f"{label}: Allocate named CDI devices {allocation.cdi_devices}, not {wanted}")
+                spec = node / "var/run/cdi/devplug-example.com_mock.json"
+                names = [d["name"] for d in json.loads(spec.read_text())["devices"]] if spec.is_file() else []
+                if device not in names:
+                    raise SmokeFailure(f"{label}: the node's CDI spec {spec} does not describe {device}: {names}")
+                say(f"{label}: Allocate of {device} named {wanted}; {spec.relative_to(node)} describes it")
+            else:
+                say(f"{label}: Allocate of {device} answered {allocation.devices[0].host_path}")
+            (container,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+            port = int(container["ports"][0]["containerPort"])
+            for path, body in (("/healthz", "ok"), ("/readyz", "ready")):
+                status, text = _poll(f"{path} to answer 200", lambda p=path: _ok(_probe(podman, name, port, p)), 30)
+                if body not in text:
+                    raise SmokeFailure(f"{label}: {path} answered {status} {text!r}")
+            status, metrics = _probe(podman, name, port, "/metrics")
+            registered = f'devplug_resource_registered{{resource="{MOCK_RESOURCE}"}} 1.0'
+            if status != 200 or registered not in metrics:
+                raise SmokeFailure(f"{label}: /metrics answered {status} without {registered}")
+            say(f"{label}: /healthz, /readyz and /metrics answer on port {port}")
+            sockets = sorted(p.name for p in plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock")
+            podman.run("stop", "--time", "30", name, timeout=60)
+            exit_code = int(podman.run("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
+            left = sorted(p.name for p in plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock")
+            if exit_code != 0 or left:
+                raise SmokeFailure(f"{label}: on SIGTERM the daemon exited {exit_code}, sockets left: {left}")
+            say(f"{label}: SIGTERM: exit 0, its socket {', '.join(sockets)} removed")
+        except BaseException:
+            logs = podman.run("logs", name, check=False)
+            print(f"--- the daemon's log ({label}) ---\n{logs.stdout}{logs.stderr}", file=sys.stderr)
+            raise
+        finally:
+            podman.run("rm", "--force", name, check=False, timeout=60)
+
+
+def _ok(probe: tuple[int, str]) -> tuple[int, str] | None:
+    return probe if probe[0] == 200 else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The image's smoke test (make image).")
+    parser.add_argument("archive", type=Path, help="the OCI archive make image built")
+    parser.add_argument("reference", help="the name it carries, devplug:VERSION")
+    args = parser.parse_args(argv)
+    version = args.reference.rpartition(":")[2]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="dp", dir="/tmp") as folder:
+        scratch = Path(folder)
+        podman = Podman(scratch / "podman")
+        try:
+            check_load(podman, args.archive, args.reference, scratch)
+            check_version_and_drivers(podman, args.reference, version)
+            checked = check_configs(podman, args.reference, scratch)
+            for index, components in enumerate((["cdi"], ["kubelet-root/microk8s"])):
+                check_daemon(podman, args.reference, scratch, components, index)
+        except (SmokeFailure, TimeoutError) as exc:
+            print(f"smoke: FAILED: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            podman.run("rmi", "--all", "--force", check=False, timeout=120)
+    say(f"ok: {checked} configs checked, 2 daemon runs, in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
