@@ -234,6 +234,9 @@ def _needed_mounts(config: dict[str, Any]) -> dict[str, tuple[str, bool]]:
         pod_resources: (pod_resources, True),
         config["state"]["dir"]: (config["state"]["dir"], False),
     }
+    liveness = config.get("liveness", {})
+    if "cgroup_mount" in liveness:  # container liveness: the host's cgroup tree, read only
+        needed["/sys/fs/cgroup"] = (liveness["cgroup_mount"], True)
     if config.get("cdi", {}).get("enabled"):
         spec_dir = config["cdi"].get("spec_dir", "/var/run/cdi")
         needed[spec_dir] = (spec_dir, False)
@@ -242,6 +245,18 @@ def _needed_mounts(config: dict[str, Any]) -> dict[str, tuple[str, bool]]:
             # Read-write wins where two drivers share a tree.
             needed[host] = (target, read_only and needed.get(host, (target, True))[1])
     return needed
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_container_liveness_is_required_and_reads_the_hosts_cgroup_tree(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay, ())
+    liveness = _config(objects).get("liveness", {})
+    assert liveness.get("required") is True, f"{overlay}: [liveness] required is not set"
+    host = _host_paths(_one(objects, "DaemonSet"))
+    assert "/sys/fs/cgroup" in host, f"{overlay}: the host's cgroup tree is not mounted"
+    volume, mount = host["/sys/fs/cgroup"]
+    assert mount.get("readOnly") and mount["mountPath"] == liveness["cgroup_mount"], (overlay, mount, liveness)
+    assert volume.get("type") == "Directory"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -62,7 +62,12 @@ def loop_thread() -> Iterator[LoopThread]:
 def _serve(loop_thread: LoopThread, unregistered: list[str]) -> MetricsServer:
     figures = [ResourceFigures("example.com/a", 3, 1, registered=True, registrations=1, kubelet_restarts=0)]
     return Metrics().serve(
-        "127.0.0.1", 0, loop_thread.loop, lambda: figures, lambda: list(unregistered), probe_timeout=0.3
+        "127.0.0.1",
+        0,
+        loop_thread.loop,
+        lambda: figures,
+        lambda: [f"not registered with the kubelet: {', '.join(unregistered)}"] if unregistered else [],
+        probe_timeout=0.3,
     )
 
 

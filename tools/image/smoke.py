@@ -52,6 +52,15 @@ SRIOV_ON_ANOTHER_MACHINE = "pfs: 'ens1f0' names no SR-IOV physical function on t
 MOCK_RESOURCE = "example.com/mock"
 MOCK_DEVICES = 4
 NODE_NAME = "smoke-node"
+#: The host's cgroup tree (container liveness): on the stand-in node, a cgroup v2 root with the kubelet's
+#: ``kubepods`` cgroup and no pod in it, so a daemon whose config requires liveness finds it and is ready.
+CGROUP_TREE = "/sys/fs/cgroup"
+
+
+def stand_in_cgroups(source: Path) -> None:
+    """The stand-in node's cgroup tree: what devplug looks for (``cgroup.controllers``, ``kubepods/``)."""
+    (source / "kubepods").mkdir(parents=True, exist_ok=True)
+    (source / "cgroup.controllers").touch()
 
 
 class SmokeFailure(Exception):
@@ -147,6 +156,8 @@ def pod_run(objects: Sequence[dict[str, Any]], node: Path, config_dir: Path, *, 
             source = node / path.lstrip("/")
             if volume["hostPath"].get("type") == "DirectoryOrCreate":
                 source.mkdir(parents=True, exist_ok=True)
+            if path == CGROUP_TREE:
+                stand_in_cgroups(source)
             if not source.is_dir():
                 raise SmokeFailure(f"hostPath {path} (type Directory) is not on the stand-in node at {source}")
             host_paths[path] = target

@@ -197,15 +197,23 @@ class Daemon:
             )
         return figures
 
-    def _unregistered(self) -> list[str]:
-        return [r.name for r in self.resources if r.state is not ResourceState.REGISTERED]
+    def _not_ready(self) -> list[str]:
+        """Why the daemon is not ready (``/readyz``); nothing when it is."""
+        reasons = []
+        unregistered = [r.name for r in self.resources if r.state is not ResourceState.REGISTERED]
+        if unregistered:
+            reasons.append(f"not registered with the kubelet: {', '.join(unregistered)}")
+        liveness = self.exits.liveness
+        if self.config.liveness.required and not liveness.available():
+            reasons.append(f"container liveness unknown ([liveness] required): {liveness.problem}")
+        return reasons
 
     def _serve_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.metrics is None:
             return
         mc = self.config.metrics
         try:
-            self._metrics_server = self.metrics.serve(mc.address, mc.port, loop, self._figures, self._unregistered)
+            self._metrics_server = self.metrics.serve(mc.address, mc.port, loop, self._figures, self._not_ready)
         except OSError as exc:
             raise ConfigError(
                 f"{self.config.path or '<config>'}: metrics: cannot serve on {mc.address} port {mc.port}: "

@@ -262,6 +262,10 @@ class ContainerLiveness:
             self._arm(watch)
         return layout
 
+    def available(self) -> bool:
+        """Whether the pods' cgroups can be read (looked for again, now and then, while they cannot)."""
+        return self._discover() is not None
+
     @property
     def mode(self) -> str:
         """``cgroup v2``, ``cgroup v1`` or ``unknown``."""

@@ -17,8 +17,9 @@ The HTTP server runs in a thread of its own, on ``[metrics] address`` and
 * ``/healthz``: 200 when the event loop runs a call scheduled onto it within
   :data:`PROBE_TIMEOUT_S`, 503 when it does not (a loop stuck in a blocking
   call, or gone): the HTTP thread answering proves nothing by itself;
-* ``/readyz``: 200 when every configured resource is registered with the
-  kubelet, else 503 naming the ones that are not.
+* ``/readyz``: 200 when the daemon is ready (every configured resource
+  registered with the kubelet; with ``[liveness] required``, the pods' cgroups
+  readable), else 503 saying why.
 """
 
 from __future__ import annotations
@@ -232,11 +233,12 @@ class Metrics:
         port: int,
         loop: asyncio.AbstractEventLoop,
         figures: Callable[[], Sequence[ResourceFigures]],
-        unregistered: Callable[[], Sequence[str]],
+        not_ready: Callable[[], Sequence[str]],
         probe_timeout: float = PROBE_TIMEOUT_S,
     ) -> MetricsServer:
-        """Start the HTTP server (raises ``OSError`` when the address cannot be bound)."""
-        server = MetricsServer(self.registry, address, port, loop, unregistered, probe_timeout)
+        """Start the HTTP server (raises ``OSError`` when the address cannot be bound); ``not_ready`` says why the
+        daemon is not ready (nothing: ready), called on the event loop."""
+        server = MetricsServer(self.registry, address, port, loop, not_ready, probe_timeout)
         self.registry.register(EngineCollector(lambda: server.on_loop(figures)))
         server.start()
         return server
@@ -288,13 +290,13 @@ class MetricsServer:
         address: str,
         port: int,
         loop: asyncio.AbstractEventLoop,
-        unregistered: Callable[[], Sequence[str]],
+        not_ready: Callable[[], Sequence[str]],
         probe_timeout: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.registry = registry
         self.loop = loop
         self.probe_timeout = probe_timeout
-        self._unregistered = unregistered
+        self._not_ready = not_ready
         self._http = _HTTPServer((address, port), self)
         self._thread = threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True)
 
@@ -351,9 +353,9 @@ class MetricsServer:
 
     def readyz(self) -> tuple[int, bytes, str]:
         try:
-            missing = self.on_loop(self._unregistered)
+            reasons = self.on_loop(self._not_ready)
         except TimeoutError as exc:
             return 503, f"not ready: {exc}\n".encode(), _TEXT
-        if missing:
-            return 503, f"not ready: not registered with the kubelet: {', '.join(missing)}\n".encode(), _TEXT
+        if reasons:
+            return 503, f"not ready: {'; '.join(reasons)}\n".encode(), _TEXT
         return 200, b"ready\n", _TEXT
