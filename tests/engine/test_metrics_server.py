@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits
 from devplug.engine.metrics import Metrics, MetricsServer, ResourceFigures
 
 
@@ -59,7 +62,7 @@ def loop_thread() -> Iterator[LoopThread]:
     lt.close()
 
 
-def _serve(loop_thread: LoopThread, unregistered: list[str]) -> MetricsServer:
+def _serve(loop_thread: LoopThread, unregistered: list[str], limits: HttpLimits = DEFAULT_LIMITS) -> MetricsServer:
     figures = [ResourceFigures("example.com/a", 3, 1, registered=True, registrations=1, kubelet_restarts=0)]
     return Metrics().serve(
         "127.0.0.1",
@@ -68,6 +71,7 @@ def _serve(loop_thread: LoopThread, unregistered: list[str]) -> MetricsServer:
         lambda: figures,
         lambda: [f"not registered with the kubelet: {', '.join(unregistered)}"] if unregistered else [],
         probe_timeout=0.3,
+        limits=limits,
     )
 
 
@@ -111,6 +115,66 @@ def test_healthz_fails_once_the_loop_is_gone() -> None:
         server.close()
 
 
+def _closed_by_server(client: socket.socket) -> bool:
+    """True once the server closed ``client`` (end of stream, or a reset)."""
+    try:
+        return client.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_slow_clients_take_no_thread_each_are_dropped_and_never_starve_the_probes(
+    loop_thread: LoopThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24: half-sent requests held a thread each (1,313 of them, 85 MB) and closing them printed
+    tracebacks. Now: a bounded number of connections, the oldest still-arriving request evicted by a new client
+    past the limit, slow requests closed after request_timeout, one log line for all of it."""
+    caplog.set_level(logging.INFO)
+    limits = HttpLimits(connections=16, threads=2, request_timeout=0.5, idle_timeout=2.0)
+    server = _serve(loop_thread, [], limits)
+    threads = threading.active_count()
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            client = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            client.sendall(b"GET /metr")  # and nothing more
+            clients.append(client)
+        assert _get(server.port, "/healthz") == (200, "ok\n")  # a probe after the flood is answered at once
+        assert threading.active_count() <= threads, "a thread per connection"
+        for client in clients:
+            client.settimeout(10)
+            assert _closed_by_server(client), "a slow client kept its connection"
+        assert _get(server.port, "/readyz") == (200, "ready\n")
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+    drops = [r for r in caplog.records if "dropped" in r.getMessage() and "HTTP client" in r.getMessage()]
+    assert len(drops) == 1, [r.getMessage() for r in drops]
+    assert "past 16 connections" in drops[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_headers_are_capped_and_only_get_is_served(loop_thread: LoopThread) -> None:
+    server = _serve(loop_thread, [], HttpLimits(max_header_bytes=1024))
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.putrequest("GET", "/healthz")
+        conn.putheader("X-Padding", "a" * 4096)
+        conn.endheaders()
+        assert conn.getresponse().status == 431  # Request Header Fields Too Large
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("POST", "/healthz", body=b"x")
+        assert conn.getresponse().status == 405
+        conn.close()
+        assert _get(server.port, "/nowhere")[0] == 404
+    finally:
+        server.close()
+
+
 def _modules_after_daemon(tmp_path: Path, metrics: bool) -> list[str]:
     config = tmp_path / f"devplug-{metrics}.toml"
     config.write_text(
@@ -123,7 +187,7 @@ def _modules_after_daemon(tmp_path: Path, metrics: bool) -> list[str]:
         "from devplug.config import load_config\n"
         "from devplug.engine.daemon import Daemon\n"
         f"Daemon(load_config(Path({str(config)!r})))\n"
-        "print(' '.join(m for m in ('prometheus_client', 'http.server') if m in sys.modules))\n"
+        "print(' '.join(m for m in ('prometheus_client', 'waitress') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     return result.stdout.split()
@@ -131,4 +195,4 @@ def _modules_after_daemon(tmp_path: Path, metrics: bool) -> list[str]:
 
 def test_the_run_path_imports_prometheus_client_only_when_enabled(tmp_path: Path) -> None:
     assert _modules_after_daemon(tmp_path, metrics=False) == []
-    assert _modules_after_daemon(tmp_path, metrics=True) == ["prometheus_client", "http.server"]
+    assert _modules_after_daemon(tmp_path, metrics=True) == ["prometheus_client", "waitress"]

@@ -10,8 +10,9 @@ engine already keeps (devices by health, registration state and count, kubelet
 restarts seen) is read at scrape time, on the event loop, by
 :class:`EngineCollector`.
 
-The HTTP server runs in a thread of its own, on ``[metrics] address`` and
-``port``:
+The HTTP server (:mod:`devplug.engine.httpserve`: bounded connections, timeouts
+for slow requests and idle connections, capped headers) runs in threads of its
+own, on ``[metrics] address`` and ``port``:
 
 * ``/metrics``: the exposition, in the Prometheus text format;
 * ``/healthz``: 200 when the event loop runs a call scheduled onto it within
@@ -26,10 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import http.server
 import logging
-import socket
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
 
 __all__ = [
@@ -235,47 +234,14 @@ class Metrics:
         figures: Callable[[], Sequence[ResourceFigures]],
         not_ready: Callable[[], Sequence[str]],
         probe_timeout: float = PROBE_TIMEOUT_S,
+        limits: HttpLimits = DEFAULT_LIMITS,
     ) -> MetricsServer:
         """Start the HTTP server (raises ``OSError`` when the address cannot be bound); ``not_ready`` says why the
         daemon is not ready (nothing: ready), called on the event loop."""
-        server = MetricsServer(self.registry, address, port, loop, not_ready, probe_timeout)
+        server = MetricsServer(self.registry, address, port, loop, not_ready, probe_timeout, limits)
         self.registry.register(EngineCollector(lambda: server.on_loop(figures)))
         server.start()
         return server
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _HTTPServer
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        owner = self.server.owner
-        if path == "/metrics":
-            status, body, ctype = owner.metrics()
-        elif path == "/healthz":
-            status, body, ctype = owner.healthz()
-        elif path == "/readyz":
-            status, body, ctype = owner.readyz()
-        else:
-            status, body, ctype = 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8"
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("metrics: %s %s", self.address_string(), format % args)
-
-
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], owner: MetricsServer) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.owner = owner
-        super().__init__(address, _Handler)
 
 
 _TEXT = "text/plain; charset=utf-8"
@@ -292,27 +258,34 @@ class MetricsServer:
         loop: asyncio.AbstractEventLoop,
         not_ready: Callable[[], Sequence[str]],
         probe_timeout: float = PROBE_TIMEOUT_S,
+        limits: HttpLimits = DEFAULT_LIMITS,
     ) -> None:
         self.registry = registry
         self.loop = loop
         self.probe_timeout = probe_timeout
         self._not_ready = not_ready
-        self._http = _HTTPServer((address, port), self)
-        self._thread = threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True)
+        self._http = LimitedHttpServer(address, port, self._route, limits)
 
     @property
     def port(self) -> int:
         """The port served on."""
-        return int(self._http.server_address[1])
+        return self._http.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._http.start()
 
     def close(self) -> None:
         """Stop serving and close the socket."""
-        if self._thread.is_alive():
-            self._http.shutdown()
-        self._http.server_close()
+        self._http.close()
+
+    def _route(self, method: str, path: str) -> Response:
+        if path == "/metrics":
+            return self.metrics()
+        if path == "/healthz":
+            return self.healthz()
+        if path == "/readyz":
+            return self.readyz()
+        return 404, b"not found: try /metrics, /healthz or /readyz\n", _TEXT
 
     def on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` run on the event loop; raises ``TimeoutError`` if the loop does not run it in time."""
