@@ -4,7 +4,8 @@ Exit codes: 0 success, 1 the demo's lifecycle went wrong, 2 bad config or
 usage (a reload the daemon refused, a name new-driver cannot use), 3 the
 state dir is taken or unusable (no daemon to reload or show), 4 a driver could not be loaded,
 5 the daemon stopped but abandoned driver hooks that had not returned (or a
-shutdown that overran ``[shutdown] timeout``).
+shutdown that overran ``[shutdown] timeout``), 6 ``devplug status`` found a
+resource of a running daemon degraded or failed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from devplug.contract import CONTRACT_ATTRIBUTE, HOOK_CONTRACT
 from devplug.errors import DevplugError, DriverLoadError
 
 EXIT_DEMO_FAILED = 1
+#: ``devplug status``: the daemon runs, but a resource is degraded or failed.
+EXIT_UNHEALTHY = 6
 
 
 def _fail(exc: DevplugError) -> NoReturn:
@@ -196,7 +199,7 @@ def reload(config_path: Path | None, state_dir: Path | None, timeout: float) -> 
 def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     """Show a running daemon's resources, devices and recent releases."""
     from devplug.engine.status import read_status
-    from devplug.statusview import format_status
+    from devplug.statusview import format_status, status_problems
 
     try:
         if state_dir is None:
@@ -215,6 +218,8 @@ def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> N
         click.echo(format_status(data))
     if not data.get("running"):
         sys.exit(EXIT_STATE)
+    if status_problems(data):
+        sys.exit(EXIT_UNHEALTHY)
 
 
 @main.group()

@@ -8,7 +8,18 @@ from typing import Any
 
 from devplug.logsafe import escape
 
-__all__ = ["format_status"]
+__all__ = ["format_status", "status_problems"]
+
+
+def status_problems(data: dict[str, Any]) -> list[str]:
+    """What makes ``devplug status`` exit non-zero for a running daemon: a degraded or failed resource."""
+    problems = []
+    for res in data.get("resources", []):
+        if res.get("state") == "failed":
+            problems.append(f"{res.get('name')}: failed: {res.get('last_error')}")
+        elif res.get("degraded"):
+            problems.append(f"{res.get('name')}: degraded: {res.get('degraded')}")
+    return problems
 
 
 def _ago(stamp: float | None) -> str:
@@ -25,7 +36,12 @@ def _ago(stamp: float | None) -> str:
 def format_status(data: dict[str, Any]) -> str:
     """The status file's content as lines for a terminal (control characters in it escaped)."""
     state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
-    lines = [f"devplug daemon pid {data.get('pid')}: {state}, config {data.get('config') or '-'}"]
+    lines = [
+        f"devplug daemon pid {data.get('pid')}: {state}, config {data.get('config') or '-'}; "
+        f"status as of {_ago(data.get('written_at'))} (written within a second of each change)"
+    ]
+    for problem in status_problems(data) if data.get("running") else []:
+        lines.append(f"  PROBLEM: {problem}")
     reload = data.get("reload") or {}
     if reload:
         lines.append(f"config generation {reload.get('generation')}, loaded {_ago(reload.get('loaded_at'))}")

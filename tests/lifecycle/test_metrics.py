@@ -232,3 +232,40 @@ def test_shared_devices_are_measured_by_physical_device(
         assert _v(used, "devplug_shared_device_tenants", resource=RESOURCE, device=device) == n
     total = sum(_v(used, "devplug_shared_device_tenants", resource=RESOURCE, device=d) for d in ("mock0", "mock1"))
     assert total == 2
+
+
+def test_what_an_operator_alerts_on_allocated_devices_build_process_podresources_and_readiness(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    """Issue 25: allocated devices, build info, process metrics, PodResources reads; /readyz fails, saying why,
+    while PodResources is unreadable past [release] grace_period (no release can be decided then)."""
+    folder = devplug_root / "mock"
+    port = _start(devplug_daemon, folder, 3, release_interval=0.1, grace_period=1.0)
+    pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {RESOURCE: 2})]))
+    assert len(pod.container("c").devices[RESOURCE]) == 2
+
+    def read_twice() -> Samples | None:
+        samples = _scrape(port)
+        return samples if _v(samples, "devplug_podresources_reads_total") >= 2 else None
+
+    samples = _poll(read_twice, "the reconciler to read PodResources")
+    assert _v(samples, "devplug_devices_allocated", resource=RESOURCE) == 2
+    assert _v(samples, "devplug_devices_busy", resource=RESOURCE) == 0
+    assert _v(samples, "devplug_releases_failing", resource=RESOURCE) == 0
+    assert _v(samples, "devplug_podresources_read_failures_total") == 0
+    assert _v(samples, "devplug_podresources_last_success_timestamp_seconds") > 0
+    assert _v(samples, "devplug_tenancies_awaiting_exit") == 0
+    assert ("devplug_container_liveness_known", ()) in samples
+    (build,) = [labels for name, labels in samples if name == "devplug_build_info"]
+    assert dict(build)["version"] and dict(build)["hook_contract"] and dict(build)["python"]
+    assert _v(samples, "process_resident_memory_bytes") > 0
+    assert _v(samples, "process_cpu_seconds_total") > 0
+
+    dev_kubelet.pod_resources_available = False  # an outage: no release can be decided
+    _, body, _ = _poll(
+        lambda: (r := _get(port, "/readyz"))[0] == 503 and r, "/readyz to fail while PodResources is unreadable"
+    )
+    assert "PodResources unreadable for" in body and "no release can be decided" in body
+    assert _v(_scrape(port), "devplug_podresources_read_failures_total") > 0
+    dev_kubelet.pod_resources_available = True
+    _poll(lambda: _get(port, "/readyz")[:2] == (200, "ready\n"), "/readyz ready again once PodResources answers")

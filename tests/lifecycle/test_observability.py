@@ -114,3 +114,22 @@ def test_device_log_lines_carry_resource_and_device_id(lab: Lab) -> None:
     assert any("failed" in line for line in failed), failed
     for line in lines + failed:
         assert RESOURCE in line, f"a log line about a device does not name its resource: {line}"
+
+
+def test_status_exits_6_naming_a_failed_resource_and_shows_the_snapshots_age(lab: Lab) -> None:
+    """Issue 25: a monitoring script can tell from the exit code alone that a resource is not served."""
+    blocker = lab.root / "not-a-folder"
+    blocker.write_text("a file where the mock's device folder should be made\n")
+    broken = {"driver": "mock", "options": {"directory": str(blocker / "mock"), "count": 2}}
+    lab.factory({RESOURCE: lab.resource_table(), "example.com/broken": broken}, wait=False)
+    lab.daemon = None
+    state_dir = lab.root / "state"
+
+    def failed_shown() -> subprocess.CompletedProcess[str] | None:
+        result = _status_cli(state_dir)
+        return result if result.returncode == 6 else None
+
+    result = lab.wait(failed_shown, what="devplug status to exit 6 for the failed resource")
+    assert "PROBLEM: example.com/broken: failed:" in result.stdout
+    assert "cannot set up the device folder" in result.stdout
+    assert re.search(r"status as of \d+s ago", result.stdout), result.stdout

@@ -46,7 +46,7 @@ from devplug.errors import ConfigError, DevplugError
 from devplug.watch import DirectoryWatcher
 
 if TYPE_CHECKING:
-    from devplug.engine.metrics import Metrics, MetricsServer, ResourceFigures
+    from devplug.engine.metrics import Metrics, MetricsServer, NodeFigures, ResourceFigures
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -184,6 +184,7 @@ class Daemon:
         figures = []
         for r in self.resources:
             healthy = r.table.healthy_count()
+            lifecycle = r.lifecycle
             figures.append(
                 ResourceFigures(
                     resource=r.name,
@@ -193,9 +194,24 @@ class Daemon:
                     registrations=r.status.registrations,
                     kubelet_restarts=r.status.kubelet_restarts,
                     shared=[(d.device_id, d.replicas, d.in_use, d.tenants) for d in r.shared_devices()],
+                    allocated=len(r.ledger.held_devices()),
+                    busy=len(lifecycle.busy_devices()) if lifecycle is not None else 0,
+                    failing_releases=len(lifecycle.release_failures) if lifecycle is not None else 0,
                 )
             )
         return figures
+
+    def _node_figures(self) -> NodeFigures:
+        from devplug.engine.metrics import NodeFigures
+
+        reconciler = self.reconciler
+        return NodeFigures(
+            pod_resources_reads=reconciler.polls,
+            pod_resources_failures=reconciler.failures,
+            pod_resources_last_success=reconciler.last_success,
+            liveness_known=self.exits.liveness.layout is not None,
+            awaiting_exit=reconciler.awaiting_exit(),
+        )
 
     def _not_ready(self) -> list[str]:
         """Why the daemon is not ready (``/readyz``); nothing when it is."""
@@ -206,6 +222,13 @@ class Daemon:
         liveness = self.exits.liveness
         if self.config.liveness.required and not liveness.available():
             reasons.append(f"container liveness unknown ([liveness] required): {liveness.problem}")
+        since = self.reconciler.failing_since
+        bound = max(self.config.release.grace_period, 3 * self.config.release.interval)
+        if since is not None and time.time() - since > bound:
+            reasons.append(
+                f"PodResources unreadable for {time.time() - since:.0f} s ({self.reconciler.last_error}): no release "
+                "can be decided"
+            )
         return reasons
 
     def _serve_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -213,7 +236,9 @@ class Daemon:
             return
         mc = self.config.metrics
         try:
-            self._metrics_server = self.metrics.serve(mc.address, mc.port, loop, self._figures, self._not_ready)
+            self._metrics_server = self.metrics.serve(
+                mc.address, mc.port, loop, self._figures, self._not_ready, node=self._node_figures
+            )
         except OSError as exc:
             raise ConfigError(
                 f"{self.config.path or '<config>'}: metrics: cannot serve on {mc.address} port {mc.port}: "

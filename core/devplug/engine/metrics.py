@@ -27,16 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.metadata
 import logging
+import platform
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from devplug.contract import HOOK_CONTRACT
 from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
 
@@ -45,6 +48,7 @@ __all__ = [
     "EngineCollector",
     "Metrics",
     "MetricsServer",
+    "NodeFigures",
     "PROBE_TIMEOUT_S",
     "PrometheusObserver",
     "ResourceFigures",
@@ -53,6 +57,14 @@ __all__ = [
 T = TypeVar("T")
 
 log = logging.getLogger("devplug.engine")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("devplug")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
 
 #: How long a probe (and a scrape's read of the engine) waits for the event loop to run a call.
 PROBE_TIMEOUT_S = 2.0
@@ -88,6 +100,26 @@ class ResourceFigures:
     kubelet_restarts: int
     #: Each shared physical device: (device ID, replicas advertised, replicas in use, tenants).
     shared: Sequence[tuple[str, int, int, int]] = ()
+    #: Devices allocations hold (advertised IDs: replicas count one each).
+    allocated: int = 0
+    #: Devices no hook may touch now (a hook past its timeout still runs, a quarantined record names them).
+    busy: int = 0
+    #: Releases failing (retried with backoff).
+    failing_releases: int = 0
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """What the daemon keeps about the node as a whole, read on the event loop at scrape time."""
+
+    #: PodResources ``List`` calls made, and those that failed; when the last one succeeded (``time.time()``).
+    pod_resources_reads: int = 0
+    pod_resources_failures: int = 0
+    pod_resources_last_success: float | None = None
+    #: Whether the pods' cgroups can be read (container liveness known).
+    liveness_known: bool = False
+    #: Tenancies the kubelet no longer attributes, waiting for their pod's containers to exit.
+    awaiting_exit: int = 0
 
 
 class PrometheusObserver(ResourceObserver):
@@ -138,13 +170,51 @@ class PrometheusObserver(ResourceObserver):
 
 
 class EngineCollector(Collector):
-    """The figures the engine keeps, read through ``read`` (which runs on the event loop) at every scrape."""
+    """The figures the engine keeps, read through ``read`` and ``node`` (which run on the event loop) at every
+    scrape."""
 
-    def __init__(self, read: Callable[[], Sequence[ResourceFigures]]) -> None:
+    def __init__(
+        self, read: Callable[[], Sequence[ResourceFigures]], node: Callable[[], NodeFigures] = NodeFigures
+    ) -> None:
         self._read = read
+        self._node = node
 
     def collect(self) -> Iterable[Metric]:
-        figures = self._read()
+        return [*self._resources(self._read()), *self._node_metrics(self._node())]
+
+    @staticmethod
+    def _node_metrics(node: NodeFigures) -> list[Metric]:
+        reads = CounterMetricFamily(
+            "devplug_podresources_reads", "PodResources List calls made to find releases.", labels=[]
+        )
+        reads.add_metric([], node.pod_resources_reads)
+        failures = CounterMetricFamily(
+            "devplug_podresources_read_failures", "PodResources List calls that failed (nothing released).", labels=[]
+        )
+        failures.add_metric([], node.pod_resources_failures)
+        last = GaugeMetricFamily(
+            "devplug_podresources_last_success_timestamp_seconds",
+            "When PodResources last answered (Unix time; 0: never).",
+            labels=[],
+        )
+        last.add_metric([], node.pod_resources_last_success or 0.0)
+        liveness = GaugeMetricFamily(
+            "devplug_container_liveness_known",
+            "1 while the pods' cgroups can be read (releases wait for a pod's last process), 0 while they cannot "
+            "(releases wait [liveness] unknown_grace).",
+            labels=[],
+        )
+        liveness.add_metric([], 1 if node.liveness_known else 0)
+        awaiting = GaugeMetricFamily(
+            "devplug_tenancies_awaiting_exit",
+            "Allocations the kubelet no longer attributes whose pod's containers may still run.",
+            labels=[],
+        )
+        awaiting.add_metric([], node.awaiting_exit)
+        return [reads, failures, last, liveness, awaiting]
+
+    @staticmethod
+    def _resources(figures: Sequence[ResourceFigures]) -> list[Metric]:
         devices = GaugeMetricFamily(
             "devplug_devices", "Devices advertised to the kubelet, by health.", labels=["resource", "health"]
         )
@@ -174,7 +244,22 @@ class EngineCollector(Collector):
             "Allocations (tenancies) holding a replica of a shared physical device.",
             labels=["resource", "device"],
         )
+        allocated = GaugeMetricFamily(
+            "devplug_devices_allocated", "Devices allocations hold (replicas count one each).", labels=["resource"]
+        )
+        busy = GaugeMetricFamily(
+            "devplug_devices_busy",
+            "Devices no hook may touch now: a hook past hook_timeout still runs on them, or a quarantined ledger "
+            "record names them (advertised unhealthy).",
+            labels=["resource"],
+        )
+        failing = GaugeMetricFamily(
+            "devplug_releases_failing", "Releases failing, retried with backoff.", labels=["resource"]
+        )
         for f in figures:
+            allocated.add_metric([f.resource], f.allocated)
+            busy.add_metric([f.resource], f.busy)
+            failing.add_metric([f.resource], f.failing_releases)
             for device, count, used, held_by in f.shared:
                 replicas.add_metric([f.resource, device], count)
                 in_use.add_metric([f.resource, device], used)
@@ -184,7 +269,7 @@ class EngineCollector(Collector):
             registered.add_metric([f.resource], 1 if f.registered else 0)
             registrations.add_metric([f.resource], f.registrations)
             restarts.add_metric([f.resource], f.kubelet_restarts)
-        return [devices, registered, registrations, restarts, replicas, in_use, tenants]
+        return [devices, registered, registrations, restarts, replicas, in_use, tenants, allocated, busy, failing]
 
     def describe(self) -> Iterable[Metric]:
         return []  # read only at scrape time (registering must not call the engine)
@@ -221,6 +306,14 @@ class Metrics:
             buckets=LEDGER_BUCKETS,
             registry=r,
         )
+        build = Gauge(
+            "devplug_build_info",
+            "1, labelled with devplug's version, the hook contract it offers and Python's version.",
+            ["version", "hook_contract", "python"],
+            registry=r,
+        )
+        build.labels(_version(), HOOK_CONTRACT, platform.python_version()).set(1)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds, ...
 
     def observer(self, resource: str, driver: str) -> PrometheusObserver:
         """The observer a resource calls (its label children made now, once)."""
@@ -235,11 +328,12 @@ class Metrics:
         not_ready: Callable[[], Sequence[str]],
         probe_timeout: float = PROBE_TIMEOUT_S,
         limits: HttpLimits = DEFAULT_LIMITS,
+        node: Callable[[], NodeFigures] = NodeFigures,
     ) -> MetricsServer:
         """Start the HTTP server (raises ``OSError`` when the address cannot be bound); ``not_ready`` says why the
         daemon is not ready (nothing: ready), called on the event loop."""
         server = MetricsServer(self.registry, address, port, loop, not_ready, probe_timeout, limits)
-        self.registry.register(EngineCollector(lambda: server.on_loop(figures)))
+        self.registry.register(EngineCollector(lambda: server.on_loop(figures), lambda: server.on_loop(node)))
         server.start()
         return server
 

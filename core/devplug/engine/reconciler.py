@@ -144,6 +144,9 @@ class Reconciler:
         self.last_error: str | None = None
         self.last_success: float | None = None
         self.polls = 0
+        #: PodResources reads that failed, and since when the reads fail without a break (None: they do not).
+        self.failures = 0
+        self.failing_since: float | None = None
         self._delay = self.interval
         #: Since when PodResources has answered without a break (None: it has not, or it just failed).
         self.trusted_from: float | None = None
@@ -160,6 +163,8 @@ class Reconciler:
             "interval": self.interval,
             "grace_period": self.grace,
             "polls": self.polls,
+            "failures": self.failures,
+            "failing_since": self.failing_since,
             "last_success": self.last_success,
             "last_error": self.last_error,
             "trusted_from": self.trusted_from,
@@ -227,6 +232,7 @@ class Reconciler:
             log.info("PodResources readable again at %s", self.client.socket)
         self.last_error = None
         self.last_success = now
+        self.failing_since = None
         self._delay = self.interval
         ready = [r for r in self.resources if r.lifecycle is not None and not r.stopping]
         await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r in ready))
@@ -234,6 +240,9 @@ class Reconciler:
         return True
 
     def _failed(self, detail: str, exhausted: bool) -> None:
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = time.time()
         if self.last_error is None:
             log.warning(
                 "cannot read PodResources at %s (%s); releasing nothing until it answers",
@@ -429,6 +438,10 @@ class Reconciler:
                 extra={"device": ", ".join(record.devices)},
             )
         return bool(orphans)
+
+    def awaiting_exit(self) -> int:
+        """How many tenancies wait for their pod's containers to exit."""
+        return len(self._awaiting)
 
     def releasing_in(self, resource: Resource) -> bool:
         """Whether a release of one of ``resource``'s allocations is running (a reload waits for it)."""

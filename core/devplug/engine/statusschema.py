@@ -99,6 +99,8 @@ _STATUS = {
             "interval?": _Optional(Number),
             "grace_period?": _Optional(Number),
             "polls?": int,
+            "failures?": int,
+            "failing_since?": _Optional(Number),
             "last_success?": _Optional(Number),
             "last_error?": _Optional(str),
             "checkpoint_problem?": _Optional(str),
