@@ -13,7 +13,7 @@ mount -t devtmpfs devtmpfs /dev
 
 say() { echo "devplug-vm: $*"; }
 
-for m in virtio_pci 9pnet_virtio 9p overlay e1000e nvme vfio-pci vfio_iommu_type1; do
+for m in virtio_pci 9pnet_virtio 9p overlay e1000e nvme igb igbvf vfio-pci vfio_iommu_type1; do
   modprobe "$m" || say "modprobe $m failed"
 done
 
