@@ -41,6 +41,9 @@ if [ "$overlay" = 0 ]; then
   mount -t tmpfs -o size=128m tmpfs /newroot/tmp
 fi
 
+# Loopback up: tests talk to the daemon they start over 127.0.0.1 (its metrics), and to nothing else.
+ip link set lo up || say "cannot bring lo up"
+
 say "running tests"
 chroot /newroot /bin/sh /devplug-vm-results/cmd.sh
 say "tests done"
