@@ -112,7 +112,7 @@ class VfLinks(Protocol):
         ...
 
 
-def state_from_vfinfo(info: Any) -> tuple[int, VfState]:
+def _state_from_vfinfo(info: Any) -> tuple[int, VfState]:
     """The VF index and settings in one ``IFLA_VF_INFO`` of a pyroute2 link message."""
     mac = info.get_attr("IFLA_VF_MAC")
     vlan = info.get_attr("IFLA_VF_VLAN")
@@ -185,7 +185,7 @@ class NetlinkVfLinks:
         if vfinfo is None:
             return None
         for info in vfinfo.get_attrs("IFLA_VF_INFO"):
-            index, state = state_from_vfinfo(info)
+            index, state = _state_from_vfinfo(info)
             if index == vf:
                 return state
         return None
