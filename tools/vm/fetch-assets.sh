@@ -3,7 +3,11 @@
 #
 #   tools/vm/fetch-assets.sh            # idempotent: does nothing when .vm/ is complete
 #
-# * qemu-system-x86 and busybox-static come from Debian (apt-get install);
+# * qemu-system-x86 and busybox-static come from Debian (apt-get install). QEMU must emulate the Intel
+#   82576 NIC (-device igb, QEMU >= 8.0) for devplug-sriov's real-NIC scenarios: on bookworm, whose own
+#   QEMU is 7.2, it comes from bookworm-backports (the suite is added to apt's sources, once, when no
+#   source lists it). Without root or without the suite, the older QEMU stays, with a warning, and the
+#   igb scenarios are skipped (failed under DEVPLUG_REQUIRE_VM=1);
 # * the distribution kernel is whatever linux-image-amd64 depends on today
 #   (never pinned: old ABI versions leave the mirror); only the kernel image
 #   (uncompressed to vmlinux, which QEMU boots through its PVH entry point) and
@@ -15,21 +19,72 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 VM="$ROOT/.vm"
-# nvme: the SR-IOV physical function devplug-sriov is tested on (QEMU 7.2 has no SR-IOV NIC).
-MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay nvme"
+# nvme: an SR-IOV physical function devplug-sriov is tested on (every QEMU has it); igb and igbvf: the
+# kernel's drivers of the Intel 82576 PF and its VFs, the SR-IOV NIC of QEMU >= 8.0.
+MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay nvme igb igbvf"
 
 log() { echo "fetch-assets: $*" >&2; }
 apt_get() { "$ROOT/tools/apt-get" "$@"; }  # bounded retries and timeouts
 
-need_apt=()
-command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
-[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx depmod || need_apt+=(busybox-static)
-if [ "${#need_apt[@]}" -gt 0 ]; then
-  log "installing ${need_apt[*]}"
-  export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx depmod || {
+  log "installing busybox-static"
   apt_get update -qq
-  apt_get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  apt_get install -y -qq --no-install-recommends busybox-static >/dev/null
+}
+
+# QEMU with the emulated 82576 (igb). `-device help` lists the device models this build has.
+has_igb() { command -v qemu-system-x86_64 >/dev/null && qemu-system-x86_64 -device help 2>/dev/null | grep -q '"igb"'; }
+qemu_version() { qemu-system-x86_64 --version 2>/dev/null | sed -n 1p || echo "no QEMU"; }
+codename="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
+apt_sources=(/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources)
+debian_uri() {  # the URI apt fetches bookworm itself from (a configured mirror serves its backports too)
+  local uri
+  uri="$(sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\)[[:space:]]\+bookworm[[:space:]].*/\2/p' \
+    "${apt_sources[@]}" 2>/dev/null | sed -n 1p)"
+  [ -n "$uri" ] || uri="$(awk 'BEGIN { RS = "" } /\nSuites:[^\n]*[ \t]bookworm([ \t]|\n|$)|^Suites:[^\n]*[ \t]bookworm([ \t]|\n|$)/ {
+      if (match($0, /URIs:[ \t]*[^ \t\n]+/)) { u = substr($0, RSTART, RLENGTH); sub(/URIs:[ \t]*/, "", u); print u; exit } }' \
+    "${apt_sources[@]}" 2>/dev/null)"
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+add_backports() {  # idempotent: nothing when a source already lists bookworm-backports
+  if grep -qsE '^[^#]*bookworm-backports' "${apt_sources[@]}"; then
+    return 0
+  fi
+  local file=/etc/apt/sources.list.d/devplug-bookworm-backports.sources
+  log "adding bookworm-backports to apt's sources ($file)"
+  {
+    echo "Types: deb"
+    echo "URIs: $(debian_uri)"
+    echo "Suites: bookworm-backports"
+    echo "Components: main"
+    if [ -f /usr/share/keyrings/debian-archive-keyring.gpg ]; then
+      echo "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
+    fi
+  } >"$file"
+}
+if ! has_igb; then
+  if [ "$(id -u)" != 0 ]; then
+    log "WARNING: $(qemu_version) cannot emulate igb, and installing a newer QEMU needs root"
+  else
+    target=()
+    if [ "$codename" = bookworm ]; then
+      add_backports
+      target=(-t bookworm-backports)  # QEMU 10 and the seabios it needs, from backports
+    fi
+    log "installing qemu-system-x86 ${target[*]}"
+    if ! { apt_get update -qq && apt_get install -y -qq --no-install-recommends "${target[@]}" qemu-system-x86 >/dev/null; }; then
+      log "WARNING: apt-get could not install qemu-system-x86 ${target[*]}"
+    fi
+  fi
+  if has_igb; then
+    log "$(qemu_version): has igb"
+  else
+    log "WARNING: $(qemu_version) has no igb device: devplug-sriov's igb scenarios will be skipped" \
+      "(and fail under DEVPLUG_REQUIRE_VM=1)"
+  fi
 fi
+command -v qemu-system-x86_64 >/dev/null || { log "no qemu-system-x86_64 after set-up"; exit 1; }
 
 # Resolve the kernel package through the meta-package, as the mirror has it today.
 resolve() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }

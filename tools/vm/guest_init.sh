@@ -13,7 +13,7 @@ mount -t devtmpfs devtmpfs /dev
 
 say() { echo "devplug-vm: $*"; }
 
-for m in virtio_pci 9pnet_virtio 9p overlay e1000e nvme vfio-pci vfio_iommu_type1; do
+for m in virtio_pci 9pnet_virtio 9p overlay e1000e nvme igb igbvf vfio-pci vfio_iommu_type1; do
   modprobe "$m" || say "modprobe $m failed"
 done
 
@@ -40,6 +40,9 @@ mount --bind /lib/modules /newroot/lib/modules
 if [ "$overlay" = 0 ]; then
   mount -t tmpfs -o size=128m tmpfs /newroot/tmp
 fi
+
+# Loopback up: tests talk to the daemon they start over 127.0.0.1 (its metrics), and to nothing else.
+ip link set lo up || say "cannot bring lo up"
 
 say "running tests"
 chroot /newroot /bin/sh /devplug-vm-results/cmd.sh

@@ -2,7 +2,7 @@
 
 ::
 
-    python tools/vm/run_guest.py --results DIR [--no-iommu] [--timeout S] -- PYTEST_ARGS...
+    python tools/vm/run_guest.py --results DIR [--no-iommu] [--igb] [--timeout S] -- PYTEST_ARGS...
 
 Boots ``.vm/vmlinux`` (see ``tools/vm/fetch-assets.sh``) with a busybox
 initramfs on a q35 machine with a virtual Intel IOMMU and these PCI devices,
@@ -13,8 +13,12 @@ at fixed addresses the tests rely on:
 * ``0000:00:05.0`` and ``0000:00:05.1``: two functions of a multi-function ``edu``
   device, which share one IOMMU group (conventional PCI has no ACS);
 * ``0000:00:06.0`` an empty PCIe root port (a bridge, on pcieport), which vfio-pci's probe refuses;
-* ``0000:01:00.0`` behind the root port ``0000:00:07.0``: an NVMe controller (1b36:0010, on the nvme
-  driver) with SR-IOV, at most 4 virtual functions (``sriov_totalvfs``), each in its own IOMMU group.
+* ``0000:02:00.0`` behind the root port ``0000:00:07.0``: an NVMe controller (1b36:0010, on the nvme
+  driver) with SR-IOV, at most 4 virtual functions (``sriov_totalvfs``), each in its own IOMMU group;
+* with ``--igb`` (QEMU >= 8.0, see :func:`has_igb`), ``0000:03:00.0`` behind the root port ``0000:00:08.0``:
+  QEMU's Intel 82576 NIC (8086:10c9) on the kernel's igb driver, with SR-IOV (at most 7 VFs, 8086:10ca,
+  driven by igbvf), its link on QEMU's user network with ``restrict=on`` (no host access, no outside
+  traffic). Without ``--igb`` the machine is exactly as before, so the other suites' device lists hold.
 
 The guest mounts the host's ``/`` read-only (9p) under a tmpfs overlay and
 chroots into it, so ``<repo>/.venv/bin/pytest`` runs there with
@@ -41,6 +45,8 @@ VM_DIR = REPO / ".vm"
 QEMU = "qemu-system-x86_64"
 GUEST_RESULTS = "/devplug-vm-results"
 NO_RESULT = 100
+#: QEMU's model of the Intel 82576 (``hw/net/igb.c``, QEMU 8.0 and later): an SR-IOV NIC on the kernel's igb.
+IGB = "igb"
 
 
 class _Cpio:
@@ -108,8 +114,24 @@ def missing_assets() -> list[str]:
     return missing
 
 
-def qemu_command(initramfs: Path, results: Path, iommu: bool) -> list[str]:
-    """The QEMU command line for one guest run."""
+def qemu_devices() -> set[str]:
+    """The device models this QEMU build has (``-device help``), empty when QEMU is missing or fails."""
+    try:
+        listing = subprocess.run(
+            [QEMU, "-device", "help"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {line.split('"')[1] for line in listing.splitlines() if line.startswith('name "')}
+
+
+def has_igb() -> bool:
+    """Whether this QEMU emulates the 82576 (``-device igb``): QEMU 8.0 and later; Debian bookworm's 7.2 does not."""
+    return IGB in qemu_devices()
+
+
+def qemu_command(initramfs: Path, results: Path, iommu: bool, igb: bool = False) -> list[str]:
+    """The QEMU command line for one guest run (``igb``: with the 82576 NIC, see the module docstring)."""
     append = "console=ttyS0 panic=-1 loglevel=4"
     machine = "q35"
     devices: list[str] = []
@@ -129,6 +151,13 @@ def qemu_command(initramfs: Path, results: Path, iommu: bool) -> list[str]:
         "-device", "nvme,serial=devplugsriov,subsys=nvmesubsys0,bus=rp7,addr=00.0,sriov_max_vfs=4,"
         "sriov_vq_flexible=8,sriov_vi_flexible=4",
     ]  # fmt: skip
+    if igb:
+        devices += [
+            "-device", "pcie-root-port,id=rp8,bus=pcie.0,addr=08.0,chassis=8",
+            # The PF's link: QEMU's user network, restricted (no host access, no traffic leaves the guest).
+            "-netdev", "user,id=igbnet,restrict=on",
+            "-device", f"{IGB},netdev=igbnet,bus=rp8,addr=00.0",
+        ]  # fmt: skip
     return [
         QEMU,
         "-machine", machine,
@@ -150,11 +179,13 @@ def qemu_command(initramfs: Path, results: Path, iommu: bool) -> list[str]:
     ]  # fmt: skip
 
 
-def run(results: Path, pytest_args: list[str], iommu: bool = True, timeout: float = 600.0) -> int:
-    """Boot the guest once, run pytest there, return pytest's exit status."""
+def run(results: Path, pytest_args: list[str], iommu: bool = True, timeout: float = 600.0, igb: bool = False) -> int:
+    """Boot the guest once, run pytest there, return pytest's exit status (``igb``: with the 82576 NIC)."""
     missing = missing_assets()
     if missing:
         raise RuntimeError("cannot boot the test VM, missing: " + "; ".join(missing))
+    if igb and not has_igb():
+        raise RuntimeError(f"cannot boot the test VM with the igb NIC: {QEMU} has no '{IGB}' device (QEMU < 8.0)")
     results.mkdir(parents=True, exist_ok=True)
     for name in ("junit.xml", "exit-code", "console.log"):
         (results / name).unlink(missing_ok=True)
@@ -172,7 +203,7 @@ def run(results: Path, pytest_args: list[str], iommu: bool = True, timeout: floa
         build_initramfs(initramfs)
         with (results / "console.log").open("wb") as console:
             proc = subprocess.run(
-                qemu_command(initramfs, results, iommu),
+                qemu_command(initramfs, results, iommu, igb),
                 stdin=subprocess.DEVNULL,
                 stdout=console,
                 stderr=subprocess.STDOUT,
@@ -191,11 +222,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, required=True, help="folder for junit.xml, exit-code, console.log")
     parser.add_argument("--no-iommu", action="store_true", help="boot without the virtual IOMMU")
+    parser.add_argument("--igb", action="store_true", help="add the 82576 SR-IOV NIC (QEMU >= 8.0)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the guest is killed")
     parser.add_argument("pytest_args", nargs="*", help="arguments for pytest in the guest (after --)")
     ns = parser.parse_args()
     started = time.monotonic()
-    code = run(ns.results.resolve(), ns.pytest_args, iommu=not ns.no_iommu, timeout=ns.timeout)
+    code = run(ns.results.resolve(), ns.pytest_args, iommu=not ns.no_iommu, timeout=ns.timeout, igb=ns.igb)
     print(f"run_guest: pytest exit {code} after {time.monotonic() - started:.1f} s", file=sys.stderr)
     return code
 

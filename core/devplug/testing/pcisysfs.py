@@ -82,6 +82,14 @@ daemon under test in a child process (and its successor after a
     1 (the default) probes drivers for VFs as they are created; 0 leaves new
     VFs without a driver until one is bound explicitly. It applies to VFs
     created after the write.
+  - Hot-removing a PF (``remove``): a PF driver that disables SR-IOV in its
+    remove callback (igb: ``igb_remove`` calls ``igb_disable_sriov``;
+    ``enable_sriov(..., disabled_on_remove=True)``) takes its VFs away with
+    it; one that does not (nvme, as QEMU's controller shows) leaves them, and
+    the kernel only warns (``drivers/pci/iov.c``, ``pci_iov_remove``: "driver
+    left SR-IOV enabled after remove"). A rescan brings the PF back with its
+    SR-IOV capability, no VFs and autoprobe 1 (``pci_iov_init`` on the new
+    device).
   - Network VFs: with ``netdev`` a PF on a driver shows ``net/<netdev>``, and a
     VF bound to its VF driver shows ``net/<netdev>v<N>``; with ``rdma`` such a
     VF also shows ``infiniband_verbs/uverbs<M>`` and the dev root gets
@@ -98,7 +106,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +178,8 @@ class ModelSriov:
     rdma: bool = False
     autoprobe: bool = True
     vfs: list[str] = field(default_factory=list)
+    #: The PF's driver disables SR-IOV when the PF is removed (igb does, nvme does not).
+    disabled_on_remove: bool = False
 
 
 def _device_from_json(data: dict[str, Any]) -> ModelDevice:
@@ -342,16 +352,20 @@ class PciSysfsModel:
         vf_driver: str | None = None,
         netdev: str | None = None,
         rdma: bool = False,
+        disabled_on_remove: bool = False,
     ) -> None:
         """Give the physical function at ``address`` the SR-IOV capability (no VF enabled yet).
 
         ``vf_driver`` names the kernel driver matching the VF ID (loaded if it
         is not); ``netdev`` makes the PF a NIC with that interface name, its
-        VFs named ``<netdev>v<N>``; ``rdma`` gives those VFs verbs devices.
+        VFs named ``<netdev>v<N>``; ``rdma`` gives those VFs verbs devices;
+        ``disabled_on_remove``: the PF's driver removes its VFs when the PF is removed.
         """
         with self._lock:
             dev = self._device(address)
-            dev.sriov = ModelSriov(total_vfs, vf_device, offset, stride, vf_driver, netdev, rdma)
+            dev.sriov = ModelSriov(
+                total_vfs, vf_device, offset, stride, vf_driver, netdev, rdma, disabled_on_remove=disabled_on_remove
+            )
             dev.netdev_name = netdev
             if vf_driver is not None:
                 self.load_driver(vf_driver, ids=[(dev.vendor, vf_device)])
@@ -439,13 +453,23 @@ class PciSysfsModel:
 
     def _remove(self, dev: ModelDevice) -> None:
         """Hot-removal; the device is kept aside, as the hardware is still in its slot for a rescan."""
+        if dev.sriov is not None and dev.sriov.disabled_on_remove and dev.driver is not None:
+            for address in dev.sriov.vfs:  # the PF driver's remove disables SR-IOV
+                vf = self.devices.pop(address, None)
+                if vf is not None:
+                    vf.driver = None
+            dev.sriov.vfs = []
         del self.devices[dev.address]
         self._removed[dev.address] = dev
 
     def _rescan(self) -> None:
-        """``bus/pci/rescan``: removed devices come back as new ones (no override, no driver) and are probed."""
+        """``bus/pci/rescan``: removed devices come back as new ones (no override, no driver) and are probed;
+        a PF with its SR-IOV capability (no VFs, autoprobe 1) and its interface name."""
         for address, old in sorted(self._removed.items()):
             dev = ModelDevice(address, old.vendor, old.device, old.class_, old.numa_node, old.iommu_group)
+            if old.sriov is not None:
+                dev.sriov = replace(old.sriov, vfs=[], autoprobe=True)
+                dev.netdev_name = old.netdev_name
             self.devices[address] = dev
             self._attach(dev)
         self._removed.clear()

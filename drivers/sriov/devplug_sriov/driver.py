@@ -7,8 +7,12 @@ CNI convention) and, in ``vfio-pci`` mode, binds each VF to vfio-pci
 (:mod:`devplug.pci`, shared with devplug-vfio) and hands out its
 ``/dev/vfio`` nodes; RDMA verbs devices go along when the VF has them.
 ``deallocate`` resets a kernel-mode VF through netlink on its PF
-(:mod:`devplug_sriov.netlink`) or gives a vfio-bound VF back to its own
-driver. Every step is recorded first (:mod:`devplug_sriov.state`).
+(:mod:`devplug_sriov.reset`: each setting on its own, then read back and
+checked) or gives a vfio-bound VF back to its own driver. Every step is
+recorded first (:mod:`devplug_sriov.state`). A VF whose reset or restore
+failed stays out of service, unhealthy with the reason (``devplug status``
+shows it on the device and under ``reset_failures`` in the driver status)
+until a retry succeeds.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
 from devplug.pci import VFIO_PCI, PciBus
 from devplug.sysfs import HostSysfs, SysfsAccess
-from devplug_sriov.netlink import NetlinkVfLinks, VfLinks, VfSettings
+from devplug_sriov.netlink import LINK_STATES, NetlinkVfLinks, VfLinks, VfSettings
 from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import resolve_pfs, selects_vf
 from devplug_sriov.setup import apply, plan_setup
@@ -31,6 +36,9 @@ from devplug_sriov.sriov import PhysFn, SriovBus, VirtFn
 from devplug_sriov.state import StateStore, VfRecord
 
 __all__ = ["SriovDriver", "env_name"]
+
+#: PCI base class of network controllers (``include/linux/pci_ids.h``, ``PCI_BASE_CLASS_NETWORK``).
+_NETWORK_CLASS = 0x02
 
 
 def env_name(resource_name: str) -> str:
@@ -96,7 +104,9 @@ class SriovDriver:
         self.bus = PciBus(self.access)
         self.sriov = SriovBus(self.bus)
         self.links: VfLinks = links or NetlinkVfLinks(options.netns)
-        self.settings = VfSettings(spoofchk=options.spoofchk, trust=options.trust)
+        self.settings = VfSettings(
+            spoofchk=options.spoofchk, trust=options.trust, link_state=LINK_STATES[options.link_state]
+        )
         self._lock = threading.RLock()
         self._ctx: DriverContext | None = None
         self._store: StateStore | None = None
@@ -106,6 +116,7 @@ class SriovDriver:
         self._advertised: dict[str, Device] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._published: dict[str, str] | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -162,6 +173,15 @@ class SriovDriver:
         assert self._store is not None, "start was not called"
         self._store.save(self._records)
         self._publish_allocated()
+        self._publish_failures()
+
+    def _publish_failures(self) -> None:
+        """``reset_failures`` in ``devplug status``: each VF out of service and why (when that changed)."""
+        assert self._ctx is not None, "start was not called"
+        failures = {a: r.reason for a, r in sorted(self._records.items()) if r.reason}
+        if failures != self._published:
+            self._ctx.publish_status({"reset_failures": failures})
+            self._published = failures
 
     def _publish_allocated(self) -> None:
         assert self._ctx is not None, "start was not called"
@@ -195,31 +215,38 @@ class SriovDriver:
         out: dict[str, Device] = {}
         for address, vf in pool.items():
             topology = Topology((vf.dev.numa_node,)) if vf.dev.numa_node >= 0 else Topology()
-            out[address] = Device(address, self._health(address), topology)
+            health, reason = self._health_and_reason(address)
+            out[address] = Device(address, health, topology, reason=reason)
         for address, old in self._advertised.items():
             if address not in out:
-                out[address] = old.with_health(Health.UNHEALTHY)  # vanished: a VF count changed behind our back
+                # vanished: a VF count changed behind our back, or its PF was removed
+                out[address] = replace(old, health=Health.UNHEALTHY, reason="the VF vanished")
         return [out[a] for a in sorted(out)]
 
     def _health(self, address: str) -> Health:
+        return self._health_and_reason(address)[0]
+
+    def _health_and_reason(self, address: str) -> tuple[Health, str]:
         vf = self._pool.get(address)
         if vf is None or not self.bus.exists(address):
-            return Health.UNHEALTHY
+            return Health.UNHEALTHY, "the VF vanished"
         record = self._records.get(address)
+        if record is not None and record.phase in ("resetting", "restoring") and record.reason:
+            return Health.UNHEALTHY, record.reason  # its last reset or restore failed: out of service
         if record is not None and record.phase == "resetting":
-            return Health.UNHEALTHY  # its last reset failed (the reason is logged and in devplug status)
+            return Health.UNHEALTHY, "its reset has not finished"
         if record is not None and record.phase == "bound" and self.bus.driver(address) != VFIO_PCI:
-            return Health.UNHEALTHY  # another driver took it from the pod
+            return Health.UNHEALTHY, "another driver took it from vfio-pci while a pod holds it"
         if self.options.pf_link_health:
             pf = self._pfs.get(vf.pf)
             if pf is None or pf.netdev is None:
-                return Health.UNHEALTHY
+                return Health.UNHEALTHY, f"its PF {vf.pf} has no network interface"
             try:
                 if not self.links.link_up(pf.netdev):
-                    return Health.UNHEALTHY
-            except DriverError:
-                return Health.UNHEALTHY
-        return Health.HEALTHY
+                    return Health.UNHEALTHY, f"its PF's link ({pf.netdev}) is down"
+            except DriverError as exc:
+                return Health.UNHEALTHY, f"its PF's link cannot be read: {exc}"
+        return Health.HEALTHY, ""
 
     def refresh(self, push: bool = True) -> list[Device]:
         """Retry failed resets, rescan; push the list when it changed."""
@@ -230,6 +257,11 @@ class SriovDriver:
                     self._release(failed)
                 except DriverError as exc:
                     self._log().debug("reset still failing: %s", exc)
+            return self._rescan(push)
+
+    def _rescan(self, push: bool = True) -> list[Device]:
+        """Scan; push the list when it changed (health or reason)."""
+        with self._lock:
             devices = self._scan()
             changed = devices != list(self._advertised.values())
             self._advertised = {d.id: d for d in devices}
@@ -330,10 +362,14 @@ class SriovDriver:
         and the failure (raised) names it and why.
         """
         with self._lock:
-            self._release([a for a in device_ids if a in self._records])
+            try:
+                self._release([a for a in device_ids if a in self._records])
+            finally:
+                self._rescan()  # a VF out of service is advertised so at once, with its reason
 
     def _release(self, addresses: Sequence[str]) -> None:
-        """Restore (vfio-pci) or reset (kernel) each VF; records of those that failed stay for a retry."""
+        """Give each VF back to its own driver (vfio-pci mode), then reset its settings on a network PF; records
+        of those that failed stay for a retry."""
         if not addresses:
             return
         for address in addresses:
@@ -353,12 +389,17 @@ class SriovDriver:
             try:
                 if record.phase == "restoring":
                     self.bus.restore(address, record.original_driver)
-                else:
-                    self._reset(address, record)
+                    record.phase = "resetting"  # a PF's settings for the VF outlive vfio-pci (a CNI may set them)
+                    self._save()
+                self._reset(address, record)
             except DriverError as exc:
+                if str(exc) != record.reason:
+                    self._log().error("%s: out of service: %s", address, exc, extra={"device": address})
                 record.reason = str(exc)
                 failures.append(str(exc))
                 continue
+            if record.reason:
+                self._log().info("%s: back in service", address, extra={"device": address})
             del self._records[address]
         self._save()
         if failures:
@@ -369,6 +410,12 @@ class SriovDriver:
         if pf is None:
             raise DriverError(f"{address}: its PF {record.pf} vanished; cannot reset VF {record.index}")
         if pf.netdev is None:
+            if pf.dev.class_ >> 16 == _NETWORK_CLASS:
+                raise DriverError(
+                    f"{address}: its PF {pf.dev.describe()} is a network controller whose interface this daemon "
+                    f"cannot see, so VF {record.index}'s MAC, VLAN, spoof checking, trust and link state cannot be "
+                    "reset (is the interface in another network namespace? the netns option names it)"
+                )
             return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
         self.links.reset_vf(pf.netdev, record.index, self.settings)
         self._log().info("%s: reset (%s VF %d)", address, pf.netdev, record.index)

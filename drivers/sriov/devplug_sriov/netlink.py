@@ -1,39 +1,92 @@
-"""Resetting a network VF's administrative settings on its PF, through netlink (pyroute2).
+"""A VF's administrative settings on its PF, read and set through netlink (pyroute2).
 
-A VF's MAC, VLAN, spoof-check, trust and link state are attributes of the
-PF's link (``IFLA_VFINFO_LIST``, ``include/uapi/linux/if_link.h``), set with
-``RTM_SETLINK`` on the PF. :class:`VfLinks` is the narrow interface the driver
-uses; :class:`NetlinkVfLinks` is the real one (pyroute2, the maintained
-netlink library; never a shell-out to ``ip``), and
-:class:`devplug_sriov.vfmodel.VfLinkModel` a model of the same attributes for
-tests, as no virtual device (dummy, veth) implements them.
+A VF's MAC, VLAN, spoof check, trust and link state are attributes of its
+PF's link (``IFLA_VFINFO_LIST``, ``include/uapi/linux/if_link.h``):
+``RTM_GETLINK`` reports them when asked with ``RTEXT_FILTER_VF`` in
+``IFLA_EXT_MASK``, as ``ip link show`` asks (``net/core/rtnetlink.c``,
+``rtnl_fill_vf`` and ``rtnl_fill_vfinfo``); ``RTM_SETLINK`` sets them
+(``do_setvfinfo``). :class:`VfLinks` is the narrow interface the driver uses;
+:class:`NetlinkVfLinks` is the real one (pyroute2, the maintained netlink
+library; never a shell-out to ``ip``), and
+:class:`devplug_sriov.vfmodel.VfLinkModel` a model of the same kernel
+behaviour for tests, as no virtual device (dummy, veth) has VFs. Both reset a
+VF the same way, :func:`devplug_sriov.reset.reset_vf` over their two
+primitives (read a VF, set some of its attributes).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from devplug import DriverError
 
-__all__ = ["LINK_STATE_AUTO", "NetlinkVfLinks", "VfLinks", "VfSettings"]
+__all__ = [
+    "LINK_STATES",
+    "LINK_STATE_AUTO",
+    "ZERO_MAC",
+    "NetlinkVfLinks",
+    "VfLinks",
+    "VfRefused",
+    "VfSettings",
+    "VfState",
+    "describe_errno",
+]
 
-#: ``IFLA_VF_LINK_STATE_AUTO``: the VF's link follows the PF's.
+#: ``IFLA_VF_LINK_STATE_AUTO``: the VF's link follows the PF's. The value a driver without a link-state handler
+#: reports (``rtnl_fill_vfinfo`` presets it).
 LINK_STATE_AUTO = 0
+#: ``IFLA_VF_LINK_STATE_*`` by the names ``ip link set <pf> vf N state ...`` takes.
+LINK_STATES = {"auto": LINK_STATE_AUTO, "enable": 1, "disable": 2}
 _IFF_UP = 0x1
 _IFF_LOWER_UP = 0x10000
+#: ``RTEXT_FILTER_VF`` (``include/uapi/linux/rtnetlink.h``): report the VFs in ``RTM_GETLINK``.
+_RTEXT_FILTER_VF = 1
+#: What the kernel reports for a spoof-check or trust setting the driver left unset (``rtnl_fill_vfinfo``: -1).
+_NOT_REPORTED = 0xFFFFFFFF
 ZERO_MAC = "00:00:00:00:00:00"
+
+
+def describe_errno(code: int) -> str:
+    """``[Errno 95] Operation not supported``: how an errno reads in messages."""
+    return f"[Errno {code}] {os.strerror(code)}"
 
 
 @dataclass(frozen=True)
 class VfSettings:
-    """A VF's administrative settings on its PF."""
+    """What a released VF's administrative settings are reset to (VLAN 0 means no VLAN, and no QoS)."""
 
     mac: str = ZERO_MAC
     vlan: int = 0
     spoofchk: bool = True
     trust: bool = False
     link_state: int = LINK_STATE_AUTO
+
+
+@dataclass(frozen=True)
+class VfState:
+    """What the PF reports for one VF (``RTM_GETLINK``, ``rtnl_fill_vfinfo``).
+
+    ``spoofchk`` and ``trust`` are ``None`` when the driver does not report
+    them (the kernel's -1: its ``ndo_get_vf_config`` left them unset).
+    """
+
+    mac: str
+    vlan: int
+    qos: int
+    spoofchk: bool | None
+    trust: bool | None
+    link_state: int
+
+
+class VfRefused(DriverError):
+    """The kernel refused an ``RTM_SETLINK`` of VF attributes; ``errno`` is its answer."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.errno = code
 
 
 class VfLinks(Protocol):
@@ -43,9 +96,44 @@ class VfLinks(Protocol):
         """True when the interface is up and has carrier; :class:`DriverError` when it does not exist."""
         ...
 
-    def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
-        """Set VF ``vf`` of ``pf_ifname`` to ``settings``; :class:`DriverError` naming both when refused."""
+    def vf_state(self, pf_ifname: str, vf: int) -> VfState | None:
+        """VF ``vf`` as ``pf_ifname`` reports it; ``None`` when it reports nothing for that VF (no such VF, or a
+        driver without SR-IOV operations); :class:`DriverError` when the interface does not exist."""
         ...
+
+    def set_vf(self, pf_ifname: str, vf: int, **attributes: Any) -> None:
+        """One ``RTM_SETLINK`` on ``pf_ifname`` carrying the given attributes of VF ``vf`` (``mac``, ``vlan`` with
+        ``qos``, ``spoofchk``, ``link_state``, ``trust``); :class:`VfRefused` with the kernel's errno."""
+        ...
+
+    def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
+        """Reset VF ``vf`` to ``settings`` and check it took (:func:`devplug_sriov.reset.reset_vf`);
+        :class:`devplug_sriov.reset.VfResetError` naming every attribute that is not as wanted."""
+        ...
+
+
+def _state_from_vfinfo(info: Any) -> tuple[int, VfState]:
+    """The VF index and settings in one ``IFLA_VF_INFO`` of a pyroute2 link message."""
+    mac = info.get_attr("IFLA_VF_MAC")
+    vlan = info.get_attr("IFLA_VF_VLAN")
+    spoofchk = info.get_attr("IFLA_VF_SPOOFCHK")
+    trust = info.get_attr("IFLA_VF_TRUST")
+    link_state = info.get_attr("IFLA_VF_LINK_STATE")
+
+    def flag(nla: Any, key: str) -> bool | None:
+        if nla is None or int(nla[key]) == _NOT_REPORTED:
+            return None
+        return bool(nla[key])
+
+    state = VfState(
+        mac=str(mac["mac"]).lower(),
+        vlan=int(vlan["vlan"]) if vlan is not None else 0,
+        qos=int(vlan["qos"]) if vlan is not None else 0,
+        spoofchk=flag(spoofchk, "spoofchk"),
+        trust=flag(trust, "trust"),
+        link_state=int(link_state["link_state"]) if link_state is not None else LINK_STATE_AUTO,
+    )
+    return int(mac["vf"]), state
 
 
 class NetlinkVfLinks:
@@ -59,13 +147,15 @@ class NetlinkVfLinks:
 
         return IPRoute(netns=self.netns) if self.netns else IPRoute()
 
-    def _where(self) -> str:
+    @property
+    def where(self) -> str:
+        """`` in network namespace <name>`` (empty in the daemon's own), for messages."""
         return f" in network namespace {self.netns}" if self.netns else ""
 
     def _index(self, ipr: Any, ifname: str) -> int:
         found = ipr.link_lookup(ifname=ifname)
         if not found:
-            raise DriverError(f"network interface {ifname} not found{self._where()}")
+            raise DriverError(f"network interface {ifname} not found{self.where}")
         return int(found[0])
 
     def link_up(self, ifname: str) -> bool:
@@ -76,27 +166,58 @@ class NetlinkVfLinks:
             with self._ipr() as ipr:
                 msg = ipr.link("get", index=self._index(ipr, ifname))[0]
         except NetlinkError as exc:
-            raise DriverError(f"{ifname}: cannot read the link{self._where()}: {exc}") from exc
+            raise DriverError(f"{ifname}: cannot read the link{self.where}: {describe_errno(exc.code)}") from exc
         flags = int(msg["flags"])
         return bool(flags & _IFF_UP) and bool(flags & _IFF_LOWER_UP)
 
-    def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
-        """One ``RTM_SETLINK`` on the PF carrying every VF attribute."""
+    def vf_state(self, pf_ifname: str, vf: int) -> VfState | None:
+        """``RTM_GETLINK`` with ``RTEXT_FILTER_VF``; the entry of ``IFLA_VFINFO_LIST`` for VF ``vf``."""
         from pyroute2.netlink.exceptions import NetlinkError
 
-        spec = {
-            "vf": vf,
-            "mac": settings.mac,
-            "vlan": settings.vlan,
-            "spoofchk": int(settings.spoofchk),
-            "trust": int(settings.trust),
-            "link_state": settings.link_state,
-        }
+        try:
+            with self._ipr() as ipr:
+                msg = ipr.link("get", index=self._index(ipr, pf_ifname), ext_mask=_RTEXT_FILTER_VF)[0]
+        except NetlinkError as exc:
+            raise DriverError(
+                f"{pf_ifname}: cannot read its VFs' settings{self.where}: {describe_errno(exc.code)}"
+            ) from exc
+        vfinfo = msg.get_attr("IFLA_VFINFO_LIST")
+        if vfinfo is None:
+            return None
+        for info in vfinfo.get_attrs("IFLA_VF_INFO"):
+            index, state = _state_from_vfinfo(info)
+            if index == vf:
+                return state
+        return None
+
+    def set_vf(self, pf_ifname: str, vf: int, **attributes: Any) -> None:
+        """One ``RTM_SETLINK`` with one ``IFLA_VF_INFO`` holding the given attributes."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        spec: dict[str, Any] = {"vf": vf}
+        for name, value in attributes.items():
+            if name == "qos":
+                continue
+            if name == "vlan":
+                spec["vlan"] = {"vlan": int(value), "qos": int(attributes.get("qos", 0))}
+            elif name in ("spoofchk", "trust"):
+                spec[name] = int(bool(value))
+            elif name in ("mac", "link_state"):
+                spec[name] = value
+            else:
+                raise ValueError(f"set_vf: unknown VF attribute {name!r}")
         try:
             with self._ipr() as ipr:
                 ipr.link("set", index=self._index(ipr, pf_ifname), vf=spec)
         except NetlinkError as exc:
-            raise DriverError(
-                f"{pf_ifname} VF {vf}: the kernel refused to reset its settings (MAC, VLAN, spoof-check, trust, "
-                f"link state){self._where()}: {exc}"
+            code = exc.code or errno.EIO
+            shown = ", ".join(f"{k} {v}" for k, v in attributes.items())
+            raise VfRefused(
+                f"{pf_ifname} VF {vf}: the kernel refused {shown}{self.where}: {describe_errno(code)}", code
             ) from exc
+
+    def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
+        """:func:`devplug_sriov.reset.reset_vf` through this namespace's netlink."""
+        from devplug_sriov.reset import reset_vf
+
+        reset_vf(self, pf_ifname, vf, settings, where=self.where)

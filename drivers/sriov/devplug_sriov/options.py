@@ -20,7 +20,9 @@
   mode) or ``"vfio-pci"`` (bound to vfio-pci for the pod, restored on release);
 * ``autoprobe`` -- ``sriov_drivers_autoprobe`` written on each of ``pfs``
   (unset: 0 for ``vfio-pci``, 1 for ``kernel``);
-* ``spoofchk``, ``trust`` -- what a released network VF is reset to;
+* ``spoofchk``, ``trust``, ``link_state`` -- what a released network VF's
+  spoof check, trust and link state (``"auto"``, ``"enable"``, ``"disable"``)
+  are reset to (see :mod:`devplug_sriov.reset`);
 * ``pf_link_health`` -- a PF whose link is down makes its VFs unhealthy;
 * ``netns`` -- the network namespace (``/var/run/netns/<name>``) where the PFs'
   interfaces are, when it is not the daemon's own;
@@ -40,9 +42,10 @@ from typing import Literal
 
 from devplug.options import refuse_kernel_trees
 
-__all__ = ["PfSelector", "SriovOptions", "VfDriverMode", "VfRange", "parse_pf_selector", "parse_vf_range"]
+__all__ = ["LinkState", "PfSelector", "SriovOptions", "VfDriverMode", "VfRange", "parse_pf_selector", "parse_vf_range"]
 
 VfDriverMode = Literal["kernel", "vfio-pci"]
+LinkState = Literal["auto", "enable", "disable"]
 
 _ADDRESS = re.compile(r"^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 _PAIR = re.compile(r"^(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})$")
@@ -129,6 +132,7 @@ class SriovOptions:
     autoprobe: bool | None = None
     spoofchk: bool = True
     trust: bool = False
+    link_state: LinkState = "auto"
     pf_link_health: bool = False
     netns: str = ""
     sysfs_root: Path = Path("/sys")
@@ -156,6 +160,8 @@ class SriovOptions:
                 raise ValueError(f"num_vfs: must be from 0 to 4096, got {self.num_vfs}")
         if self.vf_driver not in ("kernel", "vfio-pci"):
             raise ValueError(f"vf_driver: expected 'kernel' or 'vfio-pci', got {self.vf_driver!r}")
+        if self.link_state not in ("auto", "enable", "disable"):
+            raise ValueError(f"link_state: expected 'auto', 'enable' or 'disable', got {self.link_state!r}")
         if self.netns and ("/" in self.netns or self.netns in (".", "..")):
             raise ValueError(f"netns: {self.netns!r} is not a network namespace name (as in /var/run/netns/)")
         if not math.isfinite(self.rescan_interval) or not 0 <= self.rescan_interval <= 86400:

@@ -8,8 +8,10 @@ atomically before sysfs or netlink is touched:
   allocation that did not complete through ``deallocate``, which restores it;
 * ``bound`` -- on vfio-pci for a pod;
 * ``restoring`` -- the move back to ``original_driver`` had begun; ``start`` finishes it;
-* ``resetting`` -- the netlink reset had begun, or failed; ``start`` (and every
-  rescan) tries again, and the VF stays unhealthy until it succeeds.
+* ``resetting`` -- the netlink reset of the VF's settings on its PF (after the
+  restore, in vfio-pci mode) had begun, or failed; ``start`` (and every rescan)
+  tries again, and the VF stays out of service, unhealthy with ``reason``,
+  until it succeeds.
 
 These records also say which VFs are allocated, so the set-up never removes them.
 """

@@ -18,10 +18,11 @@ from devplug.config import parse_config
 from devplug.testing.configs import write_toml
 from devplug.testing.pcisysfs import PciSysfsModel
 from devplug_sriov import STATE_FILE, SriovDriver, SriovOptions
-from devplug_sriov.netlink import VfSettings
-from devplug_sriov.vfmodel import VfLinkModel
+from devplug_sriov.netlink import VfRefused, VfSettings, VfState
+from devplug_sriov.vfmodel import IGB_VF_OPS, NEW_VF, VfLinkModel
 
 NIC_PF = "0000:3b:00.0"  # ens1f0: an X710-like PF on i40e, NUMA node 1, VFs at 3b:02.0 onwards (offset 16)
+IGB_PF, IGB_VF0, IGB_VF1 = "0000:5e:00.0", "0000:5e:10.0", "0000:5e:10.2"  # an 82576 on igb (offset 128, stride 2)
 NIC2_PF = "0000:86:00.0"  # ens2f0, NUMA node 0
 
 
@@ -93,6 +94,7 @@ def test_a_vf_that_cannot_be_reset_stays_unhealthy_with_the_reason(
     h = make_harness(model, links, pfs=["ens1f0"], num_vfs=2).start()
     table = h.hooks.list_devices()
     h.hooks.allocate([nic_vf(0)])
+    links.set_vf("ens1f0", 0, vlan=42, trust=True)  # the tenant's; a VF already as wanted needs no request
     links.refuse.add(("ens1f0", 0))
 
     with pytest.raises(DriverError, match="ens1f0 VF 0: the kernel refused to reset its settings"):
@@ -125,6 +127,115 @@ def test_a_crash_while_resetting_is_finished_on_restart(
     assert model.numvfs_of(NIC_PF) == 2  # nothing re-created
     restarted.release([nic_vf(1)], retry=True)
     assert links.resets == [("ens1f0", 1)]
+
+
+def _igb_nic(model: PciSysfsModel, links: VfLinkModel) -> None:
+    """ens3f0: an 82576 on igb (no link-state handler), its VF settings following the PCI model."""
+    model.add_device(IGB_PF, 0x8086, 0x10C9, 0x020000, iommu_group=30, driver="igb")
+    model.enable_sriov(IGB_PF, 7, 0x10CA, offset=128, stride=2, vf_driver="igbvf", netdev="ens3f0")
+    links.add_pf("ens3f0", ops=IGB_VF_OPS, pci=model, address=IGB_PF)
+
+
+def test_the_reset_sends_what_differs_each_on_its_own_trust_first_and_checks_it(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    _igb_nic(model, links)
+    h = make_harness(model, links, pfs=["ens3f0"], num_vfs=2).start()
+    h.hooks.allocate([IGB_VF0, IGB_VF1])
+    links.set_vf("ens3f0", 0, mac="02:00:00:00:00:01", vlan=5, qos=2, spoofchk=False, trust=True)
+    links.set_vf("ens3f0", 1, vlan=7)
+    links.requests.clear()
+
+    h.release([IGB_VF0, IGB_VF1])
+
+    assert links.requests == [  # never the link state: igb reports auto, the wanted value
+        ("ens3f0", 0, ("trust",)),
+        ("ens3f0", 0, ("mac",)),
+        ("ens3f0", 0, ("vlan",)),
+        ("ens3f0", 0, ("spoofchk",)),
+        ("ens3f0", 1, ("vlan",)),
+    ]
+    assert [links.vf_state("ens3f0", i) for i in range(2)] == [NEW_VF, NEW_VF]
+    assert links.resets == [("ens3f0", 0), ("ens3f0", 1)]
+
+
+def test_the_old_one_request_reset_fails_on_igb_and_leaves_the_vf_trusted(links: VfLinkModel) -> None:
+    links.add_pf("ens3f0", 2, ops=IGB_VF_OPS)
+    links.set_vf("ens3f0", 0, mac="02:00:00:00:00:01", vlan=5, trust=True)
+    with pytest.raises(VfRefused) as info:  # what the reset sent before: every attribute in one RTM_SETLINK
+        links.set_vf("ens3f0", 0, mac="00:00:00:00:00:00", vlan=0, spoofchk=True, link_state=0, trust=False)
+    assert info.value.errno == errno.EOPNOTSUPP
+    assert links.vf_state("ens3f0", 0) == VfState("00:00:00:00:00:00", 0, 0, True, True, 0)
+    links.reset_vf("ens3f0", 0, VfSettings())  # the reset now
+    assert links.vf_state("ens3f0", 0) == NEW_VF
+
+
+def test_a_vf_whose_trust_cannot_be_cleared_stays_out_of_service_saying_so(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    _igb_nic(model, links)
+    h = make_harness(model, links, pfs=["ens3f0"], num_vfs=2).start()
+    table = h.hooks.list_devices()
+    h.hooks.allocate([IGB_VF0])
+    links.set_vf("ens3f0", 0, mac="02:00:00:00:00:01", vlan=5, trust=True)
+    links.fail[("ens3f0", 0, "trust")] = errno.EIO
+
+    with pytest.raises(DriverError) as info:
+        h.release([IGB_VF0])
+
+    message = str(info.value)
+    assert message == (
+        "ens3f0 VF 0: the kernel refused to reset its settings (the VF may still be TRUSTED): "
+        "trust: on, wanted off (refused: [Errno 5] Input/output error)"
+    )
+    assert links.vf("ens3f0", 0) == VfSettings(trust=True)  # the rest was reset all the same
+    assert h.hooks.check_health(table) == {IGB_VF0: Health.UNHEALTHY}
+    pushed = {d.id: d for d in h.sink.pushes[-1]}
+    assert (pushed[IGB_VF0].health, pushed[IGB_VF0].reason) == (Health.UNHEALTHY, message)
+    assert h.sink.published == {"reset_failures": {IGB_VF0: message}}
+    assert _state(h)[IGB_VF0]["reason"] == message
+    assert {d.id: d.health for d in h.driver.refresh()}[IGB_VF0] is Health.UNHEALTHY  # retried, refused again
+
+    del links.fail[("ens3f0", 0, "trust")]  # the driver recovers: the next rescan's retry clears it
+    assert {d.id: (d.health, d.reason) for d in h.driver.refresh()}[IGB_VF0] == (Health.HEALTHY, "")
+    assert links.vf_state("ens3f0", 0) == NEW_VF
+    assert h.sink.published == {"reset_failures": {}}
+
+
+def test_a_setting_the_driver_takes_but_does_not_apply_is_caught_by_the_check(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    _igb_nic(model, links)
+    h = make_harness(model, links, pfs=["ens3f0"], num_vfs=1).start()
+    h.hooks.allocate([IGB_VF0])
+    links.set_vf("ens3f0", 0, vlan=5, qos=1)
+    links.ignore.add(("ens3f0", 0, "vlan"))
+    with pytest.raises(DriverError, match=r"VF 0: .*settings: VLAN: 5 qos 1, wanted none \(set without error\)$"):
+        h.release([IGB_VF0])
+    assert [d.health for d in h.hooks.list_devices()] == [Health.UNHEALTHY]
+
+
+def test_a_link_state_the_driver_has_a_handler_for_is_reset(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    h = make_harness(model, links, pfs=["ens1f0"], num_vfs=1, link_state="disable").start()  # i40e-like: it has one
+    h.hooks.allocate([nic_vf(0)])
+    links.set_vf("ens1f0", 0, link_state=1, trust=True)
+    h.release([nic_vf(0)])
+    assert links.vf("ens1f0", 0) == VfSettings(link_state=2)
+
+
+def test_a_network_pf_without_a_visible_interface_is_not_taken_for_a_non_network_one(
+    tmp_path: Path, links: VfLinkModel, make_harness: Any
+) -> None:
+    machine = PciSysfsModel(tmp_path / "netless")
+    machine.add_device(IGB_PF, 0x8086, 0x10C9, 0x020000, iommu_group=30, driver="igb")
+    machine.enable_sriov(IGB_PF, 7, 0x10CA, offset=128, stride=2, vf_driver="igbvf")  # its interface elsewhere
+    h = make_harness(machine, links, pfs=[IGB_PF], num_vfs=1).start()
+    h.hooks.allocate([IGB_VF0])
+    with pytest.raises(DriverError, match=rf"{IGB_VF0}: its PF {IGB_PF} .* is a network controller whose interface"):
+        h.release([IGB_VF0])
+    assert [d.health for d in h.hooks.list_devices()] == [Health.UNHEALTHY]
 
 
 def test_pf_link_down_makes_its_vfs_unhealthy_when_asked(
@@ -205,6 +316,7 @@ def _tables(model: PciSysfsModel, resources: dict[str, dict[str, Any]]) -> dict[
         ({"pfs": ["ens1f0"], "vf_driver": "vfio"}, r"vf_driver: expected one of 'kernel', 'vfio-pci'"),
         ({"pfs": ["ens1f0"], "vf_devices": ["154c"]}, "vf_devices: '154c' is not a 'vendor:device'"),
         ({"pfs": ["ens1f0"], "num_vf": 4}, "num_vf: unknown key; did you mean 'num_vfs'"),
+        ({"pfs": ["ens1f0"], "link_state": "down"}, r"link_state: expected one of 'auto', 'enable', 'disable'"),
     ],
 )
 def test_config_errors_name_the_resource_and_the_key(options: dict[str, Any], message: str) -> None:

@@ -3,8 +3,9 @@
 The PF is a veth interface there. Its link state is real; the VF attributes
 (MAC, VLAN, spoof-check, trust, link state) are not emulated by any virtual
 device: the kernel answers ``EOPNOTSUPP`` (``do_setvfinfo`` finds no
-``ndo_set_vf_*``), which is exactly a reset that fails. What a successful
-reset does to those attributes is covered by :mod:`devplug_sriov.vfmodel`.
+``ndo_set_vf_*``, and reports no VFs), which is exactly a reset that fails.
+What a reset does on a real driver is in ``test_nic_scenarios.py`` (igb in the
+VM, and :mod:`devplug_sriov.vfmodel`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from devplug import DriverError, Health
 from devplug.testing.pcisysfs import PciSysfsModel
-from devplug_sriov.netlink import NetlinkVfLinks, VfSettings
+from devplug_sriov.netlink import NetlinkVfLinks, VfSettings, VfState
 
 PF = "0000:3b:00.0"
 VF0 = "0000:3b:02.0"
@@ -66,3 +67,28 @@ def test_the_driver_with_real_netlink_keeps_an_unresettable_vf_unhealthy(
         h.release([VF0])
 
     assert h.hooks.check_health(table) == {VF0: Health.UNHEALTHY}
+
+
+def test_a_setting_the_driver_does_not_report_reads_as_none() -> None:
+    """``rtnl_fill_vfinfo`` presets spoof check and trust to -1 for drivers whose ``ndo_get_vf_config`` leaves them
+    unset; the message is built and parsed with pyroute2's own codec, as ``RTM_GETLINK`` answers arrive."""
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    from devplug_sriov.netlink import _state_from_vfinfo
+
+    unset = 0xFFFFFFFF
+    msg = ifinfmsg()
+    msg["index"] = 3
+    vf = [
+        ("IFLA_VF_MAC", {"vf": 1, "mac": "02:00:00:00:00:01"}),
+        ("IFLA_VF_VLAN", {"vf": 1, "vlan": 5, "qos": 1}),
+        ("IFLA_VF_SPOOFCHK", {"vf": 1, "spoofchk": unset}),
+        ("IFLA_VF_LINK_STATE", {"vf": 1, "link_state": 2}),
+        ("IFLA_VF_TRUST", {"vf": 1, "trust": unset}),
+    ]
+    msg["attrs"] = [("IFLA_VFINFO_LIST", {"attrs": [("IFLA_VF_INFO", {"attrs": vf})]})]
+    msg.encode()
+    parsed = ifinfmsg(msg.data)
+    parsed.decode()
+    (info,) = parsed.get_attr("IFLA_VFINFO_LIST").get_attrs("IFLA_VF_INFO")
+    assert _state_from_vfinfo(info) == (1, VfState("02:00:00:00:00:01", 5, 1, None, None, 2))
