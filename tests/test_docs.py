@@ -46,7 +46,14 @@ def test_every_metric_is_in_the_metrics_table() -> None:
     metrics.observer("example.com/a", "mock")
     figures = [
         ResourceFigures(
-            "example.com/a", 1, 0, registered=True, registrations=1, kubelet_restarts=0, shared=[("gpu0", 4, 1, 1)]
+            "example.com/a",
+            1,
+            0,
+            registered=True,
+            registrations=1,
+            kubelet_restarts=0,
+            shared=[("gpu0", 4, 1, 1)],
+            unhealthy_reasons=[("gpu1", "fan stopped")],
         )
     ]
     metrics.registry.register(EngineCollector(lambda: figures))
@@ -54,7 +61,7 @@ def test_every_metric_is_in_the_metrics_table() -> None:
     process = [f for f in families if f.name.startswith("process_")]  # prometheus-client's, documented as a group
     assert process and "| `process_*` |" in README
     families = [f for f in families if f not in process]
-    assert len(families) == 23
+    assert len(families) == 24
     rows = {line.split("|")[1].strip(): line for line in README.splitlines() if line.startswith("| `devplug_")}
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name

@@ -197,6 +197,11 @@ class Daemon:
                     allocated=len(r.ledger.held_devices()),
                     busy=len(lifecycle.busy_devices()) if lifecycle is not None else 0,
                     failing_releases=len(lifecycle.release_failures) if lifecycle is not None else 0,
+                    unhealthy_reasons=[
+                        (dev_id, device.reason or "")
+                        for dev_id in sorted(r.table.unhealthy_ids())
+                        if (device := r.table.reported(dev_id)) is not None
+                    ],
                 )
             )
         return figures

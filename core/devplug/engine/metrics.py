@@ -66,6 +66,9 @@ def _version() -> str:
         return "unknown"
 
 
+#: A driver's reason for an unhealthy device is cut to this many characters in a label.
+REASON_LABEL_CHARS = 200
+
 #: How long a probe (and a scrape's read of the engine) waits for the event loop to run a call.
 PROBE_TIMEOUT_S = 2.0
 
@@ -106,6 +109,8 @@ class ResourceFigures:
     busy: int = 0
     #: Releases failing (retried with backoff).
     failing_releases: int = 0
+    #: Each device the driver reports unhealthy, with the reason it gives (empty when it gives none).
+    unhealthy_reasons: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True)
@@ -256,7 +261,15 @@ class EngineCollector(Collector):
         failing = GaugeMetricFamily(
             "devplug_releases_failing", "Releases failing, retried with backoff.", labels=["resource"]
         )
+        reasons = GaugeMetricFamily(
+            "devplug_device_unhealthy",
+            "1 for each device its driver reports unhealthy, with the driver's reason (say, a VF whose trust could "
+            "not be cleared).",
+            labels=["resource", "device", "reason"],
+        )
         for f in figures:
+            for device, reason in f.unhealthy_reasons:
+                reasons.add_metric([f.resource, device, reason[:REASON_LABEL_CHARS]], 1)
             allocated.add_metric([f.resource], f.allocated)
             busy.add_metric([f.resource], f.busy)
             failing.add_metric([f.resource], f.failing_releases)
@@ -269,7 +282,19 @@ class EngineCollector(Collector):
             registered.add_metric([f.resource], 1 if f.registered else 0)
             registrations.add_metric([f.resource], f.registrations)
             restarts.add_metric([f.resource], f.kubelet_restarts)
-        return [devices, registered, registrations, restarts, replicas, in_use, tenants, allocated, busy, failing]
+        return [
+            devices,
+            registered,
+            registrations,
+            restarts,
+            replicas,
+            in_use,
+            tenants,
+            allocated,
+            busy,
+            failing,
+            reasons,
+        ]
 
     def describe(self) -> Iterable[Metric]:
         return []  # read only at scrape time (registering must not call the engine)
