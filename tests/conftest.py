@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,3 +41,27 @@ def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     for name in list(sys.modules):
         if name.startswith("devplug_test_"):
             del sys.modules[name]
+
+
+@pytest.fixture
+def fresh_venv() -> Callable[[Path], Path]:
+    """``fresh_venv(where)``: a virtual environment with its own site-packages that also sees this one's (devplug,
+    pytest, pip and setuptools: without pip of its own, the ensurepip copies would shadow them); its python."""
+
+    def make(where: Path) -> Path:
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=300, capture_output=True
+        )
+        python = where / "bin" / "python"
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        ours = sysconfig.get_paths()["purelib"]
+        assert Path(purelib) != Path(ours)
+        (Path(purelib) / "zz_devplug_test_parent.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+        return python
+
+    return make

@@ -14,7 +14,7 @@ import inspect
 import re
 import subprocess
 import sys
-import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -112,32 +112,13 @@ def test_a_hook_added_to_the_contract_without_a_skeleton_body_fails_the_generato
         render_hooks(bodies)
 
 
-def _fresh_venv(where: Path) -> Path:
-    """A virtual environment with its own site-packages that also sees this one's (devplug, pytest, pip and
-    setuptools: without pip of its own, the ensurepip copies would shadow them)."""
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=300, capture_output=True
-    )
-    python = where / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    ours = sysconfig.get_paths()["purelib"]
-    assert Path(purelib) != Path(ours)
-    (Path(purelib) / "zz_devplug_test_parent.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
-    return python
-
-
-def test_a_generated_skeleton_installs_and_its_tests_pass(tmp_path: Path) -> None:
+def test_a_generated_skeleton_installs_and_its_tests_pass(tmp_path: Path, fresh_venv: Callable[[Path], Path]) -> None:
     done = _devplug("new-driver", "acme", "--into", str(tmp_path))
     assert done.returncode == 0, done.stderr
     project = tmp_path / "devplug-acme"
     assert f"wrote {project}" in done.stdout
 
-    python = _fresh_venv(tmp_path / "venv")
+    python = fresh_venv(tmp_path / "venv")
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", str(project)],
         capture_output=True,

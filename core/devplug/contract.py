@@ -9,26 +9,37 @@ the version it was written against as a literal class attribute::
         hook_contract = "1.0"
 
 The minor number grows when the core adds to the contract without breaking a
-driver written before (a new optional hook, a new field on a value type); the
-major number when it changes or removes something a driver relies on. So the
-core calls a driver whose contract has its own major number and a minor number
-no higher than its own, and refuses any other when the driver is discovered
+driver written before: a new optional hook, a new optional argument to a hook
+(a driver that does not declare it is called without it; the shipped drivers
+give theirs defaults, so a subclass calling ``super()`` the old way still
+works), a new field with a default on a value type. The major number grows when
+it changes or removes something a driver relies on. So the core calls a driver
+whose contract has its own major number and a minor number no higher than its
+own, and refuses any other when the driver is discovered
 (:func:`check_hook_contract`, called by :meth:`devplug.drivers.DriverInfo.load`),
-before any hook runs. A change of major number comes with a new minor release
-of the ``devplug`` distribution (0.1 -> 0.2), so a driver's
-``devplug>=0.1,<0.2`` pin keeps pip from pairing them in the first place.
+before any hook runs. A driver that declares no contract was written before the
+attribute existed, against contract 1.0: it is called as such, with a warning
+saying what to add. A change of major number comes with a new minor release of
+the ``devplug`` distribution (0.1 -> 0.2), so a driver's ``devplug>=0.1,<0.2``
+pin keeps pip from pairing them in the first place.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 from devplug.errors import DriverLoadError
 
-__all__ = ["CONTRACT_ATTRIBUTE", "HOOK_CONTRACT", "check_hook_contract", "parse_contract"]
+__all__ = ["CONTRACT_ATTRIBUTE", "HOOK_CONTRACT", "UNDECLARED_CONTRACT", "check_hook_contract", "parse_contract"]
+
+log = logging.getLogger("devplug.drivers")
 
 #: The contract this core speaks.
 HOOK_CONTRACT = "1.0"
+
+#: The contract of a driver that declares none: it was written before the attribute existed.
+UNDECLARED_CONTRACT = "1.0"
 
 #: The class attribute a driver declares its contract in.
 CONTRACT_ATTRIBUTE = "hook_contract"
@@ -56,11 +67,17 @@ def check_hook_contract(cls: type, driver: str, distribution: str, version: str)
     declared = getattr(cls, CONTRACT_ATTRIBUTE, None)
     core = parse_contract(HOOK_CONTRACT)
     if declared is None:
-        raise DriverLoadError(
-            f"{where}: class {cls.__qualname__} declares no hook contract; this devplug speaks hook contract "
-            f"{HOOK_CONTRACT} (a driver written for it sets the class attribute "
-            f"{CONTRACT_ATTRIBUTE} = {HOOK_CONTRACT!r})"
+        log.warning(
+            "%s: class %s declares no hook contract: called as a driver of hook contract %s (this devplug speaks "
+            "%s); set the class attribute %s = %r to say so",
+            where,
+            cls.__qualname__,
+            UNDECLARED_CONTRACT,
+            HOOK_CONTRACT,
+            CONTRACT_ATTRIBUTE,
+            UNDECLARED_CONTRACT,
         )
+        declared = UNDECLARED_CONTRACT
     if not isinstance(declared, str):
         raise DriverLoadError(
             f"{where}: {cls.__qualname__}.{CONTRACT_ATTRIBUTE} must be a string like {HOOK_CONTRACT!r}, "

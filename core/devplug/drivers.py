@@ -427,7 +427,12 @@ class DriverHooks:
         sole = None if self._tracing else _sole_implementation(self.pm.hook.allocate)
         if sole is not None:  # what pluggy does with one plain implementation, without its dispatch
             args = {"device_ids": ids, "replicas": shown}
-            part = sole.function(*[args[name] for name in sole.argnames])
+            if sole.kwargnames:  # arguments the implementation gives defaults (pluggy passes those it is given)
+                part = sole.function(
+                    *[args[name] for name in sole.argnames], **{n: args[n] for n in sole.kwargnames if n in args}
+                )
+            else:
+                part = sole.function(*[args[name] for name in sole.argnames])
             parts: list[Any] = [] if part is None else [part]
         else:
             parts = [p for p in self.pm.hook.allocate(device_ids=ids, replicas=shown) if p is not None]

@@ -80,14 +80,16 @@ def test_a_driver_built_for_another_contract_is_refused(fake_distribution: Make,
     assert advice in message
 
 
-def test_a_driver_declaring_no_contract_is_refused_with_the_line_to_add(fake_distribution: Make) -> None:
+def test_a_driver_declaring_no_contract_is_taken_as_contract_1_0_with_the_line_to_add(
+    fake_distribution: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25: a driver written before the attribute existed (contract 1.0) kept working, with a warning."""
     _driver(fake_distribution, "undeclared", "")
-    with pytest.raises(DriverLoadError) as info:
-        load_driver_class("undeclared")
-    message = str(info.value)
-    assert "driver 'undeclared' from devplug-test-undeclared 1.2.3" in message
-    assert f"declares no hook contract; this devplug speaks hook contract {HOOK_CONTRACT}" in message
-    assert f"hook_contract = {HOOK_CONTRACT!r}" in message
+    assert load_driver_class("undeclared").__name__ == "Driver"
+    (warning,) = [r.getMessage() for r in caplog.records if "declares no hook contract" in r.getMessage()]
+    assert "driver 'undeclared' from devplug-test-undeclared 1.2.3" in warning
+    assert f"called as a driver of hook contract 1.0 (this devplug speaks {HOOK_CONTRACT})" in warning
+    assert "hook_contract = '1.0'" in warning
 
 
 @pytest.mark.parametrize(("declared", "expected"), [("1", "must be a string"), ("'one'", "not a contract version")])

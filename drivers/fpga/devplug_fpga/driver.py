@@ -356,7 +356,7 @@ class FpgaDriver:
         self._log().info("%s deprogrammed and verified", target.id, extra={"device": target.id})
 
     @hookimpl
-    def post_stop(self, device_ids: Sequence[str], retry: bool) -> None:
+    def post_stop(self, device_ids: Sequence[str], retry: bool = False) -> None:
         """Deprogram, then verify, each device; on a retry, devices already clean are left alone."""
         with self._lock:
             wanted = self._targets_of(device_ids)
@@ -372,7 +372,7 @@ class FpgaDriver:
             raise DriverError("; ".join(failures))
 
     @hookimpl
-    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+    def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
         """Free the devices (deprogramming any never cleaned), then save power on cards left wholly free."""
         store = self._state()
         with self._lock:

@@ -81,9 +81,9 @@ class MockOptions:
             raise ValueError(f"inline_hooks: must be true or false, got {self.inline_hooks!r}")
 
 
-def _shared(replicas: Replicas) -> dict[str, Any]:
+def _shared(replicas: Replicas | None) -> dict[str, Any]:
     """What a call record says about shared devices (nothing when the call's devices are not shared)."""
-    if not replicas.shared:
+    if replicas is None or not replicas.shared:
         return {}
     return {
         "replicas": {dev: list(ids) for dev, ids in replicas.by_device.items()},
@@ -98,6 +98,9 @@ def _directs(found: DeviceFile) -> bool:
 
 class MockDriver:
     """A devplug driver whose devices are the regular files of a folder.
+
+    Subclass it freely: every hook argument added to the contract after 1.0 (``retry``, ``replicas``) has a
+    default, so a subclass written against contract 1.0 may call ``super().allocate(device_ids)``.
 
     Implements every hook. ``preferred_allocation`` defers to the core's NUMA
     packing. Each device describes what a container gets for it
@@ -215,7 +218,7 @@ class MockDriver:
         )
 
     @hookimpl
-    def allocate(self, device_ids: Sequence[str], replicas: Replicas) -> ContainerAllocation:
+    def allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
         """``MOCK_DEVICES``; the device nodes and mounts come from the devices' own descriptions."""
 
         def allocation() -> ContainerAllocation:
@@ -224,17 +227,17 @@ class MockDriver:
         return self._hook("allocate", device_ids, allocation, extra=_shared(replicas))
 
     @hookimpl
-    def pre_start(self, device_ids: Sequence[str], replicas: Replicas) -> None:
+    def pre_start(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> None:
         """Record the call (and obey ``fail=``/``delay=``)."""
         self._hook("pre_start", device_ids, lambda: None, extra=_shared(replicas))
 
     @hookimpl
-    def post_stop(self, device_ids: Sequence[str], retry: bool, replicas: Replicas) -> None:
+    def post_stop(self, device_ids: Sequence[str], retry: bool = False, replicas: Replicas | None = None) -> None:
         """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``)."""
         self._hook("post_stop", device_ids, lambda: None, retry=retry, extra=_shared(replicas))
 
     @hookimpl
-    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+    def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
         """Record the call, with ``retry`` when true (and obey ``fail=``/``delay=``).
 
         Without ``replicas``, as drivers written before sharing (and subclasses calling it) have it: a shared

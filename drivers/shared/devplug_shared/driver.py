@@ -269,7 +269,7 @@ class SharedDriver:
         return ContainerAllocation(envs=envs, devices=tuple(nodes))
 
     @hookimpl
-    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+    def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
         """Delete this node's claims on the slots at once (idempotent: a retry finds them gone)."""
         _, backend, held = self._need()
         ids = list(device_ids)

@@ -354,7 +354,7 @@ class SriovDriver:
             self._log().error("could not undo the failed allocation: %s", exc)
 
     @hookimpl
-    def deallocate(self, device_ids: Sequence[str], retry: bool) -> None:
+    def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
         """Reset each network VF through netlink, or give a vfio-bound VF back to its driver.
 
         At least once: with ``retry`` (after a crash) a VF already released

@@ -1,0 +1,44 @@
+"""A core upgrade never breaks a driver (issue 25): a driver written against hook contract 1.0 (no declared
+contract, hooks with only the arguments 1.0 had) and a subclass of the shipped mock calling its hooks the 1.0 way,
+kept as a project under tests/fixtures, are installed as a wheel into a fresh virtual environment beside this
+checkout's core and pass the driver conformance class there, on every change of the core."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "devplug-legacy"
+#: The conformance checks each legacy driver class passes (those needing slow_release or bad_options skip).
+CONFORMANCE_CHECKS = 6
+
+
+def test_a_driver_written_against_contract_1_0_passes_the_conformance_class(
+    tmp_path: Path, fresh_venv: Callable[[Path], Path]
+) -> None:
+    project = tmp_path / "devplug-legacy"
+    shutil.copytree(FIXTURE, project)
+    python = fresh_venv(tmp_path / "venv")
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    (project / "devplug_legacy").rename(project / "source-moved-away")  # only the installed wheel can be imported
+    tests = subprocess.run(
+        [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "tests"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        timeout=600,
+    )
+    output = tests.stdout + tests.stderr
+    assert tests.returncode == 0, output
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed|error)", output)}
+    assert counts.get("passed", 0) == 2 * CONFORMANCE_CHECKS, output
+    assert "failed" not in counts and "error" not in counts, output
