@@ -55,7 +55,7 @@ def test_the_timing_knobs_reach_the_config(devplug_daemon: Callable[..., Running
         health_interval=0.25,
         hook_timeout=4.0,
     )
-    assert daemon.config["release"] == {"interval": 0.5, "grace_period": 3.0}
+    assert daemon.config["release"] == {"interval": 0.5, "grace_period": 3.0, "max_retry_interval": 2.0}
     assert daemon.config["shutdown"] == {"timeout": 7.0}
     resource = daemon.config["resources"]["example.com/mock"]
     assert (resource["health_interval"], resource["hook_timeout"]) == (0.25, 4.0)

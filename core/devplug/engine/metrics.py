@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib.metadata
 import logging
 import platform
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+import devplug
 from devplug.contract import HOOK_CONTRACT
 from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
@@ -57,13 +57,6 @@ __all__ = [
 T = TypeVar("T")
 
 log = logging.getLogger("devplug.engine")
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("devplug")
-    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown"
 
 
 #: A driver's reason for an unhealthy device is cut to this many characters in a label.
@@ -337,7 +330,7 @@ class Metrics:
             ["version", "hook_contract", "python"],
             registry=r,
         )
-        build.labels(_version(), HOOK_CONTRACT, platform.python_version()).set(1)
+        build.labels(devplug.__version__, HOOK_CONTRACT, platform.python_version()).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds, ...
 
     def observer(self, resource: str, driver: str) -> PrometheusObserver:

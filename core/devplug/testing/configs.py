@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devplug.devkubelet.daemonconfig import no_containers_liveness
 from devplug.tomlwrite import dumps_toml, write_toml
 
 __all__ = ["dev_config", "dumps_toml", "write_toml"]
@@ -46,7 +45,11 @@ def dev_config(
             **(release or {}),
         },
     }
-    config["liveness"] = dict(liveness) if liveness is not None else no_containers_liveness(root)
+    if liveness is None:
+        from devplug.devkubelet.daemonconfig import no_containers_liveness  # the dev kubelet's package imports grpc
+
+        liveness = no_containers_liveness(root)
+    config["liveness"] = dict(liveness)
     if shutdown_timeout is not None:
         config["shutdown"] = {"timeout": shutdown_timeout}
     if metrics is not None:
