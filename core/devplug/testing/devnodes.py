@@ -20,10 +20,22 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["NULL_DEVICE", "is_device_node", "make_char_device"]
+__all__ = ["NULL_DEVICE", "is_device_node", "make_char_device", "mknod_char_device"]
 
 #: ``/dev/null``'s (major, minor).
 NULL_DEVICE = (1, 3)
+
+
+def mknod_char_device(path: Path, device: tuple[int, int] = NULL_DEVICE, mode: int = 0o666) -> None:
+    """Make ``path`` a character device numbered ``device`` with ``mknod(2)``, replacing what is there.
+
+    Raises :class:`PermissionError` (``EPERM``) where the process may not make device nodes.
+    """
+    path = Path(path)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    os.mknod(path, stat.S_IFCHR | mode, os.makedev(*device))
+    os.chmod(path, mode)  # mknod's mode is masked by the umask
 
 
 def make_char_device(path: Path, device: tuple[int, int] = NULL_DEVICE, mode: int = 0o666) -> bool:
@@ -32,17 +44,13 @@ def make_char_device(path: Path, device: tuple[int, int] = NULL_DEVICE, mode: in
     Returns True for a real node; False when ``mknod`` was refused
     (``EPERM``) and a symlink to ``/dev/null`` was made instead.
     """
-    path = Path(path)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
     try:
-        os.mknod(path, stat.S_IFCHR | mode, os.makedev(*device))
+        mknod_char_device(path, device, mode)
     except PermissionError as exc:
         if exc.errno != errno.EPERM:
             raise
-        path.symlink_to("/dev/null")
+        Path(path).symlink_to("/dev/null")
         return False
-    os.chmod(path, mode)  # mknod's mode is masked by the umask
     return True
 
 
