@@ -234,6 +234,8 @@ class ContainerRuntime:
         container = RuntimeContainer(container_id, label, role, cgroup)
         self._containers[container_id] = container
         if self.fs is None:
+            if role == "init":
+                self._gone_now(container, 0)  # it ran to completion
             return container
         assert cgroup is not None
         self.fs.ensure(cgroup)
