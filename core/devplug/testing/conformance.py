@@ -26,7 +26,9 @@ implement ``list_devices``; the checks, one test each:
 
 * ``test_advertises_its_devices`` -- every device registered, listed to the kubelet, healthy;
 * ``test_allocates_a_pod`` -- a pod gets distinct advertised devices, the ``allocate`` hook (when the driver
-  records one) saw exactly them, and the kubelet got the driver's answer (:meth:`check_allocation`);
+  records one) saw exactly them, the kubelet got the driver's answer (:meth:`check_allocation`), and its
+  container started: every ``DeviceSpec`` host path is a device node (on the node whose ``/dev`` is
+  :meth:`node_dev_root`'s), as containerd requires;
 * ``test_releases_exactly_once[stock|kep]`` -- after the pod is removed, each release hook (``post_stop`` then
   ``deallocate``, as far as the driver implements them: :attr:`release_hooks`) ran once, not flagged as a retry,
   after the pod was gone; a restart repeats nothing; the device is healthy again. On a stock kubelet
@@ -145,6 +147,16 @@ class DriverConformance:
         """Options with one wrong value, at :attr:`bad_option_key` (``None``: no such check)."""
         return None
 
+    def node_dev_root(self, folder: Path) -> Path | None:
+        """The node's ``/dev`` for the dev kubelet when the driver's machine is a model in ``folder`` (default:
+        None, the host's ``/dev``).
+
+        The dev kubelet's runtime, as containerd, refuses a container whose
+        ``DeviceSpec`` host path is not a device node; a host path under
+        ``/dev`` is looked up here.
+        """
+        return None
+
     # --- fixtures ---------------------------------------------------------------------------------------
 
     @pytest.fixture
@@ -181,14 +193,21 @@ class DriverConformance:
         )
 
     def start_daemon(self, devplug_daemon: Callable[..., RunningDaemon], folder: Path) -> RunningDaemon:
-        """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s)."""
-        return devplug_daemon(
+        """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s).
+
+        The dev kubelet's ``/dev`` becomes :meth:`node_dev_root`'s, when it names one.
+        """
+        daemon = devplug_daemon(
             {self.resource: self.resource_table(folder)},
             release_interval=0.1,
             grace_period=1.0,
             test_drivers=self.test_drivers,
             python_path=self.python_path,
         )
+        dev_root = self.node_dev_root(folder)
+        if dev_root is not None and daemon.kubelet is not None:
+            daemon.kubelet.dev_root = dev_root
+        return daemon
 
     def release_calls(self, folder: Path, device_id: str, *, started: bool = False) -> list[HookCall]:
         """The recorded release-hook calls touching ``device_id``, finished (or with ``started``, begun)."""
@@ -278,6 +297,8 @@ class DriverConformance:
                 cdi_devices=allocation.cdi_devices,
             )
         self.check_allocation(physical, allocation, conformance_folder)
+        assert dev_kubelet.container_failure("p", "app") is None
+        assert dev_kubelet.running_containers("p") == ["app"]
 
     @pytest.mark.parametrize("kubelet", ["stock", "kep"])
     def test_releases_exactly_once(
