@@ -63,6 +63,7 @@ class Behaviour:
     pre_start_error: str | None = None
     envs_per_device: bool = True  # Allocate answers DEVICES=<ids> in envs
     allocate_gate: asyncio.Event | None = None  # Allocate waits for it (a plugin stuck in Allocate)
+    regular_files: bool = False  # Allocate hands out regular files, not device nodes (what runtimes refuse)
 
 
 class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -124,7 +125,11 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
         plugin.dev_root.mkdir(exist_ok=True)
         for creq in request.container_requests:
             for device_id in creq.devices_ids:
-                make_char_device(plugin.dev_root / device_id)
+                if plugin.behaviour.regular_files:
+                    (plugin.dev_root / device_id).unlink(missing_ok=True)
+                    (plugin.dev_root / device_id).write_text("")
+                else:
+                    make_char_device(plugin.dev_root / device_id)
         responses = [
             dp.ContainerAllocateResponse(
                 envs={"DEVICES": ",".join(creq.devices_ids)},

@@ -84,7 +84,7 @@ ignore) trap '' TERM ;;
 0) trap 'exit 143' TERM ;;
 *) trap "sleep $term; exit 143" TERM ;;
 esac
-[ "$role" = app ] && cat <&3 >/dev/null &
+if [ "$role" = app ]; then cat <&3 >/dev/null & fi
 echo ready
 exec >/dev/null 2>&1
 [ "$role" = init ] && exit 0

@@ -61,7 +61,13 @@ if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread
     from devplug.devkubelet.cgroups import CgroupLayout
 
-__all__ = ["REQUIRE_CGROUPS_ENV", "DevplugCgroupsWarning", "RunningDaemon", "cgroup_layout_for"]
+__all__ = [
+    "REQUIRE_CGROUPS_ENV",
+    "DevplugCgroupsWarning",
+    "RunningDaemon",
+    "cgroup_layout_for",
+    "require_cgroup_layout",
+]
 
 #: Set to 1 to make a dev kubelet without cgroups a test failure instead of a warning.
 REQUIRE_CGROUPS_ENV = "DEVPLUG_REQUIRE_CGROUPS"
@@ -115,25 +121,43 @@ def _probe(version: int | None, driver: str) -> CgroupLayout:
     return layout
 
 
+def _describe(version: int | None, driver: str) -> str:
+    return f"cgroup {'v' + str(version) + ' ' if version else ''}({driver} driver)"
+
+
+def require_cgroup_layout(version: int | None = None, driver: str = "cgroupfs") -> CgroupLayout:
+    """Cgroups of ``version`` (None: the host's kind) with a fresh root, for a test that needs them.
+
+    Skips the test when the host cannot give them (fails it with ``DEVPLUG_REQUIRE_CGROUPS=1``).
+    """
+    try:
+        return _probe(version, driver)
+    except Exception as exc:
+        message = f"the dev kubelet cannot run containers in {_describe(version, driver)}: {exc}"
+        if os.environ.get(REQUIRE_CGROUPS_ENV) == "1":
+            pytest.fail(f"{message} ({REQUIRE_CGROUPS_ENV}=1)", pytrace=False)
+        pytest.skip(message)
+
+
 def cgroup_layout_for(node: pytest.Item | None) -> CgroupLayout | None:
     """The cgroups the ``dev_kubelet`` fixture gives this test (see the module docstring), or None.
 
-    Skips (or, with ``DEVPLUG_REQUIRE_CGROUPS=1``, fails) a test whose marker
-    asks for cgroups the host cannot give; warns and returns None when it
-    cannot give the default ones.
+    A test whose ``devplug_cgroups`` marker asks for cgroups the host cannot
+    give is skipped (failed with ``DEVPLUG_REQUIRE_CGROUPS=1``); without a
+    marker, when the default ones cannot be had, it warns and returns None
+    (``DEVPLUG_REQUIRE_CGROUPS=1``: fails).
     """
     explicit, version, driver = _marker_request(node)
     if version == 0:
         return None
+    if explicit:
+        return require_cgroup_layout(version, driver)
     try:
         return _probe(version, driver)
     except Exception as exc:
-        what = f"cgroup {'v' + str(version) if version else ''} ({driver} driver)".replace("cgroup  ", "cgroup ")
-        message = f"the dev kubelet cannot run containers in {what}: {exc}"
+        message = f"the dev kubelet cannot run containers in {_describe(version, driver)}: {exc}"
         if os.environ.get(REQUIRE_CGROUPS_ENV) == "1":
             pytest.fail(f"{message} ({REQUIRE_CGROUPS_ENV}=1)", pytrace=False)
-        if explicit:
-            pytest.skip(message)
         warnings.warn(
             DevplugCgroupsWarning(
                 f"{message}; its containers run WITHOUT processes (set {REQUIRE_CGROUPS_ENV}=1 to fail instead)"
