@@ -72,8 +72,7 @@ def test_a_marker_turns_processes_off(dev_kubelet: DevKubeletThread) -> None:
     dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c")]))
     assert dev_kubelet.containers_running("p")
     assert dev_kubelet.container_pids("p", "c") == set()
-    with pytest.raises(Exception, match="runs no containers in cgroups"):
-        dev_kubelet.liveness_config()
+    assert dev_kubelet.liveness_config() == {}  # no cgroups to read
 
 
 _INNER = textwrap.dedent(

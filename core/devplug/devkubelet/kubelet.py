@@ -691,11 +691,10 @@ class DevKubelet:
         ``{"cgroup_mount": ..., "cgroup_root": ..., "cgroup_driver": ...}``:
         the cgroup file system (v1: the folder of the controller mounts; v2:
         the cgroup2 mount), the kubelet's ``--cgroup-root``, and the driver.
-        Raises :class:`KubeletError` when no containers run as processes.
+        Empty when no container runs as a process (no :class:`CgroupLayout`):
+        there are no cgroups to read.
         """
-        if self.cgroup_layout is None:
-            raise KubeletError("this dev kubelet runs no containers in cgroups (no CgroupLayout was given)")
-        return self.cgroup_layout.liveness_config()
+        return self.cgroup_layout.liveness_config() if self.cgroup_layout is not None else {}
 
     def _pod_record(self, pod_name: str, namespace: str) -> PodRecord:
         record = self._pods.latest((namespace, pod_name))

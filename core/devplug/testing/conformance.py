@@ -166,6 +166,15 @@ class DriverConformance:
         folder.mkdir()
         return folder
 
+    @pytest.fixture(autouse=True)
+    def _node_dev_root(self, request: pytest.FixtureRequest) -> None:
+        """Every check with a dev kubelet gets :meth:`node_dev_root` as the kubelet's ``/dev``, when it names one."""
+        if "dev_kubelet" not in request.fixturenames:
+            return
+        dev_root = self.node_dev_root(request.getfixturevalue("conformance_folder"))
+        if dev_root is not None:
+            request.getfixturevalue("dev_kubelet").dev_root = dev_root
+
     # --- helpers ------------------------------------------------------------------------------------------
 
     def resource_table(self, folder: Path) -> dict[str, Any]:
@@ -193,21 +202,14 @@ class DriverConformance:
         )
 
     def start_daemon(self, devplug_daemon: Callable[..., RunningDaemon], folder: Path) -> RunningDaemon:
-        """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s).
-
-        The dev kubelet's ``/dev`` becomes :meth:`node_dev_root`'s, when it names one.
-        """
-        daemon = devplug_daemon(
+        """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s)."""
+        return devplug_daemon(
             {self.resource: self.resource_table(folder)},
             release_interval=0.1,
             grace_period=1.0,
             test_drivers=self.test_drivers,
             python_path=self.python_path,
         )
-        dev_root = self.node_dev_root(folder)
-        if dev_root is not None and daemon.kubelet is not None:
-            daemon.kubelet.dev_root = dev_root
-        return daemon
 
     def release_calls(self, folder: Path, device_id: str, *, started: bool = False) -> list[HookCall]:
         """The recorded release-hook calls touching ``device_id``, finished (or with ``started``, begun)."""
