@@ -3,6 +3,8 @@
 It serves ``v1beta1.DevicePlugin`` over grpc.aio on a unix socket in the device
 plugin folder, advertises a configurable device list and options, records
 every call it gets, and can be told to fail a call or end its streams.
+Allocate hands out ``/dev/<id>`` for each device, a character device it makes
+in ``<folder's parent>/dev``, the node's /dev of :func:`running_kubelet`'s kubelet.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from devplug.api.gen.podresources.v1 import api_pb2 as pr
 from devplug.api.gen.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.devkubelet import DevKubelet, ResourceView
+from devplug.testing.devnodes import make_char_device
+from devplug.testing.plugin import cgroup_layout_for
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Behaviour:
     pre_start_error: str | None = None
     envs_per_device: bool = True  # Allocate answers DEVICES=<ids> in envs
     allocate_gate: asyncio.Event | None = None  # Allocate waits for it (a plugin stuck in Allocate)
+    regular_files: bool = False  # Allocate hands out regular files, not device nodes (what runtimes refuse)
 
 
 class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -117,6 +122,14 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.INTERNAL, error)
         if number in plugin.behaviour.allocate_empty:
             return dp.AllocateResponse()
+        plugin.dev_root.mkdir(exist_ok=True)
+        for creq in request.container_requests:
+            for device_id in creq.devices_ids:
+                if plugin.behaviour.regular_files:
+                    (plugin.dev_root / device_id).unlink(missing_ok=True)
+                    (plugin.dev_root / device_id).write_text("")
+                else:
+                    make_char_device(plugin.dev_root / device_id)
         responses = [
             dp.ContainerAllocateResponse(
                 envs={"DEVICES": ",".join(creq.devices_ids)},
@@ -172,6 +185,11 @@ class FakePlugin:
     @property
     def socket(self) -> Path:
         return self.directory / self.endpoint
+
+    @property
+    def dev_root(self) -> Path:
+        """Where the device nodes it hands out are: the node's /dev (see :func:`running_kubelet`)."""
+        return node_dev_root(self.directory)
 
     def record(self, method: str, request: Any) -> None:
         self.calls.append((method, request))
@@ -255,15 +273,27 @@ class FakePlugin:
             queue.put_nowait(None)
 
 
+def node_dev_root(directory: Path) -> Path:
+    """The node's /dev for a kubelet whose device-plugin folder is ``directory``: ``<its parent>/dev``."""
+    return directory.parent / "dev"
+
+
 @contextlib.asynccontextmanager
 async def running_kubelet(directory: Path, **kwargs: Any) -> AsyncIterator[DevKubelet]:
-    """A started DevKubelet on ``directory``, stopped afterwards."""
+    """A started DevKubelet on ``directory``, closed afterwards (every container killed, every cgroup removed).
+
+    Its containers run in cgroups when the host allows (as the ``dev_kubelet``
+    fixture's); its /dev is :func:`node_dev_root`, where :class:`FakePlugin` makes its nodes.
+    """
+    kwargs.setdefault("dev_root", node_dev_root(directory))
+    if "cgroups" not in kwargs:
+        kwargs["cgroups"] = cgroup_layout_for(None)
     kubelet = DevKubelet(directory, **kwargs)
     await kubelet.start()
     try:
         yield kubelet
     finally:
-        await kubelet.stop()
+        await kubelet.close()
 
 
 async def plugin_on(

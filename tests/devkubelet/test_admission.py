@@ -46,7 +46,7 @@ def test_one_allocate_per_container_with_its_answer(plugin_dir: Path) -> None:
             assert kubelet.pods() == [admitted]
             assert gpu(kubelet).in_use == {"a", "b", "c"}
             kinds = [e.kind for e in kubelet.events if e.kind not in ("register", "list-and-watch")]
-            assert kinds == ["allocate", "allocate", "pod-admitted"]
+            assert kinds == ["allocate", "allocate", "pod-admitted", "container-started", "container-started"]
             await plugin.stop()
 
     asyncio.run(body())
@@ -288,8 +288,16 @@ def test_kep_mode_removal_calls_post_stop_per_container_then_deallocate_once(plu
             await kubelet.remove_pod("p")
             assert [list(r.devices_ids) for r in plugin.requests("PostStopContainer")] == [["a"], ["a", "b"]]
             assert [list(r.devices_ids) for r in plugin.requests("Deallocate")] == [["a", "b"]]
-            kinds = [e.kind for e in kubelet.events][-5:]
-            assert kinds == ["pod-finished", "post-stop", "post-stop", "deallocate", "pod-removed"]
+            kinds = [e.kind for e in kubelet.events][-7:]
+            assert kinds == [
+                "pod-finished",
+                "post-stop",
+                "post-stop",
+                "deallocate",
+                "container-exited",  # the sandbox, stopped after the containers
+                "pod-cleaned-up",
+                "pod-removed",
+            ]
             assert gpu(kubelet).in_use == {"c"}
             await plugin.stop()
 

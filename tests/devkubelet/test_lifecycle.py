@@ -13,7 +13,8 @@ import pytest
 
 from devplug.devkubelet import ContainerSpec, DevKubelet, DevKubeletThread, PodSpec, run_foreground
 from devplug.errors import KubeletError
-from tests.devkubelet.fakeplugin import FakePlugin, devs, gpu, plugin_on, running_kubelet
+from devplug.testing.plugin import cgroup_layout_for
+from tests.devkubelet.fakeplugin import FakePlugin, devs, gpu, node_dev_root, plugin_on, running_kubelet
 
 GPU = "example.com/gpu"
 
@@ -145,7 +146,9 @@ def test_socket_paths_too_long_for_unix_sockets_are_refused() -> None:
 
 
 def test_threaded_wrapper(plugin_dir: Path) -> None:
-    with DevKubeletThread(plugin_dir, pod_resources_rate=None) as kubelet:
+    with DevKubeletThread(
+        plugin_dir, pod_resources_rate=None, dev_root=node_dev_root(plugin_dir), cgroups=cgroup_layout_for(None)
+    ) as kubelet:
         plugin_future = asyncio.run_coroutine_threadsafe(_serve_plugin(plugin_dir, kubelet), kubelet.loop)
         plugin = plugin_future.result(30)
         kubelet.wait_registered(GPU)

@@ -96,8 +96,16 @@ def test_remove_pod_finishes_a_running_pod_then_deletes_it(plugin_dir: Path) -> 
             plugin = await plugin_on(kubelet, devs("a"))
             await kubelet.admit_pod(one("p", 1))
             await kubelet.remove_pod("p")
-            kinds = [e.kind for e in kubelet.events][-2:]
-            assert kinds == ["pod-finished", "pod-removed"]
+            kinds = [e.kind for e in kubelet.events][-7:]
+            assert kinds == [
+                "pod-terminating",
+                "container-stopping",
+                "container-exited",
+                "pod-finished",
+                "container-exited",  # the sandbox, stopped after the containers
+                "pod-cleaned-up",
+                "pod-removed",
+            ]
             assert kubelet.pod_phase("p") == PodPhase.DELETED
             assert kubelet.known_pods() == []
             assert kubelet.pod_phase("never") is None

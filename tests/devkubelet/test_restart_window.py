@@ -12,7 +12,8 @@ import pytest
 from devplug.api.gen.podresources.v1 import api_pb2 as pr
 from devplug.api.gen.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodPhase, PodSpec
-from tests.devkubelet.fakeplugin import FakePlugin, devs, list_pods, plugin_on, running_kubelet
+from devplug.testing.plugin import cgroup_layout_for
+from tests.devkubelet.fakeplugin import FakePlugin, devs, list_pods, node_dev_root, plugin_on, running_kubelet
 
 GPU = "example.com/gpu"
 
@@ -94,7 +95,13 @@ def test_nothing_is_freed_until_the_sources_are_ready(plugin_dir: Path) -> None:
 
 
 def test_the_threaded_wrapper_has_the_new_methods(plugin_dir: Path) -> None:
-    with DevKubeletThread(plugin_dir, pod_resources_rate=None, pod_resources_get=True) as kubelet:
+    with DevKubeletThread(
+        plugin_dir,
+        pod_resources_rate=None,
+        pod_resources_get=True,
+        dev_root=node_dev_root(plugin_dir),
+        cgroups=cgroup_layout_for(None),
+    ) as kubelet:
         plugin = asyncio.run_coroutine_threadsafe(
             FakePlugin(plugin_dir, GPU, devs("a", "b")).serve_and_register(kubelet.kubelet_socket), kubelet.loop
         ).result(30)

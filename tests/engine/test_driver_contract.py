@@ -16,6 +16,7 @@ from devplug.engine.status import read_status
 from devplug.hookspecs import ChecksResources, DriverClass
 from devplug.statusview import format_status
 from devplug.testing.daemon import DaemonThread
+from devplug.testing.devnodes import make_char_device
 
 from .conftest import Wait, in_process_config, view_of
 
@@ -58,6 +59,11 @@ class Flaky:
 def test_a_driver_without_allocate_hands_out_what_its_devices_declare(
     dev_kubelet: DevKubeletThread, devplug_root: Path
 ) -> None:
+    node_dev = devplug_root / "dev"  # the node's /dev, where the runtime looks for /dev/s0 and /dev/s1
+    node_dev.mkdir()
+    for name in ("s0", "s1"):
+        make_char_device(node_dev / name)
+    dev_kubelet.dev_root = node_dev
     with DaemonThread(in_process_config(devplug_root, {SIMPLE: Simple})):
         dev_kubelet.wait_registered(SIMPLE, timeout=10)
         dev_kubelet.wait_for(lambda k: len(view_of(k, SIMPLE).healthy_ids) == 2, timeout=10)

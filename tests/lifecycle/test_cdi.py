@@ -59,7 +59,7 @@ def test_spec_written_and_allocate_names_cdi_devices_with_fallback(
     assert spec["kind"] == RESOURCE and spec["cdiVersion"] == "0.5.0"
     assert [d["name"] for d in spec["devices"]] == ["mock0", "mock1", "mock2"]
     assert spec["devices"][1]["containerEdits"] == {
-        "deviceNodes": [{"path": "/dev/mock/mock1", "hostPath": str(folder / "mock1"), "permissions": "rw"}],
+        "deviceNodes": [{"path": "/dev/mock/mock1", "hostPath": str(folder / ".dev" / "mock1"), "permissions": "rw"}],
         "mounts": [
             {"hostPath": str(folder / "mock1"), "containerPath": "/var/run/mock/mock1", "options": ["bind", "ro"]}
         ],
@@ -73,7 +73,7 @@ def test_spec_written_and_allocate_names_cdi_devices_with_fallback(
     assert answer.cdi_devices == tuple(CDIDevice(f"{RESOURCE}={i}") for i in ids)
     # the fallback, for runtimes without CDI: the same nodes and mounts as plain fields, and the driver's env
     assert sorted(answer.devices, key=lambda d: d.container_path) == [
-        DeviceSpec(f"/dev/mock/{i}", str(folder / i), "rw") for i in sorted(ids)
+        DeviceSpec(f"/dev/mock/{i}", str(folder / ".dev" / i), "rw") for i in sorted(ids)
     ]
     assert sorted(answer.mounts, key=lambda m: m.container_path) == [
         Mount(f"/var/run/mock/{i}", str(folder / i), read_only=True) for i in sorted(ids)
@@ -114,7 +114,7 @@ def test_cdi_off_answers_as_before_and_touches_no_spec(
     pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {RESOURCE: 1})]))
     answer = pod.container("c").allocations[RESOURCE]
     assert answer.cdi_devices == ()
-    assert answer.devices == (DeviceSpec("/dev/mock/mock0", str(folder / "mock0"), "rw"),)
+    assert answer.devices == (DeviceSpec("/dev/mock/mock0", str(folder / ".dev" / "mock0"), "rw"),)
     assert answer.mounts == (Mount("/var/run/mock/mock0", str(folder / "mock0"), read_only=True),)
     assert sorted(p.name for p in spec_dir.iterdir()) == ["devplug-example.com_gone.json"]  # nothing written or removed
 

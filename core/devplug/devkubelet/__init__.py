@@ -7,8 +7,9 @@ ListAndWatch, and runs pods the way the kubelet of Kubernetes v1.32.10 does,
 never more kindly. Each module names the kubelet source it follows:
 
 * :mod:`~devplug.devkubelet.pods` -- pod objects with UIDs, phases (running,
-  finished, rejected, deleted) and *active* pods (``filterOutInactivePods``),
-  and the restart window (pod manager empty, sources not ready);
+  terminating, finished, rejected, deleted) and *active* pods
+  (``filterOutInactivePods``: a terminating pod is active until its pod
+  worker is done), and the restart window (pod manager empty, sources not ready);
 * :mod:`~devplug.devkubelet.poddevices` -- the ``podDevices`` store, by pod UID and container;
 * :mod:`~devplug.devkubelet.devicemanager` -- ``Allocate``,
   ``allocateContainerResources``, ``devicesToAllocate`` (reuse of init
@@ -17,8 +18,25 @@ never more kindly. Each module names the kubelet source it follows:
   rejected pod's devices only at the next allocation or List, so the next pod
   gets them at once, and PreStartContainer;
 * :mod:`~devplug.devkubelet.lifecycle` -- admission and rejection
-  (``HandlePodAdditions``, ``rejectPod``), finishing, deletion, and the KEP's
+  (``HandlePodAdditions``, ``rejectPod``), the pod cgroup and sandbox
+  (``SyncPod``), container starts (``startContainer``: CreateContainerError),
+  finishing, killing (``killContainer`` with the pod worker's effective grace
+  period, ``calculateEffectiveGracePeriod``), graceful deletion, the removal
+  window (``HandlePodRemoves``: a static pod's manifest removed or a pod
+  force-deleted leaves the pod manager while its containers are still being
+  killed), ``SyncTerminatedPod``'s cgroup clean-up, and the KEP's
   PostStopContainer/Deallocate in KEP mode;
+* :mod:`~devplug.devkubelet.containers` -- the runtime (containerd 1.6 with
+  runc): each container and sandbox a real process in its own cgroup from
+  before it runs, SIGTERM then SIGKILL (``stopContainer``), the rest of a
+  container's processes dying with its init (PID namespaces), its cgroup
+  removed with its task (``handleContainerExit``);
+* :mod:`~devplug.devkubelet.cgroups` -- the kubelet's cgroup names (both
+  drivers, cgroup v1 and v2: ``pkg/kubelet/cm``) and containerd's
+  (``getCgroupsPath``), made in every hierarchy as runc makes them;
+* :mod:`~devplug.devkubelet.devicespecs` -- containerd's device check
+  (``WithDevices``, ``DeviceFromPath``): a DeviceSpec whose host path is not a
+  device node fails the container's creation, "not a device node";
 * :mod:`~devplug.devkubelet.checkpointing` -- ``kubelet_internal_checkpoint``,
   written (temp file + rename) exactly when the kubelet writes it and read back at start;
 * :mod:`~devplug.devkubelet.podresources_server` -- List (every pod the pod manager
@@ -26,6 +44,11 @@ never more kindly. Each module names the kubelet source it follows:
   off by default), GetAllocatableResources, rate limit;
 * :mod:`~devplug.devkubelet.kubelet` -- start-up cleanup, checkpoint restore,
   restarts, registrations and streams.
+
+Containers run as processes only with a
+:class:`~devplug.devkubelet.cgroups.CgroupLayout` (``DevKubelet(...,
+cgroups=CgroupLayout.detect())``, as root); without one they are names with
+a state, and stop at once.
 
 Entry points:
 
@@ -36,6 +59,8 @@ Entry points:
 
 from __future__ import annotations
 
+from devplug.devkubelet.cgroups import CgroupDriver, CgroupLayout, CgroupsUnavailableError
+from devplug.devkubelet.containers import ContainerCreateError
 from devplug.devkubelet.devicemanager import ContainerStartError
 from devplug.devkubelet.kubelet import KUBELET_SOCKET, DevKubelet, run_foreground
 from devplug.devkubelet.model import (
@@ -60,6 +85,10 @@ __all__ = [
     "KUBELET_SOCKET",
     "AdmittedContainer",
     "AdmittedPod",
+    "CgroupDriver",
+    "CgroupLayout",
+    "CgroupsUnavailableError",
+    "ContainerCreateError",
     "ContainerSpec",
     "ContainerStartError",
     "DevKubelet",

@@ -364,9 +364,14 @@ class DeviceManager:
 
     # -- container start -------------------------------------------------------------------------
 
-    async def run_container_options(self, pod: PodRecord, container: ContainerSpec, crec: ContainerRecord) -> None:
+    async def run_container_options(
+        self, pod: PodRecord, container: ContainerSpec, crec: ContainerRecord
+    ) -> list[tuple[str, str]]:
         """``GetDeviceRunContainerOptions`` at a container's (re)start: PreStartContainer, re-Allocate if lost.
 
+        Returns the run options' devices as ``(host path, container path)``
+        (``deviceRunContainerOptions``: every resource's Allocate answer from
+        ``podDevices``, the first device for a container path winning).
         Raises :class:`KubeletError` with the kubelet's text when the start must fail.
         """
         needs_reallocate = False
@@ -380,6 +385,17 @@ class DeviceManager:
                 needs_reallocate = True
         if needs_reallocate:
             await self.allocate(pod, container, crec)
+        return self.run_container_devices(pod.uid, container.name)
+
+    def run_container_devices(self, uid: str, container: str) -> list[tuple[str, str]]:
+        """``deviceRunContainerOptions``' devices: ``(host path, container path)``, first per container path."""
+        devices: dict[str, str] = {}
+        for info in self.pod_devices.container_resources(uid, container).values():
+            response = dp.ContainerAllocateResponse()
+            response.ParseFromString(info.alloc_response)
+            for spec in response.devices:
+                devices.setdefault(str(spec.container_path), str(spec.host_path))
+        return [(host, path) for path, host in devices.items()]
 
     async def _pre_start_if_needed(self, pod: PodRecord, container: str, resource: str) -> None:
         endpoint = self._endpoint_for(resource)

@@ -45,7 +45,9 @@ import grpc.aio
 
 from devplug.api.checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.devkubelet.cgroups import CgroupLayout
 from devplug.devkubelet.checkpointing import build_checkpoint, load_checkpoint, restore_pod_devices, write_checkpoint
+from devplug.devkubelet.containers import ContainerRuntime
 from devplug.devkubelet.devicemanager import DeviceManager, Endpoint
 from devplug.devkubelet.lifecycle import PodLifecycle
 from devplug.devkubelet.model import (
@@ -61,7 +63,7 @@ from devplug.devkubelet.model import (
 from devplug.devkubelet.plugin_client import PluginClient, unix_target
 from devplug.devkubelet.poddevices import DeviceAllocateInfo
 from devplug.devkubelet.podresources_server import PodResourcesServicer, add_podresources_servicer
-from devplug.devkubelet.pods import PodManager, PodRecord
+from devplug.devkubelet.pods import ContainerRecord, PodManager, PodRecord
 from devplug.devkubelet.registration_server import RegistrationServicer, add_registration_servicer
 from devplug.devkubelet.resources import Resource, cleanup_plugin_directory, describe_predicate, is_socket
 from devplug.errors import KubeletError
@@ -125,7 +127,18 @@ class DevKubelet:
       duplicate registration exactly: the old registration is not closed, its
       stream keeps feeding the resource, and when it ends the kubelet
       disconnects the resource's *current* registration. By default the old
-      client is closed at once and its end is ignored (newest wins cleanly).
+      client is closed at once and its end is ignored (newest wins cleanly);
+    * ``cgroups``: run every container as a real process in a real cgroup of
+      this :class:`~devplug.devkubelet.cgroups.CgroupLayout` (root needed;
+      see :mod:`~devplug.devkubelet.containers`). The layout's root cgroup
+      and everything below it are made here and removed by :meth:`close`.
+      None (the default) runs no process: containers stop at once;
+    * ``dev_root``: the node's ``/dev`` for the runtime's device check
+      (a kernel model's dev folder in tests); settable as :attr:`dev_root`.
+
+    :meth:`stop` is a kubelet process ending (containers keep running, a
+    later :meth:`start` is a restart); :meth:`close` also kills every
+    container and removes every cgroup made.
     """
 
     def __init__(
@@ -142,6 +155,8 @@ class DevKubelet:
         pod_list_delay: float = 0.0,
         drop_after: float | None = None,
         rolling_update_pitfall: bool = False,
+        cgroups: CgroupLayout | None = None,
+        dev_root: Path = Path("/dev"),
     ) -> None:
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.pod_resources_socket = (
@@ -189,7 +204,11 @@ class DevKubelet:
             self._write_checkpoint,
             self._record,
         )
-        self._lifecycle = PodLifecycle(self._pods, self._manager, self._endpoint_for, self._record)
+        self._runtime = ContainerRuntime(
+            cgroups, lambda kind, detail: self._record(kind, "", detail, ()), dev_root=dev_root
+        )
+        self._lifecycle = PodLifecycle(self._pods, self._manager, self._endpoint_for, self._record, self._runtime)
+        self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -224,6 +243,16 @@ class DevKubelet:
         """
         if self._running:
             raise KubeletError("the dev kubelet is already running")
+        if self._closed:
+            raise KubeletError("the dev kubelet is closed")
+        if self.cgroup_layout is not None:  # the node-allocatable and QoS cgroups (qosContainerManagerImpl.Start)
+            try:
+                for literal in self.cgroup_layout.kubelet_cgroups():
+                    self._runtime.ensure_cgroup(literal)
+            except OSError as exc:
+                raise KubeletError(
+                    f"cannot make the kubelet's cgroups ({self.cgroup_layout.describe()}): {exc}"
+                ) from exc
         kubelet_target = unix_target(self.kubelet_socket)
         pod_resources_target = unix_target(self.pod_resources_socket)
         self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -323,6 +352,16 @@ class DevKubelet:
             await task
         self._changed()
 
+    async def close(self) -> None:
+        """Stop serving, then kill every container and remove every cgroup made (idempotent; no restart after)."""
+        await self.stop()
+        if self._closed:
+            return
+        self._closed = True
+        await self._lifecycle.close()
+        await self._runtime.close()
+        self._changed()
+
     async def restart(self, pod_list_delay: float | None = None) -> None:
         """A kubelet restart: stop, then start as a new process (see :meth:`start`).
 
@@ -357,7 +396,7 @@ class DevKubelet:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await self.close()
 
     # -- observation -----------------------------------------------------------------------------
 
@@ -534,9 +573,10 @@ class DevKubelet:
                 self._changed()
 
     async def finish_pod(self, pod_name: str, namespace: str = "default") -> None:
-        """The pod's containers end (phase Succeeded); the pod object stays in the pod manager.
+        """The pod's containers end on their own (exit 0; phase Succeeded); the pod object stays in the pod manager.
 
-        Its devices stay attributed in ``podDevices`` until the next
+        Returns once their processes are gone; then the sandbox is stopped and
+        the pod cgroup removed. Its devices stay attributed in ``podDevices`` until the next
         ``UpdateAllocatedDevices`` (the next allocation or PodResources List),
         and go to the next pod at once. In KEP mode, PostStopContainer and
         Deallocate are called now; stock kubelets call nothing.
@@ -548,18 +588,170 @@ class DevKubelet:
                 self._stop_window_timer_if_loaded()
                 self._changed()
 
-    async def remove_pod(self, pod_name: str, namespace: str = "default") -> None:
-        """Delete a pod object: it leaves the pod manager and PodResources (a running pod finishes first).
+    async def remove_pod(self, pod_name: str, namespace: str = "default", *, wait: bool = True) -> None:
+        """Delete a pod object gracefully, as ``kubectl delete pod`` does.
 
-        In KEP mode, a running pod's PostStopContainer and Deallocate are
-        called first on plugins that advertise them; stock kubelets call nothing.
+        A running pod turns ``terminating`` (still in the pod manager, still
+        active, its devices still attributed) while its containers get SIGTERM
+        and, after ``max(terminationGracePeriodSeconds, 2)`` seconds, SIGKILL;
+        once they are gone it finishes, its sandbox and cgroup go, and it
+        leaves the pod manager and PodResources. A finished or rejected pod
+        leaves at once; a grace period of 0 is :meth:`force_delete_pod`.
+        ``wait=False`` returns once the termination has begun.
+
+        In KEP mode, the pod's PostStopContainer and Deallocate are called
+        after its containers stopped; a failure of theirs is raised (with
+        ``wait``) once the pod is gone. Stock kubelets call nothing.
         """
         async with self._lock():
             try:
-                await self._lifecycle.remove((namespace, pod_name), kep_mode=self.kep_mode)
+                task = self._lifecycle.remove((namespace, pod_name), kep_mode=self.kep_mode)
             finally:
                 self._stop_window_timer_if_loaded()
                 self._changed()
+        if task is not None and wait:
+            failures = await asyncio.shield(task)
+            if failures:
+                raise KubeletError(f"pod {namespace}/{pod_name} removed, but: " + "; ".join(failures))
+
+    async def remove_static_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """The pod's static manifest is removed: it leaves the pod manager now, its containers die later.
+
+        The removal window (``HandlePodRemoves``): from this call on,
+        PodResources List and the next ``UpdateAllocatedDevices`` (the next
+        Allocate's, which hands its devices on, and the checkpoint written
+        after it) no longer know the pod, while its containers get SIGTERM
+        and, after ``max(terminationGracePeriodSeconds, 2)`` seconds, SIGKILL
+        in the background; then its sandbox and cgroup go. Returns at once;
+        :meth:`wait_containers_exited` waits for the end.
+        """
+        await self._remove_now(pod_name, namespace, None, "its static pod manifest was removed")
+
+    async def force_delete_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """``kubectl delete pod --grace-period=0 --force``: as :meth:`remove_static_pod`, with 2 s of grace.
+
+        The API server deletes the object at once after setting its deletion
+        grace period to 0; the pod worker then kills with 1 s, which
+        ``killContainer`` raises to 2 s.
+        """
+        await self._remove_now(pod_name, namespace, 0, "force-deleted (--grace-period=0 --force)")
+
+    async def _remove_now(self, pod_name: str, namespace: str, deletion_grace: int | None, how: str) -> None:
+        async with self._lock():
+            try:
+                self._lifecycle.remove_now(
+                    (namespace, pod_name), kep_mode=self.kep_mode, deletion_grace=deletion_grace, how=how
+                )
+            finally:
+                self._stop_window_timer_if_loaded()
+                self._changed()
+
+    async def wait_containers_exited(self, pod_name: str, namespace: str = "default", timeout: float = 60.0) -> None:
+        """Wait until no container of the newest pod object called ``namespace/pod_name`` runs."""
+        await self.wait_for(
+            lambda k: not k.containers_running(pod_name, namespace),
+            timeout,
+            what=f"the containers of pod {namespace}/{pod_name} to exit",
+        )
+
+    def pod_cleaned_up(self, pod_name: str, namespace: str = "default") -> bool:
+        """Whether the pod's containers and sandbox are gone and its cgroup removed (or it never ran)."""
+        record = self._pod_record(pod_name, namespace)
+        sandbox = record.sandbox is not None and record.sandbox.running
+        cgroup = record.cgroup is not None and any(p.is_dir() for p in self.pod_cgroup_paths(pod_name, namespace))
+        return not (record.containers_running or sandbox or cgroup)
+
+    async def wait_pod_cleaned_up(self, pod_name: str, namespace: str = "default", timeout: float = 60.0) -> None:
+        """Wait until :meth:`pod_cleaned_up` (the kubelet destroyed the pod's cgroup)."""
+        await self.wait_for(
+            lambda k: k.pod_cleaned_up(pod_name, namespace),
+            timeout,
+            what=f"pod {namespace}/{pod_name} to be cleaned up (sandbox stopped, cgroup removed)",
+        )
+
+    # -- containers and cgroups ------------------------------------------------------------------
+
+    @property
+    def cgroup_layout(self) -> CgroupLayout | None:
+        """Where containers get their cgroups (None: no processes run)."""
+        return self._runtime.layout
+
+    @property
+    def dev_root(self) -> Path:
+        """The node's ``/dev`` for the runtime's device check: DeviceSpec host paths under /dev are looked up here."""
+        return self._runtime.dev_root
+
+    @dev_root.setter
+    def dev_root(self, value: Path) -> None:
+        self._runtime.dev_root = Path(value)
+
+    def liveness_config(self) -> dict[str, str]:
+        """The ``[liveness]`` table a devplug daemon needs to find these pods' cgroups.
+
+        ``{"cgroup_mount": ..., "cgroup_root": ..., "cgroup_driver": ...}``:
+        the cgroup file system (v1: the folder of the controller mounts; v2:
+        the cgroup2 mount), the kubelet's ``--cgroup-root``, and the driver.
+        Empty when no container runs as a process (no :class:`CgroupLayout`):
+        there are no cgroups to read.
+        """
+        return self.cgroup_layout.liveness_config() if self.cgroup_layout is not None else {}
+
+    def _pod_record(self, pod_name: str, namespace: str) -> PodRecord:
+        record = self._pods.latest((namespace, pod_name))
+        if record is None:
+            raise KubeletError(f"no pod {namespace}/{pod_name} was ever admitted")
+        return record
+
+    def pod_uid(self, pod_name: str, namespace: str = "default") -> str:
+        """The UID of the newest pod object called ``namespace/pod_name`` (deleted ones included)."""
+        return self._pod_record(pod_name, namespace).uid
+
+    def containers_running(self, pod_name: str, namespace: str = "default") -> bool:
+        """Whether a container (not the sandbox) of the newest pod object of that name is still alive."""
+        return self._pod_record(pod_name, namespace).containers_running
+
+    def running_containers(self, pod_name: str, namespace: str = "default") -> list[str]:
+        """The names of that pod's containers still alive."""
+        return [c.name for c in self._pod_record(pod_name, namespace).containers if c.running]
+
+    def pod_pids(self, pod_name: str, namespace: str = "default") -> set[int]:
+        """Every process in the pod's cgroup (its containers' and its sandbox's); empty once it is gone."""
+        return self._runtime.cgroup_pids(self._pod_record(pod_name, namespace).cgroup)
+
+    def container_pids(self, pod_name: str, container: str, namespace: str = "default") -> set[int]:
+        """The live processes of one container (its init first among them is :meth:`container_pid`)."""
+        crec = self._container_record(pod_name, container, namespace)
+        return self._runtime.pids(crec.runtime) if crec.runtime is not None else set()
+
+    def container_pid(self, pod_name: str, container: str, namespace: str = "default") -> int | None:
+        """The PID of the container's init while it runs (None without processes)."""
+        crec = self._container_record(pod_name, container, namespace)
+        return crec.runtime.pid if crec.runtime is not None and crec.runtime.running else None
+
+    def container_failure(self, pod_name: str, container: str, namespace: str = "default") -> str | None:
+        """Why the container's last creation failed (``CreateContainerError: ...``), None after a start."""
+        return self._container_record(pod_name, container, namespace).failure
+
+    def _container_record(self, pod_name: str, container: str, namespace: str) -> ContainerRecord:
+        record = self._pod_record(pod_name, namespace)
+        crec = record.container(container)
+        if crec is None:
+            raise KubeletError(f"pod {record.label} has no container {container!r}")
+        return crec
+
+    def pod_cgroup_paths(self, pod_name: str, namespace: str = "default") -> tuple[Path, ...]:
+        """The pod cgroup's folders, one per hierarchy (they exist until the kubelet destroys the cgroup)."""
+        record = self._pod_record(pod_name, namespace)
+        if self.cgroup_layout is None or record.cgroup is None:
+            return ()
+        return self.cgroup_layout.paths(record.cgroup)
+
+    def container_cgroup_paths(self, pod_name: str, container: str, namespace: str = "default") -> tuple[Path, ...]:
+        """The folders of the container's cgroup (its latest instance), one per hierarchy."""
+        crec = self._container_record(pod_name, container, namespace)
+        if self.cgroup_layout is None or crec.runtime is None or crec.runtime.cgroup is None:
+            return ()
+        return self.cgroup_layout.paths(crec.runtime.cgroup)
 
     def _stop_window_timer_if_loaded(self) -> None:
         if self._window_timer is not None and self._pods.loaded and self._pods.sources_ready:

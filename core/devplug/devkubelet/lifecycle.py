@@ -19,12 +19,49 @@ Follows Kubernetes v1.32.10:
 * **Re-creation under a name**: a finished or rejected pod's object is
   deleted by its controller, which creates a new object (new UID) under the
   same name; a running pod's name cannot be admitted again.
-* **Container start**: ``GetDeviceRunContainerOptions`` for each container, in order.
-* **Finishing**: the containers end, the pod turns Succeeded and stays in the
-  pod manager; nothing is called on plugins (a stock kubelet never tells a
-  plugin that devices were freed), and the devices stay attributed until
-  the next ``UpdateAllocatedDevices``.
-* **Deletion**: the pod object leaves the pod manager (a running pod finishes first).
+* **The pod's cgroup and sandbox** (``SyncPod``): once admitted, the pod
+  cgroup is made (``podContainerManager.EnsureExists``) and the sandbox runs
+  in it (``createPodSandbox``), then the containers start.
+* **Container start** (``startContainer`` in
+  ``pkg/kubelet/kuberuntime/kuberuntime_container.go``), init containers
+  first, each to completion: ``GetDeviceRunContainerOptions`` (a failure is
+  ``CreateContainerConfigError``), then ``CreateContainer`` with the run
+  options' devices (a failure is ``CreateContainerError``: the runtime
+  refuses a DeviceSpec whose host path is not a device node, see
+  :mod:`~devplug.devkubelet.devicespecs`), then the start. A failed
+  container does not run and the pod stays admitted. Starting a container
+  again replaces the running one (as after a crash: it is killed first).
+* **Finishing**: the containers end on their own, the pod turns Succeeded and
+  stays in the pod manager; its sandbox is stopped and its cgroup removed
+  (``SyncTerminatingPod``, ``SyncTerminatedPod``); nothing is called on
+  plugins (a stock kubelet never tells a plugin that devices were freed),
+  and the devices stay attributed until the next ``UpdateAllocatedDevices``.
+* **Killing a pod's containers** (``killPodWithSyncResult`` and
+  ``killContainer`` in ``pkg/kubelet/kuberuntime``): every container at once
+  with the pod worker's effective grace period
+  (``calculateEffectiveGracePeriod`` in ``pkg/kubelet/pod_workers.go``: the
+  pod object's ``deletionGracePeriodSeconds`` when set and smaller, else the
+  pod's ``terminationGracePeriodSeconds``, never below 1; it only ever
+  shrinks), raised to ``minimumGracePeriodInSeconds`` (2); then the
+  sandbox is stopped (``StopPodSandbox``) and, once the pod is terminated,
+  its cgroup destroyed: every process left in it SIGKILLed, then removed
+  (``SyncTerminatedPod`` calls ``podContainerManager.Destroy``).
+* **Graceful deletion** (``kubectl delete``): the API server sets the pod's
+  deletion grace period to its ``terminationGracePeriodSeconds``; the pod
+  stays in the pod manager, active, while its containers are killed; once
+  the pod is terminated and its cgroup gone the status manager deletes the
+  object (``canBeDeleted`` in ``pkg/kubelet/status/status_manager.go``) and
+  it leaves the pod manager. A grace period of 0 deletes the object at once,
+  as a force deletion does.
+* **The removal window**: a static pod whose manifest is removed, and a pod
+  deleted with ``--grace-period=0 --force`` (the API server deletes the
+  object at once: ``updateForGracefulDeletionAndFinalizers`` in the generic
+  registry store), leave the pod manager at once (``HandlePodRemoves``
+  calls ``podManager.RemovePod``, then ``deletePod`` asks the pod worker to
+  kill the pod): PodResources and the next ``UpdateAllocatedDevices`` no
+  longer see them, while their containers are killed in the background with
+  the effective grace period (static pod: its own; force deletion: the
+  object's 0, so 1, so 2 s in ``killContainer``).
 * **The restart window**: pods loaded by the main loop after a restart; an
   admission during the window arrives with that first pod list, so it runs
   with the sources not yet ready (``UpdateAllocatedDevices`` does nothing)
@@ -38,15 +75,40 @@ Follows Kubernetes v1.32.10:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from devplug.devkubelet.containers import ContainerCreateError, ContainerRuntime
 from devplug.devkubelet.devicemanager import ContainerStartError, DeviceManager, Endpoint
 from devplug.devkubelet.model import AdmittedPod, ContainerSpec, PodPhase, PodSpec
 from devplug.devkubelet.pods import ContainerRecord, PodKey, PodManager, PodRecord, pod_label
 from devplug.errors import KubeletError
 
-__all__ = ["PodLifecycle", "pod_requests"]
+__all__ = ["MINIMUM_GRACE_PERIOD", "PodLifecycle", "effective_grace_period", "pod_requests"]
+
+_log = logging.getLogger("devplug.devkubelet")
+
+#: ``minimumGracePeriodInSeconds`` (``pkg/kubelet/kuberuntime/kuberuntime_manager.go``): killContainer's floor.
+MINIMUM_GRACE_PERIOD = 2
+
+
+def effective_grace_period(spec: PodSpec, deletion_grace: int | None, current: int = 0) -> int:
+    """``calculateEffectiveGracePeriod``: the grace period the pod worker kills with.
+
+    ``deletion_grace`` is the pod object's ``deletionGracePeriodSeconds`` (None
+    when not set, as for a static pod whose manifest was removed);
+    ``current`` the pod worker's grace period so far (0 before termination).
+    """
+    grace, overridden = current, False
+    if deletion_grace is not None and (grace == 0 or deletion_grace < grace):
+        grace, overridden = deletion_grace, True
+    if not overridden and grace == 0:
+        grace = spec.termination_grace_period
+    return max(grace, 1)
+
 
 Recorder = Callable[[str, str, str, tuple[str, ...]], None]
 
@@ -85,11 +147,15 @@ class PodLifecycle:
         manager: DeviceManager,
         endpoint_for: Callable[[str], Endpoint | None],
         record: Recorder,
+        runtime: ContainerRuntime,
     ) -> None:
         self._pods = pods
         self._manager = manager
         self._endpoint_for = endpoint_for
         self._record = record
+        self._runtime = runtime
+        self._terminations: set[asyncio.Task[list[str]]] = set()
+        self._kills: set[asyncio.Task[None]] = set()
 
     # -- the restart window ----------------------------------------------------------------------
 
@@ -115,8 +181,8 @@ class PodLifecycle:
         """
         label = pod_label(spec)
         current = self._pods.by_name(spec.key)
-        if current is not None and current.phase is PodPhase.RUNNING:
-            raise KubeletError(f"pod {label} is already admitted; remove it first")
+        if current is not None and current.active:
+            raise KubeletError(f"pod {label} is already admitted ({current.phase}); remove it first")
         other = self._pods.by_uid(spec.uid) if spec.uid is not None else None
         if other is not None:
             raise KubeletError(f"pod UID {spec.uid} is already used by pod {other.label}")
@@ -136,9 +202,18 @@ class PodLifecycle:
                 self.load_pods()
         record.admitting = False
         self._record("pod-admitted", "", f"{label} (uid {record.uid})", ())
+        await self._run_sandbox(record)
         for container in record.spec.ordered_containers():
             await self.start_container(spec.key, container.name)
         return record.admitted()
+
+    async def _run_sandbox(self, record: PodRecord) -> None:
+        """``SyncPod``: the pod cgroup (``EnsureExists``), then the sandbox in it (``createPodSandbox``)."""
+        layout = self._runtime.layout
+        if layout is not None:
+            record.cgroup = layout.pod_cgroup(record.spec.qos, record.uid)
+            self._runtime.ensure_cgroup(record.cgroup)
+        record.sandbox = await self._runtime.create_and_start(f"{record.label} (sandbox)", record.cgroup, role="pause")
 
     async def _allocate(self, record: PodRecord, *, kep_mode: bool) -> None:
         label = record.label
@@ -175,7 +250,7 @@ class PodLifecycle:
     # -- container start -------------------------------------------------------------------------
 
     async def start_container(self, key: PodKey, name: str) -> None:
-        """Start (or restart) one container of a running pod (``GetDeviceRunContainerOptions``)."""
+        """Start (or restart) one container of a running pod: run options, creation, start (see the module doc)."""
         record = self._pods.by_name(key)
         if record is None:
             raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
@@ -186,34 +261,175 @@ class PodLifecycle:
         if crec is None or spec is None:
             raise KubeletError(f"pod {record.label} has no container {name!r}")
         label = pod_label(record.spec, name)
+        if crec.runtime is not None and crec.runtime.running:
+            await self._runtime.kill(crec.runtime)  # it crashed: the kubelet starts a new one
         try:
-            await self._manager.run_container_options(record, spec, crec)
+            devices = await self._manager.run_container_options(record, spec, crec)
         except KubeletError as exc:
             raise ContainerStartError(f"container {label} failed to start: {exc}", key, name) from exc
+        init = spec.init and not spec.restartable
+        try:
+            crec.runtime = await self._runtime.create_and_start(
+                label, record.cgroup, role="init" if init else "app", stop_delay=spec.stop_delay, devices=devices
+            )
+        except ContainerCreateError as exc:
+            crec.runtime, crec.failure = None, f"CreateContainerError: {exc}"
+            self._record("container-failed", "", f"{label}: {crec.failure}", ())
+            raise ContainerStartError(f"container {label} failed to start: {crec.failure}", key, name) from exc
+        except KubeletError as exc:
+            crec.runtime, crec.failure = None, str(exc)
+            self._record("container-failed", "", f"{label}: {exc}", ())
+            raise ContainerStartError(f"container {label} failed to start: {exc}", key, name) from exc
+        crec.failure = None
+        started = crec.runtime
+        pid = f", pid {started.pid}" if started.pid is not None else ""
+        self._record("container-started", "", f"{label} (id {started.id[:12]}{pid})", ())
+        if init:
+            await started.gone.wait()  # an init container runs to completion before the next container starts
 
     # -- finishing and deletion ------------------------------------------------------------------
 
     async def finish(self, key: PodKey, *, kep_mode: bool) -> None:
-        """The pod's containers end (phase Succeeded); the pod object stays. KEP mode: PostStop, Deallocate."""
+        """The pod's containers end on their own (phase Succeeded); the pod object stays. KEP: PostStop, Deallocate."""
         record = self._pods.by_name(key)
         if record is None or record.phase is not PodPhase.RUNNING:
             state = "no such pod" if record is None else f"it is {record.phase}"
             raise KubeletError(f"cannot finish pod {key[0]}/{key[1]}: {state}")
+        await asyncio.gather(*(self._runtime.finish(c.runtime) for c in record.containers if c.runtime is not None))
         failures = await self._finish(record, kep_mode=kep_mode)
+        await self._clean_up(record)
         if failures:
             raise KubeletError(f"pod {record.label} finished, but: " + "; ".join(failures))
 
-    async def remove(self, key: PodKey, *, kep_mode: bool) -> None:
-        """The pod object is deleted; a running pod finishes first (KEP mode: PostStop, Deallocate)."""
+    def remove(self, key: PodKey, *, kep_mode: bool) -> asyncio.Task[list[str]] | None:
+        """Delete the pod object gracefully (see the module docstring); returns the termination, if one began.
+
+        A pod that is not running leaves the pod manager at once; a running
+        one becomes ``terminating`` and its containers are killed with its
+        grace period by the returned task, which then deletes the object
+        (its result: the KEP calls that failed). A grace period of 0 is a
+        force deletion (:meth:`remove_now`).
+        """
         record = self._pods.by_name(key)
         if record is None:
             raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
-        failures = await self._finish(record, kep_mode=kep_mode) if record.phase is PodPhase.RUNNING else []
         self.load_pods()
+        if record.phase is PodPhase.TERMINATING:
+            return record.termination
+        if record.phase is not PodPhase.RUNNING:
+            self._pods.delete(record)
+            self._record("pod-removed", "", f"{record.label} (uid {record.uid})", ())
+            return None
+        grace = record.spec.termination_grace_period
+        if grace == 0:
+            return self.remove_now(key, kep_mode=kep_mode, deletion_grace=0, how="deleted with a grace period of 0")
+        record.phase = PodPhase.TERMINATING
+        kill = self._begin_kill(record, grace)
+        detail = f"{record.label} (uid {record.uid}): deleted; its containers get SIGTERM, SIGKILL after {kill}s"
+        self._record("pod-terminating", "", detail, ())
+        record.termination = self._spawn(self._terminate(record, kep_mode=kep_mode))
+        return record.termination
+
+    def remove_now(
+        self, key: PodKey, *, kep_mode: bool, deletion_grace: int | None, how: str
+    ) -> asyncio.Task[list[str]] | None:
+        """``HandlePodRemoves``: the pod leaves the pod manager now; its containers are killed in the background.
+
+        ``deletion_grace`` is the object's ``deletionGracePeriodSeconds``
+        (None for a static pod whose manifest was removed, 0 for a force
+        deletion). Returns the termination when containers were still to be
+        killed.
+        """
+        record = self._pods.by_name(key)
+        if record is None:
+            raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
+        self.load_pods()
+        terminating = record.phase in (PodPhase.RUNNING, PodPhase.TERMINATING)
         self._pods.delete(record)
-        self._record("pod-removed", "", f"{record.label} (uid {record.uid})", ())
-        if failures:
-            raise KubeletError(f"pod {record.label} removed, but: " + "; ".join(failures))
+        detail = f"{record.label} (uid {record.uid}): {how}"
+        if not terminating:
+            self._record("pod-removed", "", detail, ())
+            return None
+        kill = self._begin_kill(record, deletion_grace)
+        self._record("pod-removed", "", f"{detail}; its containers get SIGTERM, SIGKILL after {kill}s", ())
+        if record.termination is None:
+            record.termination = self._spawn(self._terminate(record, kep_mode=kep_mode))
+        return record.termination
+
+    def _begin_kill(self, record: PodRecord, deletion_grace: int | None) -> int:
+        """Start (or, when the grace period shrank, restart) the kill of the pod's containers; its grace period."""
+        grace = effective_grace_period(record.spec, deletion_grace, record.grace_period)
+        if record.kill is not None and grace >= record.grace_period:
+            return max(record.grace_period, MINIMUM_GRACE_PERIOD)
+        if record.kill is not None:
+            record.kill.cancel()  # the pod worker cancels the sync and kills again with the shorter period
+        record.grace_period = grace
+        seconds = max(grace, MINIMUM_GRACE_PERIOD)
+        record.kill = kill = asyncio.get_running_loop().create_task(self._kill_containers(record, seconds))
+        self._kills.add(kill)
+        kill.add_done_callback(self._kills.discard)
+        return seconds
+
+    async def _kill_containers(self, record: PodRecord, seconds: int) -> None:
+        """``killContainersWithSyncResult``: every running container at once, ``seconds`` of grace each."""
+        running = [c for c in record.containers if c.runtime is not None and c.runtime.running]
+        for crec in running:
+            label = pod_label(record.spec, crec.name)
+            self._record("container-stopping", "", f"{label}: SIGTERM, SIGKILL after {seconds}s", ())
+        await asyncio.gather(*(self._runtime.stop(c.runtime, seconds) for c in running if c.runtime is not None))
+
+    async def _terminate(self, record: PodRecord, *, kep_mode: bool) -> list[str]:
+        """The pod worker: kill the containers (again, when the period shrinks), clean up, delete; KEP failures.
+
+        A pod still in the pod manager finishes (KEP: PostStop, Deallocate),
+        is cleaned up, then leaves it; a pod already gone (the removal
+        window) is cleaned up (KEP: PostStop, Deallocate).
+        """
+        while True:
+            kill = record.kill
+            assert kill is not None
+            try:
+                await kill
+                break
+            except asyncio.CancelledError:
+                if record.kill is kill:  # we were cancelled ourselves, not replaced
+                    raise
+        try:
+            if record.phase is PodPhase.DELETED:
+                failures = await self._release(record, post_stop=True) if kep_mode else []
+            else:
+                failures = await self._finish(record, kep_mode=kep_mode)
+            await self._clean_up(record)
+            if record.phase is not PodPhase.DELETED:
+                self._pods.delete(record)
+                self._record("pod-removed", "", f"{record.label} (uid {record.uid})", ())
+        except Exception as exc:
+            _log.exception("dev kubelet: terminating pod %s failed", record.label)
+            return [f"terminating pod {record.label} failed: {exc}"]
+        for failure in failures:
+            _log.warning("dev kubelet: pod %s: %s", record.label, failure)
+        return failures
+
+    async def _clean_up(self, record: PodRecord) -> None:
+        """``StopPodSandbox`` (SIGKILL), then ``podContainerManager.Destroy`` of the pod cgroup."""
+        if record.sandbox is not None:
+            await self._runtime.kill(record.sandbox)
+        await self._runtime.destroy_cgroup(record.cgroup)
+        where = f", pod cgroup {record.cgroup} removed" if record.cgroup is not None else ""
+        self._record("pod-cleaned-up", "", f"{record.label} (uid {record.uid}): sandbox stopped{where}", ())
+
+    def _spawn(self, coro: Coroutine[Any, Any, list[str]]) -> asyncio.Task[list[str]]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._terminations.add(task)
+        task.add_done_callback(self._terminations.discard)
+        return task
+
+    async def close(self) -> None:
+        """Cancel every termination still running (the runtime kills what is left)."""
+        tasks = [*self._terminations, *self._kills]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _finish(self, record: PodRecord, *, kep_mode: bool) -> list[str]:
         self.load_pods()  # the pod's status reaches the kubelet through the pod manager

@@ -5,11 +5,13 @@ All are frozen dataclasses (or a string enum), so tests can keep them and compar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from devplug.devkubelet.cgroups import QOS_CLASSES
 from devplug.types import ContainerAllocation, Health
 
 __all__ = [
@@ -40,7 +42,13 @@ EVENT_KINDS = frozenset(
         "pod-admitted",
         "pod-rejected",
         "pod-finished",
+        "pod-terminating",
         "pod-removed",
+        "pod-cleaned-up",
+        "container-started",
+        "container-failed",
+        "container-stopping",
+        "container-exited",
         "pods-loaded",
         "pod-devices-dropped",
         "checkpoint-read",
@@ -54,15 +62,22 @@ EVENT_KINDS = frozenset(
 class PodPhase(StrEnum):
     """Where a pod stands, as far as the kubelet's device manager cares.
 
-    ``running``: admitted, its containers live (an *active* pod). ``finished``:
-    its containers ended (phase Succeeded) but the pod object still exists, so
-    the kubelet's pod manager still has it. ``rejected``: admission failed
-    (phase Failed, the pod object still exists). ``deleted``: the pod object is
-    gone from the pod manager. Only ``running`` pods are active
-    (``filterOutInactivePods`` in ``pkg/kubelet/kubelet_pods.go``).
+    ``running``: admitted, its containers live (an *active* pod).
+    ``terminating``: the pod object is being deleted gracefully and the pod
+    worker is killing its containers; it is still in the pod manager and
+    still active. ``finished``: its containers ended (phase Succeeded) but the
+    pod object still exists, so the kubelet's pod manager still has it.
+    ``rejected``: admission failed (phase Failed, the pod object still
+    exists). ``deleted``: the pod object is gone from the pod manager (its
+    containers may still be being killed: see
+    :meth:`~devplug.devkubelet.DevKubelet.remove_static_pod`). Only
+    ``running`` and ``terminating`` pods are active (``filterOutInactivePods``
+    in ``pkg/kubelet/kubelet_pods.go`` keeps a pod whose termination was
+    requested until its pod worker has terminated it).
     """
 
     RUNNING = "running"
+    TERMINATING = "terminating"
     FINISHED = "finished"
     REJECTED = "rejected"
     DELETED = "deleted"
@@ -78,12 +93,18 @@ class ContainerSpec:
     ``restartPolicy: Always`` that keeps running beside the app containers;
     its devices are not reused by later containers and PodResources lists it
     (``IsRestartableInitContainer``, SidecarContainers gate, on by default in 1.32).
+
+    ``stop_delay`` is how the container's process answers SIGTERM when the
+    dev kubelet runs containers as processes: it exits that many seconds
+    later; ``math.inf`` ignores SIGTERM (as a container whose init has no
+    handler for it), so only the SIGKILL at the end of the grace period ends it.
     """
 
     name: str
     requests: Mapping[str, int] = field(default_factory=dict)
     init: bool = False
     restartable: bool = False
+    stop_delay: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -98,9 +119,16 @@ class ContainerSpec:
                     f"got {count!r}"
                 )
         object.__setattr__(self, "requests", MappingProxyType(requests))
+        delay = self.stop_delay
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or math.isnan(delay) or delay < 0:
+            raise ValueError(
+                f"container {self.name!r}: stop_delay must be a number of seconds >= 0 (math.inf: ignore SIGTERM), "
+                f"got {delay!r}"
+            )
+        object.__setattr__(self, "stop_delay", float(delay))
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.requests.items())), self.init, self.restartable))
+        return hash((self.name, tuple(sorted(self.requests.items())), self.init, self.restartable, self.stop_delay))
 
     @property
     def sidecar(self) -> bool:
@@ -114,12 +142,20 @@ class PodSpec:
 
     ``uid`` gives the pod object's UID; by default the dev kubelet draws a
     fresh uuid4 at admission, as the API server does for every new pod object.
+    ``termination_grace_period`` is ``spec.terminationGracePeriodSeconds``
+    (the API's default, 30). ``qos`` is the pod's QoS class, which names its
+    cgroup's parent: ``besteffort`` (the default: a pod whose containers
+    request only extended resources, and no CPU or memory, is BestEffort,
+    ``GetPodQOS`` in ``pkg/apis/core/v1/helper/qos``), ``burstable`` or
+    ``guaranteed``.
     """
 
     name: str
     containers: Sequence[ContainerSpec]
     namespace: str = "default"
     uid: str | None = None
+    termination_grace_period: int = 30
+    qos: str = "besteffort"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -128,6 +164,11 @@ class PodSpec:
             raise ValueError(f"PodSpec.namespace must be a non-empty string, got {self.namespace!r}")
         if self.uid is not None and (not isinstance(self.uid, str) or not self.uid):
             raise ValueError(f"PodSpec.uid must be None or a non-empty string, got {self.uid!r}")
+        grace = self.termination_grace_period
+        if isinstance(grace, bool) or not isinstance(grace, int) or grace < 0:
+            raise ValueError(f"pod {self.name!r}: termination_grace_period must be whole seconds >= 0, got {grace!r}")
+        if self.qos not in QOS_CLASSES:
+            raise ValueError(f"pod {self.name!r}: qos must be one of {', '.join(QOS_CLASSES)}, got {self.qos!r}")
         containers = tuple(self.containers)
         seen: set[str] = set()
         for container in containers:

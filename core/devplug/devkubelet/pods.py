@@ -10,9 +10,14 @@ Modelled on Kubernetes v1.32.10:
   only sets phase Failed, the object stays);
 * *active* pods are those ``filterOutInactivePods``
   (``pkg/kubelet/kubelet_pods.go``) keeps from the pod manager's list: not in
-  a terminal phase. The pod being admitted is in the pod manager and not
-  terminal, so it is active during its own admission; finished (Succeeded)
-  and rejected (Failed) pods are inactive;
+  a terminal phase, or terminating (``IsPodTerminationRequested``) and not
+  yet known terminated by their pod worker. The pod being admitted is in the
+  pod manager and not terminal, so it is active during its own admission; a
+  pod being deleted gracefully stays active until its containers are gone;
+  finished (Succeeded) and rejected (Failed) pods are inactive;
+* a pod removed from the pod manager (``HandlePodRemoves``: a static pod's
+  manifest removed, a pod force-deleted) is not in its list at all, whatever
+  its containers still do;
 * after a kubelet restart the pod manager is empty until the main loop has
   handled the config sources' first pod lists, and the sources are "ready"
   only after that (``syncLoopIteration`` calls ``sourcesReady.AddSource``
@@ -22,8 +27,10 @@ Modelled on Kubernetes v1.32.10:
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
+from devplug.devkubelet.containers import RuntimeContainer
 from devplug.devkubelet.model import AdmittedContainer, AdmittedPod, PodPhase, PodSpec
 from devplug.types import ContainerAllocation
 
@@ -40,7 +47,12 @@ def pod_label(spec: PodSpec, container: str | None = None) -> str:
 
 @dataclass
 class ContainerRecord:
-    """What admission gave one container: device IDs, their NUMA nodes at allocation time, Allocate's answers."""
+    """What admission gave one container: device IDs, their NUMA nodes at allocation time, Allocate's answers.
+
+    ``runtime`` is the container the runtime created for it last (None
+    before its first start, or when its creation failed: ``failure`` then
+    holds the runtime's error).
+    """
 
     name: str
     init: bool
@@ -48,6 +60,13 @@ class ContainerRecord:
     devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     numa: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
+    runtime: RuntimeContainer | None = None
+    failure: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while a process (or, without cgroups, the container) of it is alive."""
+        return self.runtime is not None and self.runtime.running
 
     def admitted(self) -> AdmittedContainer:
         """This record as the public, frozen value."""
@@ -65,7 +84,11 @@ class PodRecord:
     """One pod object: its spec, UID, phase and what admission gave its containers.
 
     ``admitting`` is True while the kubelet is admitting it (it is then in
-    the pod manager and active, but not yet running).
+    the pod manager and active, but not yet running). ``cgroup`` is its pod
+    cgroup's literal path once the kubelet made it, ``sandbox`` its sandbox
+    container; ``termination`` is the pod worker's termination once one was
+    requested (``kill`` its current kill of the containers, replaced when the
+    grace period shrinks).
     """
 
     spec: PodSpec
@@ -73,6 +96,12 @@ class PodRecord:
     phase: PodPhase = PodPhase.RUNNING
     admitting: bool = False
     containers: list[ContainerRecord] = field(default_factory=list)
+    cgroup: str | None = None
+    sandbox: RuntimeContainer | None = None
+    termination: asyncio.Task[list[str]] | None = None
+    kill: asyncio.Task[None] | None = None
+    #: The pod worker's grace period once termination was requested (``podSyncStatus.gracePeriod``), else 0.
+    grace_period: int = 0
 
     @property
     def label(self) -> str:
@@ -81,8 +110,13 @@ class PodRecord:
 
     @property
     def active(self) -> bool:
-        """Not in a terminal phase and not deleted (``filterOutInactivePods``)."""
-        return self.phase is PodPhase.RUNNING
+        """Running or terminating, and not deleted (``filterOutInactivePods``)."""
+        return self.phase in (PodPhase.RUNNING, PodPhase.TERMINATING)
+
+    @property
+    def containers_running(self) -> bool:
+        """True while a container of the pod (not its sandbox) is alive."""
+        return any(c.running for c in self.containers)
 
     def admitted(self) -> AdmittedPod:
         """This record as the public, frozen value."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from devplug.api.checkpoint import KubeletCheckpoint
+from devplug.devkubelet.cgroups import CgroupLayout
 from devplug.devkubelet.kubelet import DevKubelet
 from devplug.devkubelet.model import AdmittedPod, KubeletEvent, PodDeviceEntry, PodPhase, PodSpec, ResourceView
 
@@ -94,11 +95,11 @@ class DevKubeletThread:
         return self._sync(lambda k: k.load_pods())
 
     def close(self) -> None:
-        """Stop serving and end the loop thread (idempotent)."""
+        """Stop serving, kill every container, remove every cgroup made, end the loop thread (idempotent)."""
         if self._loop.is_closed():
             return
         try:
-            self._run(self._kubelet.stop())
+            self._run(self._kubelet.close())
         finally:
             self._end_loop()
 
@@ -129,9 +130,83 @@ class DevKubeletThread:
         """A pod's containers end; the pod object stays (see :meth:`DevKubelet.finish_pod`)."""
         self._run(self._kubelet.finish_pod(pod_name, namespace))
 
-    def remove_pod(self, pod_name: str, namespace: str = "default") -> None:
-        """Delete a pod object (see :meth:`DevKubelet.remove_pod`)."""
-        self._run(self._kubelet.remove_pod(pod_name, namespace))
+    def remove_pod(self, pod_name: str, namespace: str = "default", *, wait: bool = True) -> None:
+        """Delete a pod object gracefully (see :meth:`DevKubelet.remove_pod`)."""
+        self._run(self._kubelet.remove_pod(pod_name, namespace, wait=wait))
+
+    def remove_static_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """Remove a static pod's manifest: the removal window (see :meth:`DevKubelet.remove_static_pod`)."""
+        self._run(self._kubelet.remove_static_pod(pod_name, namespace))
+
+    def force_delete_pod(self, pod_name: str, namespace: str = "default") -> None:
+        """``--grace-period=0 --force``: the removal window (see :meth:`DevKubelet.force_delete_pod`)."""
+        self._run(self._kubelet.force_delete_pod(pod_name, namespace))
+
+    def wait_containers_exited(self, pod_name: str, namespace: str = "default", timeout: float = 60.0) -> None:
+        """Block until no container of that pod runs (see :meth:`DevKubelet.wait_containers_exited`)."""
+        self._run(self._kubelet.wait_containers_exited(pod_name, namespace, timeout), timeout + _MARGIN)
+
+    def pod_cleaned_up(self, pod_name: str, namespace: str = "default") -> bool:
+        """Whether the pod's processes are gone and its cgroup removed (see :meth:`DevKubelet.pod_cleaned_up`)."""
+        return self._sync(lambda k: k.pod_cleaned_up(pod_name, namespace))
+
+    def wait_pod_cleaned_up(self, pod_name: str, namespace: str = "default", timeout: float = 60.0) -> None:
+        """Block until the pod's cgroup is removed (see :meth:`DevKubelet.wait_pod_cleaned_up`)."""
+        self._run(self._kubelet.wait_pod_cleaned_up(pod_name, namespace, timeout), timeout + _MARGIN)
+
+    def pod_uid(self, pod_name: str, namespace: str = "default") -> str:
+        """The UID of the newest pod object of that name."""
+        return self._sync(lambda k: k.pod_uid(pod_name, namespace))
+
+    def containers_running(self, pod_name: str, namespace: str = "default") -> bool:
+        """Whether a container of that pod is still alive."""
+        return self._sync(lambda k: k.containers_running(pod_name, namespace))
+
+    def running_containers(self, pod_name: str, namespace: str = "default") -> list[str]:
+        """The names of that pod's containers still alive."""
+        return self._sync(lambda k: k.running_containers(pod_name, namespace))
+
+    def pod_pids(self, pod_name: str, namespace: str = "default") -> set[int]:
+        """Every process in the pod's cgroup (see :meth:`DevKubelet.pod_pids`)."""
+        return self._sync(lambda k: k.pod_pids(pod_name, namespace))
+
+    def container_pids(self, pod_name: str, container: str, namespace: str = "default") -> set[int]:
+        """The live processes of one container."""
+        return self._sync(lambda k: k.container_pids(pod_name, container, namespace))
+
+    def container_pid(self, pod_name: str, container: str, namespace: str = "default") -> int | None:
+        """The PID of the container's init while it runs."""
+        return self._sync(lambda k: k.container_pid(pod_name, container, namespace))
+
+    def container_failure(self, pod_name: str, container: str, namespace: str = "default") -> str | None:
+        """Why the container's last creation failed, or None."""
+        return self._sync(lambda k: k.container_failure(pod_name, container, namespace))
+
+    def pod_cgroup_paths(self, pod_name: str, namespace: str = "default") -> tuple[Path, ...]:
+        """The pod cgroup's folders, one per hierarchy."""
+        return self._sync(lambda k: k.pod_cgroup_paths(pod_name, namespace))
+
+    def container_cgroup_paths(self, pod_name: str, container: str, namespace: str = "default") -> tuple[Path, ...]:
+        """The container cgroup's folders, one per hierarchy."""
+        return self._sync(lambda k: k.container_cgroup_paths(pod_name, container, namespace))
+
+    def liveness_config(self) -> dict[str, str]:
+        """The ``[liveness]`` table for a daemon (see :meth:`DevKubelet.liveness_config`)."""
+        return self._kubelet.liveness_config()
+
+    @property
+    def cgroup_layout(self) -> CgroupLayout | None:
+        """Where containers get their cgroups (None: no processes run)."""
+        return self._kubelet.cgroup_layout
+
+    @property
+    def dev_root(self) -> Path:
+        """The node's ``/dev`` for the runtime's device check; settable (see :attr:`DevKubelet.dev_root`)."""
+        return self._sync(lambda k: k.dev_root)
+
+    @dev_root.setter
+    def dev_root(self, value: Path) -> None:
+        self._sync(lambda k: setattr(k, "dev_root", Path(value)))
 
     def pods(self) -> list[AdmittedPod]:
         """The running pods."""

@@ -20,6 +20,8 @@
   dev kubelet and a real daemon, for drivers whose devices span nodes.
 * :mod:`devplug.testing.dflsysfs` -- a model of the kernel's FPGA DFL sysfs, device
   nodes and ioctls, shared through files with a daemon under test.
+* :mod:`devplug.testing.devnodes` -- character devices for models and test drivers
+  (container runtimes refuse a device that is not a device node).
 * :mod:`devplug.testing.kubelet` -- the dev kubelet for drivers' own suites and demos.
 * :mod:`devplug.testing.configs`, :mod:`devplug.testing.daemon` -- configs laid
   out for the dev kubelet, and the daemon as a process or in a thread.

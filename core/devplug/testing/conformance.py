@@ -26,7 +26,9 @@ implement ``list_devices``; the checks, one test each:
 
 * ``test_advertises_its_devices`` -- every device registered, listed to the kubelet, healthy;
 * ``test_allocates_a_pod`` -- a pod gets distinct advertised devices, the ``allocate`` hook (when the driver
-  records one) saw exactly them, and the kubelet got the driver's answer (:meth:`check_allocation`);
+  records one) saw exactly them, the kubelet got the driver's answer (:meth:`check_allocation`), and its
+  container started: every ``DeviceSpec`` host path is a device node (on the node whose ``/dev`` is
+  :meth:`node_dev_root`'s), as containerd requires;
 * ``test_releases_exactly_once[stock|kep]`` -- after the pod is removed, each release hook (``post_stop`` then
   ``deallocate``, as far as the driver implements them: :attr:`release_hooks`) ran once, not flagged as a retry,
   after the pod was gone; a restart repeats nothing; the device is healthy again. On a stock kubelet
@@ -149,6 +151,16 @@ class DriverConformance:
         """Options with one wrong value, at :attr:`bad_option_key` (``None``: no such check)."""
         return None
 
+    def node_dev_root(self, folder: Path) -> Path | None:
+        """The node's ``/dev`` for the dev kubelet when the driver's machine is a model in ``folder`` (default:
+        None, the host's ``/dev``).
+
+        The dev kubelet's runtime, as containerd, refuses a container whose
+        ``DeviceSpec`` host path is not a device node; a host path under
+        ``/dev`` is looked up here.
+        """
+        return None
+
     # --- fixtures ---------------------------------------------------------------------------------------
 
     @pytest.fixture
@@ -157,6 +169,15 @@ class DriverConformance:
         folder = devplug_root / "driver"
         folder.mkdir()
         return folder
+
+    @pytest.fixture(autouse=True)
+    def _node_dev_root(self, request: pytest.FixtureRequest) -> None:
+        """Every check with a dev kubelet gets :meth:`node_dev_root` as the kubelet's ``/dev``, when it names one."""
+        if "dev_kubelet" not in request.fixturenames:
+            return
+        dev_root = self.node_dev_root(request.getfixturevalue("conformance_folder"))
+        if dev_root is not None:
+            request.getfixturevalue("dev_kubelet").dev_root = dev_root
 
     # --- helpers ------------------------------------------------------------------------------------------
 
@@ -282,6 +303,8 @@ class DriverConformance:
                 cdi_devices=allocation.cdi_devices,
             )
         self.check_allocation(physical, allocation, conformance_folder)
+        assert dev_kubelet.container_failure("p", "app") is None
+        assert dev_kubelet.running_containers("p") == ["app"]
 
     @pytest.mark.parametrize("kubelet", ["stock", "kep"])
     def test_releases_exactly_once(

@@ -15,7 +15,7 @@ Layout under ``root`` (as on a host, where ``sys/`` is ``/sys`` and ``dev/`` is 
         dfl-port.<M>/      id, afu_id, power_state, dev, errors/
     sys/class/fpga_region/region<R>      -> the region folders above (base and PR regions)
     sys/bus/platform/devices/dfl-fme.<N> -> the FME folder (dfl-port.<M> likewise)
-    dev/dfl-fme.<N>, dev/dfl-port.<M>    the character devices (regular files here)
+    dev/dfl-fme.<N>, dev/dfl-port.<M>    the character devices
     model/                               fault injections and the ioctl log (not part of the kernel)
 
 What it models, and where the kernel says so (``sysfs-platform-dfl-fme`` and
@@ -27,7 +27,11 @@ What it models, and where the kernel says so (``sysfs-platform-dfl-fme`` and
   ``dfl-port.m`` children; regions without feature devices (the PR regions the
   FME creates, ``drivers/fpga/dfl-fme-pr.c``) are not cards. FMEs and ports are
   numbered consecutively across cards. Each has a ``dev`` attribute
-  (``major:minor``) naming its device node.
+  (``major:minor``) naming its device node, a character device (dfl.rst: the
+  FME and port character devices) of that number; the model makes it with
+  :func:`devplug.testing.devnodes.make_char_device` (a symlink to
+  ``/dev/null`` where it may not ``mknod``), so that a container runtime takes it
+  as a device. The model never opens it.
 * FME attributes (sysfs-platform-dfl-fme): ``ports_num`` (ports on the card),
   ``bitstream_id`` (the static region's ID, ``0x%llx``), ``bitstream_metadata``;
   ``errors/{fme_errors,pcie0_errors,pcie1_errors,nonfatal_errors,catfatal_errors}``
@@ -85,6 +89,7 @@ from typing import Any
 
 from devplug.atomic import write_atomic
 from devplug.sysfs import HostSysfs
+from devplug.testing.devnodes import make_char_device
 
 __all__ = [
     "DFL_FPGA_FME_PORT_PR",
@@ -334,7 +339,7 @@ class DflModel:
         )
         _link(self._sys / "bus/platform/devices" / fme.name, fme)
         _link(regions / base.name, base)
-        (self._dev / fme.name).write_text("")
+        self._make_node(fme.name, f"{_DFL_MAJOR}:{fme_n}")
         names = []
         for i in range(ports):
             port = base / f"dfl-port.{port_n + i}"
@@ -351,7 +356,7 @@ class DflModel:
                 },
             )
             _link(self._sys / "bus/platform/devices" / port.name, port)
-            (self._dev / port.name).write_text("")
+            self._make_node(port.name, f"{_DFL_MAJOR + 1}:{port_n + i}")
             pr_region = fme / f"dfl-fme-region.{port_n + i}" / "fpga_region" / f"region{region_n + 1 + i}"
             pr_region.mkdir(parents=True)
             _link(regions / pr_region.name, pr_region)
@@ -382,8 +387,13 @@ class DflModel:
         (self._dev / name).unlink()
 
     def restore_node(self, name: str) -> None:
-        """Put ``/dev/<name>`` back."""
-        (self._dev / name).write_text("")
+        """Put ``/dev/<name>`` back (the number its ``dev`` attribute names)."""
+        self._make_node(name, self.attribute(name, "dev").read_text().strip())
+
+    def _make_node(self, name: str, number: str) -> None:
+        """``/dev/<name>``: the character device ``major:minor``."""
+        major, minor = (int(part) for part in number.split(":"))
+        make_char_device(self._dev / name, (major, minor))
 
     def attribute(self, name: str, attr: str) -> Path:
         """The path of ``attr`` of the FME or port ``name`` (e.g. ``dfl-port.0``, ``afu_id``)."""

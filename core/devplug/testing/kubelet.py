@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from devplug.devkubelet import (
     AdmittedPod,
+    CgroupLayout,
     ContainerSpec,
+    ContainerStartError,
     DevKubeletThread,
     KubeletEvent,
     PluginCallError,
+    PodPhase,
     PodSpec,
     ResourceView,
 )
@@ -20,11 +23,14 @@ from devplug.errors import KubeletError
 
 __all__ = [
     "AdmittedPod",
+    "CgroupLayout",
     "ContainerSpec",
+    "ContainerStartError",
     "DevKubeletThread",
     "KubeletError",
     "KubeletEvent",
     "PluginCallError",
+    "PodPhase",
     "PodSpec",
     "ResourceView",
 ]

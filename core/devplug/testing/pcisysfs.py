@@ -51,6 +51,11 @@ What it models, and where the kernel says so (``sysfs-bus-pci`` is
   to vfio-pci (the vfio group is created by the first device registered in
   it; the group is only *usable* once every member is bound to vfio-pci or
   left without a driver). ``/dev/vfio/vfio`` exists while vfio is loaded.
+  Both are character devices (vfio.rst: the container ``/dev/vfio/vfio`` and
+  one group character device per group), and so are the RDMA nodes below;
+  the model makes them with :func:`devplug.testing.devnodes.make_char_device`,
+  numbered as ``/dev/null`` (the group numbers are dynamic in the kernel, and
+  nothing reads them), so that a container runtime takes them as devices.
 * Busy devices: a real unbind of a device that user space holds open blocks
   until it is released (vfio-pci asks the user to release it). A test cannot
   wait forever, so :meth:`PciSysfsModel.set_busy` makes ``unbind`` fail with
@@ -111,6 +116,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.sysfs import HostSysfs
+from devplug.testing.devnodes import make_char_device
 
 __all__ = ["VFIO_PCI", "ModelDevice", "ModelDriver", "ModelSriov", "PciSysfsModel"]
 
@@ -680,14 +686,14 @@ class PciSysfsModel:
         rdma = [d.rdma for d in self.devices.values() if d.rdma is not None and d.netdev is not None]
         if rdma:
             (self._dev / "infiniband").mkdir()
-            (self._dev / "infiniband" / "rdma_cm").touch()
+            make_char_device(self._dev / "infiniband" / "rdma_cm")
             for number in rdma:
-                (self._dev / "infiniband" / f"uverbs{number}").touch()
+                make_char_device(self._dev / "infiniband" / f"uverbs{number}")
         if self.vfio_loaded:
             (self._dev / "vfio").mkdir()
-            (self._dev / "vfio" / "vfio").touch()
+            make_char_device(self._dev / "vfio" / "vfio")
             for group in sorted(vfio_groups):
-                (self._dev / "vfio" / str(group)).touch()
+                make_char_device(self._dev / "vfio" / str(group))
         self._save()
 
     def _render_sriov(self, dev: ModelDevice, folder: Path) -> None:

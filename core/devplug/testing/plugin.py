@@ -8,7 +8,19 @@ Fixtures:
   serving ``<root>/device-plugins/kubelet.sock`` and
   ``<root>/pod-resources/kubelet.sock`` (set ``dev_kubelet.kep_mode = True``
   before starting a daemon for a kubelet that calls the KEP's PostStopContainer
-  and Deallocate);
+  and Deallocate). When it can (root, and a cgroup file system it may write),
+  it runs every container as a real process in a real cgroup, under a
+  ``--cgroup-root`` of the test's own that is removed afterwards: cgroup v1
+  on a host whose ``/sys/fs/cgroup`` is v1 or hybrid, v2 on a v2 host (as a
+  kubelet would pick), with the cgroupfs driver.
+  ``@pytest.mark.devplug_cgroups("v2")`` asks for v2 (``"v1"`` for v1;
+  ``driver="systemd"`` for the systemd driver's names; ``"off"`` for no
+  processes); a test whose marker asks for cgroups the host cannot give is
+  skipped. Without a marker, when cgroups cannot be used the fixture warns
+  (``DevplugCgroupsWarning``) and falls back to containers without
+  processes; ``DEVPLUG_REQUIRE_CGROUPS=1`` makes both a failure.
+  ``dev_kubelet.liveness_config()`` is what a daemon needs to find the
+  pods' cgroups;
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
@@ -30,8 +42,10 @@ when they are first used.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +59,112 @@ from devplug.testing.entrypoints import entry_point_env, installed_driver_names,
 
 if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread
+    from devplug.devkubelet.cgroups import CgroupLayout
 
-__all__ = ["RunningDaemon"]
+__all__ = [
+    "REQUIRE_CGROUPS_ENV",
+    "DevplugCgroupsWarning",
+    "RunningDaemon",
+    "cgroup_layout_for",
+    "require_cgroup_layout",
+]
+
+#: Set to 1 to make a dev kubelet without cgroups a test failure instead of a warning.
+REQUIRE_CGROUPS_ENV = "DEVPLUG_REQUIRE_CGROUPS"
+_MARKER = "devplug_cgroups"
+
+
+class DevplugCgroupsWarning(pytest.PytestWarning):
+    """The ``dev_kubelet`` fixture could not run containers in cgroups and runs them without processes."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``devplug_cgroups`` marker."""
+    config.addinivalue_line(
+        "markers",
+        f'{_MARKER}(version="v1"|"v2"|"off", driver="cgroupfs"|"systemd"): how the dev_kubelet fixture runs '
+        "containers (real processes in cgroups of that version and driver naming, or none)",
+    )
+
+
+def _marker_request(node: pytest.Item | None) -> tuple[bool, int | None, str]:
+    """``(explicit, version, driver)`` from the test's marker; version 0 means no processes."""
+    marker = node.get_closest_marker(_MARKER) if node is not None else None
+    if marker is None:
+        return False, None, "cgroupfs"
+    if len(marker.args) > 1 or set(marker.kwargs) - {"version", "driver"}:
+        raise pytest.UsageError(f"{_MARKER}: expected a version and driver=, got {marker.args} {marker.kwargs}")
+    value = marker.args[0] if marker.args else marker.kwargs.get("version")
+    versions: dict[object, int | None] = {"v1": 1, "v2": 2, 1: 1, 2: 2, None: None, "off": 0, False: 0}
+    if value not in versions:
+        raise pytest.UsageError(f'{_MARKER}: the version must be "v1", "v2" or "off", got {value!r}')
+    driver = marker.kwargs.get("driver", "cgroupfs")
+    if driver not in ("cgroupfs", "systemd"):
+        raise pytest.UsageError(f'{_MARKER}: driver must be "cgroupfs" or "systemd", got {driver!r}')
+    return True, versions[value], str(driver)
+
+
+def _probe(version: int | None, driver: str) -> CgroupLayout:
+    """A layout with a fresh root, after checking that the root can be made (and removing it again)."""
+    from devplug.devkubelet.cgroups import CgroupFs, CgroupLayout, CgroupsUnavailableError
+
+    if os.geteuid() != 0:
+        raise CgroupsUnavailableError("not running as root")
+    layout = CgroupLayout.detect(version, driver=driver)
+    probe = CgroupFs(layout)
+    try:
+        probe.ensure(layout.root)
+    except OSError as exc:
+        raise CgroupsUnavailableError(f"cannot make {layout.root} in {layout.mount}: {exc}") from exc
+    finally:
+        probe.remove_created()
+    return layout
+
+
+def _describe(version: int | None, driver: str) -> str:
+    return f"cgroup {'v' + str(version) + ' ' if version else ''}({driver} driver)"
+
+
+def require_cgroup_layout(version: int | None = None, driver: str = "cgroupfs") -> CgroupLayout:
+    """Cgroups of ``version`` (None: the host's kind) with a fresh root, for a test that needs them.
+
+    Skips the test when the host cannot give them (fails it with ``DEVPLUG_REQUIRE_CGROUPS=1``).
+    """
+    try:
+        return _probe(version, driver)
+    except Exception as exc:
+        message = f"the dev kubelet cannot run containers in {_describe(version, driver)}: {exc}"
+        if os.environ.get(REQUIRE_CGROUPS_ENV) == "1":
+            pytest.fail(f"{message} ({REQUIRE_CGROUPS_ENV}=1)", pytrace=False)
+        pytest.skip(message)
+
+
+def cgroup_layout_for(node: pytest.Item | None) -> CgroupLayout | None:
+    """The cgroups the ``dev_kubelet`` fixture gives this test (see the module docstring), or None.
+
+    A test whose ``devplug_cgroups`` marker asks for cgroups the host cannot
+    give is skipped (failed with ``DEVPLUG_REQUIRE_CGROUPS=1``); without a
+    marker, when the default ones cannot be had, it warns and returns None
+    (``DEVPLUG_REQUIRE_CGROUPS=1``: fails).
+    """
+    explicit, version, driver = _marker_request(node)
+    if version == 0:
+        return None
+    if explicit:
+        return require_cgroup_layout(version, driver)
+    try:
+        return _probe(version, driver)
+    except Exception as exc:
+        message = f"the dev kubelet cannot run containers in {_describe(version, driver)}: {exc}"
+        if os.environ.get(REQUIRE_CGROUPS_ENV) == "1":
+            pytest.fail(f"{message} ({REQUIRE_CGROUPS_ENV}=1)", pytrace=False)
+        warnings.warn(
+            DevplugCgroupsWarning(
+                f"{message}; its containers run WITHOUT processes (set {REQUIRE_CGROUPS_ENV}=1 to fail instead)"
+            ),
+            stacklevel=2,
+        )
+        return None
 
 
 @dataclass
@@ -133,19 +251,28 @@ def devplug_root() -> Iterator[Path]:
 
 
 @pytest.fixture
-def dev_kubelet(devplug_root: Path) -> Iterator[DevKubeletThread]:
-    """A started dev kubelet in ``devplug_root`` (a stock kubelet; set ``kep_mode`` for a KEP one)."""
+def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[DevKubeletThread]:
+    """A started dev kubelet in ``devplug_root`` (a stock kubelet; set ``kep_mode`` for a KEP one).
+
+    Its containers run in cgroups when they can (see the module docstring);
+    every process and cgroup is gone after the test, or the test errors.
+    """
     from devplug.devkubelet import DevKubeletThread
 
+    layout = cgroup_layout_for(request.node)
     kubelet = DevKubeletThread(
         devplug_root / "device-plugins",
         pod_resources_socket=devplug_root / "pod-resources" / "kubelet.sock",
+        cgroups=layout,
     )
-    kubelet.start()
     try:
+        kubelet.start()
         yield kubelet
     finally:
         kubelet.close()
+        left = [str(p) for p in (layout.paths(layout.root) if layout is not None else ()) if p.exists()]
+        if left:
+            pytest.fail(f"dev_kubelet: cgroups left behind: {', '.join(left)}", pytrace=False)
 
 
 DaemonFactory = Callable[..., RunningDaemon]

@@ -70,7 +70,10 @@ def run_demo(root: Path, echo: Echo) -> bool:
     config_path = write_toml(root / "devplug.toml", config)
     echo(f"config: {config_path}\n")
     checks: list[tuple[str, bool]] = []
-    kubelet = DevKubeletThread(root / "device-plugins", pod_resources_socket=root / "pod-resources" / "kubelet.sock")
+    # the model is the machine: its dev folder is the node's /dev, where the runtime looks for the devices
+    kubelet = DevKubeletThread(
+        root / "device-plugins", pod_resources_socket=root / "pod-resources" / "kubelet.sock", dev_root=model.dev_root
+    )
     kubelet.start()
     daemon = DaemonProcess(config_path, root / "daemon.log", log_level="info")
     try:

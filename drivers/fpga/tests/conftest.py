@@ -28,6 +28,7 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import resource_state_dir, socket_file_name
+from devplug.testing.devnodes import make_char_device
 from devplug.testing.dflsysfs import DflModel, model_image
 from devplug.testing.plugin import RunningDaemon
 
@@ -158,6 +159,7 @@ class Lab:
         self.factory = factory
         self.model = DflModel(root / "machine")
         self.model_root = root / "machine"
+        kubelet.dev_root = self.model.dev_root  # the model is the node: the runtime finds the devices there
         images = root / "images"
         images.mkdir()
         self.blank = model_image(images / "blank.gbs", BLANK_AFU)
@@ -193,6 +195,12 @@ class Lab:
 
     def start(self, options: Mapping[str, Any], **table: Any) -> RunningDaemon:
         table.setdefault("hook_timeout", 60.0)
+        if options.get("backend") == "command":  # the vendor's driver made its regions' character devices
+            for card in options["cards"]:
+                for region in range(options.get("regions_per_card", 1)):
+                    node = self.model.dev_root / "xfpga" / card / str(region)
+                    node.parent.mkdir(parents=True, exist_ok=True)
+                    make_char_device(node)
         daemon = self.factory(
             {RESOURCE: {"driver": "fpga", "options": dict(options), **table}}, release_interval=0.1, grace_period=1.0
         )

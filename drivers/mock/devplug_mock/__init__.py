@@ -11,12 +11,19 @@ after the file; its lines can make it unhealthy, put it on a NUMA node, or
 make hooks fail or hang (:mod:`devplug_mock.devicefile`). Adding, removing or
 editing a file reaches the kubelet at once. Every allocation-related hook call
 is appended to ``<directory>/.calls.jsonl``; read it with :func:`read_calls`.
+
+A container gets each device as a real character device (container runtimes
+refuse anything else): ``<directory>/.dev/<id>``, which the driver makes with
+the number of ``/dev/null`` when it may (``CAP_MKNOD``). Where it may not,
+every device is handed out as the node the ``device_node`` option names
+(``options = { directory = "...", device_node = "/dev/zero" }``), by default
+``/dev/null``, with one warning.
 """
 
 from __future__ import annotations
 
 from devplug_mock.calllog import CALLS_FILE, read_calls
 from devplug_mock.devicefile import DIRECTIVE_HOOKS
-from devplug_mock.driver import MockDriver, MockOptions
+from devplug_mock.driver import NODE_FOLDER, MockDriver, MockOptions
 
-__all__ = ["CALLS_FILE", "DIRECTIVE_HOOKS", "MockDriver", "MockOptions", "read_calls"]
+__all__ = ["CALLS_FILE", "DIRECTIVE_HOOKS", "NODE_FOLDER", "MockDriver", "MockOptions", "read_calls"]

@@ -32,11 +32,12 @@ from devplug import (
     hookimpl,
 )
 from devplug.options import refuse_kernel_trees
+from devplug.testing.devnodes import is_device_node, mknod_char_device
 from devplug.testing.recorder import HookRecorder
 from devplug.watch import DirectoryWatcher
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
 
-__all__ = ["MockDriver", "MockOptions"]
+__all__ = ["NODE_FOLDER", "MockDriver", "MockOptions"]
 
 T = TypeVar("T")
 
@@ -62,11 +63,15 @@ class MockOptions:
     are then ignored with a warning (a sleeping hook would stall every
     resource), ``check_health`` answers from the folder watch instead of
     re-reading every file, and there is no ``hook_timeout``.
+    ``device_node``: the device node every device is handed out as when the
+    driver may not make its own (``mknod`` refused, no ``CAP_MKNOD``); by
+    default ``/dev/null``, with a warning. It must be a character or block device.
     """
 
     directory: Path
     count: int | None = None
     inline_hooks: bool = False
+    device_node: Path | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, Path):
@@ -79,6 +84,11 @@ class MockOptions:
             raise ValueError(f"count: must be an integer >= 0, got {count!r}")
         if not isinstance(self.inline_hooks, bool):
             raise ValueError(f"inline_hooks: must be true or false, got {self.inline_hooks!r}")
+        node = self.device_node
+        if node is not None:
+            if not isinstance(node, str | Path) or not str(node).startswith("/"):
+                raise ValueError(f"device_node: expected an absolute path to a device node, got {node!r}")
+            object.__setattr__(self, "device_node", Path(node))
 
 
 def _shared(replicas: Replicas | None) -> dict[str, Any]:
@@ -96,6 +106,10 @@ def _directs(found: DeviceFile) -> bool:
     return bool(found.fail or found.delays or found.crash)
 
 
+#: The hidden folder of the device folder where the driver makes each device's node (never a device itself).
+NODE_FOLDER = ".dev"
+
+
 class MockDriver:
     """A devplug driver whose devices are the regular files of a folder.
 
@@ -104,9 +118,14 @@ class MockDriver:
 
     Implements every hook. ``preferred_allocation`` defers to the core's NUMA
     packing. Each device describes what a container gets for it
-    (``Device.allocation``): its file as the device node ``/dev/mock/<id>``
-    (rw) and mounted read-only at ``/var/run/mock/<id>``; the engine merges
-    that into the answer, or writes it into a CDI spec (``[cdi] enabled``).
+    (``Device.allocation``): a character device as ``/dev/mock/<id>`` (rw),
+    and its file mounted read-only at ``/var/run/mock/<id>``; the engine
+    merges that into the answer, or writes it into a CDI spec (``[cdi]
+    enabled``). The character device is ``<directory>/.dev/<id>``, which the
+    driver makes (numbered as ``/dev/null``, 1:3) when it may: container
+    runtimes refuse a device that is not a device node (containerd: "not a
+    device node"). Where it may not, every device is handed out as the
+    ``device_node`` option's node, ``/dev/null`` by default.
     ``allocate`` adds ``MOCK_DEVICES`` (the IDs, comma-separated). ``fail=``
     and ``delay=`` lines in a device file make the hooks that see the device
     fail or wait; ``replicas=N`` shares it among N containers. On shared
@@ -132,6 +151,10 @@ class MockDriver:
         self._known: dict[str, DeviceFile] = {}  # what the engine was last told, by device ID
         self._directed: set[str] = set()  # the IDs in _known whose files hold fail=, delay= or crash= lines
         self._stopping = threading.Event()
+        self._nodes = self.directory / NODE_FOLDER
+        self._node_lock = threading.Lock()
+        self._with_node: set[str] = set()  # the IDs whose node exists in .dev
+        self._shared_node: str | None = None  # the node every device gets once mknod was refused
 
     def __repr__(self) -> str:
         return f"<MockDriver {str(self.directory)!r}>"
@@ -148,6 +171,9 @@ class MockDriver:
         self.stop()
         self._stopping.clear()
         self._ctx = ctx
+        node = self.options.device_node
+        if node is not None and not is_device_node(node):
+            raise DriverError(f"mock: device_node {node} is not a character or block device")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for i in range(self.options.count or 0):
@@ -248,12 +274,56 @@ class MockDriver:
     # --- internals
 
     def describe(self, device_id: str) -> ContainerAllocation:
-        """What a container gets for one device: its file as ``/dev/mock/<id>`` (rw) and ``/var/run/mock/<id>`` (ro)."""
-        host = str(self.directory / device_id)
+        """What a container gets for one device: its node as ``/dev/mock/<id>`` (rw), its file at
+        ``/var/run/mock/<id>`` (ro). Makes the node when it is missing (see the class docstring)."""
         return ContainerAllocation(
-            devices=(DeviceSpec(container_path=f"/dev/mock/{device_id}", host_path=host, permissions="rw"),),
-            mounts=(Mount(container_path=f"/var/run/mock/{device_id}", host_path=host, read_only=True),),
+            devices=(
+                DeviceSpec(container_path=f"/dev/mock/{device_id}", host_path=self.node(device_id), permissions="rw"),
+            ),
+            mounts=(
+                Mount(
+                    container_path=f"/var/run/mock/{device_id}",
+                    host_path=str(self.directory / device_id),
+                    read_only=True,
+                ),
+            ),
         )
+
+    def node(self, device_id: str) -> str:
+        """The host path of the device node a container gets for ``device_id`` (made if missing)."""
+        with self._node_lock:
+            if self._shared_node is not None:
+                return self._shared_node
+            path = self._nodes / device_id
+            if device_id not in self._with_node or not os.path.lexists(path):
+                try:
+                    self._nodes.mkdir(exist_ok=True)
+                    mknod_char_device(path)
+                except PermissionError as exc:
+                    return self._share_one_node(exc)
+                self._with_node.add(device_id)
+            return str(path)
+
+    def _share_one_node(self, exc: OSError) -> str:
+        """mknod was refused: from now on every device is the ``device_node`` option's node (or /dev/null)."""
+        configured = self.options.device_node
+        self._shared_node = str(configured) if configured is not None else "/dev/null"
+        if configured is None:
+            self._log.warning(
+                "mock: cannot make device nodes in %s (%s); every device is handed out as /dev/null "
+                "(set the device_node option to choose another)",
+                self._nodes,
+                exc.strerror or exc,
+            )
+        return self._shared_node
+
+    def _forget_node(self, device_id: str) -> None:
+        """The device is gone: so is its node."""
+        with self._node_lock:
+            if device_id in self._with_node:
+                self._with_node.discard(device_id)
+                with contextlib.suppress(FileNotFoundError):
+                    (self._nodes / device_id).unlink()
 
     def _device(self, found: DeviceFile) -> Device:
         """The device to advertise, with what a container gets for it."""
@@ -348,10 +418,13 @@ class MockDriver:
         files.sort(key=lambda f: natural_key(f.id))
         with self._lock:
             fresh = [f for f in files if self._known.get(f.id) != f]
+            gone = set(self._known) - {f.id for f in files}
             self._known = {f.id: f for f in files}
             self._directed = {f.id for f in files if _directs(f)}
         for found in fresh:
             self._report(found)
+        for device_id in gone:
+            self._forget_node(device_id)
         return files
 
     def _reread(self, names: Iterable[str]) -> tuple[list[Device], list[str]]:
@@ -370,6 +443,7 @@ class MockDriver:
             if found is None:
                 if old is not None:
                     removed.append(name)
+                    self._forget_node(name)
             elif found != old:
                 self._report(found)
                 if old is None or old.device != found.device:

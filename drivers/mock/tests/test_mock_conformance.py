@@ -8,6 +8,7 @@ from typing import Any
 
 from devplug import ContainerAllocation, DeviceSpec, Mount
 from devplug.testing.conformance import DriverConformance
+from devplug.testing.devnodes import is_device_node
 
 
 class TestMockConformance(DriverConformance):
@@ -26,9 +27,10 @@ class TestMockConformance(DriverConformance):
         devices = folder / "devices"
         assert allocation == ContainerAllocation(
             envs={"MOCK_DEVICES": ",".join(device_ids)},
-            devices=tuple(DeviceSpec(f"/dev/mock/{i}", str(devices / i), "rw") for i in device_ids),
+            devices=tuple(DeviceSpec(f"/dev/mock/{i}", str(devices / ".dev" / i), "rw") for i in device_ids),
             mounts=tuple(Mount(f"/var/run/mock/{i}", str(devices / i), read_only=True) for i in device_ids),
         )
+        assert all(is_device_node(devices / ".dev" / i) for i in device_ids)  # containerd takes them
 
     def slow_release(self, folder: Path, device_id: str) -> bool:
         (folder / "devices" / device_id).write_text("delay=post_stop:120\n")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -73,12 +75,23 @@ def ids(devices: list[Device]) -> list[str]:
     return [d.id for d in devices]
 
 
+def _is_null_node(path: Path) -> bool:
+    """A character device numbered as /dev/null (1:3), not a symlink: what the mock makes when it may."""
+    st = os.lstat(path)
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+
+
 def test_start_creates_the_folder_and_count_files(tmp_path: Path) -> None:
     run = make_running(tmp_path, count=3)
     try:
         assert sorted(os.listdir(run.directory)) == ["mock0", "mock1", "mock2"]
         assert all((run.directory / n).read_text() == "" for n in ("mock0", "mock1", "mock2"))
         assert ids(run.list_devices()) == ["mock0", "mock1", "mock2"]
+        # describing the devices made their nodes, in a hidden folder that is no device
+        assert sorted(os.listdir(run.directory)) == [".dev", "mock0", "mock1", "mock2"]
+        assert ids(run.list_devices()) == ["mock0", "mock1", "mock2"]
+        assert sorted(os.listdir(run.directory / ".dev")) == ["mock0", "mock1", "mock2"]
+        assert all(_is_null_node(run.directory / ".dev" / n) for n in ("mock0", "mock1", "mock2"))
     finally:
         run.hooks.stop()
 
@@ -163,9 +176,7 @@ def test_check_health_of_a_vanished_file(running: Running) -> None:
 
 
 def test_list_devices_of_a_deleted_folder_is_empty(running: Running) -> None:
-    for name in os.listdir(running.directory):
-        (running.directory / name).unlink()
-    running.directory.rmdir()
+    shutil.rmtree(running.directory)
     assert running.list_devices() == []
 
 
@@ -219,14 +230,13 @@ def test_dotfiles_and_directive_only_edits_push_nothing(hot: Running) -> None:
 
 
 def test_folder_recreated_pushes_the_whole_list(hot: Running, watch_mode: str) -> None:
-    for name in os.listdir(hot.directory):
-        (hot.directory / name).unlink()
-    hot.directory.rmdir()
+    shutil.rmtree(hot.directory)
     hot.directory.mkdir()
     (hot.directory / "gpu0").write_text("")
     assert hot.sink.wait_for(lambda t: set(t) == {"gpu0"})
     if watch_mode == "inotify":  # polling may see only the files that changed between two looks
         assert any(p.kind == "replace" for p in hot.sink.pushes)
+    assert _is_null_node(hot.directory / ".dev" / "gpu0")  # the new folder got the new device's node
 
 
 def test_stop_ends_hot_plug(hot: Running) -> None:
@@ -255,13 +265,15 @@ def test_devices_describe_their_node_and_mount(running: Running) -> None:
     d = running.directory
     described = {dev.id: dev.allocation for dev in running.list_devices()}
     assert described["mock1"] == ContainerAllocation(
-        devices=(DeviceSpec("/dev/mock/mock1", str(d / "mock1"), "rw"),),
+        devices=(DeviceSpec("/dev/mock/mock1", str(d / ".dev" / "mock1"), "rw"),),
         mounts=(Mount("/var/run/mock/mock1", str(d / "mock1"), read_only=True),),
     )
     assert described["mock3"] == ContainerAllocation(
-        devices=(DeviceSpec("/dev/mock/mock3", str(d / "mock3"), "rw"),),
+        devices=(DeviceSpec("/dev/mock/mock3", str(d / ".dev" / "mock3"), "rw"),),
         mounts=(Mount("/var/run/mock/mock3", str(d / "mock3"), read_only=True),),
     )
+    assert _is_null_node(d / ".dev" / "mock1")
+    assert _is_null_node(d / ".dev" / "mock3")
 
 
 def test_relative_directory_gives_absolute_host_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,7 +286,7 @@ def test_relative_directory_gives_absolute_host_paths(tmp_path: Path, monkeypatc
     finally:
         hooks.stop()
     assert device.allocation is not None
-    assert device.allocation.devices[0].host_path == str(tmp_path / "rel" / "mock0")
+    assert device.allocation.devices[0].host_path == str(tmp_path / "rel" / ".dev" / "mock0")
     assert device.allocation.mounts[0].host_path == str(tmp_path / "rel" / "mock0")
 
 

@@ -81,6 +81,7 @@ def test_two_vfs_bound_for_a_pod_and_restored_once_before_the_next(
     daemon: Any = None
     with contextlib.ExitStack() as stack:
         if backend.name == "model":
+            kubelet.dev_root = sysfs.dev_root  # the model is the node: the runtime finds /dev/vfio there
             options |= {"sysfs_root": str(sysfs.sysfs_root), "dev_root": str(sysfs.dev_root)}
             resources = {RESOURCE: {"driver": "sriov", "options": options}}
             stack.enter_context(
@@ -124,6 +125,7 @@ def test_a_pod_gets_two_network_vfs_and_the_next_pod_gets_them_reset_once(
 ) -> None:
     kubelet: DevKubeletThread = request.getfixturevalue("dev_kubelet")
     model = PciSysfsModel(tmp_path / "machine")
+    kubelet.dev_root = model.dev_root  # the model is the node: the runtime finds /dev/vfio there
     model.add_device("0000:3b:00.0", 0x8086, 0x1572, 0x020000, numa_node=0, iommu_group=20, driver="i40e")
     model.enable_sriov("0000:3b:00.0", 8, 0x154C, offset=16, vf_driver="iavf", netdev="ens1f0")
     links = VfLinkModel()

@@ -44,6 +44,7 @@ def test_a_pod_gets_the_nic_through_the_kubelet_and_gives_it_back(
     resources = {"example.com/nic": {"driver": "vfio", "options": {"devices": ["8086:10d3"], "rescan_interval": 0.2}}}
     with contextlib.ExitStack() as stack:
         if backend.name == "model":
+            kubelet.dev_root = sysfs.dev_root  # the model is the node: the runtime finds /dev/vfio there
             stack.enter_context(_in_process_daemon(request.getfixturevalue("devplug_root"), resources, sysfs))
             kubelet.wait_registered("example.com/nic", timeout=WAIT)
             kubelet.wait_for(lambda k: bool(k.events_of("list-and-watch", "example.com/nic")), timeout=WAIT)

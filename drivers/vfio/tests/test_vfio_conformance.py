@@ -40,6 +40,9 @@ class TestVfioConformance(DriverConformance):
     def calls_dir(self, folder: Path) -> Path:
         return folder / "machine"
 
+    def node_dev_root(self, folder: Path) -> Path:
+        return folder / "machine" / "dev"  # the model's /dev/vfio
+
     def check_allocation(self, device_ids: Sequence[str], allocation: ContainerAllocation, folder: Path) -> None:
         assert dict(allocation.envs) == {"PCI_RESOURCE_EXAMPLE_COM_NIC": ",".join(device_ids)}
         assert DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rw") in allocation.devices
