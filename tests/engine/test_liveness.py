@@ -20,6 +20,7 @@ import pytest
 
 from devplug.config import LivenessConfig
 from devplug.engine.liveness import ContainerLiveness, PodState, find_pod_cgroups, read_pod
+from devplug.kubecgroups import kubepods_name, literal_path, pod_name
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 V2_MOUNT = CGROUP_FS / "unified"
@@ -50,8 +51,13 @@ class Layout:
     version: int
     driver: str
     root: str  # the kubelet's --cgroup-root, e.g. "/devplug-test-1234"
-    bases: list[Path] = field(default_factory=list)  # the cgroup root in each hierarchy
+    hierarchies: list[Path] = field(default_factory=list)  # the cgroup hierarchies read and written
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def top_folder(self) -> str:
+        """The one folder of each hierarchy everything of this layout is under (removed at the end)."""
+        return literal_path(kubepods_name(self.root), self.driver).lstrip("/").split("/")[0]
 
     @property
     def mount(self) -> Path:
@@ -61,25 +67,18 @@ class Layout:
         return LivenessConfig(cgroup_mount=self.mount, cgroup_root=self.root, cgroup_driver=self.driver, **extra)  # type: ignore[arg-type]
 
     def pod_path(self, uid: str, qos: str) -> Path:
-        """The pod's cgroup, relative to a hierarchy's cgroup root, as the kubelet names it."""
-        if self.driver == "systemd":
-            escaped = uid.replace("-", "_")
-            if qos == "guaranteed":
-                return Path("kubepods.slice") / f"kubepods-pod{escaped}.slice"
-            return Path("kubepods.slice") / f"kubepods-{qos}.slice" / f"kubepods-{qos}-pod{escaped}.slice"
-        if qos == "guaranteed":
-            return Path("kubepods") / f"pod{uid}"
-        return Path("kubepods") / qos / f"pod{uid}"
+        """The pod's cgroup, relative to a hierarchy, as the kubelet names it (devplug.kubecgroups)."""
+        return Path(literal_path(pod_name(self.root, qos, uid), self.driver).lstrip("/"))
 
     def start_kubepods(self) -> None:
-        for base in self.bases:
-            (base / ("kubepods.slice" if self.driver == "systemd" else "kubepods")).mkdir(parents=True)
+        for hierarchy in self.hierarchies:
+            (hierarchy / literal_path(kubepods_name(self.root), self.driver).lstrip("/")).mkdir(parents=True)
 
     def run_container(self, uid: str, qos: str = "besteffort") -> subprocess.Popen[bytes]:
         """A process in a container cgroup of the pod (in every hierarchy), before it does anything else."""
         procs = []
-        for base in self.bases:
-            container = base / self.pod_path(uid, qos) / "ctr"
+        for hierarchy in self.hierarchies:
+            container = hierarchy / self.pod_path(uid, qos) / "ctr"
             container.mkdir(parents=True, exist_ok=True)
             procs.append(str(container / "cgroup.procs"))
         script = "".join(f'echo $$ > "{p}" && ' for p in procs) + "exec sleep 600"
@@ -92,8 +91,8 @@ class Layout:
         return process
 
     def remove_pod(self, uid: str, qos: str = "besteffort") -> None:
-        for base in self.bases:
-            pod = base / self.pod_path(uid, qos)
+        for hierarchy in self.hierarchies:
+            pod = hierarchy / self.pod_path(uid, qos)
             for child in sorted(pod.rglob("*"), reverse=True):
                 if child.is_dir():
                     child.rmdir()
@@ -103,11 +102,12 @@ class Layout:
         for process in self.processes:
             process.kill()
             process.wait()
-        for base in self.bases:
-            if base.exists():
-                for child in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        for hierarchy in self.hierarchies:
+            top = hierarchy / self.top_folder
+            if top.exists():
+                for child in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                     child.rmdir()
-                base.rmdir()
+                top.rmdir()
 
 
 @pytest.fixture(
@@ -120,11 +120,9 @@ def layout(request: pytest.FixtureRequest) -> Iterator[Layout]:
     root = f"/devplug-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     found = Layout(version, driver, root)
     if version == 2:
-        found.bases = [V2_MOUNT / root.strip("/")]
+        found.hierarchies = [V2_MOUNT]
     else:
-        found.bases = [CGROUP_FS / h / root.strip("/") for h in V1_HIERARCHIES if (CGROUP_FS / h).is_dir()]
-    for base in found.bases:
-        base.mkdir()
+        found.hierarchies = [CGROUP_FS / h for h in V1_HIERARCHIES if (CGROUP_FS / h).is_dir()]
     try:
         yield found
     finally:

@@ -59,6 +59,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from devplug.kubecgroups import (
+    QOS_CLASSES,
+    SLICE,
+    expand_slice,
+    kubepods_name,
+    literal_path,
+    pod_name,
+    root_name,
+)
+
 __all__ = [
     "QOS_CLASSES",
     "CgroupDriver",
@@ -71,13 +81,6 @@ __all__ = [
     "unique_cgroup_root",
 ]
 
-#: The pod QoS classes (``v1.PodQOSClass``, lowercased as the kubelet names their cgroups).
-QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
-
-#: ``defaultNodeAllocatableCgroupName`` in ``pkg/kubelet/cm/node_container_manager_linux.go``.
-NODE_ALLOCATABLE = "kubepods"
-
-_SLICE = ".slice"
 _CGROUP_FS = "/sys/fs/cgroup"
 
 
@@ -90,22 +93,6 @@ class CgroupDriver(StrEnum):
 
 class CgroupsUnavailableError(Exception):
     """The host has no cgroup hierarchy the dev kubelet can use; the message says why."""
-
-
-def expand_slice(slice_name: str) -> str:
-    """runc's ``ExpandSlice``: ``a-b-c.slice`` is ``/a.slice/a-b.slice/a-b-c.slice``; ``-.slice`` is ``/``."""
-    if len(slice_name) <= len(_SLICE) or not slice_name.endswith(_SLICE) or "/" in slice_name:
-        raise ValueError(f"invalid slice name: {slice_name}")
-    name = slice_name[: -len(_SLICE)]
-    if name == "-":
-        return "/"
-    path, prefix = "", ""
-    for component in name.split("-"):
-        if not component:
-            raise ValueError(f"invalid slice name: {slice_name}")
-        path += f"/{prefix}{component}{_SLICE}"
-        prefix += f"{component}-"
-    return path
 
 
 def unique_cgroup_root(prefix: str = "devplug") -> str:
@@ -220,31 +207,23 @@ class CgroupLayout:
 
     def root_name(self) -> tuple[str, ...]:
         """``ParseCgroupfsToCgroupName(--cgroup-root)``."""
-        return tuple(part for part in self.root.split("/") if part)
+        return root_name(self.root)
 
     def node_allocatable_name(self) -> tuple[str, ...]:
         """The node-allocatable cgroup: the root plus ``kubepods``."""
-        return (*self.root_name(), NODE_ALLOCATABLE)
+        return kubepods_name(self.root)
 
     def qos_name(self, qos: str) -> tuple[str, ...]:
         """The QoS cgroup's ``CgroupName`` (Guaranteed: ``kubepods`` itself)."""
-        if qos not in QOS_CLASSES:
-            raise ValueError(f"unknown pod QoS class {qos!r} (one of {', '.join(QOS_CLASSES)})")
-        base = self.node_allocatable_name()
-        return base if qos == "guaranteed" else (*base, qos)
+        return pod_name(self.root, qos, "")[:-1]
 
     def pod_name(self, qos: str, uid: str) -> tuple[str, ...]:
         """The pod cgroup's ``CgroupName``: ``pod<uid>`` under the QoS cgroup."""
-        return (*self.qos_name(qos), f"pod{uid}")
+        return pod_name(self.root, qos, uid)
 
     def literal(self, name: Iterable[str]) -> str:
         """``cgroupCommon.Name``: the cgroupfs path of a ``CgroupName`` for this driver."""
-        parts = tuple(name)
-        if self.driver is CgroupDriver.CGROUPFS:
-            return "/" + "/".join(parts)
-        if not parts:
-            return "/"
-        return expand_slice("-".join(part.replace("-", "_") for part in parts) + _SLICE)
+        return literal_path(name, self.driver.value)
 
     def pod_cgroup(self, qos: str, uid: str) -> str:
         """The literal path of a pod's cgroup (``GetPodContainerName``'s second value)."""
@@ -252,7 +231,7 @@ class CgroupLayout:
 
     def container_cgroup(self, pod_cgroup: str, container_id: str) -> str:
         """The literal path containerd and runc give a container (or sandbox) of that pod."""
-        if Path(pod_cgroup).name.endswith(_SLICE):
+        if Path(pod_cgroup).name.endswith(SLICE):
             return f"{pod_cgroup}/cri-containerd-{container_id}.scope"
         return f"{pod_cgroup}/{container_id}"
 

@@ -7,17 +7,12 @@ so PodResources and the checkpoint stop attributing its devices, while the pod
 worker is still killing its containers within their grace period
 (``pkg/kubelet/pod_workers.go``). Neither can tell a plugin that the old
 containers still run; the node's cgroups can. Every container of a pod runs in
-the pod's cgroup, named after the pod's UID (Kubernetes v1.32
-``pkg/kubelet/cm/pod_container_manager_linux.go`` ``GetPodContainerName``,
-``qos_container_manager_linux.go``, and ``cgroup_manager_linux.go`` for the
-systemd names):
-
-* cgroupfs driver: ``<cgroup root>/kubepods/pod<uid>`` (Guaranteed),
-  ``.../kubepods/burstable/pod<uid>``, ``.../kubepods/besteffort/pod<uid>``;
-* systemd driver: ``kubepods.slice/kubepods-pod<uid>.slice``,
-  ``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice``
-  and the same for ``besteffort``, with every ``-`` of the UID written ``_``
-  (``escapeSystemdCgroupName``).
+the pod's cgroup, named after the pod's UID under the kubelet's ``kubepods``
+cgroup, in one of three QoS places, as :mod:`devplug.kubecgroups` spells it for
+the cgroupfs and systemd drivers (``kubepods/besteffort/pod<uid>``;
+``kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice``
+with every ``-`` of the UID written ``_``; under a ``--cgroup-root`` of its own
+with the systemd driver the root's name prefixes every slice).
 
 A pod's containers still run while its cgroup is *populated*: on cgroup v2 its
 ``cgroup.events`` says ``populated 1`` (for the whole subtree), and a change of
@@ -53,6 +48,7 @@ from typing import Any
 
 from devplug.config import LivenessConfig
 from devplug.inotify import IN_IGNORED, IN_MODIFY, inotify
+from devplug.kubecgroups import QOS_CLASSES, kubepods_name, literal_path, pod_name
 
 __all__ = ["ContainerLiveness", "PodCgroups", "PodLiveness", "PodState", "find_pod_cgroups", "read_pod"]
 
@@ -67,7 +63,6 @@ REDISCOVER_S = 2.0
 RECHECK_S = 2.0
 #: The v1 hierarchies to read, in order of preference: every container is in each hierarchy its runtime manages.
 V1_HIERARCHIES = ("pids", "memory", "cpu,cpuacct", "cpu", "cpuacct", "systemd", "freezer", "blkio", "devices")
-_QOS_CLASSES = ("", "burstable", "besteffort")  # "": Guaranteed pods sit right under kubepods
 _EVENT = struct.Struct("iIII")
 
 
@@ -89,25 +84,21 @@ class PodLiveness:
 
 @dataclass(frozen=True)
 class PodCgroups:
-    """The kubelet's pod cgroups as found on this node: the cgroup version, its driver and the ``kubepods`` folder
-    (on v1, in the hierarchy devplug reads)."""
+    """The kubelet's pod cgroups as found on this node: the cgroup version, its driver, the hierarchy read (the
+    mount on v2, a controller's on v1), the kubelet's ``--cgroup-root`` and the ``kubepods`` folder found."""
 
     version: int
     driver: str
     kubepods: Path
+    hierarchy: Path
+    cgroup_root: str = "/"
 
     def pod_dirs(self, uid: str) -> list[Path]:
         """Where the cgroup of the pod with UID ``uid`` may be, one path per QoS class."""
-        if self.driver == "systemd":
-            escaped = uid.replace("-", "_")
-            dirs = []
-            for qos in _QOS_CLASSES:
-                if qos:
-                    dirs.append(self.kubepods / f"kubepods-{qos}.slice" / f"kubepods-{qos}-pod{escaped}.slice")
-                else:
-                    dirs.append(self.kubepods / f"kubepods-pod{escaped}.slice")
-            return dirs
-        return [self.kubepods / qos / f"pod{uid}" if qos else self.kubepods / f"pod{uid}" for qos in _QOS_CLASSES]
+        return [
+            self.hierarchy / literal_path(pod_name(self.cgroup_root, qos, uid), self.driver).lstrip("/")
+            for qos in QOS_CLASSES
+        ]
 
     def describe(self) -> str:
         return f"cgroup v{self.version}, {self.driver} driver, pods under {self.kubepods}"
@@ -132,17 +123,15 @@ def find_pod_cgroups(config: LivenessConfig) -> PodCgroups:
         if not bases:
             raise LivenessUnavailable(f"{mount} holds neither a cgroup v2 filesystem nor cgroup v1 hierarchies")
     drivers = ("cgroupfs", "systemd") if config.cgroup_driver == "auto" else (config.cgroup_driver,)
-    relative = config.cgroup_root.strip("/")
+    looked = []
     for version, base in bases:
-        root = base / relative if relative else base
         for driver in drivers:
-            kubepods = root / ("kubepods.slice" if driver == "systemd" else "kubepods")
+            kubepods = base / literal_path(kubepods_name(config.cgroup_root), driver).lstrip("/")
             if kubepods.is_dir():
-                return PodCgroups(version, driver, kubepods)
-    where = ", ".join(str((base / relative) if relative else base) for _, base in bases[:2])
-    names = " or ".join("kubepods.slice" if d == "systemd" else "kubepods" for d in drivers)
+                return PodCgroups(version, driver, kubepods, base, config.cgroup_root)
+            looked.append(str(kubepods))
     raise LivenessUnavailable(
-        f"no {names} cgroup under {where}: is the kubelet running, and are [liveness] cgroup_root "
+        f"no kubepods cgroup at {' or '.join(looked[:2])}: is the kubelet running, and are [liveness] cgroup_root "
         f"({config.cgroup_root}) and cgroup_driver ({config.cgroup_driver}) its --cgroup-root and --cgroup-driver?"
     )
 
