@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devplug.configfile import read_config_bytes
 from devplug.engine.lock import StateLock
 from devplug.engine.status import read_status
 from devplug.errors import ConfigError, StateError
@@ -38,10 +39,9 @@ class ReloadRefusedError(ConfigError):
 def state_dir_of(config_path: Path) -> Path:
     """The ``[state] dir`` a config file names, read without checking the rest: checking the new config is the
     daemon's job (it says what is wrong, in its status), and a config with a bad option must still reach it."""
+    raw = read_config_bytes(config_path)
     try:
-        data = tomllib.loads(config_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{config_path}: cannot read the config file: {exc.strerror or exc}") from exc
+        data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{config_path}: not valid TOML, nothing was sent to the daemon: {exc}") from exc
     state = data.get("state", {})
