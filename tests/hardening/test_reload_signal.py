@@ -187,9 +187,8 @@ def test_a_running_daemon_is_still_found_and_reloaded(bench: Bench) -> None:
     daemon = bench.start()
     lock_words = (bench.state_dir / "devplug.lock").read_text().split()
     assert lock_words == [str(daemon.process.pid), str(process_start_ticks(daemon.process.pid))]
-    with open(bench.state_dir / "devplug.lock") as handle:  # the daemon's flock excludes others
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(bench.state_dir / "devplug.lock") as handle, pytest.raises(BlockingIOError):
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the daemon's flock excludes others
     result = _reload(bench)
     assert result.returncode == 0, result.stderr
     assert "reload applied: config generation 2" in result.stdout
