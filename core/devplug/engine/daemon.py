@@ -452,6 +452,19 @@ class Daemon:
         if life is not None:
             life.cancel()
             await asyncio.gather(life, return_exceptions=True)
+        await self._remove_cdi_spec(resource)
+
+    async def _remove_cdi_spec(self, gone: Resource) -> None:
+        """A resource torn down by a reload: delete its CDI spec unless a resource of the config (a restarted one,
+        or another with the same ``cdi_kind``) keeps using it; else it would offer devices nobody serves."""
+        if gone.cdi is None:
+            return
+        if any(rc.cdi_kind == gone.config.cdi_kind for rc in self.config.resources) and self.config.cdi.enabled:
+            return
+        try:
+            await gone.cdi.remove()
+        except OSError as exc:
+            log.error("[%s] cannot remove the CDI spec %s: %s", gone.name, gone.cdi.path, exc)
 
     def _drain(self, resource: Resource) -> None:
         resource.retire(REMOVED_REASON)
