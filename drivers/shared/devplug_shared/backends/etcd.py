@@ -328,42 +328,21 @@ class EtcdBackend:
         nodes = responses[1].get("response_range", {}).get("kvs", []) if len(responses) > 1 else []
         alive = {_unb64(kv["key"])[len(self._nodes) :] for kv in nodes}
         claims: dict[str, Claim] = {}
-        remaining: dict[str, int | None] = {}
         for kv in slots:
             slot = _unb64(kv["key"])[len(self._base) :]
             claim = self._claim_of(slot, kv)
             if claim.holder not in alive and claim.holder != self.node:
-                if claim.holder not in remaining:
-                    remaining[claim.holder] = self._time_to_live(kv.get("lease"))
-                left = remaining[claim.holder]
-                until = f"for at most {left} s more" if left is not None else "until its hold lease runs out"
                 claim = Claim(
                     claim.slot,
                     claim.holder,
                     claim.since,
                     claim.renewed,
                     f"kept: node {claim.holder}'s daemon stopped renewing its liveness key (crashed, restarting, or "
-                    f"its node is gone); its claims stand {until} (hold_ttl), as its pods may still use them",
+                    "its node is gone); its claims stand until its hold lease runs out (hold_ttl after its last "
+                    "renewal), as its pods may still use them",
                 )
             claims[slot] = claim
         return claims
-
-    def _time_to_live(self, lease: Any) -> int | None:
-        """The seconds a lease has left (``LeaseTimeToLive``), or None when that cannot be read."""
-        try:
-            lease_id = int(lease)
-        except (TypeError, ValueError):
-            return None
-
-        def ttl(client: Any) -> int:
-            result = client.post(client.get_url("/lease/timetolive"), json={"ID": lease_id})
-            return int(result.get("TTL", -1))
-
-        try:
-            left = self._call("read a holder's hold lease", (), ttl)
-        except StoreUnavailableError:
-            return None
-        return left if left >= 0 else None
 
     def close(self) -> None:
         """Stop using etcd; the lease is left to expire (or to be resumed by the next start)."""

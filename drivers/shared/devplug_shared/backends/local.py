@@ -143,10 +143,10 @@ class LocalBackend:
         for slot, holder, since, renewed, expires, held_until in rows:
             kept = None
             if expires <= now and holder != self.node:
+                until = time.strftime("%H:%M:%S", time.localtime(float(held_until)))
                 kept = (
-                    f"kept: node {holder}'s daemon stopped renewing its lease {now - float(renewed):.0f} s ago; its "
-                    f"claims stand for at most {float(held_until) - now:.0f} s more (hold_ttl), as its pods may "
-                    "still use them"
+                    f"kept: node {holder}'s daemon stopped renewing its lease; its claims stand until {until} "
+                    "(hold_ttl after its last renewal), as its pods may still use them"
                 )
             claims[str(slot)] = Claim(str(slot), str(holder), float(since), float(renewed), kept)
         return claims
