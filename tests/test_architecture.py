@@ -141,3 +141,24 @@ def test_the_test_kit_depends_on_no_driver() -> None:
         if module.startswith(("devplug_", "devplug-"))
     ]
     assert offences == []
+
+
+def test_drivers_run_external_commands_only_through_the_kits_runner() -> None:
+    """Issue 24: every command a shipped driver runs goes through ``devplug.kit.run_command`` (its own session,
+    the whole group killed at the timeout, output capped), never subprocess, a shell or the exec family."""
+    spawning = ("system", "popen", "spawnl", "spawnv", "execv", "execl", "posix_spawn", "fork")
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _sources(ROOT / "drivers")
+        for line, module in _imports(path)
+        if module in ("subprocess", "pty", "asyncio.subprocess")
+    ]
+    for path in _sources(ROOT / "drivers"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = getattr(node.func.value, "id", "")
+                if owner == "os" and node.func.attr.startswith(spawning):
+                    offences.append(f"{path.relative_to(ROOT)}:{node.lineno} calls os.{node.func.attr}")
+                if node.func.attr in {"create_subprocess_exec", "create_subprocess_shell"}:
+                    offences.append(f"{path.relative_to(ROOT)}:{node.lineno} calls {node.func.attr}")
+    assert offences == []

@@ -10,6 +10,7 @@ For driver authors, the public surface is :data:`PUBLIC_MODULES`: this package's
 * :mod:`devplug.watch` -- directory watching (inotify) for hot-plug;
 * :mod:`devplug.sysfs` -- the one door to sysfs, so tests can put a kernel model behind it;
 * :mod:`devplug.pci` -- PCI functions moved to vfio-pci and back (shared by vfio and sriov);
+* :mod:`devplug.kit` -- the driver kit: what drivers share (the external command runner);
 * :mod:`devplug.devkubelet` -- the dev kubelet, for tests and demos;
 * :mod:`devplug.testing` -- the pytest plugin, the conformance checks and kernel models.
 
@@ -47,6 +48,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "devplug.watch",
     "devplug.sysfs",
     "devplug.pci",
+    "devplug.kit",
     "devplug.devkubelet",
     "devplug.testing",
 )

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplug.configfile import read_config_bytes
 from devplug.drivers import check_driver_resources, load_driver_class
 from devplug.errors import ConfigError, DriverLoadError
 from devplug.options import describe_type, parse_options, unknown_key_hint
@@ -574,12 +575,9 @@ def _resolve_option_paths(schema: Any, table: Mapping[str, Any], base: Path | No
 
 
 def load_config(path: Path) -> Config:
-    """Read and check the config file at ``path``."""
+    """Read and check the config file at ``path`` (a regular file of bounded size: :mod:`devplug.configfile`)."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from exc
+    raw = read_config_bytes(path)
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -1,7 +1,11 @@
 """``devplug reload``: find the daemon running on a state dir, send it SIGHUP, and wait for its verdict.
 
-The daemon's PID comes from its lock (``<state dir>/devplug.lock``) and must
-match the status file's, which must say it is running. The verdict is the
+The daemon is the process proven to hold the state dir's lock
+(``<state dir>/devplug.lock``; :mod:`devplug.engine.lockholder`: its pid, its
+start time and the kernel's record of the lock agree), and must match the
+status file's pid, which must say it is running. The signal goes through a
+pidfd, so it reaches that process or nobody: never a process that got the pid
+of a daemon that died. The verdict is the
 status file's ``reload`` entry: its ``attempts`` count moves once the daemon
 handled the signal, and ``last_result`` says whether the new config was applied
 or refused (with the reason, the running config staying).
@@ -9,14 +13,15 @@ or refused (with the reason, the running config staying).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from devplug.configfile import read_config_bytes
 from devplug.engine.lock import StateLock
+from devplug.engine.lockholder import LockHolder, prove_holder
 from devplug.engine.status import read_status
 from devplug.errors import ConfigError, StateError
 
@@ -25,7 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["ReloadRefusedError", "daemon_pid", "request_reload", "state_dir_of"]
+__all__ = ["ReloadRefusedError", "request_reload", "state_dir_of"]
 
 #: How often the status file is read while waiting for the daemon's verdict.
 POLL_S = 0.1
@@ -38,10 +43,9 @@ class ReloadRefusedError(ConfigError):
 def state_dir_of(config_path: Path) -> Path:
     """The ``[state] dir`` a config file names, read without checking the rest: checking the new config is the
     daemon's job (it says what is wrong, in its status), and a config with a bad option must still reach it."""
+    raw = read_config_bytes(config_path)
     try:
-        data = tomllib.loads(config_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{config_path}: cannot read the config file: {exc.strerror or exc}") from exc
+        data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{config_path}: not valid TOML, nothing was sent to the daemon: {exc}") from exc
     state = data.get("state", {})
@@ -52,28 +56,23 @@ def state_dir_of(config_path: Path) -> Path:
     return path if path.is_absolute() else config_path.resolve().parent / path
 
 
-def daemon_pid(state_dir: Path) -> int:
-    """The PID of the daemon holding ``state_dir``; :class:`StateError` when no daemon runs there."""
+def _daemon(state_dir: Path) -> LockHolder:
+    """The daemon holding ``state_dir``, proven to hold its lock (:func:`prove_holder`) and running by its status
+    file; :class:`StateError` naming what was found when no daemon runs there. Close it when done."""
     lock = StateLock(state_dir).path
+    holder = prove_holder(state_dir, lock)
     try:
-        text = lock.read_text().strip()
-    except FileNotFoundError:
-        raise StateError(
-            f"no devplug daemon runs with the state dir {state_dir} ({lock} does not exist); if the config now "
-            "names another [state] dir, pass the running daemon's with --state-dir"
-        ) from None
-    except OSError as exc:
-        raise StateError(f"{lock}: cannot read the daemon lock: {exc.strerror or exc}") from exc
-    if not text.isdigit():
-        raise StateError(f"no devplug daemon runs with the state dir {state_dir} ({lock} names no process)")
-    pid = int(text)
-    status = read_status(state_dir)
-    if status["pid"] != pid or not status["running"]:
-        raise StateError(
-            f"no devplug daemon runs with the state dir {state_dir}: {lock} names pid {pid}, whose status "
-            f"{'says it stopped' if status['pid'] == pid else 'was not written yet (is it starting?)'}"
-        )
-    return pid
+        status = read_status(state_dir)
+        if status["pid"] != holder.pid or not status["running"]:
+            said = "says it stopped" if status["pid"] == holder.pid else "was not written yet (is it starting?)"
+            raise StateError(
+                f"no devplug daemon runs with the state dir {state_dir}: {lock} is held by pid {holder.pid}, whose "
+                f"status {said}"
+            )
+    except BaseException:
+        holder.close()
+        raise
+    return holder
 
 
 def _reload_entry(state_dir: Path, pid: int) -> dict[str, Any]:
@@ -91,14 +90,10 @@ def request_reload(state_dir: Path, timeout: float = 30.0) -> dict[str, Any]:
     the new config, :class:`StateError` when no daemon runs there or it did not
     answer within ``timeout`` seconds.
     """
-    pid = daemon_pid(state_dir)
-    before = _reload_entry(state_dir, pid).get("attempts", 0)
-    try:
-        os.kill(pid, signal.SIGHUP)
-    except ProcessLookupError:
-        raise StateError(f"the devplug daemon (pid {pid}) is gone") from None
-    except PermissionError:
-        raise StateError(f"not allowed to signal the devplug daemon (pid {pid}): run as its user") from None
+    with _daemon(state_dir) as holder:
+        pid = holder.pid
+        before = _reload_entry(state_dir, pid).get("attempts", 0)
+        holder.send(signal.SIGHUP)
     deadline = time.monotonic() + timeout
     while True:
         entry = _reload_entry(state_dir, pid)

@@ -172,6 +172,24 @@ def test_held_replicas_of_a_lowered_count_still_map_to_their_device() -> None:
     assert table.physical_of("zz::0") == "zz::0", "not a device the driver lists"
 
 
+def test_a_lowered_count_withholds_free_replicas_beyond_the_count_while_the_excess_holds() -> None:
+    table = DeviceTable()
+    table.replace([Device("a", replicas=4), Device("b", replicas=2)])
+    assert not table.shrunk and table.excess_replicas(lambda i: True) == set()
+    held = {"a::0", "a::2", "a::3"}
+    table.update([Device("a", replicas=2)])  # the driver lowers a's count while three tenants hold it
+    assert table.shrunk and sorted(table.ids) == ["a::0", "a::1", "b::0", "b::1"]
+    assert table.excess_replicas(held.__contains__) == {"a::1"}, "3 tenants on 2 replicas: a::1 not offered"
+    held.discard("a::3")
+    assert table.excess_replicas(held.__contains__) == {"a::1"}, "2 tenants: still full"
+    held.discard("a::2")
+    assert table.excess_replicas(held.__contains__) == set(), "1 tenant: a::1 offered again"
+    held = {"a::3", "a::2"}  # both tenants on replicas no longer advertised: neither free replica is offered
+    assert table.excess_replicas(held.__contains__) == {"a::0", "a::1"}
+    held = {"a::3"}
+    assert table.excess_replicas(held.__contains__) == {"a::1"}, "the lowest free replica is the one offered"
+
+
 def test_devplug_status_shows_each_shared_devices_tenants() -> None:
     from devplug.engine.statusschema import check_status
     from devplug.statusview import format_status

@@ -124,8 +124,8 @@ def _host_paths(daemonset: dict[str, Any]) -> dict[str, tuple[dict[str, Any], di
 
 def _kinds(overlay: str, components: tuple[str, ...]) -> list[str]:
     kinds = ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
-    if overlay == "shared":
-        kinds += ["Role", "RoleBinding"]
+    if overlay == "shared":  # its Leases; and, cluster-wide and read-only, the nodes' kubelet Leases and pods
+        kinds += ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
     if "podmonitor" in components:
         kinds.append("PodMonitor")
     return sorted(kinds)
@@ -138,7 +138,7 @@ def test_every_object_is_valid_for_each_kubernetes_version(kubectl: str, variant
     assert sorted(o["kind"] for o in objects) == _kinds(overlay, components)
     for obj in objects:
         name = f"{_variant_id(variant)}: {obj['kind']}/{obj['metadata']['name']}"
-        if obj["kind"] != "Namespace":
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):  # the cluster-scoped kinds
             assert obj["metadata"]["namespace"] == "devplug", name
         if obj["apiVersion"] == "monitoring.coreos.com/v1":
             continue  # a CRD's object: no Kubernetes schema (test_the_podmonitor_scrapes_the_daemons_port)
@@ -396,6 +396,13 @@ def test_api_access_only_where_the_lease_backend_uses_it(kubectl: str, overlay: 
     shipped = [d for d in yaml.safe_load_all((ROOT / "drivers/shared/devplug_shared/rbac.yaml").read_text())]
     (shipped_role,) = [d for d in shipped if d["kind"] == "Role"]
     assert _one(objects, "Role")["rules"] == shipped_role["rules"], "devplug-shared's own RBAC and the overlay differ"
+    (shipped_cluster_role,) = [d for d in shipped if d["kind"] == "ClusterRole"]
+    cluster_role = _one(objects, "ClusterRole")
+    assert cluster_role["rules"] == shipped_cluster_role["rules"], "the node-liveness reads differ"
+    assert all(set(rule["verbs"]) <= {"get", "list"} for rule in cluster_role["rules"]), "read-only cluster-wide"
+    cluster_binding = _one(objects, "ClusterRoleBinding")
+    assert cluster_binding["subjects"] == binding["subjects"]
+    assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
     namespaces = {t["options"]["coordination"].get("namespace") for t in _config(objects)["resources"].values()}
     assert namespaces == {"devplug"}, "the Leases live in the namespace the Role is in"
 

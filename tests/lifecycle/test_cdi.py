@@ -133,3 +133,77 @@ def test_a_cdi_spec_dir_that_is_a_file_stops_the_daemon_naming_it(devplug_root: 
     )
     assert result.returncode == 2, result.stderr
     assert f"cdi.spec_dir: cannot use {devplug_root / 'cdi'}: Not a directory" in result.stderr
+
+
+# --- issue 24 item 4: names, litter, and the spec of a removed resource
+
+
+def test_two_ids_that_used_to_share_a_cdi_name_get_two_end_to_end(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    folder = devplug_root / "mock"
+    folder.mkdir()
+    ids = ("a@b", "a_b-7508d8b5")  # the first used to be named like the second, which passed through
+    for device_id in ids:
+        (folder / device_id).write_text("")
+    spec_dir = devplug_root / "cdi"
+    devplug_daemon(
+        {RESOURCE: {"driver": "mock", "options": {"directory": str(folder)}}},
+        cdi={"enabled": True, "spec_dir": str(spec_dir)},
+    )
+    spec = _poll(lambda: _spec(spec_dir / SPEC_FILE), "the CDI spec file")
+    jsonschema.validate(spec, SCHEMA)
+    by_name = {d["name"]: d["containerEdits"]["deviceNodes"][0]["hostPath"] for d in spec["devices"]}
+    assert by_name == {"a_b-x614062": str(folder / "a@b"), "a_b-7508d8b5": str(folder / "a_b-7508d8b5")}
+    named = {}
+    for pod_name in ("p1", "p2"):
+        container = dev_kubelet.admit_pod(PodSpec(pod_name, [ContainerSpec("c", {RESOURCE: 1})])).container("c")
+        ((device_id,), (cdi,)) = container.devices[RESOURCE], container.allocations[RESOURCE].cdi_devices
+        named[device_id] = cdi.name.partition("=")[2]
+    assert sorted(named) == sorted(ids)
+    assert len(set(named.values())) == 2, f"both Allocates named one CDI device: {named}"
+    assert all(by_name[name] == str(folder / device_id) for device_id, name in named.items())
+
+
+def test_temporary_files_a_killed_writer_left_are_removed_at_start(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    spec_dir = devplug_root / "cdi"
+    spec_dir.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    litter = spec_dir / f".{SPEC_FILE}.{int(dead.stdout)}.0.tmp"
+    litter.write_text('{"cdiVersion": "0.3.0", "kind": "example.com/mock", "devi')  # cut short by kill -9
+    _start(devplug_daemon, devplug_root, 1)
+    _poll(lambda: _spec(spec_dir / SPEC_FILE), "the CDI spec file")
+    assert sorted(p.name for p in spec_dir.iterdir()) == [SPEC_FILE]
+
+
+def test_the_spec_of_a_resource_a_reload_removed_goes_once_it_drained(
+    dev_kubelet: DevKubeletThread, devplug_daemon: Any, devplug_root: Path
+) -> None:
+    other = "example.com/other"
+    other_file = "devplug-example.com_other.json"
+    spec_dir = devplug_root / "cdi"
+    tables = {
+        name: {"driver": "mock", "options": {"directory": str(devplug_root / name.rsplit("/", 1)[1]), "count": 1}}
+        for name in (RESOURCE, other)
+    }
+    daemon = devplug_daemon(tables, cdi={"enabled": True, "spec_dir": str(spec_dir)})
+    _poll(lambda: (spec_dir / other_file).exists() and (spec_dir / SPEC_FILE).exists(), "both spec files")
+    dev_kubelet.admit_pod(PodSpec("holder", [ContainerSpec("c", {other: 1})]))
+    write_toml(daemon.config_path, {**daemon.config, "resources": {RESOURCE: tables[RESOURCE]}})
+    reload = subprocess.run(
+        [sys.executable, "-m", "devplug", "reload", "--config", str(daemon.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert reload.returncode == 0, reload.stderr
+    assert f"removed: {other}" in reload.stdout
+    # a pod still holds its device: a restart of its container still needs the spec
+    _poll(lambda: f"[{other}] removed from the config" in daemon.log_text(), "the removal to be logged")
+    assert (spec_dir / other_file).exists()
+    dev_kubelet.remove_pod("holder")
+    _poll(lambda: f"[{other}] torn down" in daemon.log_text(), f"{other} to drain and be torn down")
+    _poll(lambda: not (spec_dir / other_file).exists(), f"{other_file} to be removed")
+    assert sorted(p.name for p in spec_dir.iterdir()) == [SPEC_FILE]

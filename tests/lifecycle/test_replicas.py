@@ -296,3 +296,73 @@ def test_an_undone_shared_allocate_spares_the_other_tenant(lab: Any) -> None:
         ("post_stop", [busy], {busy: 1}),
     ], "the device pod a uses was not deallocated, the other one was"
     assert lab.ledger_record(held) is not None and lab.ledger_record(free_replica) is None
+
+
+# --- issue 24 item 7: a replica count lowered by a reload
+
+
+def _reload_replicas(lab: Any, replicas: int) -> None:
+    """Rewrite the running daemon's config with ``replicas`` and apply it with ``devplug reload``."""
+    import copy
+    import subprocess
+    import sys
+
+    from devplug.testing.configs import write_toml
+
+    daemon = lab.daemon
+    config = copy.deepcopy(daemon.config)
+    config["resources"][RESOURCE]["replicas"] = replicas
+    write_toml(daemon.config_path, config)
+    before = lab.kubelet.registrations(RESOURCE)
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug", "reload", "--config", str(daemon.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"changed: {RESOURCE}" in result.stdout
+    lab.kubelet.wait_registered(RESOURCE, timeout=15.0, after=before)
+    lab.wait_advertised()
+
+
+def _free_healthy(lab: Any) -> list[str]:
+    view = lab.view()
+    return [d.id for d in view.devices if d.healthy and d.id not in view.in_use]
+
+
+def test_replicas_lowered_by_a_reload_take_no_new_tenant_until_the_excess_drained(lab: Any) -> None:
+    lab.start({RESOURCE: shared_table(lab, count=1, replicas=4)})
+    held = {pod: lab.admit(pod)[0] for pod in ("a", "b", "c")}
+    for pod, replica in held.items():
+        lab.wait_seen(replica, pod)
+    _reload_replicas(lab, 2)
+    assert sorted(d.id for d in lab.view().devices) == ["mock0::0", "mock0::1"]
+    lab.wait(lambda: _free_healthy(lab) == [], what="no replica of mock0 offered while 3 tenants hold it")
+
+    # a tenant holding an advertised replica leaves: 2 tenants remain, as many as mock0 has replicas now
+    leaving = next(pod for pod, replica in held.items() if replica in ("mock0::0", "mock0::1"))
+    lab.kubelet.remove_pod(leaving)
+    lab.wait(lambda: lab.ledger_record(held[leaving]) is None, what=f"{leaving}'s release")
+    lab.quiet(0.5)  # several reconciler rounds and device lists
+    assert _free_healthy(lab) == [], "the freed replica is offered although mock0 has its 2 tenants"
+    with pytest.raises(KubeletError):
+        lab.admit("d")
+    with pytest.raises(grpc.RpcError) as refused:  # the Allocate refuses it too, should a kubelet ask anyway
+        lab.allocate(held[leaving])
+    assert "mock0 is advertised as 2 replica(s) now (its count was lowered)" in str(refused.value.details())
+    assert "nothing was allocated" in str(refused.value.details())
+
+    # one more leaves: a single tenant, so one replica is offered again, and only one
+    staying = [pod for pod in held if pod != leaving]
+    lab.kubelet.remove_pod(staying[0])
+    lab.wait(lambda: lab.ledger_record(held[staying[0]]) is None, what=f"{staying[0]}'s release")
+    lab.wait(lambda: len(_free_healthy(lab)) == 1, what="one replica of mock0 offered to a second tenant")
+    (got,) = lab.admit("e")
+    assert got in ("mock0::0", "mock0::1")
+    lab.wait(lambda: _free_healthy(lab) == [], what="mock0 full again with 2 tenants")
+    with pytest.raises(KubeletError):
+        lab.admit("f")
+    lab.wait_seen(got, "e")
+    tenants = {r["pod"] for r in lab.ledger()}
+    assert tenants == {f"default/{staying[1]}", "default/e"}, tenants

@@ -1,14 +1,16 @@
 """Small asyncio helpers the engine shares: waiting on several events, walking long lists in slices, capped
-backoff, background tasks."""
+backoff, background tasks, blocking calls in threads that never hold up the exit."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import AsyncIterator, Coroutine, Iterable
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["Backoff", "BackgroundTasks", "sliced", "wait_any"]
+__all__ = ["Backoff", "BackgroundTasks", "in_daemon_thread", "sliced", "wait_any"]
 
 T = TypeVar("T")
 
@@ -80,3 +82,33 @@ class BackgroundTasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+async def in_daemon_thread(name: str, call: Callable[[], T], timeout: float) -> T:
+    """``call()`` in a daemon thread of its own; its result, or :class:`TimeoutError` after ``timeout`` seconds.
+
+    Unlike ``run_in_executor``, a call that never returns (a read stuck on a hung file system) holds up neither
+    the caller beyond ``timeout`` nor the process's exit: ``asyncio.run`` waits for the default executor's
+    threads when it ends, never for daemon threads. Such a call is abandoned; its result, if it ever comes, is
+    dropped.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():
+            outcome()
+
+    def main() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, lambda: done.set_exception(error))
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, lambda: done.set_result(result))
+
+    threading.Thread(target=main, name=name, daemon=True).start()
+    return await asyncio.wait_for(done, timeout)

@@ -42,14 +42,17 @@ from devplug.atomic import write_atomic
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.errors import AllocationConflictError, DriverError
+from devplug.logsafe import id_list
 from devplug.types import CDIDevice, ContainerAllocation, Replicas, merge_allocations
 
 __all__ = [
     "AllocationAnswers",
+    "CdiNameCollisionError",
     "CdiSpecs",
     "SPEC_FILE_PREFIX",
     "build_spec",
     "cdi_device_name",
+    "device_id_of_name",
     "minimum_version",
     "remove_stale_specs",
     "spec_file_name",
@@ -69,6 +72,10 @@ RETRY_S = 1.0
 # CDI's pkg/parser ValidateDeviceName: letters, digits, '_', '-', '.', ':', starting and ending alphanumeric.
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _NOT_NAME_CHAR = re.compile(r"[^A-Za-z0-9_.:-]")
+#: A temporary file of a spec being written (``write_atomic``): ``.devplug-<kind>.json.<pid>.<n>.tmp``.
+_TEMPORARY = re.compile(r"^\." + re.escape(SPEC_FILE_PREFIX) + r".*\.json\.([0-9]+)\.[0-9]+\.tmp\Z")
+#: How an encoded name ends (see :func:`cdi_device_name`); an ID that ends so is encoded too.
+_ENCODED = re.compile(r"-x(?:[0-9a-f]{2})+\Z")
 
 
 def spec_file_name(kind: str) -> str:
@@ -81,17 +88,35 @@ def spec_file_name(kind: str) -> str:
 def cdi_device_name(device_id: str) -> str:
     """The CDI device name of a device ID: the ID itself when CDI accepts it, else a stable, distinct form.
 
-    IDs with characters CDI refuses (``/``, ``@``, ...) have them replaced by
-    ``_`` and get ``-`` and 8 hex digits of the ID's SHA-256, so two IDs never
-    map to one name.
+    An ID CDI refuses (``/``, ``@``, a leading ``_`` ...) becomes a readable
+    stem (those characters as ``_``) followed by ``-x`` and the hex digits of
+    the whole ID's UTF-8 bytes: ``a@b`` -> ``a_b-x614062``. An ID CDI accepts
+    but that ends like such a name (``-x`` and pairs of hex digits) is encoded
+    the same way, so no ID passes through unchanged onto another ID's name. The
+    mapping is injective for every set of IDs: a name ending in that form holds
+    its ID (the hex digits after its last ``-x``), and any other name is the ID
+    itself. Device IDs are never empty (:class:`~devplug.types.Device`); an empty
+    one is a ``ValueError``.
     """
-    if _DEVICE_NAME.match(device_id):
+    if not device_id:
+        raise ValueError("an empty device ID has no CDI name")
+    if _DEVICE_NAME.match(device_id) and not _ENCODED.search(device_id):
         return device_id
-    import hashlib  # only here: the run path does not load OpenSSL otherwise
+    stem = _NOT_NAME_CHAR.sub("_", device_id)
+    if not stem[:1].isascii() or not stem[:1].isalnum():
+        stem = "d" + stem
+    return f"{stem}-x{device_id.encode(errors='surrogatepass').hex()}"
 
-    digest = hashlib.sha256(device_id.encode(errors="surrogatepass")).hexdigest()[:8]
-    stem = _NOT_NAME_CHAR.sub("_", device_id).strip("_.:-")
-    return f"{stem}-{digest}" if stem and stem[0].isalnum() else f"d-{digest}"
+
+def device_id_of_name(name: str) -> str:
+    """The device ID a CDI device name stands for (the inverse of :func:`cdi_device_name`)."""
+    if not _ENCODED.search(name):
+        return name
+    return bytes.fromhex(name[name.rindex("-x") + 2 :]).decode(errors="surrogatepass")
+
+
+class CdiNameCollisionError(ValueError):
+    """Two devices of one spec would get one CDI name; the spec is not written."""
 
 
 def _edits(allocation: ContainerAllocation) -> dict[str, Any]:
@@ -132,13 +157,32 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     return "0.3.0"
 
 
-def build_spec(kind: str, described: Iterable[tuple[str, ContainerAllocation]]) -> dict[str, Any] | None:
+def build_spec(
+    kind: str,
+    described: Iterable[tuple[str, ContainerAllocation]],
+    name: Callable[[str], str] = cdi_device_name,
+) -> dict[str, Any] | None:
     """The CDI spec of ``kind`` for the described devices (ID, allocation), or ``None`` when there are none
-    (a spec needs at least one device)."""
-    devices = [
-        {"name": cdi_device_name(device_id), "containerEdits": _edits(allocation)}
-        for device_id, allocation in sorted(described, key=lambda item: item[0])
-    ]
+    (a spec needs at least one device). ``name`` maps a device ID to its CDI name.
+
+    Raises :class:`CdiNameCollisionError` naming the devices when two would get
+    one name: CDI refuses a spec with a duplicate name, which would break every
+    device of the kind, and two Allocates would name one device.
+    """
+    devices = []
+    owners: dict[str, str] = {}
+    clashes: list[str] = []
+    for device_id, allocation in sorted(described, key=lambda item: item[0]):
+        cdi_name = name(device_id)
+        if cdi_name in owners:
+            clashes.append(f"{id_list([owners[cdi_name], device_id])} -> {cdi_name}")
+        owners[cdi_name] = device_id
+        devices.append({"name": cdi_name, "containerEdits": _edits(allocation)})
+    if clashes:
+        raise CdiNameCollisionError(
+            f"devices that would share one CDI name in the spec of {kind}: {'; '.join(clashes[:5])}"
+            + (f"; and {len(clashes) - 5} more" if len(clashes) > 5 else "")
+        )
     if not devices:
         return None
     spec: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": devices}
@@ -147,10 +191,12 @@ def build_spec(kind: str, described: Iterable[tuple[str, ContainerAllocation]]) 
 
 
 def remove_stale_specs(spec_dir: Path, keep: Iterable[str]) -> list[Path]:
-    """Delete devplug's spec files in ``spec_dir`` other than ``keep`` (file names); returns what was deleted.
+    """Delete devplug's spec files in ``spec_dir`` other than ``keep`` (file names), and the temporary files a
+    devplug writer that is gone left behind (a ``kill -9`` between writing and renaming); returns what was deleted.
 
-    At start-up: the files of resources no longer configured (or of another
-    ``cdi_kind``) must not keep offering devices nobody serves.
+    At start-up, and when a reload tore a resource down: the files of
+    resources no longer configured (or of another ``cdi_kind``) must not keep
+    offering devices nobody serves.
     """
     kept = set(keep)
     removed = []
@@ -160,12 +206,35 @@ def remove_stale_specs(spec_dir: Path, keep: Iterable[str]) -> list[Path]:
         return []
     for name in sorted(names):
         if name.startswith(SPEC_FILE_PREFIX) and name.endswith(".json") and name not in kept:
-            path = spec_dir / name
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed.append(path)
-                log.info("removed the stale CDI spec %s (no configured resource has its kind)", path)
+            why = "no configured resource has its kind"
+        elif _abandoned_temporary(name):
+            why = "a temporary file its writer left behind"
+        else:
+            continue
+        path = spec_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+            log.info("removed the stale CDI spec file %s (%s)", path, why)
     return removed
+
+
+def _abandoned_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary spec file (:func:`devplug.atomic.write_atomic`'s
+    ``.<file>.<pid>.<n>.tmp``) of a devplug process no longer running."""
+    match = _TEMPORARY.match(name)
+    if match is None:
+        return False
+    pid = int(match.group(1))
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
 
 
 def _write_spec(path: Path, data: bytes | None) -> None:
@@ -188,8 +257,11 @@ class CdiSpecs:
         table: DeviceTable,
         fallback: bool = True,
         run: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
+        name: Callable[[str], str] = cdi_device_name,
     ) -> None:
         self.resource_name = resource_name
+        #: A device ID's CDI name (:func:`cdi_device_name`; a test may pass another).
+        self._name = name
         self.kind = kind
         self.path = spec_dir / spec_file_name(kind)
         self.table = table
@@ -198,10 +270,14 @@ class CdiSpecs:
         #: What the file on disk holds: device ID -> its description (None: not written yet).
         self._written: dict[str, ContainerAllocation] | None = None
         self._lock = asyncio.Lock()
+        #: The write running in a thread, if any (it runs on when the coroutine awaiting it is cancelled).
+        self._writing: asyncio.Future[None] | None = None
+        #: Set by :meth:`remove`: the spec is gone for good, nothing writes it again.
+        self._removed = False
 
     def names(self, device_ids: Iterable[str]) -> tuple[CDIDevice, ...]:
         """The fully qualified CDI names of ``device_ids``."""
-        return tuple(CDIDevice(f"{self.kind}={cdi_device_name(i)}") for i in device_ids)
+        return tuple(CDIDevice(f"{self.kind}={self._name(i)}") for i in device_ids)
 
     def _described(self) -> dict[str, ContainerAllocation]:
         return {d.id: d.allocation for d in self.table.reported_devices() if d.allocation is not None}
@@ -209,17 +285,38 @@ class CdiSpecs:
     async def sync(self) -> None:
         """Write (or remove) the spec file if the devices' descriptions changed since it was written.
 
-        Raises ``OSError`` when the folder or file cannot be written.
+        Raises ``OSError`` when the folder or file cannot be written, :class:`CdiNameCollisionError` (writing
+        nothing) when two devices would get one CDI name.
         """
         async with self._lock:
             described = self._described()
             if described == self._written:
                 return
-            spec = build_spec(self.kind, described.items())
+            if self._removed:
+                return
+            spec = build_spec(self.kind, described.items(), self._name)  # CdiNameCollisionError: file kept
             data = None if spec is None else (json.dumps(spec, indent=2) + "\n").encode()
-            await self._run(functools.partial(_write_spec, self.path, data))
+            await self._write(data)
             self._written = described
             log.debug("[%s] CDI spec %s: %d device(s)", self.resource_name, self.path, len(described))
+
+    async def _write(self, data: bytes | None) -> None:
+        """Write ``data`` (None: remove the file) in a thread; :meth:`remove` waits for it even if this caller is
+        cancelled meanwhile."""
+        writing = asyncio.ensure_future(self._run(functools.partial(_write_spec, self.path, data)))
+        self._writing = writing
+        await asyncio.shield(writing)
+
+    async def remove(self) -> None:
+        """Delete the spec file for good (the resource was torn down and no other resource has its kind): after
+        any write still running, and no write after it. Raises ``OSError`` when it cannot be deleted."""
+        self._removed = True
+        writing = self._writing
+        if writing is not None and not writing.done():
+            await asyncio.wait((writing,))
+        await self._run(functools.partial(_write_spec, self.path, None))
+        self._written = None
+        log.info("[%s] removed the CDI spec %s (the resource is gone)", self.resource_name, self.path)
 
     async def ensure(self, described: Sequence[tuple[str, ContainerAllocation]]) -> None:
         """Before an Allocate answers with these devices' CDI names: the file must hold them as described now."""
@@ -232,6 +329,10 @@ class CdiSpecs:
             raise DriverError(
                 f"{self.resource_name}: cannot write the CDI spec {self.path}: {exc.strerror or exc}; "
                 "nothing was allocated"
+            ) from exc
+        except CdiNameCollisionError as exc:
+            raise DriverError(
+                f"{self.resource_name}: refusing to write the CDI spec {self.path}: {exc}; nothing was allocated"
             ) from exc
 
     async def follow(self) -> None:
@@ -247,6 +348,13 @@ class CdiSpecs:
                     await asyncio.sleep(RETRY_S)
                     version = -1
                     continue
+                except CdiNameCollisionError as exc:  # tried again at the next change of the devices
+                    log.error(
+                        "[%s] refusing to write the CDI spec %s (it keeps what it held): %s",
+                        self.resource_name,
+                        self.path,
+                        exc,
+                    )
             await self.table.next_change(version)
             await asyncio.sleep(FOLLOW_DEBOUNCE_S)
 

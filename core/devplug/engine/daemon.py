@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig, load_config
-from devplug.engine.asynctools import BackgroundTasks
+from devplug.engine.asynctools import BackgroundTasks, in_daemon_thread
 from devplug.engine.cdi import remove_stale_specs, spec_file_name
 from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.engine.liveness import ContainerLiveness
@@ -68,6 +68,9 @@ HOOK_POLL_S = 0.05
 DRAIN_POLL_S = 0.1
 #: Why a resource removed by a reload advertises nothing (shown in ``devplug status``).
 REMOVED_REASON = "removed from the config by a reload: advertising no devices until its allocations are released"
+#: How long a reload may take to read and check the new config before it is refused (the file itself is read
+#: without blocking and bounded in size; this bounds a file system that hangs, and the drivers' option checks).
+RELOAD_LOAD_TIMEOUT_S = 30.0
 
 
 class Daemon:
@@ -398,7 +401,7 @@ class Daemon:
             try:
                 if path is None:
                     raise ConfigError("the daemon was not started from a config file: there is nothing to re-read")
-                new = await asyncio.get_running_loop().run_in_executor(None, load_config, path)
+                new = await self._load(path)
                 plan = plan_reload(self.config, new)
             except Exception as exc:  # a DevplugError says what is wrong; anything else is a bug, logged with its trace
                 reason = str(exc) if isinstance(exc, DevplugError) else f"{type(exc).__name__}: {exc}"
@@ -425,6 +428,17 @@ class Daemon:
             self.reload_record.applied(plan)
             log.info("reload applied (config generation %d): %s", self.reload_record.generation, plan.describe())
             await self._write_status()
+
+    async def _load(self, path: Path) -> Config:
+        """Read and check the config file for a reload, in a daemon thread bounded by :data:`RELOAD_LOAD_TIMEOUT_S`
+        (a hung read then refuses this reload, and neither later reloads nor the shutdown wait for it)."""
+        try:
+            return await in_daemon_thread("config-reload", functools.partial(load_config, path), RELOAD_LOAD_TIMEOUT_S)
+        except TimeoutError:
+            raise ConfigError(
+                f"{path}: reading and checking the config took more than {RELOAD_LOAD_TIMEOUT_S:g} s (a hung file "
+                "system?); abandoned"
+            ) from None
 
     def _resource(self, name: str) -> Resource:
         return next(r for r in self.resources if r.name == name)
@@ -468,6 +482,19 @@ class Daemon:
         if life is not None:
             life.cancel()
             await asyncio.gather(life, return_exceptions=True)
+        await self._remove_cdi_spec(resource)
+
+    async def _remove_cdi_spec(self, gone: Resource) -> None:
+        """A resource torn down by a reload: delete its CDI spec unless a resource of the config (a restarted one,
+        or another with the same ``cdi_kind``) keeps using it; else it would offer devices nobody serves."""
+        if gone.cdi is None:
+            return
+        if any(rc.cdi_kind == gone.config.cdi_kind for rc in self.config.resources) and self.config.cdi.enabled:
+            return
+        try:
+            await gone.cdi.remove()
+        except OSError as exc:
+            log.error("[%s] cannot remove the CDI spec %s: %s", gone.name, gone.cdi.path, exc)
 
     def _drain(self, resource: Resource) -> None:
         resource.retire(REMOVED_REASON)

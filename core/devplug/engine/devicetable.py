@@ -23,7 +23,7 @@ lifecycle use; :meth:`DeviceTable.physical_of` and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container, Iterable, KeysView
+from collections.abc import Callable, Container, Iterable, KeysView
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -70,6 +70,9 @@ class DeviceTable:
         #: ever advertised: kept when a device goes or shrinks, since allocations may still hold its replicas.
         self._physical_of: dict[str, str] = {}
         self._ever: dict[str, tuple[str, ...]] = {}
+        #: Physical devices advertised as fewer replicas than they ever were (or than allocations hold): their
+        #: tenants may outnumber their replicas until the excess tenancies end (:meth:`excess_replicas`).
+        self._shrunk: set[str] = set()
         self._devices: dict[str, Device] = {}
         #: The advertised IDs whose device the driver reports unhealthy (kept with ``_devices``).
         self._unhealthy: set[str] = set()
@@ -187,8 +190,45 @@ class DeviceTable:
             if sep and index.isascii() and index.isdigit() and base in self._physical:
                 self._physical_of[dev_id] = base
                 self._ever[base] = (*self._ever.get(base, ()), dev_id)
+                self._shrunk.add(base)
                 learnt.append(dev_id)
         return learnt
+
+    @property
+    def shrunk(self) -> bool:
+        """True when some device is advertised as fewer replicas than allocations may hold (its count lowered by a
+        reload, a restart or the driver)."""
+        return bool(self._shrunk)
+
+    def held_replicas(self, physical_id: str, held: Callable[[str], bool]) -> list[str]:
+        """Every ID of ``physical_id`` (advertised now or before) for which ``held`` is true."""
+        return [i for i in self.all_replica_ids(physical_id) if held(i)]
+
+    def replica_count(self, physical_id: str) -> int:
+        """How many replicas the physical device is advertised as now (0 when the driver no longer lists it)."""
+        dev = self._physical.get(physical_id)
+        return 0 if dev is None else self.count_of(dev)
+
+    def excess_replicas(self, held: Callable[[str], bool]) -> set[str]:
+        """The free advertised replicas to withhold so that no device gets more tenants than its replica count.
+
+        A device whose count was lowered (4 to 2) while allocations hold replicas no longer advertised keeps
+        those tenancies until they end; meanwhile only ``count - held`` of its advertised free replicas are
+        offered (the lowest), the rest are advertised unhealthy. ``held`` tells whether an allocation holds an ID.
+        """
+        excess: set[str] = set()
+        for phys in self._shrunk:
+            if phys not in self._physical:
+                continue
+            taken = len(self.held_replicas(phys, held))
+            free = [i for i in self.replica_ids(phys) if not held(i)]
+            excess.update(free[max(0, self.replica_count(phys) - taken) :])
+        return excess
+
+    def _note_shrunk(self, physical_id: str) -> None:
+        ever = self._ever.get(physical_id)
+        if ever and not set(ever) <= set(self.replica_ids(physical_id)):
+            self._shrunk.add(physical_id)
 
     @property
     def shared(self) -> bool:
@@ -272,6 +312,7 @@ class DeviceTable:
                     self._physical_of[rep_id] = dev.id
             for rep in expanded:
                 advertised[rep.id] = rep
+            self._note_shrunk(dev.id)
         return advertised
 
     def _forget(self, device_id: str) -> tuple[str, ...]:

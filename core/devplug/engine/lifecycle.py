@@ -365,7 +365,11 @@ class DeviceLifecycle:
             async with self._hold(requested, "allocate", timeout=self.release_wait) as waited:
                 if await self._settle(requested) or waited:  # else nothing ran since the check: no need again
                     self._check_servable(containers, requested)
+                if self.table.shrunk:
+                    self._refuse_beyond_replicas(requested)
                 results = await self._allocate_locked(containers, requested)
+                if self.table.shrunk:
+                    self._sync_withheld()
         except LockTimeout as exc:
             raise DeviceBusyError(
                 f"{self.resource_name}: device(s) {exc} still busy after {self.release_wait:g} s "
@@ -377,6 +381,22 @@ class DeviceLifecycle:
             for ids in containers:
                 log.debug("[%s] allocated %s", self.resource_name, _ids(ids), extra={"device": _ids(ids)})
         return results
+
+    def _refuse_beyond_replicas(self, requested: Sequence[str]) -> None:
+        """A device whose replica count was lowered while more allocations held it takes no new tenant until the
+        excess ended: the replicas held and requested together may not outnumber its count now."""
+        wanted: dict[str, set[str]] = {}
+        for dev_id in requested:
+            wanted.setdefault(self.table.physical_of(dev_id), set()).add(dev_id)
+        for phys, ids in wanted.items():
+            held = set(self.table.held_replicas(phys, self.ledger.holds))
+            count = self.table.replica_count(phys)
+            if len(held | ids) > count:
+                raise DeviceBusyError(
+                    f"{self.resource_name}: {phys} is advertised as {count} replica(s) now (its count was lowered) "
+                    f"and allocations still hold {len(held)} of its replicas ({_ids(sorted(held))}): no new tenant "
+                    "until they end; nothing was allocated"
+                )
 
     def _refuse_more_than_one(self, containers: Sequence[Sequence[str]]) -> None:
         """``fail_requests_greater_than_one``: a container asking for several devices (replicas) is refused."""
@@ -1024,13 +1044,16 @@ class DeviceLifecycle:
         self._sync_withheld()
 
     def _sync_withheld(self) -> None:
-        """Advertise unhealthy the devices being released, those a hook still running keeps busy, and those a
-        quarantined ledger record names."""
+        """Advertise unhealthy the devices being released, those a hook still running keeps busy, those a
+        quarantined ledger record names, and the free replicas of a device that already has as many tenants as its
+        (lowered) replica count allows."""
         withheld = self.ledger.releasing_devices()
         busy = [*self.locks.kept(), *self.overdue]
         for phys in busy:
             withheld.update(self.table.all_replica_ids(phys))
         withheld.update(self.ledger.quarantined_devices())
+        if self.table.shrunk:  # a lowered replica count: no more tenants than replicas while the excess drains
+            withheld.update(self.table.excess_replicas(self.ledger.holds))
         self.table.set_withheld(withheld)
 
 

@@ -2,7 +2,10 @@
 
 The lock file is opened with ``O_NOFOLLOW`` and must be a regular file of the
 daemon's user: a link planted at its place would otherwise get the daemon's
-PID written into (and later truncate) whatever it points to.
+PID written into (and later truncate) whatever it points to. It holds
+``<pid> <start time>\n``, the start time in clock ticks since boot, so that a
+reader can tell the daemon from a later owner of its pid
+(:mod:`devplug.engine.lockholder`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import stat
 from pathlib import Path
 
+from devplug.engine.lockholder import process_start_ticks
 from devplug.errors import AlreadyRunningError, StateError
 
 __all__ = ["StateLock"]
@@ -72,7 +76,8 @@ class StateLock:
                 "stop it first (two daemons would fight over the same resources)"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        pid = os.getpid()
+        os.pwrite(fd, f"{pid} {process_start_ticks(pid)}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from devplug.engine.asynctools import sliced
+from devplug.engine.lock import StateLock
+from devplug.engine.lockholder import prove_holder
 from devplug.engine.resource import Resource
 from devplug.engine.statusschema import check_status
 from devplug.errors import StateError
@@ -233,14 +235,13 @@ class StatusBuilder:
         }
 
 
-def _alive(pid: int) -> bool:
+def _holds_lock(state_dir: Path, pid: int) -> bool:
+    """Whether process ``pid`` is proven to hold the state dir's lock (a live pid alone may have been reused)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with prove_holder(state_dir, StateLock(state_dir).path) as holder:
+            return holder.pid == pid
+    except StateError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_regular(path: Path) -> bytes:
@@ -261,7 +262,8 @@ def _read_regular(path: Path) -> bytes:
 
 
 def read_status(state_dir: Path) -> dict[str, Any]:
-    """The daemon's last status (``running`` added); :class:`StateError` when there is none or it is malformed."""
+    """The daemon's last status (``running`` added: not stopped, and its pid proven to hold the state dir's lock);
+    :class:`StateError` when there is none or it is malformed."""
     path = state_dir / STATUS_FILE
     try:
         raw = _read_regular(path)
@@ -277,5 +279,5 @@ def read_status(state_dir: Path) -> dict[str, Any]:
         raise StateError(f"{path}: not a devplug status file: JSON nested too deeply") from None
     except ValueError as exc:  # JSON syntax, bad UTF-8, or the wrong shape
         raise StateError(f"{path}: not a devplug status file: {exc}") from None
-    data["running"] = _alive(data["pid"]) and not data.get("stopped")
+    data["running"] = not data.get("stopped") and _holds_lock(state_dir, data["pid"])
     return data

@@ -15,7 +15,9 @@
   that bind and unbind devices.
 * :mod:`devplug.testing.leaseapi` -- a model of the Kubernetes API server's
   ``coordination.k8s.io/v1`` Lease endpoints over HTTP on loopback, for drivers
-  that coordinate through Leases.
+  that coordinate through Leases; it serves :mod:`devplug.testing.podapi`'s pods
+  too, and :mod:`devplug.testing.nodelease` models the kubelet's node Lease
+  heartbeat, for drivers that tell a live node from a dead one.
 * :mod:`devplug.testing.nodes` -- several simulated nodes on one machine, each a
   dev kubelet and a real daemon, for drivers whose devices span nodes.
 * :mod:`devplug.testing.dflsysfs` -- a model of the kernel's FPGA DFL sysfs, device

@@ -41,6 +41,11 @@ of Kubernetes v1.32 for each behaviour it has:
 
 Not modelled: watch, patch, authentication/RBAC, managed fields, the
 ``Lease`` ``strategicMergePatch``, and ``resourceVersion`` on reads.
+
+The server also serves core/v1 pods (:mod:`devplug.testing.podapi`, same
+storage and revision counter); the kubelets' node Leases in
+``kube-node-lease`` are ordinary Leases, kept by
+:class:`devplug.testing.nodelease.NodeLeaseHeartbeat`.
 """
 
 from __future__ import annotations
@@ -52,12 +57,16 @@ import time
 import uuid
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["LeaseApiServer", "LeaseStore", "match_labels"]
+if TYPE_CHECKING:
+    from devplug.testing.podapi import PodStore
+
+__all__ = ["ApiStatusError", "LeaseApiServer", "LeaseStore", "Revisions", "match_labels"]
 
 _PATH = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/([a-z0-9-]+)/leases(?:/([^/]+))?/?$")
+_POD_PATH = re.compile(r"^/api/v1/(?:namespaces/([a-z0-9-]+)/)?pods(?:/([^/]+)(/status)?)?/?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GROUP = "coordination.k8s.io"
 
@@ -65,14 +74,18 @@ _GROUP = "coordination.k8s.io"
 class ApiStatusError(Exception):
     """An API error: its HTTP code, reason and message become a ``Status`` body."""
 
-    def __init__(self, code: int, reason: str, message: str, name: str | None = None) -> None:
+    def __init__(
+        self, code: int, reason: str, message: str, name: str | None = None, group: str = _GROUP, kind: str = "leases"
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.name = name
+        self.group = group
+        self.kind = kind
 
     def status(self) -> dict[str, Any]:
-        details: dict[str, Any] = {"group": _GROUP, "kind": "leases"}
+        details: dict[str, Any] = {"group": self.group, "kind": self.kind}
         if self.name is not None:
             details["name"] = self.name
         return {
@@ -119,19 +132,35 @@ def match_labels(labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
-class LeaseStore:
-    """The API server's storage of Leases, one revision counter like etcd's; thread-safe."""
+class Revisions:
+    """The revision counter of the API server's storage (etcd's): every write of any object takes the next one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._revision = 1
+        self.current = 1
+
+    def next(self) -> str:
+        with self._lock:
+            self.current += 1
+            return str(self.current)
+
+
+class LeaseStore:
+    """The API server's storage of Leases, one revision counter like etcd's; thread-safe."""
+
+    def __init__(self, revisions: Revisions | None = None) -> None:
+        self._lock = threading.Lock()
+        self.revisions = revisions or Revisions()
         self._objects: dict[tuple[str, str], dict[str, Any]] = {}
         #: Every request served, as (method, namespace, name or None, HTTP code), for tests.
         self.requests: list[tuple[str, str, str | None, int]] = []
 
+    @property
+    def _revision(self) -> int:
+        return self.revisions.current
+
     def _next(self) -> str:
-        self._revision += 1
-        return str(self._revision)
+        return self.revisions.next()
 
     @staticmethod
     def _validate(obj: Mapping[str, Any], name: str) -> None:
@@ -288,8 +317,41 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _serve_pods(self, method: str, match: re.Match[str], query: str) -> None:
+        pods = self.server.pods
+        namespace, name, status = match.group(1), match.group(2), match.group(3)
+        code = 200
+        try:
+            params = parse_qs(query)
+            if method == "GET" and name is None:
+                labels = params.get("labelSelector", [""])[0]
+                body = pods.list(namespace, labels, params.get("fieldSelector", [""])[0])
+            elif namespace is None:
+                raise ApiStatusError(405, "MethodNotAllowed", f"{method} is not supported on /api/v1/pods", kind="pods")
+            elif method == "GET" and name is not None and not status:
+                body = pods.get(namespace, name)
+            elif method == "POST" and name is None:
+                body, code = pods.create(namespace, self._body()), 201
+            elif method == "PUT" and name is not None and status:
+                body = pods.update_status(namespace, name, self._body())
+            elif method == "DELETE" and name is not None and not status:
+                grace = (self._body() or {}).get("gracePeriodSeconds", params.get("gracePeriodSeconds", [None])[0])
+                body = pods.delete(namespace, name, None if grace is None else int(grace))
+            else:
+                raise ApiStatusError(405, "MethodNotAllowed", f"{method} is not supported here", kind="pods")
+        except ApiStatusError as exc:
+            code, body = exc.code, exc.status()
+        except ValueError as exc:
+            code, body = 400, ApiStatusError(400, "BadRequest", f"malformed request: {exc}", kind="pods").status()
+        pods.requests.append((method, namespace or "*", name, code))
+        self._answer(code, body)
+
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
+        pod_match = _POD_PATH.match(url.path)
+        if pod_match is not None:
+            self._serve_pods(method, pod_match, url.query)
+            return
         match = _PATH.match(url.path)
         store = self.server.store
         namespace, name = (match.group(1), match.group(2)) if match else ("", None)
@@ -333,6 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     store: LeaseStore
+    pods: PodStore
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-request (a killed daemon) is no error of the server's."""
@@ -343,12 +406,20 @@ class _Server(ThreadingHTTPServer):
 
 
 class LeaseApiServer:
-    """The Lease API on ``http://127.0.0.1:<port>`` (a free port), served from a thread; a context manager."""
+    """The Lease API on ``http://127.0.0.1:<port>`` (a free port), served from a thread; a context manager. It
+    serves the pods of :mod:`devplug.testing.podapi` too (``/api/v1/...``), which node-liveness checks read."""
 
-    def __init__(self, store: LeaseStore | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, store: LeaseStore | None = None, host: str = "127.0.0.1", port: int = 0, pods: PodStore | None = None
+    ) -> None:
+        from devplug.testing.podapi import PodStore
+
         self.store = store or LeaseStore()
+        #: The pods (:mod:`devplug.testing.podapi`), in the same storage: one revision counter.
+        self.pods = pods or PodStore(self.store.revisions)
         self._server = _Server((host, port), _Handler)
         self._server.store = self.store
+        self._server.pods = self.pods
         self._thread = threading.Thread(target=self._server.serve_forever, name="lease-api", daemon=True)
 
     @property

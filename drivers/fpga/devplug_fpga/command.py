@@ -1,27 +1,29 @@
-"""Running vendor tools: argument lists, no shell, a timeout, output captured.
+"""Running vendor tools through the driver kit's runner (:func:`devplug.kit.run_command`): argument lists, no
+shell, a session of their own, ``command_timeout`` killing the whole process group, output read with a cap.
 
 A tool that exits non-zero, times out or cannot be started raises
-:class:`ToolError`, whose message names the command and shows its stderr and
-whose ``output`` keeps everything it printed, for the log and the quarantine
-note.
+:class:`ToolError`, whose message names the command and shows a bounded
+excerpt of its stderr and whose ``output`` keeps what it printed (capped), for
+the log and the quarantine note.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import signal
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from devplug import DriverError
+from devplug.kit import CommandError, StartRecorder, run_command
 
-__all__ = ["FpgaError", "PidRecorder", "ToolError", "kill_orphan", "run_tool"]
+__all__ = ["FpgaError", "PidRecorder", "ToolError", "kill_orphan", "run_tool", "shown_output"]
 
 #: Called with the PID and program of a tool as soon as it runs.
-PidRecorder = Callable[[int, str], None]
+PidRecorder = StartRecorder
 
-_SHOWN = 2000  # characters of stderr in a message
+#: Lines and characters of a tool's output a log message shows.
+SHOWN_LINES = 40
+SHOWN_CHARS = 4000
 
 
 class FpgaError(DriverError):
@@ -36,55 +38,36 @@ class ToolError(FpgaError):
     """A vendor tool failed."""
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _SHOWN else "..." + text[-_SHOWN:]
-
-
 def run_tool(argv: Sequence[str], timeout: float, on_start: PidRecorder | None = None) -> str:
     """Run ``argv`` and return its stdout; :class:`ToolError` when it fails.
 
-    ``on_start`` gets the child's PID and program as soon as it runs (the driver records it,
-    so a daemon killed meanwhile can stop the tool it left behind). The tool
-    runs in a session of its own: signals sent to the daemon's process group
-    do not reach it half-way.
+    ``on_start`` gets the child's PID and program as soon as it runs (the driver
+    records it, so a daemon killed meanwhile can stop the tool it left behind).
     """
-    shown = shlex.join(argv)
     try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise ToolError(f"command `{shown}` could not start: {exc}") from exc
-    if on_start is not None:
-        on_start(proc.pid, argv[0])
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        output = _decode(out) + _decode(err)
-        raise ToolError(
-            f"command `{shown}` timed out after {timeout:g} s (killed); stderr: {_tail(_decode(err)) or '(none)'}",
-            output,
-        ) from None
-    stdout, stderr = _decode(out), _decode(err)
-    if proc.returncode != 0:
-        how = f"exited {proc.returncode}" if proc.returncode > 0 else f"was killed by signal {-proc.returncode}"
-        raise ToolError(f"command `{shown}` {how}; stderr: {_tail(stderr) or '(none)'}", stdout + stderr)
-    return stdout
+        return run_command(argv, timeout=timeout, on_start=on_start).stdout
+    except CommandError as exc:
+        raise ToolError(str(exc), exc.output) from exc
 
 
-def _decode(data: bytes | None) -> str:
-    return (data or b"").decode("utf-8", errors="replace")
+def shown_output(output: str) -> str:
+    """A tool's output for the log, indented below the message: its last :data:`SHOWN_LINES` lines, at most
+    :data:`SHOWN_CHARS` characters of them."""
+    text = output.strip()
+    if not text:
+        return ""
+    tail = "\n".join(text.splitlines()[-SHOWN_LINES:])
+    if len(tail) > SHOWN_CHARS:
+        tail = "..." + tail[-SHOWN_CHARS:]
+    return "\n  " + "\n  ".join(tail.splitlines())
 
 
 def kill_orphan(pid: int, program: str) -> bool:
-    """Kill a tool a killed daemon left running, if ``pid`` still runs ``program``; True if it did."""
+    """Kill a tool a killed daemon left running, if ``pid`` still runs ``program``; True if it did.
+
+    The kit runs each tool in a session of its own, so its process group is
+    its pid: the whole group goes (a wrapper's children too).
+    """
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             cmdline = handle.read().split(b"\0")
@@ -93,7 +76,10 @@ def kill_orphan(pid: int, program: str) -> bool:
     if not any(os.path.basename(part.decode(errors="replace")) == os.path.basename(program) for part in cmdline):
         return False
     try:
-        os.kill(pid, signal.SIGKILL)
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
     except OSError:
         return False
     return True

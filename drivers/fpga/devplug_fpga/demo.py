@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devplug.kit import run_command
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 from devplug.testing.dflsysfs import DflModel, model_image
@@ -103,11 +103,8 @@ def run_demo(root: Path, echo: Echo) -> bool:
         echo(
             f"{port} afu_id = {model.afu_id(port)} (the blank image); card power1_max = {model.power_max(card.fme)} uW"
         )
-        status = subprocess.run(
-            [sys.executable, "-m", "devplug", "status", "--config", str(config_path)],
-            capture_output=True,
-            text=True,
-            timeout=30,
+        status = run_command(
+            [sys.executable, "-m", "devplug", "status", "--config", str(config_path)], timeout=30, check=False
         )
         echo("\n$ devplug status\n" + status.stdout.rstrip())
 

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DriverContext, DriverError, Health, Mount, Topology, hookimpl
 from devplug_fpga.backend import FpgaBackend
-from devplug_fpga.command import FpgaError, PidRecorder, kill_orphan
+from devplug_fpga.command import FpgaError, PidRecorder, kill_orphan, shown_output
 from devplug_fpga.devices import Target, overlapping, targets
 from devplug_fpga.dfl import DflBackend
 from devplug_fpga.door import DflAccess, HostDfl
@@ -274,7 +274,7 @@ class FpgaDriver:
         except FpgaError as exc:
             with self._lock:
                 store.set([t.id for t in fresh], "programming")  # the tool is done: forget its PID
-            self._log().error("programming %s failed: %s%s", image, exc, _shown(exc.output))
+            self._log().error("programming %s failed: %s%s", image, exc, shown_output(exc.output))
             undone = []
             for target in fresh:
                 try:
@@ -343,7 +343,7 @@ class FpgaDriver:
                 target.id,
                 marker,
                 exc,
-                _shown(exc.output),
+                shown_output(exc.output),
                 extra={"device": target.id},
             )
             raise FpgaError(
@@ -423,11 +423,3 @@ class FpgaDriver:
                 self._log().warning("%s: restoring power after power save failed: %s", address, exc)
             del store.power[address]
             store.save()
-
-
-def _shown(output: str) -> str:
-    """A tool's output for the log, indented below the message."""
-    text = output.strip()
-    if not text:
-        return ""
-    return "\n  " + "\n  ".join(text.splitlines()[-40:])

@@ -73,6 +73,7 @@ def _check_program(argv: tuple[str, ...], key: str) -> None:
     if "{" in program:
         raise ValueError(f"{key}: the program itself ({program!r}) may not hold a placeholder")
     if os.sep in program:
+        refuse_kernel_trees(Path(program), key)  # /proc/self/exe and the like are executable files too
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise ValueError(f"{key}: {program} is not an executable file")
     elif shutil.which(program) is None:
@@ -127,8 +128,10 @@ class FpgaOptions:
             raise ValueError(f"regions_per_card: must be 1 to 64, got {self.regions_per_card}")
         for key in ("blank_image", "default_image"):
             image = getattr(self, key)
-            if image is not None and not Path(image).is_file():
-                raise ValueError(f"{key}: {image} does not exist (or is not a file)")
+            if image is not None:
+                refuse_kernel_trees(Path(image), key)  # /proc/self/... "files" are files too
+                if not Path(image).is_file():
+                    raise ValueError(f"{key}: {image} does not exist (or is not a file)")
         for key in ("blank_afu_id", "default_afu_id"):
             value = getattr(self, key)
             if value is not None:
@@ -160,6 +163,7 @@ class FpgaOptions:
         for mount in self.mounts:
             if not mount.startswith("/"):
                 raise ValueError(f"mounts: {mount!r} must be an absolute path")
+            refuse_kernel_trees(Path(mount), "mounts")  # a container must not get /proc or /sys of the host
             if not os.path.isdir(mount):
                 raise ValueError(f"mounts: {mount} does not exist (or is not a folder)")
         object.__setattr__(self, "mounts", tuple(self.mounts))

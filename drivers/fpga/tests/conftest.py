@@ -42,11 +42,13 @@ WAIT = 20.0
 
 #: The fake vendor tool: ``fpga-tool <verb> --card A --region R [--image I]``.
 #: It appends ``{"verb", "args", "event", "pid"}`` to ``calls.jsonl`` beside it (events: ``start``, ``hanging``,
-#: ``orphaned``, ``failed``, ``done``) and keeps
+#: ``orphaned``, ``failed``, ``done``, and ``child`` with the pid of a child it started) and keeps
 #: each region's content in ``cards/<address>-<region>``: ``program`` writes the image's name, ``deprogram``
 #: writes ``blank``, ``verify`` fails unless the region is blank. ``behaviour.json`` beside it may say, per
 #: verb (or ``"<verb>:<region>"``): ``{"exit": 3, "stderr": "..."}`` to fail, ``{"hang": true}`` to wait until
-#: ``release-<verb>`` exists (then go on) or its parent (the daemon) dies (then exit 137).
+#: ``release-<verb>`` exists (then go on) or its parent (the daemon) dies (then exit 137), ``{"child": true}`` to
+#: act as a vendor's wrapper first: start a child that inherits stdout and stderr and runs until ``release-child``
+#: exists, ``{"output": n}`` to print ``n`` bytes on stdout and on stderr (one line each) before going on.
 FAKE_TOOL = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -66,6 +68,16 @@ try:
     behaviour = table.get(f"{verb}:{args.get('--region')}", table.get(verb, {}))
 except FileNotFoundError:
     behaviour = {}
+if behaviour.get("child"):
+    import subprocess
+    wait = f"import os, time\nwhile not os.path.exists({str(here / 'release-child')!r}): time.sleep(0.01)"
+    child = subprocess.Popen([sys.executable, "-c", wait])
+    with open(here / "calls.jsonl", "a") as handle:
+        handle.write(json.dumps({"verb": verb, "args": args, "event": "child", "pid": child.pid}) + "\n")
+if behaviour.get("output"):
+    sys.stdout.write("o" * behaviour["output"] + "\n")
+    sys.stderr.write("e" * behaviour["output"] + "\n")
+    sys.stdout.flush()
 if behaviour.get("hang"):
     log("hanging")
     while not (here / f"release-{verb}").exists():

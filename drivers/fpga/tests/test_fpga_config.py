@@ -99,3 +99,37 @@ def test_the_commented_fpga_resource_of_the_example_config_is_valid_once_uncomme
     )
     assert result.returncode == 0, result.stderr
     assert "example.com/fpga-region: driver fpga" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("blank_image", "/proc/self/environ", "blank_image: /proc/self/environ is inside /proc"),
+        ("default_image", "/sys/kernel/notes", "default_image: /sys/kernel/notes is inside /sys"),
+        ("mounts", ["/proc"], "mounts: /proc is inside /proc"),
+        ("deprogram_command", ["/proc/self/exe", "-c", "pass"], "deprogram_command: /proc/self/exe is inside /proc"),
+    ],
+    ids=["blank_image", "default_image", "mounts", "program"],
+)
+def test_paths_into_kernel_trees_are_refused_naming_the_key(tmp_path: Path, key: str, value: object, said: str) -> None:
+    options: dict[str, object] = {
+        "backend": "command",
+        "cards": ["0000:3b:00.0"],
+        "deprogram_command": [_tool(tmp_path), "{address}"],
+        "blank_afu_id": AFU,
+    }
+    options[key] = value
+    if key == "default_image":
+        options["program_command"] = [_tool(tmp_path), "{bitstream}"]
+    result = _check(tmp_path, {"example.com/fpga": {"driver": "fpga", "options": options}})
+    assert result.returncode == 2, result.stderr
+    assert 'resources."example.com/fpga".options' in result.stderr and said in result.stderr, result.stderr
+
+
+def test_a_link_from_an_image_into_proc_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "blank.gbs").symlink_to("/proc/self/environ")
+    options = {"backend": "command", "cards": ["0000:3b:00.0"], "deprogram_command": [_tool(tmp_path), "{address}"]}
+    options["blank_image"] = str(tmp_path / "blank.gbs")
+    result = _check(tmp_path, {"example.com/fpga": {"driver": "fpga", "options": options}})
+    assert result.returncode == 2
+    assert "is inside /proc (it leads to /proc/" in result.stderr

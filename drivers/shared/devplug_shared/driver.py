@@ -386,6 +386,7 @@ class SharedDriver:
                         "holder": claim.holder if claim is not None else None,
                         "since": claim.since if claim is not None else None,
                         "renewed": renewed,
+                        "kept": claim.kept if claim is not None else None,
                     }
                 )
             return {

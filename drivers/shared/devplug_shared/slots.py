@@ -54,13 +54,17 @@ class Claim:
     """One slot's claim in the coordination store: who holds it and since when (wall-clock seconds).
 
     ``renewed`` is when the holder last proved it is alive (its lease's last
-    renewal, where the store tells; else ``since``).
+    renewal, where the store tells; else ``since``). ``kept`` says why a claim
+    whose holder's daemon stopped renewing it still stands (its node is alive and
+    a pod there may use the slot, or the backend's hold has not run out); None
+    for a claim its holder keeps renewing.
     """
 
     slot: str
     holder: str
     since: float
     renewed: float | None = None
+    kept: str | None = None
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the claim was made."""
@@ -79,9 +83,10 @@ class SlotTakenError(DriverError):
     @classmethod
     def of(cls, resource: str, claim: Claim) -> SlotTakenError:
         """The error for ``claim``, naming the slot, the resource and the holder."""
+        kept = f"; {claim.kept}" if claim.kept else ""
         error = cls(
             f"shared: slot {claim.slot} of {resource} is held by node {claim.holder} "
-            f"(claimed {claim.age():.1f} s ago); nothing of this request was claimed"
+            f"(claimed {claim.age():.1f} s ago{kept}); nothing of this request was claimed"
         )
         error.claim = claim
         return error

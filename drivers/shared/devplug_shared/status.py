@@ -74,6 +74,8 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
             f"  {slot['slot']:<24} {slot['health']:<10} {holder:<24} {ago(slot.get('since')):>9} "
             f"{ago(slot.get('renewed')):>9}"
         )
+        if slot.get("kept"):
+            lines.append(f"    {slot['kept']}")
     return "\n".join(lines)
 
 

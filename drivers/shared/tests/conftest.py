@@ -4,15 +4,21 @@
   data dir, one for the session (each test uses its own key prefix), killed at
   the end. Without the binary the etcd cases are skipped loudly; with
   ``DEVPLUG_REQUIRE_ETCD=1`` (CI) they fail instead.
-* ``lease_api`` -- :class:`devplug.testing.leaseapi.LeaseApiServer`, the model of
-  the API server's Lease endpoints (each test uses its own namespace).
+* a ``kubernetes`` store runs its own :class:`devplug.testing.leaseapi.LeaseApiServer`,
+  the model of the API server's Lease endpoints and pods, for each test (node
+  names recur from test to test). On it every node of the cluster has its
+  kubelet's node Lease kept by :class:`devplug.testing.nodelease.NodeLeaseHeartbeat`
+  (a short ``nodeLeaseDurationSeconds``, :data:`NODE_LEASE_S`), and every pod a
+  node's dev kubelet admits is a Pod object bound to that node, ``Running``,
+  deleted (grace 0, as the kubelet's last delete) when the dev kubelet removes it.
 * ``store`` -- parametrized over ``local``, ``etcd`` and ``kubernetes``: the
   ``coordination`` table a node uses (optionally through a :class:`TcpProxy`
   that a test can cut, a network partition) and an observer backend that reads
   the claims as they are in the store.
 * ``cluster`` -- :class:`Cluster`: nodes with different names, each a dev kubelet
   and a ``devplug run`` child process serving :data:`RESOURCE` with the shared
-  driver; admit, delete, ``kill -9``, restart; :meth:`Cluster.check_invariant`.
+  driver; admit, delete, ``kill -9``, restart, a whole node's death;
+  :meth:`Cluster.check_invariant`.
 
 Test modules cannot import helpers (``--import-mode=importlib``), so everything
 shared is here. Waits poll on conditions (:func:`poll_until`), never sleep.
@@ -44,10 +50,16 @@ from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.conformance import poll_until
 from devplug.testing.daemon import DaemonProcess
 from devplug.testing.leaseapi import LeaseApiServer
+from devplug.testing.nodelease import NodeLeaseHeartbeat
 from devplug_shared.backends import Backend, build_backend, parse_coordination
 
 #: The resource every test serves.
 RESOURCE = "example.com/shared"
+#: The kubelets' ``nodeLeaseDurationSeconds`` in the kubernetes cases (40 by default; renewed every quarter of it).
+NODE_LEASE_S = 4
+#: The backends' ``hold_ttl`` where a test does not set one: long enough for a crash and a restart, far beyond
+#: what any test waits for (the default is 360 s).
+HOLD_S = 60.0
 REQUIRE_ETCD = os.environ.get("DEVPLUG_REQUIRE_ETCD") == "1"
 _etcd_status: dict[str, str] = {}
 
@@ -140,13 +152,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Say loudly when the etcd cases did not run."""
     if "skipped" in _etcd_status:
         terminalreporter.write_line(f"WARNING: {_etcd_status['skipped']}", red=True, bold=True)
-
-
-@pytest.fixture(scope="session")
-def lease_api() -> Iterator[LeaseApiServer]:
-    """The Lease API model on loopback, for the session."""
-    with LeaseApiServer() as server:
-        yield server
 
 
 # --- partitions ----------------------------------------------------------------------------------
@@ -286,10 +291,19 @@ class Store:
         self.proxies.append(proxy)
         return proxy
 
-    def table(self, *, lease_ttl: float = 10.0, proxy: TcpProxy | None = None, timeout: float = 1.0) -> dict[str, Any]:
+    def table(
+        self,
+        *,
+        lease_ttl: float = 10.0,
+        hold_ttl: float | None = None,
+        proxy: TcpProxy | None = None,
+        timeout: float = 1.0,
+    ) -> dict[str, Any]:
+        """The ``coordination`` table; ``hold_ttl`` (local, etcd) defaults to :data:`HOLD_S` or ``lease_ttl``."""
+        hold = max(lease_ttl, HOLD_S) if hold_ttl is None else hold_ttl
         if self.kind == "local":
             path = str(self.root / "slots.sqlite")
-            return {"backend": "local", "path": path, "lease_ttl": lease_ttl, "timeout": timeout}
+            return {"backend": "local", "path": path, "lease_ttl": lease_ttl, "hold_ttl": hold, "timeout": timeout}
         port = proxy.port if proxy is not None else self.target_port()
         if self.kind == "etcd":
             return {
@@ -297,6 +311,7 @@ class Store:
                 "endpoints": [f"http://127.0.0.1:{port}"],
                 "prefix": f"/devplug-test/{self.scope}",
                 "lease_ttl": lease_ttl,
+                "hold_ttl": hold,
                 "timeout": timeout,
             }
         return {
@@ -330,12 +345,14 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     made = Store(kind, root)
     if kind == "etcd":
         made.etcd = request.getfixturevalue("etcd_server")
-    elif kind == "kubernetes":
-        made.api = request.getfixturevalue("lease_api")
+    elif kind == "kubernetes":  # an API server of its own: node names, node Leases and pods are per cluster
+        made.api = LeaseApiServer().start()
     try:
         yield made
     finally:
         made.close()
+        if made.api is not None:
+            made.api.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -344,7 +361,8 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 @dataclass
 class Node:
-    """One node: its dev kubelet and its devplug daemon, in a folder of its own."""
+    """One node: its dev kubelet and its devplug daemon, in a folder of its own (and, on the kubernetes store, its
+    kubelet's node Lease heartbeat)."""
 
     name: str
     root: Path
@@ -352,6 +370,7 @@ class Node:
     daemon: DaemonProcess
     proxy: TcpProxy | None = None
     alive: bool = True
+    heartbeat: NodeLeaseHeartbeat | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -369,6 +388,9 @@ class Node:
 class Cluster:
     """Nodes sharing one store; every node serves :data:`RESOURCE` with the shared driver."""
 
+    #: The kubelets' ``nodeLeaseDurationSeconds`` (kubernetes store).
+    node_lease_s = NODE_LEASE_S
+
     def __init__(self, store: Store) -> None:
         self.store = store
         self.nodes: dict[str, Node] = {}
@@ -383,6 +405,7 @@ class Cluster:
         capacity: int = 2,
         refresh_interval: float = 0.1,
         lease_ttl: float = 10.0,
+        hold_ttl: float | None = None,
         partitionable: bool = False,
         discovery: dict[str, Any] | None = None,
         start: bool = True,
@@ -398,13 +421,16 @@ class Cluster:
             "capacity": capacity,
             "refresh_interval": refresh_interval,
             "discovery": discovery or {"handler": "static", "devices": list(devices)},
-            "coordination": self.store.table(lease_ttl=lease_ttl, proxy=proxy),
+            "coordination": self.store.table(lease_ttl=lease_ttl, hold_ttl=hold_ttl, proxy=proxy),
         }
         config = dev_config(
             root, {RESOURCE: {"driver": "shared", "options": options}}, release_interval=0.1, grace_period=1.0
         )
         path = write_toml(root / "devplug.toml", config)
-        node = Node(name, root, kubelet, DaemonProcess(path, root / "daemon.log"), proxy)
+        heartbeat = None
+        if self.store.api is not None:  # the node's kubelet keeps its Lease in kube-node-lease
+            heartbeat = NodeLeaseHeartbeat(self.store.api.store, name, NODE_LEASE_S).start()
+        node = Node(name, root, kubelet, DaemonProcess(path, root / "daemon.log"), proxy, heartbeat=heartbeat)
         self.nodes[name] = node
         if start:
             self.start(node)
@@ -430,11 +456,34 @@ class Cluster:
         self.kill(node)
         self.start(node)
 
+    def node_dies(self, node: Node) -> None:
+        """The whole node dies: its daemon (``kill -9``), its kubelet (no more pods, no more node Lease)."""
+        self.kill(node)
+        node.kubelet.close()
+        if node.heartbeat is not None:
+            node.heartbeat.stop()
+        node.alive = False
+
     def admit(self, node: Node, count: int = 1, prefix: str = "pod") -> tuple[str, tuple[str, ...]]:
-        """Admit a pod asking ``count`` slots on ``node``: (pod name, its slots); KubeletError if rejected."""
+        """Admit a pod asking ``count`` slots on ``node``: (pod name, its slots); KubeletError if rejected. On the
+        kubernetes store the pod is also a Pod object bound to the node, as the scheduler and kubelet leave it."""
         self._pods += 1
         name = f"{prefix}-{self._pods}"
-        pod = node.kubelet.admit_pod(PodSpec(name, [ContainerSpec("app", {RESOURCE: count})]))
+        api = self.store.api
+        if api is not None:
+            requests = {RESOURCE: str(count)}
+            container = {"name": "app", "resources": {"limits": requests, "requests": requests}}
+            api.pods.create(
+                "default", {"metadata": {"name": name}, "spec": {"nodeName": node.name, "containers": [container]}}
+            )
+        try:
+            pod = node.kubelet.admit_pod(PodSpec(name, [ContainerSpec("app", {RESOURCE: count})]))
+        except KubeletError:
+            if api is not None:  # the kubelet rejects it: phase Failed (UnexpectedAdmissionError)
+                api.pods.set_phase("default", name, "Failed")
+            raise
+        if api is not None:
+            api.pods.set_phase("default", name, "Running")
         return name, pod.container("app").devices[RESOURCE]
 
     def try_admit(self, node: Node, count: int = 1) -> tuple[str, tuple[str, ...]] | KubeletError:
@@ -445,6 +494,8 @@ class Cluster:
 
     def delete(self, node: Node, pod: str) -> None:
         node.kubelet.remove_pod(pod)
+        if self.store.api is not None:  # the kubelet's last delete, once the containers stopped
+            self.store.api.pods.delete("default", pod, grace_period_seconds=0)
 
     def holders(self) -> dict[str, str]:
         """Slot -> holding node, as in the store now."""
@@ -466,6 +517,11 @@ class Cluster:
             if time.monotonic() >= deadline:
                 pytest.fail(f"timed out after {timeout:g} s waiting for {what}{details()}", pytrace=False)
             time.sleep(0.02)
+
+    @staticmethod
+    def quiet(seconds: float) -> None:
+        """Let time pass for a negative assertion (nothing happened meanwhile); never used to synchronise."""
+        time.sleep(seconds)
 
     def wait_view(self, node: Node, slot: str, health: str, timeout: float = 15.0) -> None:
         self.wait(lambda: node.health().get(slot) == health, f"{node.name}'s kubelet to see {slot} {health}", timeout)
@@ -502,6 +558,8 @@ class Cluster:
                 if code != 0:
                     failures.append(f"{node.name}: daemon exited {code}:\n{node.log()[-3000:]}")
             node.kubelet.close()
+            if node.heartbeat is not None:
+                node.heartbeat.stop()
             shutil.rmtree(node.root, ignore_errors=True)
         self.observer.close()
         if failures:

@@ -98,15 +98,15 @@ def test_a_request_for_several_slots_is_all_or_nothing(cluster: Cluster) -> None
 
 
 def test_a_dead_nodes_claims_expire_with_its_lease(cluster: Cluster) -> None:
-    a = cluster.add_node("node-a", lease_ttl=2.0)
+    # etcd, local: the claims stand hold_ttl (3 s) after the last renewal; kubernetes: until the node's kubelet
+    # Lease (4 s here) and the slot's Lease (2 s) have both run out.
+    a = cluster.add_node("node-a", lease_ttl=2.0, hold_ttl=3.0)
     b = cluster.add_node("node-b")
     _, (slot,) = cluster.admit(a)
     _, (other,) = cluster.admit(b)
     cluster.wait_view(b, slot, UNHEALTHY)
-    cluster.kill(a)  # the node dies: daemon and pods
-    a.kubelet.close()
-    a.alive = False
-    cluster.wait(lambda: slot not in cluster.holders(), f"node-a's claim on {slot} to expire with its 2 s lease")
+    cluster.node_dies(a)  # daemon, pods and kubelet
+    cluster.wait(lambda: slot not in cluster.holders(), f"node-a's claim on {slot} to expire once the node is gone")
     cluster.wait_view(b, slot, HEALTHY)
     _, (taken,) = cluster.admit(b)
     assert taken == slot
@@ -158,16 +158,21 @@ def _status(node: Node) -> dict[str, object]:
 # Not on the local backend: its outage locks the file for every node, so no other node can take a slot meanwhile.
 @pytest.mark.parametrize("store", ["etcd", "kubernetes"], indirect=True)
 def test_after_a_partition_longer_than_the_lease_a_node_claims_its_pods_slots_again(cluster: Cluster) -> None:
-    a = cluster.add_node("node-a", partitionable=True, lease_ttl=2.0)
+    # The whole node is cut off: its daemon from the store, and (kubernetes) its kubelet from the API server.
+    a = cluster.add_node("node-a", partitionable=True, lease_ttl=2.0, hold_ttl=3.0)
     b = cluster.add_node("node-b")
     cluster.admit(a)
     cluster.admit(a)
     outage = cluster.outage(a)
     outage.cut()
-    cluster.wait(lambda: not cluster.holders(), "node-a's claims to expire with its 2 s lease")
+    if a.heartbeat is not None:
+        a.heartbeat.stop()
+    cluster.wait(lambda: not cluster.holders(), "node-a's claims to expire once it is cut off")
     cluster.wait(lambda: set(b.health().values()) == {HEALTHY}, "node-b to see both slots free")
-    _, (taken,) = cluster.admit(b)  # the documented risk of a partition longer than lease_ttl
+    _, (taken,) = cluster.admit(b)  # the documented risk of a partition longer than the hold
     outage.heal()
+    if a.heartbeat is not None:
+        a.heartbeat.start()
     kept = ({"dev-0", "dev-1"} - {taken}).pop()
     cluster.wait(lambda: cluster.holders() == {kept: "node-a", taken: "node-b"}, "node-a to claim its free slot again")
     conflict = cluster.wait(lambda: _status(a).get("conflicts"), "node-a to report the slot it lost")

@@ -3,20 +3,31 @@
 ::
 
     coordination = { backend = "etcd", endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"],
-                     lease_ttl = 10.0, prefix = "/devplug/shared" }
+                     lease_ttl = 10.0, hold_ttl = 360.0, prefix = "/devplug/shared" }
 
 A slot's claim is the key ``<prefix>/<resource>/<slot>`` whose value is
-``{"holder": <node>, "since": <unix time>}``, attached to the node's lease
-(``LeaseGrant`` with ``lease_ttl``, renewed with ``LeaseKeepAlive`` every third
-of it). Claiming is one transaction (etcd's ``Txn``, atomic across keys):
+``{"holder": <node>, "since": <unix time>}``, attached to the node's *hold*
+lease (``LeaseGrant`` with ``hold_ttl``). Beside it the node keeps a liveness
+key, ``<prefix>/.nodes/<resource>/<node>``, on a second lease of ``lease_ttl``;
+the daemon renews both with ``LeaseKeepAlive`` every third of ``lease_ttl``.
+Claiming is one transaction (etcd's ``Txn``, atomic across keys):
 ``create_revision == 0`` for each free slot, ``mod_revision ==`` the one read
 for each slot this node already holds, then a ``Put`` of every slot with the
-lease; if any compare fails, nothing is written, the keys are read again and a
-slot held by another node is named with its holder. Releasing deletes this
-node's keys in one transaction guarded by their ``mod_revision``. When the
-daemon dies, its lease expires after ``lease_ttl`` and etcd deletes its keys;
-a restart within the TTL resumes the lease (its ID is kept in the driver's
-state folder), so the pods' claims survive a daemon restart.
+hold lease; if any compare fails, nothing is written, the keys are read again
+and a slot held by another node is named with its holder. Releasing deletes
+this node's keys in one transaction guarded by their ``mod_revision``.
+
+etcd sees neither the kubelet nor the pods, so it cannot tell a daemon that
+crashed (its pods still running) from a dead node. The two leases say what it
+can: a holder whose liveness key is gone has a daemon that stopped renewing
+(crashed, crash-looping, restarting, or its node dead or cut off); its claims
+stand until its hold lease runs out, ``hold_ttl`` after the last renewal, and
+only then does etcd delete them and the slots move. A daemon back within
+``hold_ttl`` resumes both leases (their IDs are kept in the driver's state
+folder; one that ran out is granted anew) and claims its pods' slots again
+before anyone could take them. Keep ``hold_ttl`` above the longest time a
+daemon may be down on a live node (the kubelet's crash-loop back-off reaches
+300 s); it is also how long a dead node's slots stay taken.
 
 The endpoints are tried in order: a connection error moves to the next.
 """
@@ -48,11 +59,13 @@ _CHURN = "the keys kept changing between read and write; try again"
 
 @dataclass(frozen=True)
 class EtcdOptions:
-    """``endpoints``: client URLs; ``prefix``: key prefix; ``lease_ttl``, ``timeout`` (seconds); TLS files."""
+    """``endpoints``: client URLs; ``prefix``: key prefix; ``lease_ttl``, ``hold_ttl``, ``timeout`` (seconds);
+    TLS files."""
 
     endpoints: list[str] = field(default_factory=lambda: ["http://127.0.0.1:2379"])
     prefix: str = "/devplug/shared"
     lease_ttl: float = 10.0
+    hold_ttl: float = 360.0
     timeout: float = 3.0
     ca_cert: Path | None = None
     cert: Path | None = None
@@ -68,6 +81,12 @@ class EtcdOptions:
         if not self.prefix.startswith("/") or self.prefix.endswith("/"):
             raise ValueError(f"prefix: {self.prefix!r} must start with '/' and not end with one")
         check_seconds("lease_ttl", self.lease_ttl, 2.0, 3600.0)
+        check_seconds("hold_ttl", self.hold_ttl, 2.0, 86400.0)
+        if self.hold_ttl < self.lease_ttl:
+            raise ValueError(
+                f"hold_ttl: {self.hold_ttl!r} is shorter than lease_ttl ({self.lease_ttl!r}); claims must stand at "
+                "least as long as the daemon that holds them counts as alive"
+            )
         check_seconds("timeout", self.timeout, 0.05, 60.0)
         for name in ("ca_cert", "cert", "key"):
             check_absolute(name, getattr(self, name))
@@ -83,6 +102,12 @@ def _unb64(text: str) -> str:
     return base64.b64decode(text).decode(errors="replace")
 
 
+def _range(prefix: str) -> dict[str, Any]:
+    """A range request for every key under ``prefix`` (which ends in ``/``)."""
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return {"request_range": {"key": _b64(prefix), "range_end": _b64(end)}}
+
+
 class EtcdBackend:
     """Slot claims as etcd keys on this node's lease."""
 
@@ -92,10 +117,14 @@ class EtcdBackend:
         self.resource = resource
         self.description = f"etcd at {', '.join(options.endpoints)}"
         self._base = f"{options.prefix}/{resource}/"
+        #: The nodes' liveness keys of this resource: ``<prefix>/.nodes/<resource>/<node>``.
+        self._nodes = f"{options.prefix}/.nodes/{resource}/"
         self._lease_file = state_dir / "etcd-lease.json"
         self._clients: list[Any] = []
         self._current = 0
+        #: The liveness lease (``lease_ttl``) and the hold lease (``hold_ttl``) the claims hang on.
         self._lease_id: int | None = None
+        self._hold_id: int | None = None
         self._lock = threading.Lock()
 
     # --- connection
@@ -153,26 +182,43 @@ class EtcdBackend:
     # --- lease
 
     def open(self) -> None:
-        """Resume the lease recorded in the state folder if etcd still has it, else grant a new one."""
-        lease_id = self._saved_lease()
-        if lease_id is not None and self._refresh(lease_id, "resume the node's lease") > 0:
-            self._lease_id = lease_id
-            return
-        ttl = max(1, round(self.options.lease_ttl))
+        """Resume the leases recorded in the state folder that etcd still has, grant the others, and put this
+        node's liveness key."""
+        saved = self._saved_leases()
+        self._lease_id = self._resume_or_grant(saved.get("lease_id"), self.options.lease_ttl, "liveness")
+        self._hold_id = self._resume_or_grant(saved.get("hold_id"), self.options.hold_ttl, "hold")
+        write_atomic(
+            self._lease_file,
+            json.dumps({"lease_id": self._lease_id, "hold_id": self._hold_id, "node": self.node}).encode(),
+        )
+        self._put_liveness()
+
+    def _resume_or_grant(self, lease_id: int | None, ttl: float, what: str) -> int:
+        if lease_id is not None and self._refresh(lease_id, f"resume the node's {what} lease") > 0:
+            return lease_id
+        seconds = max(1, round(ttl))
 
         def grant(client: Any) -> int:
-            result = client.post(client.get_url("/lease/grant"), json={"TTL": ttl, "ID": 0})
+            result = client.post(client.get_url("/lease/grant"), json={"TTL": seconds, "ID": 0})
             return int(result["ID"])
 
-        self._lease_id = self._call("grant the node's lease", (), grant)
-        write_atomic(self._lease_file, json.dumps({"lease_id": self._lease_id, "node": self.node}).encode())
+        return self._call(f"grant the node's {what} lease", (), grant)
 
-    def _saved_lease(self) -> int | None:
+    def _put_liveness(self) -> None:
+        value = json.dumps({"node": self.node, "since": time.time()})
+        put = {
+            "request_put": {"key": _b64(self._nodes + self.node), "value": _b64(value), "lease": str(self._lease_id)}
+        }
+        self._txn("put the node's liveness key", (), {"success": [put]})
+
+    def _saved_leases(self) -> dict[str, int]:
         try:
             data = json.loads(self._lease_file.read_text())
-            return int(data["lease_id"]) if data.get("node") == self.node else None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+            if data.get("node") != self.node:
+                return {}
+            return {key: int(data[key]) for key in ("lease_id", "hold_id") if data.get(key) is not None}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
 
     def _refresh(self, lease_id: int, action: str) -> int:
         """LeaseKeepAlive once; the remaining TTL, or -1 when etcd no longer has the lease."""
@@ -190,10 +236,20 @@ class EtcdBackend:
         return self._call(action, (), keepalive)
 
     def keepalive(self, held: Sequence[str]) -> bool:
-        """Renew the node's lease; False when etcd had let it expire (its keys are gone)."""
-        if self._lease_id is None:
+        """Renew both leases; False when etcd had let the hold lease expire (the claims are gone). A liveness lease
+        that ran out (a long stall) is granted anew with the liveness key."""
+        if self._lease_id is None or self._hold_id is None:
             return False
-        return self._refresh(self._lease_id, "renew the node's lease") > 0
+        if self._refresh(self._hold_id, "renew the node's hold lease") <= 0:
+            return False
+        if self._refresh(self._lease_id, "renew the node's liveness lease") <= 0:
+            self._lease_id = self._resume_or_grant(None, self.options.lease_ttl, "liveness")
+            write_atomic(
+                self._lease_file,
+                json.dumps({"lease_id": self._lease_id, "hold_id": self._hold_id, "node": self.node}).encode(),
+            )
+            self._put_liveness()
+        return True
 
     # --- claims
 
@@ -237,7 +293,7 @@ class EtcdBackend:
                         {"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}
                     )
                 value = json.dumps({"holder": self.node, "since": since})
-                puts.append({"request_put": {"key": key, "value": _b64(value), "lease": str(self._lease_id)}})
+                puts.append({"request_put": {"key": key, "value": _b64(value), "lease": str(self._hold_id)}})
             result = self._txn("claim slot(s)", ordered, {"compare": compares, "success": puts})
             if result.get("succeeded"):
                 return
@@ -263,16 +319,29 @@ class EtcdBackend:
         )
 
     def holders(self) -> Mapping[str, Claim]:
-        """Every key under ``<prefix>/<resource>/``: the live claims (etcd deleted the expired ones)."""
-        start = self._base
-        end = start[:-1] + chr(ord(start[-1]) + 1)
-        txn = {"success": [{"request_range": {"key": _b64(start), "range_end": _b64(end)}}]}
+        """Every key under ``<prefix>/<resource>/``: the standing claims (etcd deleted those whose hold ran out);
+        a claim whose holder's liveness key is gone says so (:attr:`Claim.kept`)."""
+        txn = {"success": [_range(self._base), _range(self._nodes)]}
         result = self._txn("read the slots' holders", (), txn)
+        responses = result.get("responses", [])
+        slots = responses[0].get("response_range", {}).get("kvs", []) if responses else []
+        nodes = responses[1].get("response_range", {}).get("kvs", []) if len(responses) > 1 else []
+        alive = {_unb64(kv["key"])[len(self._nodes) :] for kv in nodes}
         claims: dict[str, Claim] = {}
-        for response in result.get("responses", []):
-            for kv in response.get("response_range", {}).get("kvs", []):
-                slot = _unb64(kv["key"])[len(self._base) :]
-                claims[slot] = self._claim_of(slot, kv)
+        for kv in slots:
+            slot = _unb64(kv["key"])[len(self._base) :]
+            claim = self._claim_of(slot, kv)
+            if claim.holder not in alive and claim.holder != self.node:
+                claim = Claim(
+                    claim.slot,
+                    claim.holder,
+                    claim.since,
+                    claim.renewed,
+                    f"kept: node {claim.holder}'s daemon stopped renewing its liveness key (crashed, restarting, or "
+                    "its node is gone); its claims stand until its hold lease runs out (hold_ttl after its last "
+                    "renewal), as its pods may still use them",
+                )
+            claims[slot] = claim
         return claims
 
     def close(self) -> None:

@@ -20,17 +20,45 @@ no transaction across objects: a request for several slots takes them one by
 one and gives back the ones it took when one is held elsewhere, so it is still
 all or nothing for the pod.
 
+A claim whose Lease expired does not free the slot by itself: its holder's
+daemon may only have crashed (or be crash-looping, or restarting in a rolling
+update) while its pod still uses the device. Before a slot held by another
+node is taken (or advertised free), the claimant asks the API server whether
+that node's pods may still run:
+
+* the node's kubelet Lease, ``kube-node-lease/<node>``, renewed by the kubelet
+  every 10 s with ``leaseDurationSeconds`` 40 by default (``nodeLeaseDurationSeconds``;
+  ``pkg/kubelet/kubelet.go``, ``component-helpers/apimachinery/lease``): missing,
+  or not renewed within its duration, means the node is gone (dead, or cut off
+  from the API server), and the slot is free;
+* else the node is alive: the slot stays held while a pod bound to it
+  (``spec.nodeName``) that requests the resource (a container's or init
+  container's limits or requests) is not ``Succeeded`` or ``Failed``; once none
+  is, its daemon cannot have a pod on the slot, and the slot is free.
+
+So a slot moves to another node only when its holder's daemon stopped renewing
+it (``lease_ttl``) and either the holder's node is gone (at most
+``nodeLeaseDurationSeconds`` after the kubelet's last renewal) or no pod of it
+uses the resource any more; a daemon that restarts on a live node claims its
+slots again before anyone may take them. What the API server cannot tell: a pod
+force-deleted (``--grace-period=0 --force``) while its containers still run, and
+a node whose kubelet still reaches the API server while the device's network
+does not. When the API server cannot answer these questions (no RBAC, an
+error), the claim is kept and the reason says so.
+
 Credentials: ``kubeconfig`` if given, else the pod's service account (in a
 cluster) or ``~/.kube/config`` (lightkube's ``KubeConfig.from_env``); ``server``
 talks to an API server without credentials (tests, ``kubectl proxy``). The
 daemon's service account needs ``get, list, create, update`` on ``leases`` in
-``namespace``: ``rbac.yaml`` in this package.
+``namespace``, ``get`` on ``leases`` in ``kube-node-lease`` and ``list`` on
+``pods``: ``rbac.yaml`` in this package.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
 import threading
 import time
@@ -45,10 +73,16 @@ from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, s
 
 __all__ = ["KubernetesBackend", "KubernetesOptions", "lease_name"]
 
+_log = logging.getLogger("devplug_shared")
+
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BAD = re.compile(r"[^a-z0-9.-]+")
 #: How many times one slot's update is retried after a 409 Conflict.
 _ATTEMPTS = 8
+#: ``v1.NamespaceNodeLease``: where every kubelet keeps the Lease named after its node.
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+#: Pod phases after which no container of the pod runs (``PodSucceeded``, ``PodFailed``).
+TERMINAL_PHASES = ("Succeeded", "Failed")
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RESOURCE_LABEL = "devplug.io/shared-resource"
 RESOURCE_ANNOTATION = "devplug.io/shared-resource"
@@ -189,6 +223,76 @@ class KubernetesBackend:
         since = _seconds(spec.acquireTime) or renewed
         return Claim(slot, spec.holderIdentity, since, renewed)
 
+    def _standing_claim(self, slot: str, lease: Any, now: float, verdicts: dict[str, str | None]) -> Claim | None:
+        """The claim a Lease records that still stands: live, or expired while its holder's pods may still run
+        (:meth:`_holder_kept`, asked once per holder and ``verdicts``); None when the slot is free."""
+        live = self._claim_of(slot, lease, now)
+        spec = lease.spec
+        if live is not None or spec is None or not spec.holderIdentity:
+            return live
+        holder = spec.holderIdentity
+        if holder == self.node:
+            return None  # this node's own expired claim: ours to take again
+        if holder not in verdicts:
+            verdicts[holder] = self._holder_kept(holder, now)
+        kept = verdicts[holder]
+        if kept is None:
+            return None
+        renewed = _seconds(spec.renewTime) or _seconds(spec.acquireTime) or 0.0
+        return Claim(slot, holder, _seconds(spec.acquireTime) or renewed, renewed, kept)
+
+    def _holder_kept(self, holder: str, now: float) -> str | None:
+        """Why ``holder``'s expired claims still stand (its node is alive and one of its pods requests the
+        resource), or None when its node is gone or none of its pods can use the slot any more."""
+        from lightkube import ApiError
+        from lightkube.resources.coordination_v1 import Lease
+        from lightkube.resources.core_v1 import Pod
+
+        unsure = (
+            f"kept: node {holder}'s daemon stopped renewing its claim and the API server cannot tell whether its "
+            "pods still run"
+        )
+        try:
+            node_lease = self._api().get(Lease, holder, namespace=NODE_LEASE_NAMESPACE)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None  # no such node (deleted, or never a kubelet's name)
+            return f"{unsure} (its kubelet Lease in {NODE_LEASE_NAMESPACE}: {exc.status.code} {exc.status.reason})"
+        except Exception as exc:
+            return f"{unsure} ({type(exc).__name__}: {exc})"
+        spec = node_lease.spec
+        renewed = (_seconds(spec.renewTime) if spec is not None else None) or 0.0
+        duration = (spec.leaseDurationSeconds if spec is not None else None) or 0
+        if renewed + duration <= now:
+            return None  # the kubelet stopped renewing: the node is dead or cut off
+        try:
+            pods = list(self._api().list(Pod, namespace="*", fields={"spec.nodeName": holder}))
+        except ApiError as exc:
+            return f"{unsure} (listing its pods: {exc.status.code} {exc.status.reason})"
+        except Exception as exc:
+            return f"{unsure} (listing its pods: {type(exc).__name__}: {exc})"
+        for pod in pods:
+            phase = pod.status.phase if pod.status is not None else None
+            if phase in TERMINAL_PHASES or not self._requests_resource(pod):
+                continue
+            meta = pod.metadata
+            name = f"{meta.namespace}/{meta.name}" if meta is not None else "?"
+            return (  # no clock reading in it: the status is rewritten only when what it says changes
+                f"kept: node {holder}'s daemon stopped renewing its claim, but its kubelet keeps renewing the node's "
+                f"Lease and pod {name} ({phase or 'no phase'}), which requests {self.resource}, is bound to it"
+            )
+        return None
+
+    def _requests_resource(self, pod: Any) -> bool:
+        spec = pod.spec
+        if spec is None:
+            return False
+        for container in [*(spec.containers or []), *(spec.initContainers or [])]:
+            resources = container.resources
+            if resources is not None and self.resource in {**(resources.requests or {}), **(resources.limits or {})}:
+                return True
+        return False
+
     def _new_lease(self, slot: str) -> Any:
         from lightkube.models.coordination_v1 import LeaseSpec
         from lightkube.models.meta_v1 import ObjectMeta
@@ -214,8 +318,29 @@ class KubernetesBackend:
     # --- the backend
 
     def open(self) -> None:
-        """Nothing to start: each slot's Lease carries its own renewal. Checks the API answers."""
+        """Nothing to start: each slot's Lease carries its own renewal. Checks the API answers, and warns when this
+        node has no kubelet Lease under its name (then a crash of this daemon cannot be told from the node's
+        death by the other nodes: give ``node_name`` the node's name, or let ``$NODE_NAME`` do it)."""
+        from lightkube import ApiError
+        from lightkube.resources.coordination_v1 import Lease
+
         self.holders()
+        try:
+            self._api().get(Lease, self.node, namespace=NODE_LEASE_NAMESPACE)
+        except ApiError as exc:
+            _log.warning(
+                "shared: no kubelet Lease %s/%s to be read (%s %s): other nodes cannot tell whether node %s "
+                "is alive, so after a crash of this daemon its slots move once their Leases expire; is node_name "
+                "the node's name, and may the service account get leases in %s?",
+                NODE_LEASE_NAMESPACE,
+                self.node,
+                exc.status.code,
+                exc.status.reason,
+                self.node,
+                NODE_LEASE_NAMESPACE,
+            )
+        except Exception as exc:
+            raise self._unavailable("read the node's kubelet Lease", (), exc) from exc
 
     def _take(self, slot: str) -> bool:
         """Make this node the slot's holder. True if it was not ours before; SlotTakenError if another's."""
@@ -226,7 +351,7 @@ class KubernetesBackend:
                     return True
                 continue  # 409 AlreadyExists: another node created it first; read it
             now = time.time()
-            claim = self._claim_of(slot, lease, now)
+            claim = self._standing_claim(slot, lease, now, {})
             if claim is not None and claim.holder != self.node:
                 raise SlotTakenError.of(self.resource, claim)
             mine = claim is not None
@@ -287,7 +412,8 @@ class KubernetesBackend:
             self._clear(slot, "release slot(s)", renew=False)
 
     def holders(self) -> Mapping[str, Claim]:
-        """Every live claim, from a list of this resource's Leases (by label)."""
+        """Every standing claim, from a list of this resource's Leases (by label): live ones, and expired ones
+        whose holder's pods may still run (with why, :attr:`Claim.kept`)."""
         from lightkube.resources.coordination_v1 import Lease
 
         try:
@@ -300,12 +426,13 @@ class KubernetesBackend:
             raise self._unavailable("read the slots' holders", (), exc) from exc
         now = time.time()
         claims: dict[str, Claim] = {}
+        verdicts: dict[str, str | None] = {}
         for lease in leases:
             annotations = (lease.metadata.annotations or {}) if lease.metadata is not None else {}
             slot = annotations.get("devplug.io/shared-slot")
             if slot is None or annotations.get(RESOURCE_ANNOTATION) != self.resource:
                 continue
-            claim = self._claim_of(slot, lease, now)
+            claim = self._standing_claim(slot, lease, now, verdicts)
             if claim is not None:
                 claims[slot] = claim
         return claims

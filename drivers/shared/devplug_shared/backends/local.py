@@ -6,14 +6,17 @@
     coordination = { backend = "local", path = "/var/lib/devplug-shared/slots.sqlite", lease_ttl = 10.0 }
 
 The same semantics as etcd's: each node has one lease row (``node``,
-``lease_id``, ``expires``), renewed while the daemon lives; a claim row names
-the slot, its holder and the lease it hangs on, and is live only while that
-lease is unexpired. A restart within the TTL resumes the lease (claims kept);
-after it, the node starts a new lease and its old claims are dead. Every change
-runs in an ``IMMEDIATE`` transaction (SQLite's writer lock), so a claim of
-several slots is all or nothing. Daemons sharing the file must share a clock
-(one machine); a file that stays locked past ``timeout`` counts as an
-unreachable store.
+``lease_id``, ``expires`` = last renewal + ``lease_ttl``, ``held_until`` =
+last renewal + ``hold_ttl``), renewed while the daemon lives; a claim row names
+the slot, its holder and the lease it hangs on. A node whose ``expires``
+passed has a daemon that stopped renewing; its claims stand until
+``held_until`` (its pods may still use the slots), and are dead after it. A
+restart before then resumes the lease (claims kept); after it, the node starts
+a new lease and its old claims are dead. Every change runs in an ``IMMEDIATE``
+transaction (SQLite's writer lock), so a claim of several slots is all or
+nothing. Daemons sharing the file must share a clock (one machine); a file that
+stays locked past ``timeout`` counts as an unreachable store. A file written
+before ``held_until`` existed gets the column; its rows hold until ``expires``.
 """
 
 from __future__ import annotations
@@ -42,15 +45,23 @@ CREATE TABLE IF NOT EXISTS claims (resource TEXT NOT NULL, slot TEXT NOT NULL, h
 
 @dataclass(frozen=True)
 class LocalOptions:
-    """``path``: the SQLite file (default in the driver's state folder); ``lease_ttl``; ``timeout`` (seconds)."""
+    """``path``: the SQLite file (default in the driver's state folder); ``lease_ttl``, ``hold_ttl``,
+    ``timeout`` (seconds)."""
 
     path: Path | None = None
     lease_ttl: float = 10.0
+    hold_ttl: float = 360.0
     timeout: float = 5.0
 
     def __post_init__(self) -> None:
         check_absolute("path", self.path)
         check_seconds("lease_ttl", self.lease_ttl, 1.0, 3600.0)
+        check_seconds("hold_ttl", self.hold_ttl, 1.0, 86400.0)
+        if self.hold_ttl < self.lease_ttl:
+            raise ValueError(
+                f"hold_ttl: {self.hold_ttl!r} is shorter than lease_ttl ({self.lease_ttl!r}); claims must stand at "
+                "least as long as the daemon that holds them counts as alive"
+            )
         check_seconds("timeout", self.timeout, 0.05, 60.0)
 
 
@@ -78,6 +89,9 @@ class LocalBackend:
                         self.path, timeout=self.options.timeout, isolation_level=None, check_same_thread=False
                     )
                     db.executescript(_SCHEMA)
+                    columns = {row[1] for row in db.execute("PRAGMA table_info(leases)")}
+                    if "held_until" not in columns:  # a file of an earlier version: its rows hold until expires
+                        db.execute("ALTER TABLE leases ADD COLUMN held_until REAL")
                     self._db = db
                 db = self._db
                 db.execute("BEGIN IMMEDIATE")
@@ -93,37 +107,49 @@ class LocalBackend:
                 raise StoreUnavailableError.of(self.description, action, slots, exc) from exc
 
     def open(self) -> None:
-        """Resume this node's lease if it is still live, else start a new one (old claims are then dead)."""
+        """Resume this node's lease while its claims still stand, else start a new one (old claims are then dead)."""
         now = time.time()
         with self._txn("start the node's lease") as db:
-            row = db.execute("SELECT lease_id, expires FROM leases WHERE node = ?", (self.node,)).fetchone()
+            row = db.execute(
+                "SELECT lease_id, COALESCE(held_until, expires) FROM leases WHERE node = ?", (self.node,)
+            ).fetchone()
             lease_id = str(row[0]) if row is not None and row[1] > now else uuid.uuid4().hex
             db.execute(
-                "INSERT OR REPLACE INTO leases (node, lease_id, expires, renewed) VALUES (?, ?, ?, ?)",
-                (self.node, lease_id, now + self.options.lease_ttl, now),
+                "INSERT OR REPLACE INTO leases (node, lease_id, expires, renewed, held_until) VALUES (?, ?, ?, ?, ?)",
+                (self.node, lease_id, now + self.options.lease_ttl, now, now + self.options.hold_ttl),
             )
         self._lease_id = lease_id
 
     def keepalive(self, held: Sequence[str]) -> bool:
-        """Push the lease's expiry ``lease_ttl`` ahead; False if it had expired (the node's claims are dead)."""
+        """Push the lease ``lease_ttl`` and its claims ``hold_ttl`` ahead; False if the hold had run out (the
+        node's claims are dead)."""
         now = time.time()
         with self._txn("renew the node's lease", held) as db:
             cur = db.execute(
-                "UPDATE leases SET expires = ?, renewed = ? WHERE node = ? AND lease_id = ? AND expires > ?",
-                (now + self.options.lease_ttl, now, self.node, self._lease_id, now),
+                "UPDATE leases SET expires = ?, renewed = ?, held_until = ? "
+                "WHERE node = ? AND lease_id = ? AND COALESCE(held_until, expires) > ?",
+                (now + self.options.lease_ttl, now, now + self.options.hold_ttl, self.node, self._lease_id, now),
             )
             return cur.rowcount == 1
 
     def _live(self, db: sqlite3.Connection, now: float) -> dict[str, Claim]:
         rows = db.execute(
-            "SELECT c.slot, c.holder, c.since, l.renewed FROM claims c JOIN leases l "
-            "ON l.node = c.holder AND l.lease_id = c.lease_id WHERE c.resource = ? AND l.expires > ?",
+            "SELECT c.slot, c.holder, c.since, l.renewed, l.expires, COALESCE(l.held_until, l.expires) "
+            "FROM claims c JOIN leases l ON l.node = c.holder AND l.lease_id = c.lease_id "
+            "WHERE c.resource = ? AND COALESCE(l.held_until, l.expires) > ?",
             (self.resource, now),
         ).fetchall()
-        return {
-            str(slot): Claim(str(slot), str(holder), float(since), float(renewed))
-            for slot, holder, since, renewed in rows
-        }
+        claims = {}
+        for slot, holder, since, renewed, expires, held_until in rows:
+            kept = None
+            if expires <= now and holder != self.node:
+                until = time.strftime("%H:%M:%S", time.localtime(float(held_until)))
+                kept = (
+                    f"kept: node {holder}'s daemon stopped renewing its lease; its claims stand until {until} "
+                    "(hold_ttl after its last renewal), as its pods may still use them"
+                )
+            claims[str(slot)] = Claim(str(slot), str(holder), float(since), float(renewed), kept)
+        return claims
 
     def claim(self, slots: Sequence[str]) -> None:
         """Claim all of ``slots`` in one transaction, or none (:class:`SlotTakenError` naming the holder)."""
