@@ -283,6 +283,8 @@ class Reconciler:
             if record.releasing:
                 self._retry_release(resource, record)
                 continue
+            if record.pod_uid is None:  # the pod's UID names its cgroup: learnt as soon as the checkpoint has it
+                changed |= self._learn_uid(resource, record, checkpoint)
             devices = record.all_devices()
             pods = {p for d in devices for p in used.get(d, ())} if not in_use.isdisjoint(devices) else None
             if pods:
@@ -295,8 +297,6 @@ class Reconciler:
                     record.pod = pod
                     changed = True
                 record.seen_at = now
-                if record.pod_uid is None:
-                    changed |= self._learn_uid(resource, record, checkpoint)
                 continue
             if record.seen_at is None and now - record.created < self.grace:
                 continue  # admission in progress: not listed yet (and a pending record may yet be listed)

@@ -280,10 +280,15 @@ DaemonFactory = Callable[..., RunningDaemon]
 
 def _liveness_table(kubelet: DevKubeletThread) -> dict[str, Any] | None:
     """The ``[liveness]`` table for a daemon serving ``kubelet``: where its containers' cgroups are (None: it runs
-    no container processes, see :func:`~devplug.testing.configs.dev_config`)."""
-    describe = getattr(kubelet, "liveness_config", None)
-    table = describe() if describe is not None else None
-    return dict(table) if table else None
+    no container processes, see :func:`~devplug.testing.configs.dev_config`).
+
+    With a short ``unknown_grace``: an allocation no pod ever held (a test's own gRPC Allocate, which the kubelet
+    never attributes) has no pod UID, hence no cgroup to read, and would otherwise wait the production 30 s.
+    """
+    from devplug.devkubelet.daemonconfig import NO_CONTAINERS_GRACE
+
+    table = kubelet.liveness_config()
+    return {**table, "unknown_grace": NO_CONTAINERS_GRACE} if table else None
 
 
 def _check_drivers_installed(resources: Mapping[str, Mapping[str, Any]], extra_path: Sequence[Path]) -> None:
