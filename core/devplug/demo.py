@@ -12,6 +12,7 @@ daemon down. It prints what happened as a table, then the checks it made.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,12 +23,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.devkubelet import CgroupLayout, ContainerSpec, DevKubeletThread, PodSpec
+from devplug.devkubelet.cgroups import unique_cgroup_root
 from devplug.devkubelet.daemonconfig import no_containers_liveness
+from devplug.engine.ledger import read_ledger_records
 from devplug.engine.status import read_status
 from devplug.errors import ConfigError, StateError
 from devplug.hookrecord import read_hook_calls
 from devplug.process import DaemonProcess
+from devplug.resource_names import resource_state_dir
 from devplug.tomlwrite import write_toml
 from devplug.types import ContainerAllocation
 
@@ -99,8 +103,9 @@ def run_demo(*, kep_mode: bool = False, keep: bool = False, echo: Echo = print) 
     raw = tomllib.loads(example_config_text())
     root = Path(tempfile.mkdtemp(prefix="devplug-demo-", dir="/tmp"))
     report = _Report(echo)
+    cgroups = _cgroups(echo)
     try:
-        config, mock_dirs = relocate(raw, root)
+        config, mock_dirs = relocate(raw, root, cgroups.liveness_config() if cgroups is not None else None)
         config_path = write_toml(root / "config.toml", config)
         resource, mock_dir = next(iter(mock_dirs.items()))
         count = int(config["resources"][resource]["options"].get("count", 0))
@@ -110,6 +115,7 @@ def run_demo(*, kep_mode: bool = False, keep: bool = False, echo: Echo = print) 
             root / "device-plugins",
             pod_resources_socket=root / "pod-resources" / "kubelet.sock",
             kep_mode=kep_mode,
+            cgroups=cgroups,
         ) as kubelet:
             daemon = DaemonProcess(config_path, root / "daemon.log", log_level="info")
             daemon.start()
@@ -247,7 +253,58 @@ def _lifecycle(
     check(
         f"re-registered after a kubelet restart ({took:.0f} ms)", _wait("after restart", view_ok(count + 1, count + 1))
     )
+    if kubelet.cgroup_layout is not None and not kep_mode:
+        _removal_window(report, kubelet, resource, mock_dir, state_dir)
     check("daemon still running", daemon.running())
+
+
+def _removal_window(report: _Report, kubelet: DevKubeletThread, resource: str, mock_dir: Path, state_dir: Path) -> None:
+    """A force-deleted pod whose container traps SIGTERM: the kubelet forgets it at once, devplug cleans its device
+    only once the container is gone."""
+    spec = PodSpec("slow-exit", [ContainerSpec("app", {resource: 1}, stop_delay=1.0)], termination_grace_period=5)
+    (device,) = kubelet.admit_pod(spec).containers[0].devices[resource]
+    kubelet.wait_for(lambda k: bool(k.container_pids("slow-exit", "app")), timeout=10)
+    ledger = resource_state_dir(state_dir, resource) / "ledger.json"
+    uid = kubelet.pod_uid("slow-exit")
+
+    def uid_learnt() -> bool:  # the daemon reads the pod's UID from the kubelet's checkpoint at its next pass
+        return any(r.get("pod_uid") == uid for r in read_ledger_records(ledger, resource))
+
+    _wait("the pod's UID in the ledger", uid_learnt, 15)
+    before = len(read_hook_calls(mock_dir, hook="deallocate"))
+    kubelet.force_delete_pod("slow-exit")
+    kubelet.wait_containers_exited("slow-exit", timeout=30)
+    exited = time.time()
+
+    def cleaned() -> bool:
+        return any(device in c.device_ids for c in read_hook_calls(mock_dir, hook="deallocate")[before:])
+
+    done = _wait("release after exit", cleaned, 15)
+    when = [c.time for c in read_hook_calls(mock_dir, hook="deallocate")[before:] if device in c.device_ids]
+    report.check(
+        f"a force-deleted pod's {device} cleaned only after its last container exited "
+        f"({(when[0] - exited) * 1000:.0f} ms after)"
+        if done and when
+        else f"a force-deleted pod's {device} cleaned after its last container exited",
+        done and bool(when) and when[0] >= exited,
+    )
+
+
+def _cgroups(echo: Echo) -> CgroupLayout | None:
+    """Cgroups for the dev kubelet's containers (cgroup v2 when the host has it: its exits are events), or None
+    when the demo cannot make them (not root): the containers are then not run, and the daemon is told so."""
+    from devplug.devkubelet.cgroups import CgroupsUnavailableError
+
+    if os.geteuid() != 0:
+        echo("(not root: the dev kubelet runs no container processes, so releases wait a short grace instead)")
+        return None
+    for version in (2, None):
+        try:
+            return CgroupLayout.detect(version, root=unique_cgroup_root("devplug-demo"))
+        except CgroupsUnavailableError:
+            continue
+    echo("(no usable cgroups: the dev kubelet runs no container processes)")
+    return None
 
 
 def _table(report: _Report, kubelet: DevKubeletThread, mock_dir: Path) -> None:
