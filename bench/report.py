@@ -67,6 +67,12 @@ GOAL_KEYS: tuple[Key, ...] = (
     Key("release_p50_ms", "pod gone to deallocate done, p50 (ms)"),
     Key("release_p99_ms", "pod gone to deallocate done, p99 (ms)", "<= 3000", _at_most("release_p99_ms", 3000)),
     Key(
+        "exit_release_p99_ms_v2",
+        "pod forgotten, its container's exit to deallocate done, cgroup v2, p99 (ms)",
+        "<= 100",
+        _at_most("exit_release_p99_ms_v2", 100),
+    ),
+    Key(
         "startup_to_registered_ms",
         "process start to all registered (ms)",
         "<= 250",
@@ -106,6 +112,9 @@ CONTEXT_KEYS: tuple[Key, ...] = (
         "shared_handover_p50_ms_default", "devplug-shared: slot freed to taken on another node, p50 (ms; Akri 10-30 s)"
     ),
     Key("shared_handover_p50_ms_fast", "the same with both intervals at 0.1 s, p50 (ms)"),
+    Key("exit_release_p50_ms_v2", "container exit to deallocate done, cgroup v2 (inotify), p50 (ms)"),
+    Key("exit_release_p50_ms_v1", "container exit to deallocate done, cgroup v1 (50 ms poll), p50 (ms)"),
+    Key("exit_release_p99_ms_v1", "container exit to deallocate done, cgroup v1 (50 ms poll), p99 (ms)"),
     Key("reregister_restarts", "kubelet restarts measured"),
     Key("reregister_failures", "restarts after which a resource never registered again (10 s)"),
     Key("startup_to_registered_min_ms", "start to registered, best run (ms)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -16,10 +17,11 @@ from bench.floors import FloorProcess, grpc_floor, unix_floor
 from bench.kubelet import MiniKubelet
 from bench.machine import machine_info
 from bench.payloads import device_ids, mock_allocate_response
-from bench.scenarios import allocate, law, lifecycle, preferred, release
+from bench.scenarios import allocate, exitrelease, law, lifecycle, preferred, release
 from bench.settings import Settings
 from bench.workspace import Node, Workspace
-from devplug.devkubelet import DevKubeletThread
+from devplug.devkubelet import CgroupLayout, CgroupsUnavailableError, DevKubeletThread
+from devplug.devkubelet.cgroups import unique_cgroup_root
 
 __all__ = ["run_all"]
 
@@ -51,10 +53,22 @@ def _running(node: Node, allow_failure: bool = False) -> Iterator[Node]:
             print(f"bench: {exc}", file=sys.stderr)
 
 
+def _cgroups(version: int | None) -> CgroupLayout | None:
+    """Cgroups of ``version`` (None: the host's kind) with a fresh root for a dev kubelet's containers, or None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return CgroupLayout.detect(version, root=unique_cgroup_root("devplug-bench"))
+    except CgroupsUnavailableError:
+        return None
+
+
 @contextmanager
-def _dev_kubelet(node: Node) -> Iterator[DevKubeletThread]:
+def _dev_kubelet(node: Node, cgroups: CgroupLayout | None = None) -> Iterator[DevKubeletThread]:
     kubelet = DevKubeletThread(
-        node.root / "device-plugins", pod_resources_socket=node.root / "pod-resources" / "kubelet.sock"
+        node.root / "device-plugins",
+        pod_resources_socket=node.root / "pod-resources" / "kubelet.sock",
+        cgroups=cgroups,
     )
     kubelet.start()
     try:
@@ -176,13 +190,32 @@ def _lifecycle(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> Non
 
 
 def _release(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
-    node = ws.node("d", {"bench.dev/rel": (max(40, 2 * s.release_pods), 0)})  # default interval and grace
-    with _dev_kubelet(node) as kubelet, _running(node):
+    cgroups = _cgroups(2) or _cgroups(None)  # the pods' containers are real processes, so releases wait on them
+    liveness = cgroups.liveness_config() if cgroups is not None else None
+    node = ws.node("d", {"bench.dev/rel": (max(40, 2 * s.release_pods), 0)}, liveness=liveness)  # default interval
+    with _dev_kubelet(node, cgroups) as kubelet, _running(node):
         node.start()
         kubelet.wait_registered("bench.dev/rel", timeout=60)
         lifecycle.wait_streams(kubelet, ["bench.dev/rel"])
         with _phase("release (stock kubelet, 1 s interval)", log):
             out.update(release.measure(s, node, kubelet))
+
+
+def _exit(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    for version, label in ((2, "v2"), (1, "v1")):
+        cgroups = _cgroups(version)
+        if cgroups is None:
+            log(f"bench: no cgroup {label} for the dev kubelet's containers: exit-to-release not measured there")
+            continue
+        node = ws.node(
+            f"x{version}", {"bench.dev/exit": (max(40, 2 * s.release_pods), 0)}, liveness=cgroups.liveness_config()
+        )
+        with _dev_kubelet(node, cgroups) as kubelet, _running(node):
+            node.start()
+            kubelet.wait_registered("bench.dev/exit", timeout=60)
+            lifecycle.wait_streams(kubelet, ["bench.dev/exit"])
+            with _phase(f"container exit to release (cgroup {label}, kubelet already forgot the pod)", log):
+                out.update(exitrelease.measure(s, node, kubelet, label))
 
 
 def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
@@ -217,6 +250,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _speed(ws, settings, out, log)
         _lifecycle(ws, settings, out, log)
         _release(ws, settings, out, log)
+        _exit(ws, settings, out, log)
     _shared(settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

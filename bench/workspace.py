@@ -110,6 +110,7 @@ class Workspace:
         log_level: str = "info",
         replicas: Mapping[str, int] | None = None,
         threaded_hooks: Collection[str] = (),
+        liveness: Mapping[str, Any] | None = None,
     ) -> Node:
         """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes);
         ``replicas``: the resources whose devices are shared, and by how many containers.
@@ -125,7 +126,9 @@ class Workspace:
             resources[resource] = {"driver": "mock", "options": options}
             if replicas and resource in replicas:
                 resources[resource]["replicas"] = replicas[resource]
-        config = dev_config(root, resources, release_interval=release_interval, grace_period=grace_period)
+        config = dev_config(
+            root, resources, release_interval=release_interval, grace_period=grace_period, liveness=liveness
+        )
         config_path = write_toml(root / "devplug.toml", config)
         process = DaemonProcess(config_path, root / "daemon.log", log_level=log_level)
         return Node(root, config, config_path, process)

@@ -51,7 +51,11 @@ def test_quick_bench_writes_every_key(tmp_path: Path) -> None:
     proc = _run_quick("bench", "--out", str(out), timeout=280)
     results = json.loads(out.read_text())
     keys = _goal_keys()
-    assert len(keys) == 22  # issue 5's 19, plus the p50 ratio, the held-1000 ratio and the preferred ratio of issue 11
+    # issue 5's 19, plus the p50 ratio, the held-1000 ratio and the preferred ratio of issue 11, and issue 23's
+    # container exit to release (measured where the dev kubelet can run containers in cgroup v2: as root)
+    assert len(keys) == 23
+    if os.geteuid() != 0:
+        keys.remove("exit_release_p99_ms_v2")
     for key in keys:
         value = results.get(key)
         assert isinstance(value, (int, float)), f"{key} missing or not a number: {value!r}"

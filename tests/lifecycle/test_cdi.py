@@ -18,6 +18,7 @@ from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.conformance import poll_until
 from devplug.types import CDIDevice, DeviceSpec, Mount
+from devplug_mock import NODE_FOLDER
 
 RESOURCE = "example.com/mock"
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "cdi_schema.json").read_text())
@@ -154,7 +155,8 @@ def test_two_ids_that_used_to_share_a_cdi_name_get_two_end_to_end(
     spec = _poll(lambda: _spec(spec_dir / SPEC_FILE), "the CDI spec file")
     jsonschema.validate(spec, SCHEMA)
     by_name = {d["name"]: d["containerEdits"]["deviceNodes"][0]["hostPath"] for d in spec["devices"]}
-    assert by_name == {"a_b-x614062": str(folder / "a@b"), "a_b-7508d8b5": str(folder / "a_b-7508d8b5")}
+    nodes = folder / NODE_FOLDER  # the mock's device nodes
+    assert by_name == {"a_b-x614062": str(nodes / "a@b"), "a_b-7508d8b5": str(nodes / "a_b-7508d8b5")}
     named = {}
     for pod_name in ("p1", "p2"):
         container = dev_kubelet.admit_pod(PodSpec(pod_name, [ContainerSpec("c", {RESOURCE: 1})])).container("c")
@@ -162,7 +164,7 @@ def test_two_ids_that_used_to_share_a_cdi_name_get_two_end_to_end(
         named[device_id] = cdi.name.partition("=")[2]
     assert sorted(named) == sorted(ids)
     assert len(set(named.values())) == 2, f"both Allocates named one CDI device: {named}"
-    assert all(by_name[name] == str(folder / device_id) for device_id, name in named.items())
+    assert all(by_name[name] == str(nodes / device_id) for device_id, name in named.items())
 
 
 def test_temporary_files_a_killed_writer_left_are_removed_at_start(
