@@ -43,6 +43,25 @@ def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
             del sys.modules[name]
 
 
+def install_project(python: Path, project: Path, package: str) -> None:
+    """``pip install`` the driver project at ``project`` into ``python``'s environment (no index, no build
+    isolation), then move its source package ``package`` away so that only the installed copy can be imported."""
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    (project / package).rename(project / "source-moved-away")
+
+
+@pytest.fixture
+def installed_project() -> Callable[[Path, Path, str], None]:
+    """``installed_project(python, project, package)``: see :func:`install_project`."""
+    return install_project
+
+
 @pytest.fixture
 def fresh_venv() -> Callable[[Path], Path]:
     """``fresh_venv(where)``: a virtual environment with its own site-packages that also sees this one's (devplug,

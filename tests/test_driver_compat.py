@@ -17,19 +17,12 @@ CONFORMANCE_CHECKS = 6
 
 
 def test_a_driver_written_against_contract_1_0_passes_the_conformance_class(
-    tmp_path: Path, fresh_venv: Callable[[Path], Path]
+    tmp_path: Path, fresh_venv: Callable[[Path], Path], installed_project: Callable[[Path, Path, str], None]
 ) -> None:
     project = tmp_path / "devplug-legacy"
     shutil.copytree(FIXTURE, project)
     python = fresh_venv(tmp_path / "venv")
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", str(project)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
-    (project / "devplug_legacy").rename(project / "source-moved-away")  # only the installed wheel can be imported
+    installed_project(python, project, "devplug_legacy")  # only the installed wheel can be imported
     tests = subprocess.run(
         [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "tests"],
         capture_output=True,

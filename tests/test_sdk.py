@@ -112,21 +112,16 @@ def test_a_hook_added_to_the_contract_without_a_skeleton_body_fails_the_generato
         render_hooks(bodies)
 
 
-def test_a_generated_skeleton_installs_and_its_tests_pass(tmp_path: Path, fresh_venv: Callable[[Path], Path]) -> None:
+def test_a_generated_skeleton_installs_and_its_tests_pass(
+    tmp_path: Path, fresh_venv: Callable[[Path], Path], installed_project: Callable[[Path, Path, str], None]
+) -> None:
     done = _devplug("new-driver", "acme", "--into", str(tmp_path))
     assert done.returncode == 0, done.stderr
     project = tmp_path / "devplug-acme"
     assert f"wrote {project}" in done.stdout
 
     python = fresh_venv(tmp_path / "venv")
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", str(project)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
-    (project / "devplug_acme").rename(project / "source-moved-away")  # only the installed copy can be imported
+    installed_project(python, project, "devplug_acme")  # only the installed copy can be imported
 
     where = subprocess.run(
         [str(python), "-c", "import devplug_acme; print(devplug_acme.__file__)"],

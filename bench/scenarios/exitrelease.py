@@ -16,13 +16,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bench.scenarios.release import deallocated_at
 from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import resource_state_dir
-from devplug_mock import read_calls
 
 __all__ = ["EXIT_DELAY_S", "measure"]
 
@@ -60,17 +60,7 @@ def measure(settings: Settings, node: Node, kubelet: DevKubeletThread, label: st
             for name, device in pods.items():
                 if f"/{name}/" in f"{event.detail.split(' ', 1)[0]}/":
                     exited[device] = event.time
-    finished: dict[str, float] = {}
-    deadline = time.monotonic() + 30
-    while len(finished) < len(exited):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"deallocate never came for {sorted(set(exited) - set(finished))}")
-        for call in read_calls(folder):
-            if call["hook"] == "deallocate" and "error" not in call:
-                for device in call["device_ids"]:
-                    if device in exited and device not in finished:
-                        finished[device] = call["time"]
-        time.sleep(0.05)
+    finished = deallocated_at(folder, {d: 0.0 for d in exited})  # any deallocate of it: none before the exit
     samples = [1000.0 * (finished[d] - exited[d]) for d in exited]
     if min(samples) < -5:  # the daemon cannot clean a device before its container exits: a broken measurement
         raise RuntimeError(f"deallocate before the container exited: {sorted(samples)[:3]} ms")

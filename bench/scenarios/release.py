@@ -23,7 +23,7 @@ from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import resource_state_dir
 from devplug_mock import read_calls
 
-__all__ = ["measure"]
+__all__ = ["deallocated_at", "measure"]
 
 
 def _ledger_path(node: Node, resource: str) -> Path:
@@ -33,6 +33,22 @@ def _ledger_path(node: Node, resource: str) -> Path:
 def _all_seen(ledger: Path, resource: str, count: int) -> bool:
     records = read_ledger_records(ledger, resource)
     return len(records) == count and all(r.get("seen_at") is not None for r in records)
+
+
+def deallocated_at(folder: Path, since: dict[str, float], timeout: float = 30.0) -> dict[str, float]:
+    """Device -> when the mock's first successful ``deallocate`` of it at or after ``since[device]`` finished."""
+    finished: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(finished) < len(since):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"deallocate never came for {sorted(set(since) - set(finished))}")
+        for call in read_calls(folder):
+            if call["hook"] == "deallocate" and "error" not in call:
+                for device in call["device_ids"]:
+                    if device in since and device not in finished and call["time"] >= since[device]:
+                        finished[device] = call["time"]
+        time.sleep(0.05)
+    return finished
 
 
 def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[str, float]:
@@ -54,16 +70,6 @@ def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[s
         kubelet.remove_pod(name)
         removed[device] = time.time()
         time.sleep(settings.release_spacing_s)
-    finished: dict[str, float] = {}
-    deadline = time.monotonic() + 30
-    while len(finished) < len(removed):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"deallocate never came for {sorted(set(removed) - set(finished))}")
-        for call in read_calls(folder):
-            if call["hook"] == "deallocate" and "error" not in call:
-                for device in call["device_ids"]:
-                    if device in removed and device not in finished and call["time"] >= removed[device]:
-                        finished[device] = call["time"]
-        time.sleep(0.05)
+    finished = deallocated_at(folder, removed)
     samples = [1000.0 * (finished[d] - removed[d]) for d in removed]
     return {"release_p50_ms": percentile(samples, 50), "release_p99_ms": percentile(samples, 99)}

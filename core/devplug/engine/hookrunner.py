@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.serial import SerialThread
@@ -96,11 +96,7 @@ class HookRunner:
             try:
                 return fn(*args)
             except Exception as exc:
-                self.observer.hook_failed(hook)
-                failure = self._failure(hook, exc)
-                if failure is exc:
-                    raise
-                raise failure from exc
+                self._raise_failure(hook, exc)
         async with self._lock:
             future = asyncio.wrap_future(self._thread.submit(lambda: self._tracked(hook, fn, args)))
             try:
@@ -125,11 +121,7 @@ class HookRunner:
             except HookTimeoutError:
                 raise
             except Exception as exc:
-                self.observer.hook_failed(hook)
-                failure = self._failure(hook, exc)
-                if failure is exc:
-                    raise
-                raise failure from exc
+                self._raise_failure(hook, exc)
 
     async def outcome(self, hook: str, call: asyncio.Future[T]) -> T:
         """Wait for a hook call abandoned at its timeout (``HookTimeoutError.still_running``) to return; its result,
@@ -138,11 +130,15 @@ class HookRunner:
         try:
             return call.result()
         except Exception as exc:
-            self.observer.hook_failed(hook)
-            failure = self._failure(hook, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._raise_failure(hook, exc)
+
+    def _raise_failure(self, hook: str, exc: Exception) -> NoReturn:
+        """Count a hook's failure and raise it as :meth:`_failure` words it (``exc`` itself when that is it)."""
+        self.observer.hook_failed(hook)
+        failure = self._failure(hook, exc)
+        if failure is exc:
+            raise exc
+        raise failure from exc
 
     def _failure(self, hook: str, exc: Exception) -> Exception:
         """What a hook's exception becomes: a :class:`DriverError` naming the resource and hook, with the hook
