@@ -73,11 +73,11 @@ def _without_journal() -> None:
         return None
 
     replace_attribute("devplug.engine.journal", "JournalSegment.append", append)
-    replace_attribute("devplug.engine.ledger", "_record_json", lambda record: "{}")
+    replace_attribute("devplug.engine.ledger", "record_json", lambda record: "{}")
 
 
 def _without_encoding() -> None:
-    replace_attribute("devplug.engine.servicer", "encode_allocate_response", lambda allocations: b"")
+    replace_attribute("devplug.frontends.deviceplugin.servicer", "encode_allocate_response", lambda allocations: b"")
 
 
 #: Every part that can be taken out, by name.
@@ -100,7 +100,7 @@ def apply(parts: Sequence[str]) -> None:
 
 def _time_handler(out: Path) -> None:
     """Keep each Allocate handler's on-CPU time; write them to ``out`` at exit."""
-    from devplug.engine import servicer
+    from devplug.frontends.deviceplugin import servicer
 
     original = servicer.DevicePluginService.allocate
     spent: list[int] = []
@@ -114,7 +114,7 @@ def _time_handler(out: Path) -> None:
             spent.append(clock() - start)
 
     allocate.__name__ = original.__name__
-    replace_attribute("devplug.engine.servicer", "DevicePluginService.allocate", allocate)
+    replace_attribute("devplug.frontends.deviceplugin.servicer", "DevicePluginService.allocate", allocate)
     atexit.register(lambda: out.write_text("".join(f"{ns}\n" for ns in spent)))
 
 

@@ -38,7 +38,7 @@ def daemon_holding(
     with DaemonThread(config) as daemon:
         kubelet.wait_registered(MOCK_RESOURCE, timeout=15)
         (resource,) = daemon.daemon.resources
-        client = PluginClient(resource.socket_path)
+        client = PluginClient(Path(resource.frontend.endpoint))
         try:
             for i in range(count):
                 client.allocate([f"mock{i}"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from devplug.engine.journal import read_journal, segments
 from devplug.engine.ledger import FORMAT_VERSION, AllocationRecord, Ledger, read_ledger_records
+from devplug.errors import StateError
 from devplug.types import ContainerAllocation
 
 
@@ -21,58 +23,58 @@ def _ledger(tmp_path: Path) -> Ledger:
 def test_reuse_by_a_later_container_joins_the_allocation(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     init = ledger.begin(["a"], now=1.0)
-    ledger.confirm(init, ContainerAllocation(), now=3.0)
+    ledger.confirm(init.id, ContainerAllocation(), now=3.0)
     app = ledger.begin(["a", "b"], now=2.0)
-    assert app is init
-    assert (app.devices, app.pending) == (["a"], ["b"])
-    ledger.confirm(app, ContainerAllocation(envs={"X": "1"}), now=3.0)
-    assert [r.devices for r in ledger] == [["a", "b"]]
+    assert app.id == init.id
+    assert (app.devices, app.pending) == (("a",), ("b",))
+    app = ledger.confirm(app.id, ContainerAllocation(envs={"X": "1"}), now=3.0)
+    assert [r.devices for r in ledger] == [("a", "b")]
     assert app.prepared["envs"] == {"X": "1"}
 
 
 def test_rollback_restores_what_begin_changed_and_leaves_other_allocations(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     held = ledger.begin(["a"], now=1.0)
-    ledger.confirm(held, ContainerAllocation(), now=3.0)
+    ledger.confirm(held.id, ContainerAllocation(), now=3.0)
     snapshot = ledger.snapshot(["a", "c", "d"])
     joined = ledger.begin(["a", "c"], now=2.0)
     fresh = ledger.begin(["d"], now=2.0)
     other = ledger.begin(["z"], now=2.0)  # another Allocate in flight meanwhile
     ledger.restore(snapshot, {joined.id, fresh.id})
-    assert {r.id: (r.devices, r.pending) for r in ledger} == {held.id: (["a"], []), other.id: ([], ["z"])}
+    assert {r.id: (r.devices, r.pending) for r in ledger} == {held.id: (("a",), ()), other.id: ((), ("z",))}
 
 
 def test_kep_deallocate_drops_devices_and_empties_records(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     record = ledger.begin(["a", "b"], now=1.0)
-    ledger.confirm(record, ContainerAllocation(), now=3.0)
+    ledger.confirm(record.id, ContainerAllocation(), now=3.0)
     assert ledger.drop_devices(["a"]) == []
-    assert ledger.drop_devices(["b"]) == [record]
+    assert [r.id for r in ledger.drop_devices(["b"])] == [record.id]
     assert list(ledger) == []
 
 
 def test_post_stop_is_tracked_per_device(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     record = ledger.begin(["a", "b"], now=1.0)
-    ledger.confirm(record, ContainerAllocation(), now=3.0)
-    record.mark_post_stopped(["a"])
+    ledger.confirm(record.id, ContainerAllocation(), now=3.0)
+    record = ledger.post_stopped(record.id, ["a"])
     assert not record.post_stop_done
-    record.mark_post_stopped(["b", "a"])
+    record = ledger.post_stopped(record.id, ["b", "a"])
     assert record.post_stop_done
-    assert record.post_stopped == ["a", "b"]
+    assert record.post_stopped == ("a", "b")
 
 
 def test_file_round_trip_and_format(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     record = ledger.begin(["a"], now=1.0)
-    ledger.confirm(record, ContainerAllocation(), now=3.0)
+    ledger.confirm(record.id, ContainerAllocation(), now=3.0)
     ledger.path.write_bytes(ledger.serialize())
     data = json.loads(ledger.path.read_bytes())
     assert data["format"] == FORMAT_VERSION
     assert data["resource"] == "example.com/x"
     again = _ledger(tmp_path)
     again.load()
-    assert [(r.id, r.devices) for r in again] == [(record.id, ["a"])]
+    assert [(r.id, r.devices) for r in again] == [(record.id, ("a",))]
     assert again.recovered_from_corruption is None
 
 
@@ -127,7 +129,7 @@ def test_a_malformed_record_is_quarantined_and_the_others_load(tmp_path: Path, b
     assert ledger.quarantined_devices() == dict.fromkeys(quarantined.devices(), quarantined.describe())
     if holder:
         held = ledger.records[quarantined.record_id]
-        assert held.devices == quarantined.devices() and held.adopted == quarantined.describe()
+        assert list(held.devices) == quarantined.devices() and held.adopted == quarantined.describe()
     # Kept in the file, never lost, and still quarantined after the next load.
     ledger.path.write_bytes(ledger.serialize())
     again = _ledger(tmp_path)
@@ -141,7 +143,7 @@ def test_quarantine_names_the_devices_it_can_read(tmp_path: Path) -> None:
     _write(ledger, [{"id": "x", "devices": ["c", 5], "pending": ["e"], "created": 1.0}])
     ledger.load()
     assert ledger.quarantined[0].devices() == ["c", "e"]
-    assert [(r.id, r.devices) for r in ledger] == [(ledger.quarantined[0].record_id, ["c", "e"])]
+    assert [(r.id, r.devices) for r in ledger] == [(ledger.quarantined[0].record_id, ("c", "e"))]
 
 
 def test_a_ledger_nested_too_deeply_is_set_aside_not_fatal(tmp_path: Path) -> None:
@@ -163,18 +165,18 @@ def test_a_missing_ledger_is_flagged_lost_and_an_old_one_loads_without_new_field
     again.load()
     assert not again.lost
     (record,) = list(again)
-    assert (record.devices, record.pod, record.post_stop_begun, record.deallocate_begun) == (["c"], "ns/p", [], False)
+    assert (record.devices, record.pod, record.post_stop_begun, record.deallocate_begun) == (("c",), "ns/p", (), False)
 
 
 def test_adopt_takes_only_devices_no_record_holds(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path)
     held = ledger.begin(["a"], now=1.0)
-    ledger.confirm(held, ContainerAllocation(), now=1.0)
+    ledger.confirm(held.id, ContainerAllocation(), now=1.0)
     assert ledger.adopt(["a"], 2.0, "PodResources", pod="ns/p") is None
     record = ledger.adopt(["b", "a", "c"], 2.0, "the kubelet's checkpoint", pod_uid="u1")
     assert record is not None
     assert (record.devices, record.pod_uid, record.adopted, record.seen_at) == (
-        ["b", "c"],
+        ("b", "c"),
         "u1",
         "the kubelet's checkpoint",
         None,
@@ -193,16 +195,16 @@ def test_changes_are_journaled_and_replayed_on_load(tmp_path: Path) -> None:
     ledger.load()
     a = ledger.begin(["a"], now=1.0)
     _saved(ledger)
-    ledger.confirm(a, ContainerAllocation(), now=2.0)
+    ledger.confirm(a.id, ContainerAllocation(), now=2.0)
     b = ledger.begin(["b"], now=2.0)
     _saved(ledger)
-    ledger.remove(b)
-    a.pod = "ns/p"
+    ledger.remove(b.id)
+    ledger.note_seen(a.id, "ns/p", 2.5)
     _saved(ledger)
     assert not ledger.path.exists()  # no snapshot yet: the journal alone holds it
     again = _ledger(tmp_path)
     again.load()
-    assert [(r.id, r.devices, r.pending, r.pod) for r in again] == [(a.id, ["a"], [], "ns/p")]
+    assert [(r.id, r.devices, r.pending, r.pod) for r in again] == [(a.id, ("a",), (), "ns/p")]
     assert not again.lost
     assert read_ledger_records(ledger.path, "example.com/x") == [r.to_json() for r in again]
 
@@ -244,7 +246,7 @@ def test_compaction_folds_the_journal_into_a_snapshot(tmp_path: Path) -> None:
     async def run() -> None:
         await ledger.save()
         await ledger.compact()
-        record.pod = "ns/p"  # after the snapshot: into a fresh segment
+        ledger.note_seen(record.id, "ns/p", 2.0)  # after the snapshot: into a fresh segment
         await ledger.save()
 
     asyncio.run(run())
@@ -262,7 +264,7 @@ def test_an_old_ledger_json_without_journal_loads(tmp_path: Path) -> None:
     ledger.load()
     assert [r.id for r in ledger] == ["a"]
     record = next(iter(ledger))
-    record.pod = "ns/q"
+    ledger.note_seen(record.id, "ns/q", 2.0)
     _saved(ledger)
     again = _ledger(tmp_path)
     again.load()
@@ -274,8 +276,8 @@ def test_the_index_answers_holders_without_scanning(tmp_path: Path) -> None:
     a = ledger.begin(["a", "b"], now=1.0)
     assert ledger.holders("b") == [a] and ledger.holds("a") and not ledger.holds("c")
     ledger.drop_devices(["a"])
-    assert not ledger.holds("a") and ledger.holders("b") == [a]
-    ledger.remove(a)
+    assert not ledger.holds("a") and [r.id for r in ledger.holders("b")] == [a.id]
+    ledger.remove(a.id)
     assert ledger.held_devices() == set()
 
 
@@ -285,20 +287,21 @@ def test_the_releasing_index_follows_the_records(tmp_path: Path) -> None:
     a = ledger.begin(["a", "b"], now=1.0)
     c = ledger.begin(["c"], now=1.0)
     assert ledger.releasing_devices() == set()
-    a.releasing = True
+    ledger.begin_release(a.id)
     assert ledger.releasing_devices() == {"a", "b"}
     ledger.drop_devices(["b"])
     assert ledger.releasing_devices() == {"a"}
-    c.releasing = True
-    a.releasing = False
+    ledger.begin_release(c.id)
+    ledger.release_abandoned(a.id)
     assert ledger.releasing_devices() == {"c"}
     _saved(ledger)
     again = _ledger(tmp_path)
     again.load()  # a record loaded releasing is indexed too
     assert again.releasing_devices() == {"c"}
-    ledger.remove(c)
+    ledger.remove(c.id)
     assert ledger.releasing_devices() == set()
-    c.releasing = False  # a record no longer in the ledger changes nothing in it
+    with pytest.raises(StateError, match="not in the ledger"):  # a record no longer in the ledger cannot change
+        ledger.begin_release(c.id)
     assert ledger.releasing_devices() == set()
 
 
@@ -310,10 +313,10 @@ def test_a_snapshot_reusing_saved_records_matches_memory(tmp_path: Path) -> None
 
     async def run() -> None:
         await ledger.save()
-        records[1].pod = "ns/saved"
+        ledger.note_seen(records[1].id, "ns/saved", 2.0)
         await ledger.save()
-        records[2].pod = "ns/unsaved"  # in memory only when the snapshot is taken
-        ledger.remove(records[3])
+        ledger.note_seen(records[2].id, "ns/unsaved", 2.0)  # in memory only when the snapshot is taken
+        ledger.remove(records[3].id)
         await ledger.compact()
 
     asyncio.run(run())
@@ -326,19 +329,19 @@ def test_a_snapshot_reusing_saved_records_matches_memory(tmp_path: Path) -> None
 def test_idle_compaction_keeps_one_timer_and_compacts_once_saves_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("devplug.engine.ledger.COMPACT_IDLE_S", 0.05)
+    monkeypatch.setattr("devplug.engine.ledgerfile.COMPACT_IDLE_S", 0.05)
     ledger = _ledger(tmp_path)
     ledger.load()
     record = ledger.begin(["a"], now=1.0)
 
     async def run() -> None:
         await ledger.save()
-        timer = ledger._idle_timer
+        timer = ledger.file._idle_timer
         assert timer is not None
         for n in range(3):
-            record.pod = f"ns/p{n}"
+            ledger.note_seen(record.id, f"ns/p{n}", 2.0)
             await ledger.save()
-            assert ledger._idle_timer is timer  # not cancelled and replaced by each save
+            assert ledger.file._idle_timer is timer  # not cancelled and replaced by each save
         for _ in range(200):  # bounded: 2 s at most for a 0.05 s idle period
             if ledger.path.exists():
                 break
@@ -353,25 +356,29 @@ def test_restoring_a_record_that_was_not_releasing_clears_it_from_the_releasing_
     ledger.load()
     record = ledger.begin(["a"], now=1.0)
     snapshot = ledger.snapshot(["a"])  # taken while the record is not releasing
-    record.releasing = True
-    assert ledger.releasing_devices() == {"a"}
+    releasing = ledger.begin_release(record.id)
+    assert ledger.releasing_devices() == {"a"} and releasing.releasing and not record.releasing
     ledger.restore(snapshot, inflight=())
-    assert ledger.releasing_devices() == set()
-    record.releasing = True  # the replaced object changes nothing in the ledger any more
     assert ledger.releasing_devices() == set()
     assert not next(iter(ledger)).releasing
 
 
-def test_a_new_record_is_the_constructors_with_lists_of_its_own() -> None:
-    made = AllocationRecord.new("r1", 5.0, pending=["a"], releasing=True)
-    assert made == AllocationRecord(id="r1", created=5.0, pending=["a"], releasing=True)
-    assert made.to_json() == AllocationRecord(id="r1", created=5.0, pending=["a"], releasing=True).to_json()
-    other = AllocationRecord.new("r2", 6.0)
-    other.devices.append("x")
-    other.prepared["envs"] = {}
-    assert made.devices == [] and made.prepared == {}  # no list or dict shared between records
-    with pytest.raises(TypeError, match="no field bogus"):
-        AllocationRecord.new("r3", 7.0, bogus=1)
+def test_records_cannot_change_behind_the_ledgers_back() -> None:
+    """Records are immutable values: a field cannot be set, their lists are tuples and ``prepared`` is read-only, so
+    every change goes through a Ledger method (which journals it and keeps the index right)."""
+    made = AllocationRecord("r1", pending=("a",), created=5.0, releasing=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.releasing = False  # type: ignore[misc]
+    assert not hasattr(made.devices, "append")
+    record = AllocationRecord.from_json(
+        {"id": "r2", "created": 6.0, "prepared": {"envs": {"X": "1"}, "mounts": ["/m"]}}
+    )
+    with pytest.raises(TypeError):
+        record.prepared["envs"] = {}  # type: ignore[index]
+    with pytest.raises(TypeError):
+        record.prepared["envs"]["X"] = "2"
+    assert record.to_json()["prepared"] == {"envs": {"X": "1"}, "mounts": ["/m"]}  # thawed back for the file
+    assert AllocationRecord.from_json(made.to_json()) == made
 
 
 def _walked_index(ledger: Ledger) -> tuple[dict[str, set[str]], set[str]]:
@@ -402,15 +409,19 @@ def test_the_indexes_and_the_file_match_the_records_under_random_changes(tmp_pat
             if rng.random() < 0.3:
                 ledger.restore(snapshot, [record.id])
             else:
-                ledger.confirm(record, ContainerAllocation(envs={"N": str(step)}), float(step))
+                ledger.confirm(record.id, ContainerAllocation(envs={"N": str(step)}), float(step))
         elif op == 1:
             ledger.drop_devices(rng.sample(names, 2))
         elif op == 2:
             ledger.adopt(rng.sample(names, 2), float(step), "PodResources", pod="ns/p")
         elif op == 3 and live:
-            rng.choice(live).releasing = rng.random() < 0.7
+            chosen = rng.choice(live).id
+            if rng.random() < 0.7:
+                ledger.begin_release(chosen)
+            else:
+                ledger.release_abandoned(chosen)
         elif op == 4 and live:
-            ledger.remove(rng.choice(live))
+            ledger.remove(rng.choice(live).id)
         held = {d for r in ledger.records.values() for d in r.all_devices()}
         assert (ledger._index, ledger._releasing) == _walked_index(ledger), f"seed {seed}, step {step}"
         assert ledger.held_among(names) == held and ledger.holds_any(names) == bool(held), f"seed {seed}"
@@ -432,10 +443,10 @@ def test_records_are_written_without_the_fields_at_their_defaults(tmp_path: Path
     _saved(ledger)
     ((entries, torn),) = [read_journal(path) for _, path in segments(ledger.path)]
     assert torn is None and entries == [{"put": {"id": record.id, "pending": ["a", "b"], "created": 2.5}}]
-    record.releasing = True
-    ledger.confirm(record, ContainerAllocation(envs={"X": "1"}), now=3.0)
+    ledger.begin_release(record.id)
+    record = ledger.confirm(record.id, ContainerAllocation(envs={"X": "1"}), now=3.0)
     _saved(ledger)
     again = _ledger(tmp_path)
     again.load()
     assert [r.to_json() for r in again] == [record.to_json()]
-    assert again.records[record.id].pod is None and again.records[record.id].post_stopped == []
+    assert again.records[record.id].pod is None and again.records[record.id].post_stopped == ()

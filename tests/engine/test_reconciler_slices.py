@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from devplug.devkubelet import DevKubeletThread
-from devplug.engine.reconciler import RECORDS_PER_SLICE
+from devplug.frontends.deviceplugin.reconciler import RECORDS_PER_SLICE
 
 from .conftest import daemon_holding, ticks_during
 

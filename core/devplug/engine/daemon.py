@@ -30,19 +30,21 @@ from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig, load_config
 from devplug.engine.asynctools import BackgroundTasks, in_daemon_thread
 from devplug.engine.cdi import remove_stale_specs, spec_file_name
-from devplug.engine.checkpointview import CHECKPOINT_FILE, CheckpointView
+from devplug.engine.devicetable import DeviceTable
 from devplug.engine.liveness import ContainerLiveness
 from devplug.engine.lock import StateLock
 from devplug.engine.observer import NULL_OBSERVER
-from devplug.engine.reconciler import Reconciler
 from devplug.engine.reload import ReloadRecord, plan_reload
 from devplug.engine.resource import Resource
-from devplug.engine.resourcestatus import ResourceState
+from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.status import STATUS_FILE, StatusBuilder
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import ConfigError, DevplugError
+from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
+from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
+from devplug.frontends.deviceplugin.reconciler import Reconciler
 from devplug.watch import DirectoryWatcher
 
 if TYPE_CHECKING:
@@ -92,6 +94,8 @@ class Daemon:
 
             self.metrics = Metrics()
         self._metrics_server: MetricsServer | None = None
+        #: Each resource's device-plugin front end (told of changes in the device-plugin folder).
+        self._frontends: dict[str, DevicePluginFrontEnd] = {}
         #: Every resource alive: those of the config, and those a reload removed that still drain.
         self.resources = [self._new_resource(rc) for rc in config.resources]
         self.reconciler = Reconciler(
@@ -122,18 +126,25 @@ class Daemon:
         self._watcher: DirectoryWatcher | None = None
 
     def _new_resource(self, rc: ResourceConfig) -> Resource:
+        def make_frontend(table: DeviceTable, status: ResourceStatus) -> DevicePluginFrontEnd:
+            frontend = DevicePluginFrontEnd(
+                rc.name, self.config.kubelet, table, self.checkpoint, status, self._status_changed
+            )
+            self._frontends[rc.name] = frontend
+            return frontend
+
         return Resource(
             rc,
-            self.config.kubelet,
             self.state_dir,
             self.write_file,
-            self.checkpoint,
+            make_frontend,
             on_change=self._status_changed,
             on_allocated=self._release_wake.set,
             observer=self.metrics.observer(rc.name, rc.driver) if self.metrics is not None else NULL_OBSERVER,
             cdi=self.config.cdi,
             exits=self.exits,
-            previous_tenant_wait=self.config.release.previous_tenant_wait,
+            release=self.config.release,
+            codec=DevicePluginCodec(),
         )
 
     async def write_file(self, path: Path, data: bytes) -> None:
@@ -269,8 +280,8 @@ class Daemon:
     # --- the plugin folder
 
     def _on_plugin_dir_change(self, names: frozenset[str]) -> None:
-        for resource in self.resources:
-            resource.on_plugin_dir_changed(names)
+        for frontend in list(self._frontends.values()):
+            frontend.on_plugin_dir_changed(names)
 
     # --- running
 
@@ -416,12 +427,10 @@ class Daemon:
                 await self._write_status()
                 return
             self.config = new
-            self.reconciler.interval = new.release.interval
-            self.reconciler.grace = new.release.grace_period
-            self.reconciler.max_retry_interval = new.release.max_retry_interval
+            self.reconciler.configure(new.release)
             self.exits.reconfigure(new.liveness)
             for resource in self.resources:
-                resource.set_previous_tenant_wait(new.release.previous_tenant_wait)
+                resource.configure_release(new.release)
             for name in plan.removed:
                 self._drain(self._resource(name))
             await asyncio.gather(*(self._replace(rc) for rc in (*plan.changed, *plan.added)))
@@ -455,7 +464,7 @@ class Daemon:
             await asyncio.shield(self._tear_down(old))
         resource = self._new_resource(rc)
         self.resources.append(resource)
-        self.reconciler.resources.append(resource)
+        self.reconciler.add(resource)
         self._start_life(resource)
         self._release_wake.set()  # a pass soon: the restarted instance's ledger may hold allocations
 
@@ -469,13 +478,15 @@ class Daemon:
 
     async def _stop_for_good(self, resource: Resource) -> None:
         resource.stopping = True  # the reconciler starts no new release in it
-        while self.reconciler.releasing_in(resource):  # one running finishes in this instance's ledger
+        while resource.releasing():  # one running finishes in this instance's ledger
             await asyncio.sleep(DRAIN_POLL_S)
         try:
             await resource.stop()
         finally:
             self.resources.remove(resource)
-            self.reconciler.resources.remove(resource)
+            self.reconciler.remove(resource)
+            if self._frontends.get(resource.name) is resource.frontend:
+                del self._frontends[resource.name]
             self._status.forget(resource.name)
             self._status_changed()
         life = self._lives.pop(resource, None)

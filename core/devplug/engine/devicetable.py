@@ -1,12 +1,15 @@
-"""The devices a resource advertises, their cached wire encoding, and change notification.
+"""The devices a resource advertises, their cached wire encoding (a front end's), and change notification.
 
 Three things decide what the kubelet sees for a device: the health the
 driver reports, whether the engine withholds the device (it is being released
 and the driver still holds it), and whether the whole resource is degraded (a
 failing driver). A resource removed from the config by a reload is *retired*: it
-advertises an empty list (capacity 0) while its allocations drain. Each device's
-``ListAndWatchResponse`` entry is encoded once and cached; a change re-encodes
-only the devices it touched, and the list is a join of the cached entries.
+advertises an empty list (capacity 0) while its allocations drain. A front end
+that sends the whole list on every change (the device-plugin API's
+ListAndWatch) gives the table its :class:`DeviceCodec`: each device's entry is
+encoded once and cached, a change re-encodes only the devices it touched, and
+the list is a join of the cached entries (with 1,000 devices, encoding them all
+on each change cost milliseconds per message).
 
 Shared devices. The driver reports physical devices; a device with more than
 one replica (the resource's ``replicas``, or the device's own
@@ -25,12 +28,33 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Container, Iterable, KeysView
 from dataclasses import replace
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from devplug.api.convert import encode_device_entry, encode_list_and_watch
 from devplug.types import Device, Health, replica_id
 
-__all__ = ["DeviceTable", "Offer"]
+__all__ = ["DeviceCodec", "DeviceTable", "Offer"]
+
+
+class DeviceCodec(Protocol):
+    """A front end's wire form of the advertised device list."""
+
+    def entry(self, device: Device) -> bytes:
+        """One device as the front end sends it (its health as advertised)."""
+        ...
+
+    def listing(self, entries: Iterable[bytes]) -> bytes:
+        """The whole list from the entries :meth:`entry` made."""
+        ...
+
+
+class _NoCodec:
+    """No front end encodes the list: nothing is encoded."""
+
+    def entry(self, device: Device) -> bytes:
+        return b""
+
+    def listing(self, entries: Iterable[bytes]) -> bytes:
+        raise RuntimeError("this device table has no codec: its front end does not send encoded lists")
 
 
 class _OfferedIds(Container[str]):
@@ -59,7 +83,8 @@ class Offer(NamedTuple):
 class DeviceTable:
     """One resource's device table. Used from the event loop thread only."""
 
-    def __init__(self, replicas: int = 1) -> None:
+    def __init__(self, replicas: int = 1, codec: DeviceCodec | None = None) -> None:
+        self._codec: DeviceCodec = codec or _NoCodec()
         #: How many replicas a device has when it does not say (the resource's ``replicas``).
         self.default_replicas = replicas
         #: The driver's devices, by their own (physical) ID.
@@ -280,10 +305,10 @@ class DeviceTable:
         return self._degraded is not None or device_id in self._withheld
 
     def encoded(self) -> bytes:
-        """The current serialized ``ListAndWatchResponse``."""
+        """The current list in the codec's wire form (empty once retired)."""
         if self._encoded[0] != self.version:
             entries = () if self._retired is not None else self._entries.values()
-            self._encoded = (self.version, encode_list_and_watch(entries))
+            self._encoded = (self.version, self._codec.listing(entries))
         return self._encoded[1]
 
     # --- changing
@@ -420,13 +445,13 @@ class DeviceTable:
         return dev
 
     def _encode(self, dev: Device) -> bytes:
-        return encode_device_entry(self._effective(dev))
+        return self._codec.entry(self._effective(dev))
 
     def resend(self) -> bool:
         """Make every ListAndWatch stream send the list again, changed or not.
 
         The kubelet rewrites its checkpoint on every ListAndWatch message (see
-        :mod:`devplug.engine.checkpointview`). Returns False when no stream is
+        :mod:`devplug.frontends.deviceplugin.checkpointview`). Returns False when no stream is
         open, so nothing could be sent.
         """
         if self.watchers <= 0:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devplug.atomic import write_atomic
-from devplug.engine.ledger import Ledger, QuarantinedRecord
+from devplug.engine.ledger import Ledger, QuarantinedRecord, load_readonly
 from devplug.errors import StateError
 from devplug.resource_names import resource_state_dir
 
@@ -95,10 +95,7 @@ def apply_clear_request(ledger: Ledger, state_folder: Path) -> list[QuarantinedR
 
 def read_quarantined(state_dir: Path, resource: str) -> list[QuarantinedRecord]:
     """The quarantined entries of ``resource``'s ledger on disk (read only: nothing is moved or written)."""
-    ledger = Ledger(resource, resource_state_dir(state_dir, resource) / "ledger.json")
-    ledger._load_snapshot(readonly=True)
-    ledger._replay_journal(readonly=True)
-    return list(ledger.quarantined)
+    return list(load_readonly(resource_state_dir(state_dir, resource) / "ledger.json", resource).quarantined)
 
 
 async def clear_offline(ledger: Ledger, keys: Sequence[str] | None) -> list[QuarantinedRecord]:

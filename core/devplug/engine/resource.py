@@ -1,9 +1,9 @@
-"""One configured resource through its whole life: start its driver (retrying), then serve and stay registered
-(:class:`~devplug.engine.pluginserver.PluginServer`) while the driver host keeps the device table current
+"""One configured resource through its whole life: start its driver (retrying), then serve through its front end
+(:class:`~devplug.engine.frontend.FrontEnd`) while the driver host keeps the device table current
 (:class:`~devplug.engine.driverhost.DriverHost`), until shutdown.
 
 What needs the driver is built only once the driver has started: until then
-:attr:`Resource.lifecycle`, :attr:`Resource.host` and :attr:`Resource.server`
+:attr:`Resource.lifecycle`, :attr:`Resource.releases` and :attr:`Resource.host`
 are None, and afterwards they are whole.
 """
 
@@ -11,45 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from devplug.api.convert import options_to_pb
-from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.config import CdiConfig, KubeletConfig, ReleaseConfig, ResourceConfig
-from devplug.drivers import DriverCapabilities, DriverHooks
+from devplug.config import CdiConfig, ReleaseConfig, ResourceConfig
+from devplug.drivers import DriverHooks
 from devplug.engine.asynctools import Backoff
 from devplug.engine.cdi import AllocationAnswers, CdiSpecs
-from devplug.engine.checkpointview import CheckpointView
-from devplug.engine.devicetable import DeviceTable
+from devplug.engine.devicetable import DeviceCodec, DeviceTable
 from devplug.engine.driverhost import DriverHost, PublishedStatus
+from devplug.engine.frontend import FrontEnd
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
-from devplug.engine.pluginserver import PluginServer
 from devplug.engine.quarantine import apply_clear_request
+from devplug.engine.releasequeue import ReleaseQueue
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
-from devplug.engine.servicer import DevicePluginService, StreamObserver
 from devplug.engine.sharing import DeviceShare
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import DriverError, StateError
-from devplug.resource_names import resource_state_dir, socket_file_name
+from devplug.resource_names import resource_state_dir
 
-__all__ = ["Resource", "ResourceState"]
+__all__ = ["FrontEndFactory", "Resource", "ResourceState"]
 
 log = logging.getLogger("devplug.engine")
 
-
-def _kubelet_options(capabilities: DriverCapabilities) -> dp.DevicePluginOptions:
-    return options_to_pb(
-        pre_start=capabilities.pre_start,
-        preferred_allocation=capabilities.preferred_allocation,
-        post_stop=capabilities.post_stop,
-        deallocate=capabilities.deallocate,
-    )
+#: Makes a resource's front end from its device table and status (called once, when the resource is made).
+FrontEndFactory = Callable[[DeviceTable, ResourceStatus], FrontEnd]
 
 
 class Resource:
@@ -58,32 +48,28 @@ class Resource:
     def __init__(
         self,
         config: ResourceConfig,
-        kubelet: KubeletConfig,
         state_dir: Path,
         write_file: Callable[[Path, bytes], Awaitable[None]],
-        checkpoint: CheckpointView,
+        make_frontend: FrontEndFactory,
         on_change: Callable[[], None] = lambda: None,
         on_allocated: Callable[[], None] = lambda: None,
         observer: ResourceObserver = NULL_OBSERVER,
         cdi: CdiConfig | None = None,
         *,
         exits: ExitEvidence,
-        previous_tenant_wait: float = ReleaseConfig.previous_tenant_wait,
+        release: ReleaseConfig,
+        codec: DeviceCodec | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        self.kubelet = kubelet
-        self.socket_name = socket_file_name(self.name, len(str(kubelet.device_plugin_dir)))
-        self.socket_path = kubelet.device_plugin_dir / self.socket_name
         self._state_root = state_dir
         self.state_dir = resource_state_dir(state_dir, self.name)
         self.driver_state_dir = self.state_dir / "driver"
-        self.checkpoint = checkpoint
         self.exits = exits
-        self._previous_tenant_wait = previous_tenant_wait
+        self._release = release
         self._on_change = on_change
         self._on_allocated = on_allocated
-        self.table = DeviceTable(config.replicas)
+        self.table = DeviceTable(config.replicas, codec)
         self.observer = observer
         self.runner = HookRunner(self.name, config.hook_timeout, observer)
         self.ledger = Ledger(
@@ -98,10 +84,11 @@ class Resource:
         self.status = ResourceStatus()
         #: What the driver published with ``ctx.publish_status`` (kept across driver restarts).
         self.published = PublishedStatus(on_change)
+        self.frontend = make_frontend(self.table, self.status)
         self.stopping = False
         self.host: DriverHost | None = None
         self.lifecycle: DeviceLifecycle | None = None
-        self.server: PluginServer | None = None
+        self.releases: ReleaseQueue | None = None
 
     # --- what status.py reads
 
@@ -166,9 +153,9 @@ class Resource:
                     exc_info=None if expected else exc,
                 )
                 await asyncio.sleep(delay)
-        if self.stopping or self.server is None or self.host is None:
+        if self.stopping or self.host is None:
             return
-        await asyncio.gather(self.server.run(), self.host.run(), *([self.cdi.follow()] if self.cdi else []))
+        await asyncio.gather(self.frontend.serve(), self.host.run(), *([self.cdi.follow()] if self.cdi else []))
 
     async def _start(self) -> None:
         """Start the driver and build what depends on it; a failure leaves nothing half-built (driver stopped)."""
@@ -183,38 +170,30 @@ class Resource:
                 self.table,
                 host.driver,
                 self.ledger,
-                self.checkpoint,
-                self._on_allocated,
-                AllocationAnswers(self.name, self.table, host.driver, self.cdi),
-                self.observer,
+                self.frontend,
                 exits=self.exits,
-                previous_tenant_wait=self._previous_tenant_wait,
-                on_change=self._on_change,
+                answers=AllocationAnswers(self.name, self.table, host.driver, self.cdi),
+                observer=self.observer,
+                previous_tenant_wait=self._release.previous_tenant_wait,
                 fail_requests_greater_than_one=self.config.fail_requests_greater_than_one,
+                on_allocated=self._on_allocated,
+                on_change=self._on_change,
             )
-            if self.ledger.lost:
-                await self._adopt_from_checkpoint()
+            lost, self.ledger.lost = self.ledger.lost, False
+            await self.frontend.started(lifecycle, lost)
             for dev_id in self.table.learn_replica_ids(self.ledger.held_devices()):
                 log.warning("[%s] %s is held but no longer advertised: released through its device", self.name, dev_id)
             lifecycle.withheld_changed()  # devices being released, or named by a quarantined record
-            options = _kubelet_options(host.driver.capabilities)
-
-            def make_service(observer: StreamObserver) -> DevicePluginService:
-                return DevicePluginService(lifecycle, self.table, options, observer)
-
-            server = PluginServer(
-                self.name,
-                self.kubelet,
-                self.socket_name,
-                options,
-                make_service,
-                self.status,
-                self._on_change,
-            )
         except BaseException:
             await host.stop()
             raise
-        self.host, self.lifecycle, self.server = host, lifecycle, server
+        self.host, self.lifecycle = host, lifecycle
+        self.releases = ReleaseQueue(
+            lifecycle,
+            interval=self._release.interval,
+            max_retry_interval=self._release.max_retry_interval,
+            stopping=lambda: self.stopping,
+        )
         log.info(
             "[%s] driver %s started with %d devices (hooks: %s)",
             self.name,
@@ -223,43 +202,7 @@ class Resource:
             ", ".join(host.driver.capabilities.implemented),
         )
 
-    async def _adopt_from_checkpoint(self) -> None:
-        """The ledger was lost: take in what the kubelet's checkpoint says pods held, before registering.
-
-        Read before this resource registers (a ListAndWatch message makes the
-        kubelet rewrite the file, dropping pods that ended meanwhile), so the
-        devices of pods that ended while the daemon was down are adopted too
-        and then released by the reconciler; those of running pods stay held.
-        """
-        self.ledger.lost = False
-        checkpoint = self.checkpoint.current()
-        if checkpoint is None:
-            return
-        by_pod: dict[str, set[str]] = {}
-        for entry in checkpoint.entries_for(self.name):
-            by_pod.setdefault(entry.pod_uid, set()).update(entry.device_ids)
-        now = time.time()
-        adopted = []
-        for uid, devices in sorted(by_pod.items()):
-            record = self.ledger.adopt(devices, now, "the kubelet's checkpoint", pod_uid=uid)
-            if record is not None:
-                adopted.append(record)
-                log.warning(
-                    "[%s] allocation ledger lost: adopted %s, which the kubelet's checkpoint gives to pod %s",
-                    self.name,
-                    ", ".join(record.devices),
-                    uid,
-                    extra={"device": ", ".join(record.devices)},
-                )
-        if adopted:
-            await self.ledger.save()
-
     # --- events from the daemon and the reconciler
-
-    def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
-        """Entries of the device-plugin folder changed (empty: unknown which)."""
-        if self.server is not None:
-            self.server.on_plugin_dir_changed(names)
 
     async def apply_quarantine_request(self) -> None:
         """Clear the quarantined ledger records an operator asked to clear (``devplug quarantine clear``)."""
@@ -285,11 +228,21 @@ class Resource:
         await self.ledger.save(sync=True)
         self._on_change()
 
-    def set_previous_tenant_wait(self, seconds: float) -> None:
-        """``[release] previous_tenant_wait`` changed (a reload)."""
-        self._previous_tenant_wait = seconds
+    def configure_release(self, release: ReleaseConfig) -> None:
+        """``[release]`` changed (a reload): the previous-tenant wait and the retry schedule of failing releases."""
+        self._release = release
         if self.lifecycle is not None:
-            self.lifecycle.previous_tenant_wait = seconds
+            self.lifecycle.set_previous_tenant_wait(release.previous_tenant_wait)
+        if self.releases is not None:
+            self.releases.configure(release.interval, release.max_retry_interval)
+
+    def releasing(self) -> bool:
+        """True while a release found by the front end runs (a reload stopping this instance waits for it)."""
+        return self.releases is not None and self.releases.any_running()
+
+    def holds_any(self) -> bool:
+        """True while some allocation is held (or still owed its release)."""
+        return len(self.ledger) > 0
 
     def retire(self, reason: str) -> None:
         """Removed from the config: advertise no devices and take no new allocation, but keep serving the
@@ -299,15 +252,16 @@ class Resource:
 
     def drained(self) -> bool:
         """Nothing is allocated any more (or the driver never started, so nothing can be released)."""
-        return self.lifecycle is None or not any(True for _ in self.ledger)
+        return self.lifecycle is None or not self.holds_any()
 
     # --- shutdown
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, finish in-flight calls, stop the driver, remove the socket."""
         self.stopping = True
-        if self.server is not None:
-            await self.server.stop(grace)
+        await self.frontend.stop(grace)
+        if self.releases is not None:
+            self.releases.close()
         if self.host is not None:
             await self.host.stop()
         if self.lifecycle is not None:  # fold the journal into the snapshot: the next start reads one file

@@ -150,7 +150,7 @@ async def _resource_status(resource: Resource, cache: dict[str, _CachedEntry]) -
         "name": resource.name,
         "driver": resource.config.driver,
         "state": resource.state.value,
-        "socket": str(resource.socket_path),
+        "socket": resource.frontend.endpoint,
         "registrations": resource.registrations,
         "registered_at": resource.registered_at,
         "last_error": resource.last_error,

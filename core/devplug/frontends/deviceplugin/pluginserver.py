@@ -24,9 +24,9 @@ import grpc.aio
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import KubeletConfig
 from devplug.engine.asynctools import Backoff, wait_any
-from devplug.engine.registration_client import API_VERSION, register
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
-from devplug.engine.servicer import DevicePluginService, StreamObserver
+from devplug.frontends.deviceplugin.registration_client import API_VERSION, register
+from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver
 
 __all__ = ["PluginServer"]
 

@@ -238,10 +238,10 @@ class DevicePluginService:
 
     async def post_stop_container(self, request: dp.PostStopContainerRequest) -> dp.PostStopContainerResponse:
         check_request_ids(self.lifecycle.resource_name, request.devices_ids)
-        await self.lifecycle.post_stop(list(request.devices_ids))
+        await self.lifecycle.post_stop_devices(list(request.devices_ids))
         return dp.PostStopContainerResponse()
 
     async def deallocate(self, request: dp.DeallocateRequest) -> dp.DeallocateResponse:
         check_request_ids(self.lifecycle.resource_name, request.devices_ids)
-        await self.lifecycle.deallocate(list(request.devices_ids))
+        await self.lifecycle.deallocate_devices(list(request.devices_ids))
         return dp.DeallocateResponse()

@@ -1,0 +1,407 @@
+"""Admitting devices to a container: settle earlier tenancies, allocate through the driver, record, undo on failure.
+
+Every request is checked against the device table and the ledger before a
+driver hook sees it (:mod:`devplug.engine.requestcheck`), every change of the
+ledger is written to disk before the front end answers, and the devices'
+locks are held throughout (:mod:`devplug.engine.guard`). An admission is all or
+nothing: a failed hook undoes what the others prepared and puts the ledger back.
+
+Tenancies. A front end may ask for devices the ledger still holds. The earlier
+allocation is then either reused by a later container of the same tenant (the
+kubelet hands an init container's devices to the pod's next containers with
+nothing released in between) or it is a new tenancy, and the previous one is
+released (post-stop, deallocate) before the driver prepares the devices again.
+Which one it is, the front end's :class:`TenancyJudge` decides from its own
+evidence (the device-plugin front end: PodResources and the kubelet's
+checkpoint). Before a new tenancy's devices are cleaned, the previous tenant's
+containers must be gone (:class:`~devplug.engine.tenantexit.ExitEvidence`): the
+kubelet hands a device on as soon as it forgets a pod, which a static pod's
+removal or a forced deletion does while its containers still run.
+
+Shared devices: each allocation of replicas is a tenancy of its own; an
+admission of a replica first finishes any release still owed by a record
+holding another replica of the same device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from devplug.engine.asynctools import BackgroundTasks
+from devplug.engine.cdi import AllocationAnswers
+from devplug.engine.devicelocks import LockTimeout
+from devplug.engine.devicetable import DeviceTable
+from devplug.engine.driver import AsyncDriver
+from devplug.engine.guard import DeviceGuard
+from devplug.engine.ledger import AllocationRecord, Ledger
+from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
+from devplug.engine.release import Releaser
+from devplug.engine.requestcheck import RequestChecks
+from devplug.engine.sharing import shared_env_name
+from devplug.engine.tenantexit import ExitEvidence
+from devplug.errors import DeviceBusyError, DriverError, HookTimeoutError, RequestError, StateWriteError
+from devplug.logsafe import id_list
+from devplug.types import ContainerAllocation
+
+__all__ = ["Admission", "TenancyJudge"]
+
+log = logging.getLogger("devplug.engine")
+
+
+class TenancyJudge(Protocol):
+    """The front end's answer to: is an admission of a held record's devices a reuse by the same tenant?"""
+
+    async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
+        """Called, the devices' locks held, for a live record (not pending, not releasing) holding devices an
+        admission asks for. Returns (reuse, why): a reuse joins the record; otherwise it is released first."""
+        ...
+
+
+def _tenant(record: AllocationRecord) -> str:
+    """The pod of a tenancy, for messages: ``pod default/x (uid ...)`` as far as it is known."""
+    if record.pod is not None:
+        return f"pod {record.pod}" + (f" (uid {record.pod_uid})" if record.pod_uid else "")
+    if record.pod_uid is not None:
+        return f"pod {record.pod_uid}"
+    return "its previous pod"
+
+
+class Admission:
+    """Admits devices of one resource to containers, all or nothing."""
+
+    def __init__(
+        self,
+        resource_name: str,
+        table: DeviceTable,
+        ledger: Ledger,
+        driver: AsyncDriver,
+        guard: DeviceGuard,
+        releaser: Releaser,
+        checks: RequestChecks,
+        answers: AllocationAnswers,
+        judge: TenancyJudge,
+        exits: ExitEvidence,
+        *,
+        previous_tenant_wait: float,
+        fail_requests_greater_than_one: bool = False,
+        on_allocated: Callable[[], None] = lambda: None,
+        observer: ResourceObserver = NULL_OBSERVER,
+    ) -> None:
+        self.resource_name = resource_name
+        self.table = table
+        self.ledger = ledger
+        self.driver = driver
+        self.guard = guard
+        self.sharing = guard.sharing
+        self.releaser = releaser
+        self.checks = checks
+        self.answers = answers
+        self.judge = judge
+        #: Whether a previous tenant's containers are gone (its pod's cgroup, or the unknown-liveness grace).
+        self.exits = exits
+        #: How long an admission waits for the previous tenant's containers to exit.
+        self.previous_tenant_wait = previous_tenant_wait
+        #: Refuse an admission giving a container more than one device (replica).
+        self.fail_requests_greater_than_one = fail_requests_greater_than_one
+        self._on_allocated = on_allocated
+        self.observer = observer
+        self._tasks = BackgroundTasks()
+
+    @property
+    def release_wait(self) -> float:
+        """How long an admission waits for a release of its devices still running: its two hooks' timeouts."""
+        return 2 * self.driver.runner.timeout
+
+    async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        """Allocate for every container of one request, all or nothing.
+
+        Devices still held by an earlier allocation are settled first (see the
+        module docstring): a reuse joins that allocation, anything else is
+        released before the driver sees the devices again. An admission whose
+        devices are being released waits for that release (at most
+        :attr:`release_wait` seconds) and refuses only if it fails.
+        """
+        requested = [i for ids in containers for i in ids]  # flattened once, for every check and step below
+        self._check_servable_and_free(containers, requested)
+        if self.fail_requests_greater_than_one:
+            self.checks.one_each(containers)
+        try:
+            async with self.guard.hold(requested, "allocate", timeout=self.release_wait) as waited:
+                if await self._settle(requested) or waited:  # else nothing ran since the check: no need again
+                    self.checks.servable(containers, requested)
+                if self.table.shrunk:
+                    self.checks.within_replicas(requested)
+                results = await self._allocate_locked(containers, requested)
+                if self.table.shrunk:
+                    self.guard.sync_withheld()
+        except LockTimeout as exc:
+            raise DeviceBusyError(
+                f"{self.resource_name}: device(s) {exc} still busy after {self.release_wait:g} s "
+                "(twice hook_timeout); nothing was allocated"
+            ) from None
+        self._on_allocated()
+        self.observer.allocated(len(containers))
+        if log.isEnabledFor(logging.DEBUG):  # not at info: one line per Allocate would cost more than the call
+            for ids in containers:
+                log.debug("[%s] allocated %s", self.resource_name, id_list(ids), extra={"device": id_list(ids)})
+        return results
+
+    def _check_servable_and_free(self, containers: Sequence[Sequence[str]], flat: Sequence[str]) -> None:
+        """The up-front check: servable (a device withheld while its release runs may wait for it), and no device
+        a hook may not touch now (:meth:`DeviceGuard.busy_devices`). ``flat``: every ID of ``containers``."""
+        self.checks.servable(containers, flat)
+        busy = self.guard.busy_devices(flat)
+        if busy:
+            raise DeviceBusyError(
+                f"{self.resource_name}: busy devices: "
+                + "; ".join(f"{dev} ({what})" for dev, what in list(busy.items())[:10])
+                + (f"; and {len(busy) - 10} more" if len(busy) > 10 else "")
+                + "; nothing was allocated"
+            )
+
+    # --- earlier tenancies
+
+    async def _settle(self, requested: Sequence[str]) -> bool:
+        """Finish every earlier tenancy of ``requested`` that is not reused by this admission; False when there
+        was none to look at (nothing was awaited)."""
+        if not self.table.shared and not self.ledger.holds_any(requested):
+            return False
+        holders = dict.fromkeys(r.id for i in requested for r in self.ledger.holders(i))
+        if self.table.shared:  # a release owed on another replica of a requested device is finished first
+            for phys in self.sharing.physical_ids(requested):
+                holders.update(dict.fromkeys(r.id for r in self.sharing.holders(phys) if r.releasing))
+        for record_id in holders:
+            record = self.ledger.get(record_id)
+            if record is None:
+                continue  # released or joined while an earlier one was settled
+            if record.releasing:
+                reason = "finishing its release before the devices are allocated again"
+            elif record.pending:
+                reason = "an Allocate that never answered the kubelet held them"
+            else:
+                reuse, reason = await self.judge.reuses(record)
+                if reuse:
+                    shown = id_list(record.all_devices())
+                    log.info("[%s] %s: %s", self.resource_name, shown, reason, extra={"device": shown})
+                    continue
+                await self._previous_tenant_gone(record_id)
+            try:
+                await self.releaser.release_locked(record_id, reason)
+            except DriverError as exc:
+                failure = type(exc) if isinstance(exc, HookTimeoutError) else DriverError
+                raise failure(
+                    f"{self.resource_name}: {id_list(record.all_devices())} cannot be allocated again: "
+                    f"releasing the previous allocation failed ({exc}); nothing was allocated"
+                ) from exc
+        return True
+
+    async def _previous_tenant_gone(self, record_id: str) -> None:
+        """Return once the containers of the record's pod are gone; :class:`DeviceBusyError` when they still run
+        (or cannot be known gone) after ``previous_tenant_wait`` seconds.
+
+        The kubelet hands a device to the next pod as soon as it forgets the previous one, which a static pod's
+        removal or a forced deletion does while that pod's containers still run out their grace period.
+        """
+        record = self.ledger.get(record_id)
+        if record is None:
+            return
+        verdict = self.exits.verdict(record)
+        if verdict.exited:
+            return
+        devices = record.all_devices()
+        who = _tenant(record)
+        log.warning(
+            "[%s] %s: the kubelet gives them to a new pod while %s may still run (%s); waiting up to %g s for it",
+            self.resource_name,
+            id_list(devices),
+            who,
+            verdict.why,
+            self.previous_tenant_wait,
+            extra={"device": id_list(devices)},
+        )
+        self.guard.set_activity(devices, f"allocate: waiting for {who} to exit")
+        verdict = await self.exits.wait(record, self.previous_tenant_wait)
+        self.guard.set_activity(devices, "allocate")
+        if not verdict.exited:
+            raise DeviceBusyError(
+                f"{self.resource_name}: {id_list(devices)} still used by {who}: {verdict.why}; waited "
+                f"{self.previous_tenant_wait:g} s ([release] previous_tenant_wait) for its containers to exit; "
+                "nothing was allocated"
+            )
+        log.info("[%s] %s: %s is gone (%s)", self.resource_name, id_list(devices), who, verdict.why)
+
+    # --- the driver's allocate, recorded
+
+    async def _allocate_locked(
+        self, containers: Sequence[Sequence[str]], requested: Sequence[str]
+    ) -> list[ContainerAllocation]:
+        try:
+            self.ledger.check_room()  # a full disk refuses before anything is written or the driver is called
+        except OSError as exc:
+            raise self._write_failed(exc) from exc
+        snapshot = self.ledger.snapshot(requested)
+        held_before = self.ledger.held_among(requested)
+        now = time.time()
+        record_ids = [self.ledger.begin(ids, now).id for ids in containers]
+        inflight = set(record_ids)
+        self.guard.allocating |= inflight
+        try:
+            try:
+                await self.ledger.save(sync=self.driver.durable_allocate)  # the intent, before the driver acts
+            except OSError as exc:  # nothing was written, no hook ran: put the ledger back as it was
+                self.ledger.restore(snapshot, inflight)
+                raise self._write_failed(exc) from exc
+            results: list[ContainerAllocation] = []
+            try:
+                for ids, record_id in zip(containers, record_ids, strict=True):
+                    allocation = await self._allocation(ids, record_id)
+                    self.ledger.confirm(record_id, allocation, time.time())
+                    results.append(allocation)
+            except DriverError as exc:
+                hung = exc.still_running if isinstance(exc, HookTimeoutError) else None
+                if hung is not None:
+                    self.guard.keep_busy(hung, containers[len(results)], "allocate")
+                done = len(results) if hung is not None else len(results) + 1
+                await self._undo(containers[:done], held_before)
+                self.ledger.restore(snapshot, inflight)
+                if hung is not None:
+                    self._undo_when_returned(hung, containers[len(results)], held_before, now)
+                await self.ledger.save()
+                failure = HookTimeoutError if hung is not None else DriverError  # hangs degrade the resource
+                raise failure(f"{exc}; the allocation was rolled back") from exc
+            try:
+                await self.ledger.save()
+            except OSError as exc:  # the front end must not get an answer the ledger does not hold: undo
+                await self._undo(containers, held_before)
+                self.ledger.restore(snapshot, inflight)
+                with contextlib.suppress(OSError):  # the begin records on disk are released after a crash
+                    await self.ledger.save()
+                raise self._write_failed(exc) from exc
+        finally:
+            self.guard.allocating -= inflight
+        return results
+
+    def _write_failed(self, exc: OSError) -> StateWriteError:
+        no_space = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        return StateWriteError(
+            f"{self.resource_name}: cannot write the allocation ledger {self.ledger.path}: "
+            f"{exc.strerror or exc}; nothing was allocated",
+            no_space,
+        )
+
+    async def _allocation(self, device_ids: Sequence[str], record_id: str) -> ContainerAllocation:
+        """The driver's ``allocate`` answer merged with what its devices declare (and their CDI names).
+
+        Shared devices: the driver gets the physical devices with the
+        :class:`~devplug.types.Replicas`, and the answer gets
+        ``DEVPLUG_SHARED_DEVICES_<RESOURCE>`` (env and annotation) listing them.
+        """
+        if not self.sharing.is_shared(device_ids):
+            return await self.answers.build(device_ids)
+        physical, replicas = self.sharing.replicas(device_ids, excluding=(record_id,))
+        listed = ",".join(physical)
+        shared = ContainerAllocation(
+            envs={shared_env_name(self.resource_name): listed},
+            annotations={f"{self.resource_name}.shared-devices": listed},
+        )
+        return await self.answers.build(device_ids, shared=(physical, replicas, shared))
+
+    # --- undo
+
+    def _undo_when_returned(
+        self, hung: asyncio.Future[Any], ids: Sequence[str], held_before: set[str], now: float
+    ) -> None:
+        """An allocate that timed out may still prepare its devices: undo it once it returns.
+
+        Until then its devices stay in the ledger as a release in progress, so
+        they are advertised unhealthy (the driver may be holding them) and a
+        restart after a crash releases them.
+        """
+        fresh = [i for i in ids if i not in held_before]
+        if not fresh:
+            return
+        record_id = self.ledger.hold_for_undo(fresh, now).id
+        self.guard.allocating.add(record_id)  # reconciliation leaves it alone while the hook still runs
+        self.guard.sync_withheld()
+
+        async def undo() -> None:
+            try:
+                await asyncio.wait((hung,))
+                log.warning(
+                    "[%s] allocate of %s returned after its timeout; undoing it",
+                    self.resource_name,
+                    id_list(fresh),
+                    extra={"device": id_list(fresh)},
+                )
+                self.guard.allocating.discard(record_id)
+                await self.releaser.release(record_id, "undoing an allocate that returned after its timeout")
+            except DriverError as exc:
+                log.error("[%s] undoing the late allocate of %s failed: %s", self.resource_name, id_list(fresh), exc)
+            finally:
+                self.guard.allocating.discard(record_id)
+
+        self._tasks.spawn(undo())
+
+    async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> None:
+        undone = {i for ids in containers for i in ids if i not in held_before}
+        for ids in reversed(containers):
+            fresh = [i for i in ids if i not in held_before]
+            if not fresh:
+                continue
+            try:
+                if self.sharing.is_shared(fresh):
+                    await self._undo_shared(fresh, undone)
+                else:
+                    await self.driver.deallocate(fresh, False)
+            except DriverError as exc:
+                self.guard.keep_if_hung(exc, fresh)
+                log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, id_list(fresh), exc)
+
+    async def _undo_shared(self, fresh: list[str], undone: set[str]) -> None:
+        """Undo a shared allocation like a tenancy's release: ``post_stop``, then ``deallocate`` of the devices
+        no other tenant holds a replica of (the ledger still holds this request's records, ``undone`` names
+        their fresh replicas)."""
+        mine = {r.id for i in fresh for r in self.ledger.holders(i)}  # only this request's records hold them
+        if self.driver.capabilities.post_stop:
+            await self.releaser.post_stop(fresh, False, mine)
+        last, _ = self.releaser.split_last_tenants(fresh, undone)
+        await self.releaser.deallocate_physical(last, fresh, False)
+
+    # --- pre-start
+
+    async def pre_start(self, device_ids: Sequence[str]) -> None:
+        """PreStartContainer: only for devices allocated to a live allocation, healthy, each named once."""
+        self.checks.known([device_ids], "PreStartContainer")
+        async with self.guard.hold(device_ids, "pre_start"):
+            problems = []
+            live = {i for i in device_ids for r in self.ledger.holders(i) if not r.releasing and i in r.devices}
+            not_allocated = [i for i in device_ids if i not in live]
+            releasing = [i for i in not_allocated if i in self.ledger.releasing_devices()]
+            never = [i for i in not_allocated if i not in releasing]
+            if never:
+                problems.append(f"device IDs not allocated: {id_list(never)}")
+            if releasing:
+                problems.append(f"device IDs being released: {id_list(releasing)}")
+            unhealthy = [i for i in device_ids if i in live and not self.checks.reported_healthy(i)]
+            if unhealthy:
+                problems.append(f"unhealthy device IDs: {id_list(unhealthy)}")
+            if problems:
+                raise RequestError(
+                    f"{self.resource_name}: PreStartContainer: " + "; ".join(problems) + "; nothing was done"
+                )
+            if self.driver.capabilities.pre_start:
+                try:
+                    if self.sharing.is_shared(device_ids):
+                        holding = [r.id for i in device_ids for r in self.ledger.holders(i)]
+                        await self.driver.pre_start(*self.sharing.replicas(device_ids, excluding=holding))
+                    else:
+                        await self.driver.pre_start(device_ids)
+                except DriverError as exc:
+                    self.guard.keep_if_hung(exc, device_ids)
+                    raise

@@ -1,0 +1,246 @@
+"""Which devices a hook may touch now: the device locks, hooks running past their timeout, and what is withheld.
+
+Every operation on a resource's devices (an admission, a release, the
+kubelet's KEP calls) holds the locks of every device it touches, and of every
+other device of the records holding them, for its whole run
+(:meth:`DeviceGuard.hold`), so two operations never run hooks on one device at
+once. Shared devices are locked per physical device, so tenancies of one device
+take turns.
+
+A hook that outlives ``hook_timeout`` may still be working on its devices:
+their locks stay held until it returns (:meth:`DeviceGuard.keep_busy`), or the
+release that called it waits for it (:meth:`DeviceGuard.await_overdue`).
+Meanwhile the devices are withheld (advertised unhealthy), as are the devices
+of records being released, those a quarantined ledger entry names, and the free
+replicas of a device whose replica count was lowered below its tenants
+(:meth:`DeviceGuard.sync_withheld`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from devplug.engine.devicelocks import DeviceLocks, HeldLocks
+from devplug.engine.devicetable import DeviceTable
+from devplug.engine.hookrunner import HookRunner
+from devplug.engine.ledger import Ledger
+from devplug.engine.sharing import SharingView
+from devplug.errors import DriverError, HookTimeoutError
+from devplug.logsafe import id_list
+
+__all__ = ["DeviceGuard"]
+
+log = logging.getLogger("devplug.engine")
+
+
+class DeviceGuard:
+    """The device locks of one resource and every rule about devices no hook may touch now."""
+
+    def __init__(
+        self,
+        resource_name: str,
+        table: DeviceTable,
+        ledger: Ledger,
+        runner: HookRunner,
+        *,
+        on_change: Callable[[], None],
+        on_freed: Callable[[], None],
+    ) -> None:
+        self.resource_name = resource_name
+        self.table = table
+        self.ledger = ledger
+        self.sharing = SharingView(table, ledger)
+        self._runner = runner
+        #: Called when what the status shows changes outside the ledger (busy devices, release failures).
+        self._on_change = on_change
+        #: Called when a hook kept past its timeout returned (a release of its devices may be due).
+        self._on_freed = on_freed
+        self.locks = DeviceLocks(self._kept_released)
+        #: Physical device ID -> what a release hook still running past ``hook_timeout`` is doing (the release
+        #: waits for it to return; the device stays out of service meanwhile).
+        self.overdue: dict[str, str] = {}
+        #: IDs of the records an admission in flight is filling; reconciliation leaves them alone.
+        self.allocating: set[str] = set()
+
+    # --- locks
+
+    def closure(self, device_ids: Iterable[str]) -> set[str]:
+        """``device_ids`` and every other device of the records holding them; for shared devices also of the
+        records releasing another replica of them (an admission finishes those first)."""
+        ids = set(device_ids)
+        if not self.table.shared and not self.ledger.holds_any(ids):
+            return ids
+        out = ids | {d for i in ids for r in self.ledger.holders(i) for d in r.all_devices()}
+        if self.table.shared:
+            for phys in self.sharing.physical_ids(list(out)):
+                out.update(d for r in self.sharing.holders(phys) if r.releasing for d in r.all_devices())
+        return out
+
+    def lock_keys(self, device_ids: Iterable[str]) -> set[str]:
+        """The locks of advertised IDs: one per physical device, so tenancies of a shared device take turns."""
+        return self.table.physical_id_set(device_ids)
+
+    def hold(self, device_ids: Iterable[str], what: str, timeout: float | None = None) -> HeldDevices:
+        """``async with``: hold the locks of ``device_ids`` and of every device of the records holding them
+        (``as`` gives True when that had to wait: other work ran meanwhile)."""
+        return HeldDevices(self, device_ids, what, timeout)
+
+    def set_activity(self, device_ids: Iterable[str], what: str) -> None:
+        """Say what holds the locks of ``device_ids`` now (named in refusals of other operations)."""
+        self.locks.set_activity(self.lock_keys(device_ids), what)
+
+    # --- hooks running past their timeout
+
+    def keep_if_hung(self, exc: DriverError, device_ids: Sequence[str]) -> None:
+        """After a hook on ``device_ids`` failed: if it outlived ``hook_timeout`` and still runs, keep the devices
+        busy until it returns (:meth:`keep_busy`)."""
+        if isinstance(exc, HookTimeoutError) and exc.still_running is not None:
+            self.keep_busy(exc.still_running, device_ids, exc.hook or "a hook")
+
+    def keep_busy(self, running: asyncio.Future[Any], device_ids: Sequence[str], hook: str) -> None:
+        """A hook on ``device_ids`` outlived ``hook_timeout`` and still runs: their locks stay held (no other hook
+        touches them) and they are advertised unhealthy until it returns; the resource's other devices go on."""
+        if running.done():
+            return
+        keys = self.lock_keys(device_ids)
+        self.locks.keep_until(
+            keys, running, f"{hook} running past hook_timeout ({self._runner.timeout:g} s) since {time.ctime()}"
+        )
+        self.sync_withheld()
+        self._on_change()
+        log.warning(
+            "[%s] %s of %s did not return within hook_timeout (%g s): the devices stay out of service until it "
+            "returns; the other devices go on",
+            self.resource_name,
+            hook,
+            id_list(list(device_ids)),
+            self._runner.timeout,
+            extra={"device": id_list(list(device_ids))},
+        )
+
+    def _kept_released(self, keys: list[str]) -> None:
+        """A hook abandoned at its timeout returned: its devices are back (unless released meanwhile)."""
+        log.info(
+            "[%s] the hook abandoned on %s returned: the devices are in service again",
+            self.resource_name,
+            id_list(keys),
+        )
+        self.sync_withheld()
+        self._on_change()
+        self._on_freed()
+
+    async def await_overdue(self, hook: str, running: asyncio.Future[Any], device_ids: Sequence[str]) -> None:
+        """Wait for a release hook running past ``hook_timeout`` (its devices' locks held, the devices withheld);
+        its failure is raised as the hook's."""
+        keys = self.lock_keys(device_ids)
+        started = time.time()
+        what = f"{hook} running past hook_timeout ({self._runner.timeout:g} s) since {time.ctime(started)}"
+        self.overdue.update(dict.fromkeys(keys, what))
+        self.locks.set_activity(keys, f"release: {what}")
+        shown = id_list(list(device_ids))
+        log.warning(
+            "[%s] %s of %s did not return within hook_timeout (%g s): waiting for it; the devices stay out of "
+            "service and no other hook runs on them until it returns",
+            self.resource_name,
+            hook,
+            shown,
+            self._runner.timeout,
+            extra={"device": shown},
+        )
+        self.sync_withheld()
+        self._on_change()
+        try:
+            await self._runner.outcome(hook, running)
+        finally:
+            for key in keys:
+                self.overdue.pop(key, None)
+            self.sync_withheld()
+            self._on_change()
+        log.info(
+            "[%s] %s of %s returned after %.1f s",
+            self.resource_name,
+            hook,
+            shown,
+            time.time() - started,
+            extra={"device": shown},
+        )
+
+    # --- what no hook may touch, and what is withheld
+
+    def busy_devices(self, device_ids: Iterable[str] | None = None) -> dict[str, str]:
+        """Devices (of ``device_ids``, or all) that no hook may touch now, and why: a hook abandoned at its
+        ``hook_timeout`` still runs on them, a release hook runs past its timeout, an earlier allocate of them
+        timed out and has not returned, or a quarantined ledger record names them."""
+        kept = self.locks.kept()
+        quarantined = self.ledger.quarantined_devices()
+        if not kept and not self.overdue and not quarantined and not self.allocating:
+            return {}  # the common case, without a walk over the IDs
+        ids = list(dict.fromkeys(device_ids)) if device_ids is not None else None
+        busy: dict[str, str] = {}
+        for phys, what in (*kept.items(), *self.overdue.items()):
+            for dev in self.table.all_replica_ids(phys):
+                if ids is None or dev in ids:
+                    busy.setdefault(dev, what)
+        for dev, where in quarantined.items():
+            if ids is None or dev in ids:
+                busy.setdefault(
+                    dev, f"named by {where}: withheld until released through the driver or cleared by the operator"
+                )
+        if self.allocating:
+            for dev in ids if ids is not None else self.ledger.held_devices():
+                if any(r.releasing and r.id in self.allocating for r in self.ledger.holders(dev)):
+                    busy.setdefault(dev, "an earlier allocate of it timed out and has not returned yet")
+        return busy
+
+    def sync_withheld(self) -> None:
+        """Advertise unhealthy the devices being released, those a hook still running keeps busy, those a
+        quarantined ledger record names, and the free replicas of a device that already has as many tenants as its
+        (lowered) replica count allows."""
+        withheld = self.ledger.releasing_devices()
+        for phys in [*self.locks.kept(), *self.overdue]:
+            withheld.update(self.table.all_replica_ids(phys))
+        withheld.update(self.ledger.quarantined_devices())
+        if self.table.shrunk:  # a lowered replica count: no more tenants than replicas while the excess drains
+            withheld.update(self.table.excess_replicas(self.ledger.holds))
+        self.table.set_withheld(withheld)
+
+
+class HeldDevices:
+    """The locks :meth:`DeviceGuard.hold` takes, for an ``async with`` block (a class: every Allocate takes one,
+    and a generator-based context manager costs several times more)."""
+
+    def __init__(self, guard: DeviceGuard, device_ids: Iterable[str], what: str, timeout: float | None) -> None:
+        self._guard = guard
+        self._device_ids = device_ids
+        self._what = what
+        self._timeout = timeout
+        self._held: HeldLocks | None = None
+
+    async def __aenter__(self) -> bool:
+        """Take the locks; True when that had to wait (other coroutines ran meanwhile)."""
+        guard = self._guard
+        want = guard.closure(self._device_ids)
+        waited = False
+        while True:
+            held = guard.locks.hold(guard.lock_keys(want), self._what, self._timeout)
+            waited = await held.__aenter__() or waited
+            try:
+                now = guard.closure(want)
+            except BaseException:
+                held.release()
+                raise
+            if now <= want:
+                self._held = held
+                return waited
+            held.release()
+            waited = True
+            want = now  # a record grew while we waited: take its new devices too
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held = None

@@ -1,0 +1,241 @@
+"""The allocation ledger's records: immutable values, checked when read from disk and written compactly.
+
+A :class:`AllocationRecord` is one allocation (one tenancy of its devices): the
+devices of one container, plus the devices of later containers of the same pod
+that reused some of them (the kubelet hands the devices of finished init
+containers to app containers without any release in between, so those form one
+allocation and are released once). ``pending`` devices are being prepared by an
+Allocate that has not answered yet.
+
+Records never change: the :class:`~devplug.engine.ledger.Ledger` replaces a
+record by a changed copy (``dataclasses.replace``) and notes the change for its
+journal, so nothing can change one behind its back.
+
+A :class:`QuarantinedRecord` is an entry that failed its checks on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from devplug.compactjson import compact_json
+from devplug.types import ContainerAllocation
+
+__all__ = [
+    "QUARANTINE_PREFIX",
+    "AllocationRecord",
+    "QuarantinedRecord",
+    "new_record_id",
+    "prepared_summary",
+    "record_json",
+]
+
+_ids = itertools.count(1)
+
+#: The ID prefix of the record that holds a quarantined entry's devices until they are released through the driver.
+QUARANTINE_PREFIX = "quarantined-"
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationRecord:
+    """One allocation (one tenancy of its devices) and where it is in its life.
+
+    ``post_stop_begun`` and ``deallocate_begun`` are written before the driver's
+    hook is called, ``post_stopped`` and the record's removal after it returned:
+    a daemon killed in between calls the hook again after its restart, with
+    ``retry=True`` (the hooks' contract is at-least-once, the retry flagged).
+    """
+
+    id: str
+    devices: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    created: float = 0.0
+    pod: str | None = None
+    pod_uid: str | None = None
+    seen_at: float | None = None
+    allocated_at: float | None = None
+    releasing: bool = False
+    post_stop_done: bool = False
+    post_stopped: tuple[str, ...] = ()
+    post_stop_begun: tuple[str, ...] = ()
+    deallocate_begun: bool = False
+    kep_at: float | None = None
+    adopted: str | None = None
+    prepared: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def all_devices(self) -> list[str]:
+        """``devices``, then the ``pending`` ones not among them."""
+        if not self.pending:
+            return list(self.devices)
+        return [*self.devices, *[d for d in self.pending if d not in self.devices]]
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as the file holds it (lists and objects)."""
+        return {name: _thawed(getattr(self, name)) for name in _FIELD_CHECKS}
+
+    @classmethod
+    def from_json(cls, data: object) -> AllocationRecord:
+        """A record from its JSON form, every field checked; :class:`ValueError` naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"an allocation record must be an object, not {type(data).__name__}")
+        unknown = sorted(set(data) - set(_FIELD_CHECKS))
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}")
+        if "id" not in data:
+            raise ValueError("no 'id'")
+        for name, value in data.items():
+            if not _FIELD_CHECKS[name](value):
+                raise ValueError(f"field {name!r} has a bad value {_short(value)}")
+        return cls(**{name: _frozen(value) for name, value in data.items()})
+
+
+def _frozen(value: Any) -> Any:
+    """A JSON value with its lists as tuples and its objects as read-only mappings."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    """The JSON value of a frozen one (:func:`_frozen` undone)."""
+    if isinstance(value, tuple):
+        return [_thawed(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _thawed(v) for k, v in value.items()}
+    return value
+
+
+def _is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+#: Every field of a record and the check its JSON value must pass (also the order of the file's keys).
+_FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
+    "id": _is_id,
+    "devices": _is_str_list,
+    "pending": _is_str_list,
+    "created": _is_time,
+    "pod": _optional(lambda v: isinstance(v, str)),
+    "pod_uid": _optional(lambda v: isinstance(v, str)),
+    "seen_at": _optional(_is_time),
+    "allocated_at": _optional(_is_time),
+    "releasing": lambda v: isinstance(v, bool),
+    "post_stop_done": lambda v: isinstance(v, bool),
+    "post_stopped": _is_str_list,
+    "post_stop_begun": _is_str_list,
+    "deallocate_begun": lambda v: isinstance(v, bool),
+    "kep_at": _optional(_is_time),
+    "adopted": _optional(lambda v: isinstance(v, str)),
+    "prepared": lambda v: isinstance(v, dict),
+}
+assert list(_FIELD_CHECKS) == [f.name for f in fields(AllocationRecord)], "every field has its check"
+
+#: Each field's default (a field at its default is not written: loading fills it in, as it does for records
+#: written before the field existed).
+_DEFAULTS: dict[str, object] = {
+    f.name: f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+    for f in fields(AllocationRecord)
+    if f.name != "id"
+}
+
+
+def record_json(record: AllocationRecord) -> str:
+    """A record's JSON as the ledger writes it: the fields not at their defaults (a new record is three)."""
+    out: dict[str, Any] = {"id": record.id}
+    for name, default in _DEFAULTS.items():
+        value = getattr(record, name)
+        if value != default:
+            out[name] = _thawed(value) if name == "prepared" else value
+    return compact_json(out)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class QuarantinedRecord:
+    """A ledger entry that failed its checks on load: kept aside, shown in ``devplug status``.
+
+    Its devices may have been handed to a pod and never cleaned: they are held by a record of their own
+    (:attr:`record_id`), withheld from the kubelet, and released through the driver (``post_stop`` and
+    ``deallocate`` with ``retry=True``) once no pod holds them; or the operator clears it
+    (``devplug quarantine clear``). Either drops the entry.
+    """
+
+    index: int
+    reason: str
+    raw: object
+
+    @property
+    def key(self) -> str:
+        """A name for the entry that does not change with its position (a digest of its content)."""
+        text = json.dumps(self.raw, sort_keys=True, separators=(",", ":"), default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def record_id(self) -> str:
+        """The ID of the record that holds its devices until they are released."""
+        return QUARANTINE_PREFIX + self.key
+
+    def pod_uid(self) -> str | None:
+        """The pod UID the entry names, if it is readable."""
+        uid = self.raw.get("pod_uid") if isinstance(self.raw, dict) else None
+        return uid if isinstance(uid, str) and uid else None
+
+    def describe(self) -> str:
+        return f"quarantined ledger record #{self.index} ({self.reason})"
+
+    def devices(self) -> list[str]:
+        """The device IDs the entry seems to name (best effort, for the operator)."""
+        if not isinstance(self.raw, dict):
+            return []
+        found: list[str] = []
+        for key in ("devices", "pending"):
+            value = self.raw.get(key)
+            if isinstance(value, list):
+                found.extend(v for v in value if isinstance(v, str) and v not in found)
+        return found
+
+
+def new_record_id() -> str:
+    return f"{int(time.time() * 1000):x}-{os.getpid():x}-{next(_ids)}"
+
+
+def prepared_summary(allocation: ContainerAllocation) -> Mapping[str, Any]:
+    """What the driver prepared for a container, as kept in the ledger (for status and post-mortems)."""
+    return MappingProxyType(
+        {
+            "envs": MappingProxyType(dict(allocation.envs)),
+            "mounts": tuple(m.container_path for m in allocation.mounts),
+            "devices": tuple(d.container_path for d in allocation.devices),
+            "annotations": MappingProxyType(dict(allocation.annotations)),
+            "cdi_devices": tuple(c.name for c in allocation.cdi_devices),
+        }
+    )

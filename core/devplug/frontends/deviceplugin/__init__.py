@@ -1,0 +1,12 @@
+"""The device-plugin front end: the kubelet's ``v1beta1.DevicePlugin`` API over the core.
+
+``frontend`` (one resource's front end: the options it registers, adoption of a
+lost ledger from the kubelet's checkpoint), ``pluginserver`` (serve the socket,
+register, re-register after a kubelet restart), ``registration_client``
+(``Registration/Register``), ``servicer`` (the gRPC service: ListAndWatch
+encoding, Allocate, PreStartContainer, the KEP's PostStopContainer and
+Deallocate), ``tenancy`` (reuse or new tenancy, from the kubelet's
+checkpoint), ``checkpointview`` (the kubelet's checkpoint as evidence),
+``podresources_client`` and ``reconciler`` (release detection through
+PodResources and the checkpoint, for kubelets that never call Deallocate).
+"""

@@ -1,0 +1,137 @@
+"""One resource served through the kubelet's device-plugin API: the :class:`~devplug.engine.frontend.FrontEnd`
+the core's :class:`~devplug.engine.resource.Resource` drives."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from devplug.api.convert import encode_device_entry, encode_list_and_watch, options_to_pb
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.config import KubeletConfig
+from devplug.drivers import DriverCapabilities
+from devplug.engine.devicetable import DeviceTable
+from devplug.engine.ledger import AllocationRecord
+from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine.resourcestatus import ResourceStatus
+from devplug.frontends.deviceplugin.checkpointview import CheckpointView
+from devplug.frontends.deviceplugin.pluginserver import PluginServer
+from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver
+from devplug.frontends.deviceplugin.tenancy import CheckpointTenancy
+from devplug.resource_names import socket_file_name
+from devplug.types import Device
+
+__all__ = ["DevicePluginCodec", "DevicePluginFrontEnd", "kubelet_options"]
+
+log = logging.getLogger("devplug.engine")
+
+
+class DevicePluginCodec:
+    """ListAndWatchResponse entries, for the device table's cache (:class:`~devplug.engine.devicetable.DeviceCodec`)."""
+
+    def entry(self, device: Device) -> bytes:
+        return encode_device_entry(device)
+
+    def listing(self, entries: Iterable[bytes]) -> bytes:
+        return encode_list_and_watch(entries)
+
+
+def kubelet_options(capabilities: DriverCapabilities) -> dp.DevicePluginOptions:
+    """The options registered with the kubelet, from the hooks the driver implements."""
+    return options_to_pb(
+        pre_start=capabilities.pre_start,
+        preferred_allocation=capabilities.preferred_allocation,
+        post_stop=capabilities.post_stop,
+        deallocate=capabilities.deallocate,
+    )
+
+
+class DevicePluginFrontEnd:
+    """One resource's device-plugin socket, its registration and its tenancy judge."""
+
+    def __init__(
+        self,
+        name: str,
+        kubelet: KubeletConfig,
+        table: DeviceTable,
+        checkpoint: CheckpointView,
+        status: ResourceStatus,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.name = name
+        self.kubelet = kubelet
+        self.table = table
+        self.checkpoint = checkpoint
+        self.status = status
+        self._on_change = on_change
+        self.socket_name = socket_file_name(name, len(str(kubelet.device_plugin_dir)))
+        self.socket_path = kubelet.device_plugin_dir / self.socket_name
+        self.server: PluginServer | None = None
+        self._judge: CheckpointTenancy | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.socket_path)
+
+    async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
+        """See :class:`~devplug.frontends.deviceplugin.tenancy.CheckpointTenancy`."""
+        if self._judge is None:
+            return False, "the device-plugin front end has not started: released first, as a new tenancy"
+        return await self._judge.reuses(record)
+
+    async def started(self, lifecycle: DeviceLifecycle, ledger_lost: bool) -> None:
+        self._judge = CheckpointTenancy(self.name, self.checkpoint, self.table.resend, lifecycle.note_pod_uid)
+        if ledger_lost:
+            await self._adopt_from_checkpoint(lifecycle)
+        options = kubelet_options(lifecycle.capabilities)
+
+        def make_service(observer: StreamObserver) -> DevicePluginService:
+            return DevicePluginService(lifecycle, self.table, options, observer)
+
+        self.server = PluginServer(
+            self.name, self.kubelet, self.socket_name, options, make_service, self.status, self._on_change
+        )
+
+    async def _adopt_from_checkpoint(self, lifecycle: DeviceLifecycle) -> None:
+        """The ledger was lost: take in what the kubelet's checkpoint says pods held, before registering.
+
+        Read before this resource registers (a ListAndWatch message makes the
+        kubelet rewrite the file, dropping pods that ended meanwhile), so the
+        devices of pods that ended while the daemon was down are adopted too
+        and then released by the reconciler; those of running pods stay held.
+        """
+        checkpoint = self.checkpoint.current()
+        if checkpoint is None:
+            return
+        by_pod: dict[str, set[str]] = {}
+        for entry in checkpoint.entries_for(self.name):
+            by_pod.setdefault(entry.pod_uid, set()).update(entry.device_ids)
+        now = time.time()
+        adopted = False
+        for uid, devices in sorted(by_pod.items()):
+            record = lifecycle.adopt(devices, now, "the kubelet's checkpoint", pod_uid=uid)
+            if record is not None:
+                adopted = True
+                log.warning(
+                    "[%s] allocation ledger lost: adopted %s, which the kubelet's checkpoint gives to pod %s",
+                    self.name,
+                    ", ".join(record.devices),
+                    uid,
+                    extra={"device": ", ".join(record.devices)},
+                )
+        if adopted:
+            await lifecycle.save()
+
+    async def serve(self) -> None:
+        if self.server is not None:
+            await self.server.run()
+
+    async def stop(self, grace: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+
+    def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
+        """Entries of the device-plugin folder changed (empty: unknown which): a sign of a kubelet restart."""
+        if self.server is not None:
+            self.server.on_plugin_dir_changed(names)
