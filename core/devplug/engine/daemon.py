@@ -151,6 +151,11 @@ class Daemon:
         """Write a state file atomically, in the state-writer thread (writes keep their order)."""
         await asyncio.wrap_future(self._writer.submit(functools.partial(write_atomic, path, data)))
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop :meth:`run` runs on, once it runs."""
+        return self._loop
+
     def request_stop(self) -> None:
         """Begin a graceful shutdown (thread-safe; before :meth:`run` started, it stops at once)."""
         self._stop_requested = True

@@ -33,6 +33,14 @@ class DaemonThread:
         except BaseException as exc:  # reported by stop()
             self.error = exc
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The daemon's event loop, once it runs (to run a coroutine on it: ``asyncio.run_coroutine_threadsafe``)."""
+        loop = self.daemon.loop
+        if loop is None:
+            raise RuntimeError("the in-process daemon is not running yet")
+        return loop
+
     def start(self) -> DaemonThread:
         self._thread.start()
         return self
