@@ -71,6 +71,11 @@ class PathTrace:
     def files(self) -> list[str]:
         return list(dict.fromkeys(self.entered))
 
+    def reentries(self) -> int:
+        """How often the sequence of files (each stretch in one file counted once) comes back to a file it had
+        left, whether by a callback or by a callee returning (an orchestrator's ``A -> B -> A``)."""
+        return len(self.entered) - len(self.files())
+
     def summary(self) -> dict[str, Any]:
         outside_core = [(f, c) for f, c in self.returns if not f.startswith(CORE)]
         return {
@@ -79,6 +84,7 @@ class PathTrace:
             "returns": len(self.returns),
             "returns_outside_core": len(outside_core),
             "returns_by_file": dict(Counter(f for f, _ in self.returns).most_common()),
+            "reentries": self.reentries(),
             "returns_outside_core_detail": [f"{c} -> {f}" for f, c in outside_core],
         }
 
@@ -186,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, summary in report.items():
         print(
             f"{name}: {summary['file_count']} files, {summary['returns']} returns to a file already left "
-            f"({summary['returns_outside_core']} outside the core)"
+            f"({summary['returns_outside_core']} outside the core); the sequence of files comes back "
+            f"{summary['reentries']} times"
         )
         for path in summary["files"]:
             print(f"  {path}")
