@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DRIVERS := $(sort $(dir $(wildcard drivers/*/pyproject.toml)))
 STAMP := $(VENV)/.devplug-installed
 
-.PHONY: all demo test lint typecheck unit proto bench clean vm-assets dist image
+.PHONY: all demo test lint typecheck unit proto bench clean vm-assets dist image docs docs-tools
 
 all: test
 
@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml $(wildcard drivers/*/pyproject.toml)
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-# Lint, type-check (strict for core/), then every test.
-test: lint typecheck unit
+# Lint, type-check (strict for core/), then every test (tests/test_docs_site.py builds the documentation site and
+# checks its links; docs-tools installs Graphviz for its diagrams first).
+test: lint typecheck docs-tools unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -70,6 +71,20 @@ dist: $(STAMP)
 # part of `make test`.
 image: dist
 	PYTHON=$(BIN)/python bash tools/image/build.sh $(DIST) build/image
+
+# The documentation site: docs/ built by Sphinx (MyST Markdown, Graphviz diagrams from docs/diagrams/) into
+# build/docs, warnings as errors (a link to a missing page or heading is one), then every internal link and anchor of
+# the built site checked and anything loaded from the network refused (tools/docs/checklinks.py). Offline.
+DOCS_OUT ?= build/docs
+docs: $(STAMP) docs-tools
+	rm -rf $(DOCS_OUT)
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs $(DOCS_OUT)
+	$(BIN)/python tools/docs/checklinks.py $(DOCS_OUT)
+	@echo "open $(DOCS_OUT)/index.html"
+
+# Graphviz's dot for the diagrams (Debian's package, installed when missing).
+docs-tools:
+	bash tools/docs/setup.sh
 
 # QEMU and the distribution kernel for the real-kernel suite (Debian packages, into .vm/).
 vm-assets:

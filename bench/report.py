@@ -181,7 +181,7 @@ def format_table(results: Results) -> str:
 
 
 def format_markdown(results: Results) -> str:
-    """The tables as Markdown (for the README's Performance section)."""
+    """The tables as Markdown (for the Performance page, docs/performance/index.md)."""
     out = ["| key | figure | goal | | what |", "| --- | ---: | --- | --- | --- |"]
     out += [f"| `{k}` | {v} | {g} | {m} | {w} |" for k, v, g, m, w in _rows(results)]
     out += ["", "| floor or diagnostic | figure | what |", "| --- | ---: | --- |"]

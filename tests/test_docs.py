@@ -1,4 +1,5 @@
-"""The README keeps step with the code: every hook with its signature, every config key, both commands."""
+"""The documentation keeps step with the code: every hook with its signature (the driver guide), every config key
+(the configuration reference), every metric (the metrics reference), and the README's two commands."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOU
 from devplug.drivers import HOOK_NAMES
 from devplug.engine.metrics import EngineCollector, Metrics, ResourceFigures
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+HOOKS = (ROOT / "docs" / "driver" / "hooks.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "operator" / "configuration.md").read_text()
+METRICS = (ROOT / "docs" / "operator" / "metrics.md").read_text()
 
 
 def test_every_hook_is_documented_with_its_signature() -> None:
     for name in HOOK_NAMES:
         signature = name + str(inspect.signature(getattr(hookspecs, name))).replace("'", "")
-        assert f"`{signature.replace('|', chr(92) + '|')}`" in README or f"`{signature}`" in README, signature
+        assert f"`{signature.replace('|', chr(92) + '|')}`" in HOOKS or f"`{signature}`" in HOOKS, signature
 
 
 def test_every_hookspec_is_in_the_hook_list() -> None:
@@ -36,9 +41,9 @@ def test_every_config_key_is_documented() -> None:
     )
     for table, keys in tables:
         for key in keys:
-            assert f"`[{table}] {key}`" in README, f"[{table}] {key}"
+            assert f"`[{table}] {key}`" in CONFIGURATION, f"[{table}] {key}"
     for key in _RESOURCE:
-        assert f"{key}`" in README, key
+        assert f"{key}`" in CONFIGURATION, key
 
 
 def test_every_metric_is_in_the_metrics_table() -> None:
@@ -59,21 +64,22 @@ def test_every_metric_is_in_the_metrics_table() -> None:
     metrics.registry.register(EngineCollector(lambda: figures))
     families = list(metrics.registry.collect())
     process = [f for f in families if f.name.startswith("process_")]  # prometheus-client's, documented as a group
-    assert process and "| `process_*` |" in README
+    assert process and "| `process_*` |" in METRICS
     families = [f for f in families if f not in process]
     assert len(families) == 24
-    rows = {line.split("|")[1].strip(): line for line in README.splitlines() if line.startswith("| `devplug_")}
+    rows = {line.split("|")[1].strip(): line for line in METRICS.splitlines() if line.startswith("| `devplug_")}
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name
         row = rows.pop(f"`{name}`", None)
-        assert row is not None, f"{name} is not in the README's Metrics table"
+        assert row is not None, f"{name} is not in the metrics reference's table (docs/operator/metrics.md)"
         cells = [c.strip() for c in row.split("|")]
         assert cells[2] == family.type, name
         labels = {label for sample in family.samples for label in sample.labels if label != "le"}
         assert {c.strip().strip("`") for c in cells[3].split(",")} - {""} == labels, name
-    assert not rows, f"the README lists metrics that do not exist: {sorted(rows)}"
+    assert not rows, f"docs/operator/metrics.md lists metrics that do not exist: {sorted(rows)}"
 
 
 def test_readme_starts_with_the_two_commands() -> None:
     head = README[:400]
     assert "make demo" in head and "make test" in head
+    assert "Both work on a fresh clone" in README[:1000]

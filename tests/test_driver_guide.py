@@ -1,4 +1,5 @@
-"""The README's driver guide stays in step with the kit: every example of "Testing a driver" runs as written."""
+"""The driver guide stays in step with the kit: every example of "Testing a driver" (docs/driver/testing.md) runs as
+written."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 
 from devplug.testing.conformance import DriverConformance
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+TESTING = Path(__file__).resolve().parent.parent / "docs" / "driver" / "testing.md"
 
 
 def _section() -> str:
-    text = README.read_text()
-    return text[text.index("### Testing a driver") : text.index("## The wire contract")]
+    text = TESTING.read_text()
+    return text[text.index("# Testing a driver") :]
 
 
 def _examples() -> list[str]:

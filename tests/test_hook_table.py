@@ -1,5 +1,5 @@
-"""The README's hook table ("Writing a driver") keeps step with ``devplug.hookspecs``: the same hooks, in the
-contract's order, each with its exact signature and something in each column."""
+"""The driver guide's hook table (docs/driver/hooks.md, "The hook table") keeps step with ``devplug.hookspecs``: the
+same hooks, in the contract's order, each with its exact signature and something in each column."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from pathlib import Path
 from devplug.drivers import HOOK_NAMES
 from devplug.sdk.hookstubs import hook_signature
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+HOOKS = (Path(__file__).resolve().parent.parent / "docs" / "driver" / "hooks.md").read_text()
 
 
 def _section(title: str) -> str:
-    start = README.index(f"\n{title}\n") + len(title) + 2
-    following = re.search(r"\n##+ ", README[start:])  # the next heading (code comments have one #)
-    return README[start : start + following.start()] if following else README[start:]
+    start = HOOKS.index(f"\n{title}\n") + len(title) + 2
+    following = re.search(r"\n##+ ", HOOKS[start:])  # the next heading (code comments have one #)
+    return HOOKS[start : start + following.start()] if following else HOOKS[start:]
 
 
 def _hook_table() -> list[list[str]]:
     """The rows of the table whose header starts with ``| hook |``, cells split on unescaped pipes."""
-    lines = _section("### Writing a driver").splitlines()
+    lines = _section("## The hook table").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| hook |"))
     rows = []
     for line in lines[start + 2 :]:

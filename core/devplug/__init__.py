@@ -37,7 +37,7 @@ from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, He
 __version__ = "0.1.0"
 
 #: The modules drivers may import (and their submodules, for the last two); tests/test_architecture.py and
-#: tests/test_docs.py keep the code and the README to this one list.
+#: tests/test_docs.py keep the code and the driver guide (docs/driver/kit.md) to this one list.
 PUBLIC_MODULES: tuple[str, ...] = (
     "devplug",
     "devplug.hookspecs",

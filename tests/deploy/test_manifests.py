@@ -1,11 +1,11 @@
-"""deploy/: every overlay renders with ``kubectl kustomize``, alone and with each optional component (CDI, a
-PodMonitor, another kubelet root), every object it renders is valid for each Kubernetes version of
-:data:`KUBERNETES_VERSIONS` (kubernetes-validate's bundled schemas, strict: unknown fields are errors), and the
-DaemonSet is the one the README promises: folders of the kubelet mounted (never its sockets), the state dir on the
+"""deploy/: every overlay renders with ``kubectl kustomize``, alone and with each optional component (CDI, a PodMonitor,
+another kubelet root), every object it renders is valid for each Kubernetes version of :data:`KUBERNETES_VERSIONS`
+(kubernetes-validate's bundled schemas, strict: unknown fields are errors), and the DaemonSet is the one the operator
+guide (docs/operator/deploy.md) promises: folders of the kubelet mounted (never its sockets), the state dir on the
 host, of the host's /sys and /dev only the trees each driver reads or writes (derived here from its config), nodes
-chosen by a label with device taints tolerated, the runtime's seccomp filter, the namespace's Pod Security level,
-API access only for the Lease backend, no two daemons on a node, probes on the daemon's HTTP server, requests
-sized from ``make bench``, and a config devplug itself accepts."""
+chosen by a label with device taints tolerated, the runtime's seccomp filter, the namespace's Pod Security level, API
+access only for the Lease backend, no two daemons on a node, probes on the daemon's HTTP server, requests sized from
+``make bench``, and a config devplug itself accepts."""
 
 from __future__ import annotations
 
@@ -344,8 +344,8 @@ def test_probes_reach_the_daemons_http_server(kubectl: str, overlay: str) -> Non
 
 
 def _bench_figure(key: str) -> float:
-    match = re.search(rf"^\| `{key}` \| ([0-9.]+) \|", (ROOT / "README.md").read_text(), re.M)
-    assert match, f"README's Performance table has no {key}"
+    match = re.search(rf"^\| `{key}` \| ([0-9.]+) \|", (ROOT / "docs" / "performance" / "index.md").read_text(), re.M)
+    assert match, f"the Performance page's table (docs/performance/index.md) has no {key}"
     return float(match.group(1))
 
 

@@ -54,7 +54,9 @@ Entry points:
 
 * :class:`DevKubelet` -- asyncio (grpc.aio);
 * :class:`DevKubeletThread` -- the same, synchronous, on its own loop thread;
-* :func:`run_foreground` -- serve until cancelled, logging every event.
+* :func:`run_foreground` -- serve until cancelled, logging every event, with a control socket
+  (:mod:`~devplug.devkubelet.control`) through which ``devplug kubelet admit|remove|restart|show``
+  admit and remove pods, restart the kubelet and show devices, allocations, pods and events.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ from __future__ import annotations
 from devplug.devkubelet.cgroups import CgroupDriver, CgroupLayout, CgroupsUnavailableError
 from devplug.devkubelet.containers import ContainerCreateError
 from devplug.devkubelet.devicemanager import ContainerStartError
-from devplug.devkubelet.kubelet import KUBELET_SOCKET, DevKubelet, run_foreground
+from devplug.devkubelet.foreground import run_foreground
+from devplug.devkubelet.kubelet import KUBELET_SOCKET, DevKubelet
 from devplug.devkubelet.model import (
     EVENT_KINDS,
     AdmittedContainer,

@@ -68,7 +68,7 @@ from devplug.devkubelet.registration_server import RegistrationServicer, add_reg
 from devplug.devkubelet.resources import Resource, cleanup_plugin_directory, describe_predicate, is_socket
 from devplug.errors import KubeletError
 
-__all__ = ["KUBELET_SOCKET", "DevKubelet", "run_foreground"]
+__all__ = ["KUBELET_SOCKET", "DevKubelet"]
 
 _log = logging.getLogger("devplug.devkubelet")
 
@@ -918,26 +918,3 @@ class DevKubelet:
                 self._write_checkpoint(f"{res.name} dropped")
             except KubeletError as exc:
                 _log.warning("%s", exc)
-
-
-async def run_foreground(
-    device_plugin_dir: Path, *, kep_mode: bool = False, pod_resources_socket: Path | None = None
-) -> None:
-    """Serve a dev kubelet until cancelled, logging every event as a line (``devplug.devkubelet``, INFO).
-
-    For ``devplug kubelet --dir DIR``.
-    """
-    kubelet = DevKubelet(device_plugin_dir, kep_mode=kep_mode, pod_resources_socket=pod_resources_socket)
-    kubelet.add_listener(lambda event: _log.info("%s", event))
-    await kubelet.start()
-    _log.info(
-        "dev kubelet serving %s and %s%s",
-        kubelet.kubelet_socket,
-        kubelet.pod_resources_socket,
-        " (KEP mode: PostStopContainer and Deallocate are called)" if kep_mode else "",
-    )
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await kubelet.stop()
-        _log.info("dev kubelet stopped")

@@ -119,6 +119,19 @@ def _hook_table() -> str:
     return "\n".join(rows)
 
 
+def core_requirement(version: str) -> str:
+    """The skeleton's pin on the core: the minor series of ``version`` (``0.1.0`` -> ``devplug>=0.1,<0.2``).
+
+    A hook contract's major change comes with a new minor release of ``devplug`` (the compatibility promise), so a
+    driver accepts the core releases of the series it was generated from, as devplug's own drivers do.
+    """
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise SkeletonError(f"new-driver: cannot read a major.minor version from devplug's version {version!r}")
+    major, minor = int(match.group(1)), int(match.group(2))
+    return f"devplug>={major}.{minor},<{major}.{minor + 1}"
+
+
 def render(names: SkeletonNames) -> dict[str, str]:
     """The skeleton's files, by path relative to the project folder."""
     values = {
@@ -127,7 +140,7 @@ def render(names: SkeletonNames) -> dict[str, str]:
         "package": names.package,
         "class_name": names.class_name,
         "env": names.env,
-        "core_version": devplug.__version__,
+        "core_requirement": core_requirement(devplug.__version__),
         "hook_contract": HOOK_CONTRACT,
     }
     bodies = {hook: Template(body).substitute(values) for hook, body in HOOK_BODIES.items()}

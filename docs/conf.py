@@ -1,0 +1,46 @@
+"""Sphinx configuration of devplug's documentation site (``make docs``; checked by tests/test_docs_site.py).
+
+Markdown sources (MyST), diagrams from Graphviz sources in ``diagrams/`` rendered to SVG by Debian's ``dot``
+during the build (tools/docs/setup.sh installs it), Sphinx's own theme: nothing is fetched from the network.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "core"))
+
+import devplug  # noqa: E402  (after the path: the version of the tree being documented)
+
+project = "devplug"
+author = "the devplug authors"
+copyright = "the devplug authors, Apache-2.0"
+version = release = devplug.__version__
+
+extensions = ["myst_parser", "sphinx.ext.graphviz"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build"]
+
+# Links to a heading of another page (`page.md#anchor`) resolve to GitHub-style anchors, and a missing one is a
+# warning (an error under -W).
+myst_heading_anchors = 3
+
+graphviz_output_format = "svg"
+graphviz_dot_args = ["-Gfontname=sans-serif", "-Nfontname=sans-serif", "-Efontname=sans-serif"]
+
+html_theme = "alabaster"
+html_title = f"devplug {release}"
+html_theme_options = {
+    "page_width": "1180px",
+    "sidebar_width": "250px",
+    "description": "Kubernetes device plugins with the whole device lifecycle",
+    "show_relbars": True,
+    "font_family": "sans-serif",
+    "head_font_family": "sans-serif",
+}
+html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
+html_show_sourcelink = False
+html_copy_source = False
