@@ -125,3 +125,17 @@ def test_device_classes_and_the_status_of_a_node(api: ApiServer, client: Any) ->
     relabelled["status"] = {}
     kept = api.update("nodes", relabelled)
     assert kept["status"] == {"allocatable": {"cpu": "4"}}, "a node's update keeps its status"
+
+
+def test_deletecollection_deletes_what_the_selectors_select(api: ApiServer, client: Any) -> None:
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    for name, driver in (("a", "one.example.com"), ("b", "two.example.com"), ("c", "two.example.com")):
+        api.create("resourceslices", slice_of(name, None, ["d"], driver=driver))
+    gone = api.storage.delete_collection(
+        api.resource("resourceslices"), None, field_selector="spec.driver=two.example.com"
+    )
+    assert [i["metadata"]["name"] for i in gone["items"]] == ["b", "c"]
+    assert [s["metadata"]["name"] for s in api.objects("resourceslices")] == ["a"]
+    client.deletecollection(ResourceSlice)
+    assert api.objects("resourceslices") == [] and api.count("deletecollection", "resourceslices", 200) == 1
