@@ -13,11 +13,17 @@
   load, and test doubles it can load without their being installed.
 * :mod:`devplug.testing.pcisysfs` -- a model of the kernel's PCI sysfs for drivers
   that bind and unbind devices.
-* :mod:`devplug.testing.leaseapi` -- a model of the Kubernetes API server's
-  ``coordination.k8s.io/v1`` Lease endpoints over HTTP on loopback, for drivers
-  that coordinate through Leases; it serves :mod:`devplug.testing.podapi`'s pods
-  too, and :mod:`devplug.testing.nodelease` models the kubelet's node Lease
-  heartbeat, for drivers that tell a live node from a dead one.
+* :mod:`devplug.testing.apiserver` -- a stand-in for the Kubernetes API server over
+  HTTP on loopback (``resource.k8s.io/v1`` ResourceSlices, ResourceClaims and
+  DeviceClasses, Nodes, Pods, Leases; resourceVersion, watch, 410 Gone, server-side
+  apply, the garbage collector, injected faults), for DRA drivers and any driver
+  that talks to the API server; :mod:`devplug.testing.scheduler` allocates claims
+  on it as kube-scheduler does (KEP-5004's claims for extended resources too).
+* :mod:`devplug.testing.leaseapi`, :mod:`devplug.testing.podapi` -- the same server
+  as drivers that coordinate through Leases use it (``LeaseApiServer``, with the
+  Leases and the pods as in-process views), and :mod:`devplug.testing.nodelease`
+  models the kubelet's node Lease heartbeat, for drivers that tell a live node
+  from a dead one.
 * :mod:`devplug.testing.nodes` -- several simulated nodes on one machine, each a
   dev kubelet and a real daemon, for drivers whose devices span nodes.
 * :mod:`devplug.testing.dflsysfs` -- a model of the kernel's FPGA DFL sysfs, device

@@ -14,8 +14,8 @@ Kubernetes v1.32:
   setting only ``spec.renewTime``; when it has none or the update fails on a
   conflict it gets the Lease, creating it when missing with ``holderIdentity``
   and ``leaseDurationSeconds`` (and ``renewTime``);
-* the Lease's owner reference to the Node object is not modelled (there are no
-  Node objects here).
+* the Lease's owner reference to the Node object is not modelled (a test that
+  creates Node objects on the server and wants it sets it itself).
 
 Tests stop it to make a node die (or be cut off from the API server) and start
 it again for a node that comes back.

@@ -1,0 +1,515 @@
+"""The stand-in over real HTTP on loopback: REST paths, JSON bodies, chunked watch streams; test hooks.
+
+Paths follow ``k8s.io/apiserver/pkg/endpoints/installer.go``: ``/api/v1/[namespaces/<ns>/]<plural>[/<name>[/<sub>]]``
+for core kinds, ``/apis/<group>/<version>/...`` for the others; a namespaced kind is listed and watched across
+namespaces without ``namespaces/<ns>``. A path the server does not serve is ``404`` "the server could not find the
+requested resource". A watch is ``GET`` on a collection with ``watch=true``: ``200``, ``Transfer-Encoding:
+chunked``, one JSON object per line (``{"type": ..., "object": ...}``); without ``timeoutSeconds`` it lasts a
+random time between ``min_request_timeout`` and twice that (``--min-request-timeout``, 1800 s), as the real
+server's watch handler does.
+
+The HTTP server is the standard library's ``ThreadingHTTPServer``, not waitress (which serves devplug's metrics):
+a watch is a long-lived response streamed event by event, each flushed at once, that a test may also cut
+mid-stream; ``ThreadingHTTPServer`` gives each connection its own thread and the handler the socket, where
+waitress serves WSGI apps from a fixed pool of worker threads (a few open watches would starve every other
+request) and buffers what an app yields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from devplug.testing.apiserver.errors import ApiStatusError, bad_request
+from devplug.testing.apiserver.resources import Resource, by_path, by_plural
+from devplug.testing.apiserver.storage import APPLY_MEDIA, RequestRecord, Storage, Writer
+
+__all__ = ["ApiServer", "Fault", "Faults"]
+
+_CORE = re.compile(
+    r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?/?$"
+)
+_GROUP = re.compile(
+    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/(?:namespaces/(?P<ns>[^/]+)/)?(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?/?$"
+)
+_REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+
+
+def _not_served() -> ApiStatusError:
+    return ApiStatusError(404, "NotFound", "the server could not find the requested resource")
+
+
+@dataclass
+class Fault:
+    """Requests to fail: the next ``count`` matching ``verb`` and ``resource`` (None: any) get ``code``."""
+
+    code: int
+    count: int
+    verb: str | None
+    resource: str | None
+    retry_after: int | None
+
+    def error(self) -> ApiStatusError:
+        if self.code == 429:
+            message = "Too many requests, please try again later."
+        elif self.code == 500:
+            message = "Internal error occurred: a fault injected by the test (devplug.testing.apiserver)"
+        else:
+            message = "a fault injected by the test (devplug.testing.apiserver)"
+        return ApiStatusError(
+            self.code, _REASONS.get(self.code, "InternalError"), message, retry_after=self.retry_after
+        )
+
+
+class Faults:
+    """Faults injected into the HTTP requests (not into in-process calls)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[Fault] = []
+
+    def fail(
+        self,
+        code: int = 500,
+        *,
+        count: int = 1,
+        verb: str | None = None,
+        resource: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """Fail the next ``count`` requests of ``verb`` (``get``, ``list``, ``watch``, ``create``, ``update``,
+        ``patch``, ``delete``, ``deletecollection``) on ``resource`` (a plural) with ``code`` (429 answers
+        ``TooManyRequests`` with ``Retry-After: retry_after``, default 1, as the API server's priority and
+        fairness does)."""
+        if code == 429 and retry_after is None:
+            retry_after = 1
+        with self._lock:
+            self._pending.append(Fault(code, count, verb, resource, retry_after))
+
+    def take(self, verb: str, resource: str) -> ApiStatusError | None:
+        with self._lock:
+            for fault in self._pending:
+                if fault.verb in (None, verb) and fault.resource in (None, resource):
+                    fault.count -= 1
+                    if fault.count <= 0:
+                        self._pending.remove(fault)
+                    return fault.error()
+        return None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    api: ApiServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a killed daemon, a closed watch) is no error of the server's."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+            super().handle_error(request, client_address)
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    # --- plumbing
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _answer(self, code: int, body: Mapping[str, Any], retry_after: int | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if retry_after is not None:
+            self.send_header("Retry-After", str(retry_after))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    @staticmethod
+    def _decode(raw: bytes, media: str) -> Any:
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            if media != APPLY_MEDIA:
+                raise bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+        try:
+            import yaml  # type: ignore[import-untyped]
+        except ImportError:
+            raise ApiStatusError(
+                415,
+                "UnsupportedMediaType",
+                "the stand-in reads YAML apply bodies with PyYAML, which is not installed; send JSON (YAML's subset)",
+            ) from None
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise bad_request(f"error decoding YAML: {exc}") from None
+
+    # --- dispatch
+
+    def _route(self) -> tuple[Resource, str | None, str | None, str]:
+        path = urlsplit(self.path).path
+        core, group = _CORE.match(path), _GROUP.match(path)
+        if core is not None:
+            match, resource = core, by_path("", "v1", core["plural"])
+        elif group is not None:
+            match, resource = group, by_path(group["group"], group["version"], group["plural"])
+        else:
+            raise _not_served()
+        if resource is None:
+            raise _not_served()
+        namespace = unquote(match["ns"]) if match["ns"] else None
+        name = unquote(match["name"]) if match["name"] else None
+        sub = match["sub"] or ""
+        if (namespace is not None and not resource.namespaced) or (sub and sub not in resource.subresources):
+            raise _not_served()
+        return resource, namespace, name, sub
+
+    def _serve(self, method: str) -> None:
+        api = self.server.api
+        query = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query, keep_blank_values=True).items()}
+        raw = self._read_body()
+        resource_name, namespace, name, sub, verb = "", "", None, "", method.lower()
+        try:
+            resource, ns, name, sub = self._route()
+            resource_name, namespace = resource.plural, ns or ""
+            if method == "GET":
+                verb = "get" if name else ("watch" if _flag(query.get("watch")) else "list")
+            elif method == "POST":
+                verb = "create"
+            elif method == "PUT":
+                verb = "update"
+            elif method == "PATCH":
+                verb = "patch"
+            elif method == "DELETE":
+                verb = "delete" if name else "deletecollection"
+            if resource.namespaced and ns is None and verb not in ("list", "watch", "deletecollection"):
+                raise _not_served()
+            fault = api.faults.take(verb, resource.plural)
+            if fault is not None:
+                raise fault
+            if verb == "watch":
+                self._watch(resource, ns, query)
+                return
+            code, body = self._dispatch(verb, resource, namespace, name, sub, query, raw)
+        except ApiStatusError as exc:
+            code, body = exc.code, exc.status()
+            api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code))
+            self._answer(code, body, exc.retry_after)
+            return
+        api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code))
+        self._answer(code, body)
+
+    def _writer(self, query: Mapping[str, str]) -> Writer:
+        manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "unknown").split("/")[0]
+        dry_run = query.get("dryRun")
+        if dry_run not in (None, "", "All"):
+            raise bad_request(f'dryRun: Unsupported value: "{dry_run}": supported values: "All"')
+        return Writer(manager, dry_run == "All")
+
+    def _dispatch(
+        self,
+        verb: str,
+        resource: Resource,
+        namespace: str,
+        name: str | None,
+        sub: str,
+        query: Mapping[str, str],
+        raw: bytes,
+    ) -> tuple[int, Any]:
+        storage = self.server.api.storage
+        media = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        if verb == "get":
+            return 200, storage.get(resource, namespace, name or "", query.get("resourceVersion"))
+        if verb == "list":
+            limit = query.get("limit")
+            return 200, storage.list(
+                resource,
+                namespace or None,
+                label_selector=query.get("labelSelector", ""),
+                field_selector=query.get("fieldSelector", ""),
+                resource_version=query.get("resourceVersion"),
+                resource_version_match=query.get("resourceVersionMatch"),
+                limit=int(limit) if limit else None,
+                continue_token=query.get("continue"),
+            )
+        body = self._decode(raw, media)
+        if verb == "create" and sub == "binding":
+            target = ((body or {}).get("target") or {}).get("name")
+            if not target:
+                raise bad_request("a Binding needs target.name")
+            storage.bind(namespace, name or "", target, self._writer(query))
+            return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        if verb == "create":
+            if name:
+                raise _not_served()
+            return 201, storage.create(resource, namespace, body or {}, self._writer(query))
+        if verb == "update":
+            return 200, storage.update(resource, namespace, name or "", body or {}, self._writer(query), sub)
+        if verb == "patch":
+            writer = self._writer(query)
+            if media == APPLY_MEDIA and not query.get("fieldManager"):  # required, never the user agent's
+                writer = Writer("", writer.dry_run)
+            return 200, storage.patch(
+                resource, namespace, name or "", body, media, writer, sub, force=_flag(query.get("force"))
+            )
+        options = dict(body or {})
+        for key in ("propagationPolicy", "gracePeriodSeconds", "orphanDependents"):
+            if key in query and key not in options:
+                options[key] = (
+                    int(query[key])
+                    if key == "gracePeriodSeconds"
+                    else (_flag(query[key]) if key == "orphanDependents" else query[key])
+                )
+        if verb == "delete":
+            return 200, storage.delete(resource, namespace, name or "", options, self._writer(query))
+        return 200, storage.delete_collection(
+            resource,
+            namespace or None,
+            label_selector=query.get("labelSelector", ""),
+            field_selector=query.get("fieldSelector", ""),
+            options=options,
+            writer=self._writer(query),
+        )
+
+    def _watch(self, resource: Resource, namespace: str | None, query: Mapping[str, str]) -> None:
+        api = self.server.api
+        timeout = query.get("timeoutSeconds")
+        send_initial = query.get("sendInitialEvents")
+        stream = api.storage.watch(
+            resource,
+            namespace,
+            label_selector=query.get("labelSelector", ""),
+            field_selector=query.get("fieldSelector", ""),
+            resource_version=query.get("resourceVersion"),
+            resource_version_match=query.get("resourceVersionMatch"),
+            allow_bookmarks=_flag(query.get("allowWatchBookmarks")),
+            send_initial_events=None if send_initial is None else _flag(send_initial),
+            timeout_s=float(timeout) if timeout else api.min_request_timeout * (random.random() + 1.0),
+        )
+        api.storage.requests.append(RequestRecord("watch", "GET", resource.plural, namespace or "", None, "", 200))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        stop = threading.Event()
+        with api.track(stop):
+            try:
+                for event in stream.events(stop):
+                    self._chunk(json.dumps(event).encode() + b"\n")
+            except (ConnectionError, OSError):
+                self.close_connection = True
+                return
+        if stream.cut:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+
+class _Tracked:
+    def __init__(self, api: ApiServer, stop: threading.Event) -> None:
+        self.api, self.stop = api, stop
+
+    def __enter__(self) -> None:
+        with self.api._watch_lock:
+            self.api._watch_stops.add(self.stop)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.api._watch_lock:
+            self.api._watch_stops.discard(self.stop)
+
+
+class ApiServer:
+    """The API server stand-in on ``http://127.0.0.1:<free port>``, served from threads; a context manager.
+
+    ``storage`` holds the objects (in-process calls take the same path as HTTP ones); ``faults`` injects
+    failures; the garbage collector runs in a thread of its own while the server runs (``gc=False`` leaves it
+    to :meth:`collect_garbage`).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        storage: Storage | None = None,
+        history_limit: int = 10_000,
+        bookmark_interval: float = 60.0,
+        min_request_timeout: float = 1800.0,
+        gc: bool = True,
+    ) -> None:
+        self.storage = storage or Storage(history_limit=history_limit, bookmark_interval=bookmark_interval)
+        self.faults = Faults()
+        self.min_request_timeout = min_request_timeout
+        self._server = _Server((host, port), _Handler)
+        self._server.api = self
+        self._thread = threading.Thread(target=self._server.serve_forever, name="apiserver-standin", daemon=True)
+        self._gc_thread = (
+            threading.Thread(target=self._collect, name="apiserver-standin-gc", daemon=True) if gc else None
+        )
+        self._watch_lock = threading.Lock()
+        self._watch_stops: set[threading.Event] = set()
+        self._started = False
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> ApiServer:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+            if self._gc_thread is not None:
+                self._gc_thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving: open watches end, the garbage collector stops, the port is closed."""
+        self.storage.close()
+        with self._watch_lock:
+            for stop in self._watch_stops:
+                stop.set()
+        if self._started:
+            self._server.shutdown()
+        self._server.server_close()
+        if self._gc_thread is not None and self._gc_thread.is_alive():
+            self._gc_thread.join(5.0)
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def track(self, stop: threading.Event) -> _Tracked:
+        return _Tracked(self, stop)
+
+    def _collect(self) -> None:
+        storage = self.storage
+        while not storage.closed:
+            storage.gc_wanted.wait(1.0)
+            storage.gc_wanted.clear()
+            for _ in range(100):  # until a pass writes nothing (bounded)
+                if storage.closed or storage.collect_garbage() == 0:
+                    break
+
+    # --- for tests: reading, writing as a controller would, faults
+
+    @staticmethod
+    def resource(plural: str) -> Resource:
+        return by_plural(plural)
+
+    def get(self, plural: str, name: str, namespace: str = "") -> dict[str, Any]:
+        return self.storage.get(by_plural(plural), namespace, name)
+
+    def objects(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return self.storage.objects(by_plural(plural), namespace)
+
+    def create(
+        self, plural: str, obj: Mapping[str, Any], namespace: str = "", manager: str = "devplug-testing"
+    ) -> dict[str, Any]:
+        return self.storage.create(by_plural(plural), namespace, obj, Writer(manager))
+
+    def update(
+        self,
+        plural: str,
+        obj: Mapping[str, Any],
+        namespace: str = "",
+        manager: str = "devplug-testing",
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        return self.storage.update(by_plural(plural), namespace, name, obj, Writer(manager), subresource)
+
+    def apply(
+        self,
+        plural: str,
+        obj: Mapping[str, Any],
+        manager: str,
+        namespace: str = "",
+        *,
+        force: bool = False,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        return self.storage.apply(by_plural(plural), namespace, name, obj, Writer(manager), subresource, force=force)
+
+    def delete(self, plural: str, name: str, namespace: str = "", **options: Any) -> dict[str, Any]:
+        return self.storage.delete(by_plural(plural), namespace, name, options)
+
+    def compact(self, revision: int | None = None) -> int:
+        return self.storage.compact(revision)
+
+    def close_watches(self, *, abrupt: bool = False) -> None:
+        self.storage.close_watches(abrupt=abrupt)
+
+    def bookmark(self) -> None:
+        self.storage.bookmark()
+
+    def collect_garbage(self) -> int:
+        """Run the garbage collector until it has nothing left to do; the writes it made."""
+        total = 0
+        for _ in range(100):
+            done = self.storage.collect_garbage()
+            total += done
+            if done == 0:
+                break
+        return total
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        return list(self.storage.requests)
+
+    def count(self, verb: str | None = None, resource: str | None = None, code: int | None = None) -> int:
+        """How many HTTP requests matched ``verb``, ``resource`` (plural) and ``code`` (None: any)."""
+        return sum(
+            1
+            for r in self.storage.requests
+            if verb in (None, r.verb) and resource in (None, r.resource) and code in (None, r.code)
+        )
