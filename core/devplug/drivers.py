@@ -37,6 +37,7 @@ from devplug.errors import (
     DriverLoadError,
     DriverNotFoundError,
 )
+from devplug.hookspecs import HOOK_NAMES
 from devplug.types import (
     ContainerAllocation,
     Device,
@@ -65,10 +66,6 @@ ENTRY_POINT_GROUP = "devplug.drivers"
 DISABLE_ENV = "DEVPLUG_DISABLE_DRIVERS"
 TRACE_ENV = "DEVPLUG_TRACE_HOOKS"
 
-#: Every hook of the driver contract, in lifecycle order (the order of :mod:`devplug.hookspecs`).
-HOOK_NAMES: tuple[str, ...] = tuple(
-    name for name, spec in vars(hookspecs).items() if hasattr(spec, f"{hookspecs.PROJECT_NAME}_spec")
-)
 
 log = logging.getLogger("devplug.drivers")
 
