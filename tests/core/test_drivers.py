@@ -148,12 +148,10 @@ class ReplicaAware(Minimal):
         return ContainerAllocation(envs={"IDS": ",".join(device_ids)})
 
 
-@pytest.mark.parametrize("tracing", [False, True], ids=["direct", "through-pluggy"])
-def test_one_allocate_answers_alike_called_directly_or_through_pluggy(
-    tracing: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A driver's one allocate is called without pluggy's dispatch (with DEVPLUG_TRACE_HOOKS, through it):
-    the same arguments, answers, empty answers, refusals and exceptions either way."""
+@pytest.mark.parametrize("tracing", [False, True], ids=["plain", "traced"])
+def test_allocate_answers_alike_traced_or_not(tracing: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver's allocate gets the same arguments and gives the same answers, empty answers, refusals and
+    exceptions with DEVPLUG_TRACE_HOOKS as without; plugins registered later are called too."""
     if tracing:
         monkeypatch.setenv("DEVPLUG_TRACE_HOOKS", "1")
     driver = ReplicaAware()

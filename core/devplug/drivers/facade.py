@@ -124,16 +124,14 @@ class DriverFacade:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise DriverLoadError(f"{where}: {exc}") from exc
-        tracing = bool(os.environ.get(TRACE_ENV))
-        if tracing:
+        if os.environ.get(TRACE_ENV):
             self.pm.trace.root.setwriter(lambda msg: log.debug("[%s] hook %s", resource_name, msg.rstrip()))
             self.pm.enable_tracing()
-        self._tracing = tracing
 
     def _share(self, other: DriverFacade) -> None:
         """Call ``other``'s plugin manager from now on (what :meth:`DriverHooks.sharing` builds on)."""
         self.resource_name, self.driver, self.replicas = other.resource_name, other.driver, other.replicas
-        self.pm, self._defaults, self._tracing = other.pm, other._defaults, other._tracing
+        self.pm, self._defaults = other.pm, other._defaults
 
     def implements(self, hook: str) -> bool:
         """True when a plugin other than the core defaults implements ``hook``."""
@@ -187,18 +185,7 @@ class DriverFacade:
     def call_allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
         ids = tuple(device_ids)
         shown = Replicas.unshared(ids) if replicas is None else replicas
-        sole = None if self._tracing else _sole_implementation(self.pm.hook.allocate)
-        if sole is not None:  # what pluggy does with one plain implementation, without its dispatch
-            args = {"device_ids": ids, "replicas": shown}
-            if sole.kwargnames:  # arguments the implementation gives defaults (pluggy passes those it is given)
-                part = sole.function(
-                    *[args[name] for name in sole.argnames], **{n: args[n] for n in sole.kwargnames if n in args}
-                )
-            else:
-                part = sole.function(*[args[name] for name in sole.argnames])
-            parts: list[Any] = [] if part is None else [part]
-        else:
-            parts = [p for p in self.pm.hook.allocate(device_ids=ids, replicas=shown) if p is not None]
+        parts = [p for p in self.pm.hook.allocate(device_ids=ids, replicas=shown) if p is not None]
         for part in parts:
             if not isinstance(part, ContainerAllocation):
                 raise DriverError(f"{self.resource_name}: allocate must return a ContainerAllocation, got {part!r}")
@@ -253,15 +240,6 @@ class DriverHooks(DriverFacade):
     pre_start = DriverFacade.call_pre_start
     post_stop = DriverFacade.call_post_stop
     deallocate = DriverFacade.call_deallocate
-
-
-def _sole_implementation(caller: pluggy.HookCaller) -> pluggy.HookImpl | None:
-    """The hook's implementation when it has exactly one and it wraps nothing: calling its function with the
-    arguments it names is then all pluggy's call does. Asked at every call: plugins may be registered later."""
-    impls = caller.get_hookimpls()
-    if len(impls) != 1 or impls[0].wrapper or impls[0].hookwrapper:
-        return None
-    return impls[0]
 
 
 def check_device_list(resource_name: str, devices: Any, replicas: int = 1) -> list[Device]:
