@@ -74,13 +74,33 @@ def test_the_engine_assigns_no_callbacks_after_construction() -> None:
     assert offences == []
 
 
-def test_only_drivers_py_loads_or_constructs_drivers() -> None:
+def test_only_driver_discovery_loads_or_constructs_drivers() -> None:
     offences = [
         f"{path.relative_to(ROOT)}:{i}"
         for path in _sources(CORE)
-        if path.name != "drivers.py"
+        if path.relative_to(CORE).as_posix() != "drivers/discovery.py"
         for i, text in enumerate(path.read_text().splitlines(), 1)
         if "entry_points(" in text or re.search(r"(?<!\w)driver_class\(", text) or "importlib.metadata" in text
+    ]
+    assert offences == []
+
+
+def test_only_the_driver_facade_calls_pluggy() -> None:
+    """One layer between devplug and pluggy: the markers are made in ``devplug`` and ``devplug.hookspecs``, and hooks
+    are called only by ``devplug.drivers.facade`` (the engine's ``AsyncDriver`` awaits its calls)."""
+    markers = {"__init__.py", "hookspecs.py"}
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _sources(CORE)
+        for line, module in _imports(path)
+        if module.split(".")[0] == "pluggy" and path.relative_to(CORE).as_posix() not in {*markers, "drivers/facade.py"}
+    ]
+    offences += [
+        f"{path.relative_to(ROOT)}:{i} calls a hook through the plugin manager"
+        for path in _sources(CORE)
+        if path.relative_to(CORE).as_posix() != "drivers/facade.py"
+        for i, text in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bpm\.hook\b|\.get_hookimpls\(", text)
     ]
     assert offences == []
 

@@ -81,7 +81,7 @@ def check_config(config_path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def drivers(as_json: bool) -> None:
     """List the installed drivers: distribution, version, and the hooks each implements."""
-    from devplug.drivers import driver_hook_names, installed_drivers
+    from devplug.drivers.discovery import driver_hook_names, installed_drivers
 
     rows: list[dict[str, Any]] = []
     for name, info in installed_drivers().items():

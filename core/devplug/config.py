@@ -65,7 +65,8 @@ from pathlib import Path
 from typing import Any
 
 from devplug.configfile import read_config_bytes
-from devplug.drivers import check_driver_resources, load_driver_class
+from devplug.drivers.construction import check_driver_resources
+from devplug.drivers.discovery import load_driver_class
 from devplug.errors import ConfigError, DriverLoadError
 from devplug.options import describe_type, parse_options, unknown_key_hint
 from devplug.resource_names import invalid_resource_name_reason

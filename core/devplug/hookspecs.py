@@ -141,7 +141,8 @@ def start(ctx: DriverContext) -> None:
     access, vendor tools), start watcher threads that push device changes
     through ``ctx``, and keep ``ctx`` for later. Raise :class:`devplug.DriverError`
     with a clear message if the driver cannot work: the resource is then not
-    registered, and the engine retries ``start`` with backoff.
+    registered, and the engine retries ``start`` with backoff. Returns nothing
+    (a value returned is ignored).
 
     Example::
 
@@ -160,7 +161,8 @@ def stop() -> None:
     restarts or removes the resource, after the resource stopped serving,
     and only if ``start`` succeeded. Stop watcher
     threads and release handles; do not release devices held by pods, which
-    stay allocated across daemon restarts.
+    stay allocated across daemon restarts. Returns nothing (a value returned is
+    ignored).
 
     Example::
 
@@ -296,7 +298,7 @@ def pre_start(device_ids: Sequence[str], replicas: Replicas) -> None:
     included), when the driver implements it (the engine then advertises
     ``pre_start_required``). The kubelet waits at most 30 s; raising fails the
     container's start. Shared devices: the physical IDs, ``replicas`` as for
-    ``allocate``.
+    ``allocate``. Returns nothing (a value returned is ignored).
 
     Example::
 
@@ -319,7 +321,7 @@ def post_stop(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> Non
     checkpoint on stock kubelets, from the KEP's PostStopContainer on kubelets
     that call it), and always before the devices are allocated to anyone else;
     then ``deallocate``. Deprogram, scrub, reset here. The devices may have
-    vanished meanwhile.
+    vanished meanwhile. Returns nothing (a value returned is ignored).
 
     Called only once no process of the pod is left on the node (its cgroup is
     empty), or, where that cannot be read, ``[liveness] unknown_grace``
@@ -364,7 +366,8 @@ def deallocate(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> No
     (after ``post_stop``), and to undo an ``allocate`` whose request failed
     part-way. Unbind drivers, free shared slots, switch modes here. The
     devices may have vanished meanwhile; must be safe to call for devices
-    only partly prepared. At least once, like ``post_stop``: ``retry=True``
+    only partly prepared. Returns nothing (a value returned is ignored). At
+    least once, like ``post_stop``: ``retry=True``
     when an earlier call for these devices may have done part of the work (a
     restart, a failed attempt). Raising keeps the devices out of service and
     the release is retried with backoff, as for ``post_stop``.
@@ -381,3 +384,12 @@ def deallocate(device_ids: Sequence[str], retry: bool, replicas: Replicas) -> No
             for dev in device_ids:
                 self.unbind_from_vfio(dev, missing_ok=retry)
     """
+
+
+# --- the hook list --------------------------------------------------------------
+
+#: Every hook of the contract, in lifecycle order (the order of the specs above): the one hook list. The facade's
+#: capabilities, the metrics' hook counters, the SDK's hook stubs and the README's hook table follow it (tests check).
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, obj in tuple(globals().items()) if hasattr(obj, f"{PROJECT_NAME}_spec")
+)

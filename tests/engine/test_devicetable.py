@@ -63,6 +63,10 @@ def test_health_sets_match_a_walk_under_random_changes_of_shared_and_plain_devic
         offered_ids = {d.id for d in walked[0]}
         for dev_id in {*names, *ids, "nope"}:
             assert (dev_id in offer.ids) == (dev_id in offered_ids), f"seed {seed}, {dev_id}"
+    some = {d.id for d in table.reported_devices() if d.healthy} or {"d0"}
+    table.set_degraded(None)
+    table.retire("removed from the config")
+    assert not table.all_reported_healthy(some)
 
 
 def _walked_offer(table: DeviceTable, available: list[str], musts: list[str]) -> tuple[list[Device], list[str]]:
@@ -78,10 +82,6 @@ def _walked_offer(table: DeviceTable, available: list[str], musts: list[str]) ->
         elif dev_id in musts:
             offered.append(table.advertised(dev_id) or reported)
     return offered, unknown
-    some = {d.id for d in table.reported_devices() if d.healthy} or {"d0"}
-    table.set_degraded(None)
-    table.retire("removed from the config")
-    assert not table.all_reported_healthy(some)
 
 
 def _all_reported_healthy(table: DeviceTable, ids: set[str]) -> bool:

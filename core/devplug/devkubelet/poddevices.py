@@ -67,10 +67,6 @@ class PodDevices:
         """The pod UIDs that have entries."""
         return set(self._devs)
 
-    def has_pod(self, uid: str) -> bool:
-        """Whether the pod has any entry."""
-        return uid in self._devs
-
     def insert(self, uid: str, container: str, resource: str, info: DeviceAllocateInfo) -> None:
         """Record (or replace) one container's devices of one resource."""
         self._devs.setdefault(uid, {}).setdefault(container, {})[resource] = info

@@ -16,7 +16,8 @@ from typing import Any
 
 from devplug.config import ResourceConfig
 from devplug.context import DriverContext
-from devplug.drivers import DriverHooks, check_device_list, construct_driver
+from devplug.drivers.construction import construct_driver
+from devplug.drivers.facade import check_device_list
 from devplug.engine.asynctools import BackgroundTasks, Backoff
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
@@ -119,7 +120,7 @@ class DriverHost:
         instead degrades the resource (every device unhealthy until it answers).
         """
         instance = construct_driver(config.name, config.driver, config.driver_class, config.options)
-        driver = AsyncDriver(DriverHooks(config.name, instance, replicas=config.replicas), runner)
+        driver = AsyncDriver(config.name, instance, runner, replicas=config.replicas)
         relist = asyncio.Event()
         sink = _LoopSink(config.name, table, asyncio.get_running_loop(), relist, published)
         await driver.start(DriverContext(config.name, state_dir, sink))

@@ -42,9 +42,9 @@ import devplug
 from devplug.contract import HOOK_CONTRACT
 from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
+from devplug.hookspecs import HOOK_NAMES
 
 __all__ = [
-    "DRIVER_HOOKS",
     "EngineCollector",
     "Metrics",
     "MetricsServer",
@@ -64,19 +64,6 @@ REASON_LABEL_CHARS = 200
 
 #: How long a probe (and a scrape's read of the engine) waits for the event loop to run a call.
 PROBE_TIMEOUT_S = 2.0
-
-#: The driver hooks the engine calls, whose counters exist (at 0) from the start.
-DRIVER_HOOKS = (
-    "start",
-    "stop",
-    "list_devices",
-    "check_health",
-    "preferred_allocation",
-    "allocate",
-    "pre_start",
-    "post_stop",
-    "deallocate",
-)
 
 #: Release latency buckets, seconds: a mock release takes milliseconds, a deprogrammed FPGA minutes.
 RELEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -128,7 +115,7 @@ class PrometheusObserver(ResourceObserver):
         self._resource = resource
         self._driver = driver
         self._hooks: dict[str, tuple[Any, Any, Any]] = {}
-        for hook in DRIVER_HOOKS:
+        for hook in HOOK_NAMES:  # every hook of the contract has its counters (at 0) from the start
             self._hook(hook)
         self._allocations = metrics.allocations.labels(resource)
         self._releases = metrics.releases.labels(resource)

@@ -432,10 +432,6 @@ class DflModel:
         """Make every PR through ``fme`` fail with errno ``code`` (leaving the region without an AFU)."""
         (self._control / f"pr-fail.{fme}").write_text(code)
 
-    def heal_pr(self, fme: str) -> None:
-        """PRs through ``fme`` work again."""
-        (self._control / f"pr-fail.{fme}").unlink(missing_ok=True)
-
     def hold_pr(self) -> None:
         """Make PRs block until :meth:`release_pr` (or until the process is killed)."""
         (self._control / "pr-hold").write_text("")

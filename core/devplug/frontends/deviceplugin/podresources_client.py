@@ -18,13 +18,12 @@ DeviceUse = dict[str, dict[str, set[str]]]
 
 
 class PodResourcesClient:
-    """Calls List and Get on the kubelet's PodResources socket; errors are ``grpc.aio.AioRpcError``."""
+    """Calls List on the kubelet's PodResources socket; errors are ``grpc.aio.AioRpcError``."""
 
     def __init__(self, socket: Path, timeout: float = 5.0) -> None:
         self.socket = socket
         self.timeout = timeout
         self._channel: grpc.aio.Channel | None = None
-        self.get_supported = True
 
     def _chan(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -52,29 +51,3 @@ class PodResourcesClient:
                     for dev_id in devices.device_ids:
                         use[devices.resource_name][dev_id].add(key)
         return use
-
-    async def pod_exists(self, pod: str) -> bool:
-        """Whether the pod ``namespace/name`` is still listed (Get where served, else List)."""
-        namespace, _, name = pod.partition("/")
-        if self.get_supported:
-            call = self._chan().unary_unary(
-                "/v1.PodResourcesLister/Get",
-                request_serializer=pr.GetPodResourcesRequest.SerializeToString,
-                response_deserializer=pr.GetPodResourcesResponse.FromString,
-            )
-            try:
-                await call(pr.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace), timeout=self.timeout)
-                return True
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    return False
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                self.get_supported = False
-        call_list = self._chan().unary_unary(
-            "/v1.PodResourcesLister/List",
-            request_serializer=pr.ListPodResourcesRequest.SerializeToString,
-            response_deserializer=pr.ListPodResourcesResponse.FromString,
-        )
-        response: pr.ListPodResourcesResponse = await call_list(pr.ListPodResourcesRequest(), timeout=self.timeout)
-        return any(f"{p.namespace}/{p.name}" == pod for p in response.pod_resources)
