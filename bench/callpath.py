@@ -177,7 +177,7 @@ def trace_paths(root: Path) -> dict[str, PathTrace]:
                     asyncio.run_coroutine_threadsafe(daemon.daemon.reconciler.reconcile_once(), daemon.loop).result(30)
                     _wait(lambda: not list(core.records()), "both releases")
     finally:
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
         sys.setprofile(None)
     return {"allocate": allocate, "release": release}
 
