@@ -32,7 +32,18 @@ from devplug.errors import (
     RequestError,
 )
 from devplug.hookspecs import PROJECT_NAME
-from devplug.types import CDIDevice, ContainerAllocation, Device, DeviceSpec, Health, Mount, Replicas, Topology
+from devplug.types import (
+    CDIDevice,
+    ContainerAllocation,
+    Device,
+    DeviceSpec,
+    Health,
+    HealthReport,
+    Mount,
+    Replicas,
+    ResourceSettings,
+    Topology,
+)
 
 __version__ = "0.1.0"
 
@@ -69,10 +80,12 @@ __all__ = [
     "DriverContext",
     "DriverError",
     "Health",
+    "HealthReport",
     "HookTimeoutError",
     "Mount",
     "Replicas",
     "RequestError",
+    "ResourceSettings",
     "Topology",
     "hookimpl",
 ]

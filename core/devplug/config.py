@@ -70,6 +70,7 @@ from devplug.drivers.discovery import load_driver_class
 from devplug.errors import ConfigError, DriverLoadError
 from devplug.options import describe_type, parse_options, unknown_key_hint
 from devplug.resource_names import invalid_resource_name_reason
+from devplug.types import ResourceSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -252,6 +253,17 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
     "health_interval": (0.01, 86400.0, True),
     "hook_timeout": (0.01, 86400.0, False),
 }
+
+
+def _health_interval(table: Mapping[str, Any], driver: str, driver_class: type, where: str) -> float:
+    """The resource's ``health_interval``; when the config does not set one, the driver class's default
+    (its ``health_interval`` attribute, seconds), else 0 (never)."""
+    if "health_interval" in table:
+        return _seconds(table["health_interval"], f"{where}.health_interval", "health_interval")
+    default = getattr(driver_class, "health_interval", 0.0)
+    return _seconds(
+        default, f"{where}: health_interval, the default of driver {driver!r} (its class attribute)", "health_interval"
+    )
 
 
 def _seconds(value: Any, where: str, limit: str) -> float:
@@ -447,7 +459,11 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     resources = tuple(_parse_resource(name, table, source, base) for name, table in resources_t.items())
     _check_cdi_kinds(resources, cdi, source)
     _check_renames(resources, source)
-    check_driver_resources(((rc.name, rc.driver, rc.driver_class, rc.options) for rc in resources), source)
+    check_driver_resources(
+        ((rc.name, rc.driver, rc.driver_class, rc.options) for rc in resources),
+        source,
+        settings={rc.name: ResourceSettings(rc.hook_timeout, rc.health_interval, rc.replicas) for rc in resources},
+    )
     return Config(
         path=Path(source) if base is not None else None,
         kubelet=kubelet,
@@ -508,7 +524,7 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
         driver=driver,
         driver_class=driver_class,
         options=options,
-        health_interval=_seconds(table.get("health_interval", 0.0), f"{where}.health_interval", "health_interval"),
+        health_interval=_health_interval(table, driver, driver_class, where),
         hook_timeout=_seconds(table.get("hook_timeout", 30.0), f"{where}.hook_timeout", "hook_timeout"),
         cdi_kind=_cdi_kind(table, rename or name, where),
         replicas=_replicas(table.get("replicas", 1), f"{where}.replicas"),

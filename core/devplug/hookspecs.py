@@ -13,12 +13,18 @@ advertises to the kubelet (``pre_start_required``,
 and ``deallocate_available``).
 
 Besides ``Options``, a driver class may define a classmethod
-``check_resources(options: Mapping[str, Options]) -> None``, called when the
-config is checked (``devplug check-config`` and daemon start) with the options
-of every resource that uses the driver, by resource name. It raises
+``check_resources(options: Mapping[str, Options], settings: Mapping[str, ResourceSettings]) -> None``
+(``settings`` optional), called when the config is checked (``devplug
+check-config`` and daemon start) with the options of every resource that uses
+the driver, by resource name, and their :class:`devplug.ResourceSettings`
+(``hook_timeout``, ``health_interval``, ``replicas``). It raises
 ``ValueError`` (or :class:`devplug.ConfigError`) for what no single
 resource's options can show, such as two resources selecting the same
-device; the message becomes a config error naming those resources.
+device, or a cleaning timeout longer than ``hook_timeout``; the message
+becomes a config error naming those resources. And a class attribute
+``health_interval`` (seconds) is the driver's default for resources whose
+config sets none (``check_health`` is then called that often; 0 or absent:
+never, unless the config sets it).
 
 How hooks are called:
 
@@ -33,7 +39,9 @@ How hooks are called:
   a lock only around its own shared state, not around slow device work).
 * A hook fails by raising; :class:`devplug.DriverError` carries an expected
   failure whose message reaches the kubelet and the log. Anything else is
-  logged with its traceback.
+  logged with its traceback. What a failure does is said in each hook's
+  docstring ("Raising ..."): no failure ever hands an uncleaned device to
+  another pod.
 * Device IDs are the IDs the driver advertised. The engine validates every
   kubelet request against the device table before a hook sees it, so
   ``allocate`` never gets an unknown, unhealthy or duplicate ID.
@@ -61,7 +69,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import pluggy
 
 from devplug.context import DriverContext
-from devplug.types import ContainerAllocation, Device, Health, Replicas
+from devplug.types import ContainerAllocation, Device, Health, HealthReport, Replicas, ResourceSettings
 
 PROJECT_NAME = "devplug"
 
@@ -81,6 +89,8 @@ class DriverClass(Protocol):
     no argument. Hooks are methods marked ``@hookimpl`` named after the specs
     below; ``list_devices`` is required. ``hook_contract`` names the version of
     this contract the class was written against (see :mod:`devplug.contract`).
+    ``health_interval`` (optional, seconds) is the default for resources whose
+    config sets none.
 
     Example::
 
@@ -108,17 +118,21 @@ class DriverClass(Protocol):
 class ChecksResources(Protocol):
     """A driver class that checks all of its resources together when the config is checked.
 
-    ``check_resources(options)`` is a classmethod, called by ``devplug
+    ``check_resources(options, settings)`` is a classmethod, called by ``devplug
     check-config`` and at daemon start with every resource's options that use
-    the driver, by resource name. It raises ``ValueError`` (or
+    the driver, by resource name, and (when it declares the ``settings``
+    parameter; drivers without it are called with the options alone) each
+    resource's :class:`devplug.ResourceSettings`. It raises ``ValueError`` (or
     :class:`devplug.ConfigError`) for what no single resource shows.
 
     Example::
 
         @classmethod
-        def check_resources(cls, options):
+        def check_resources(cls, options, settings):
             seen = {}
             for resource, opts in options.items():
+                if opts.erase_timeout > settings[resource].hook_timeout:
+                    raise ValueError(f"{resource}: erase_timeout is longer than hook_timeout")
                 for card in opts.cards:
                     if card in seen:
                         raise ValueError(f"card {card} is claimed by {seen[card]} and {resource}")
@@ -126,7 +140,7 @@ class ChecksResources(Protocol):
     """
 
     @classmethod
-    def check_resources(cls, options: Mapping[str, Any]) -> None: ...
+    def check_resources(cls, options: Mapping[str, Any], settings: Mapping[str, ResourceSettings]) -> None: ...
 
 
 # --- driver instance lifecycle ------------------------------------------------
@@ -162,7 +176,7 @@ def stop() -> None:
     and only if ``start`` succeeded. Stop watcher
     threads and release handles; do not release devices held by pods, which
     stay allocated across daemon restarts. Returns nothing (a value returned is
-    ignored).
+    ignored). Raising is logged; the shutdown goes on.
 
     Example::
 
@@ -184,6 +198,10 @@ def list_devices() -> Sequence[Device]:
     a failed hook. The first non-``None`` result is used; it replaces the
     device table. Device IDs must be unique.
 
+    Raising (or a list with a bad or duplicate ID) degrades the resource: every
+    device is advertised unhealthy, and ``list_devices`` is called again with
+    backoff until it answers; pods holding devices keep them, releases go on.
+
     Example::
 
         @hookimpl
@@ -194,21 +212,29 @@ def list_devices() -> Sequence[Device]:
 
 
 @_hookspec(firstresult=True)
-def check_health(devices: Sequence[Device]) -> Mapping[str, Health] | None:
+def check_health(devices: Sequence[Device]) -> Mapping[str, Health | HealthReport] | None:
     """Probe the devices and return their health by device ID.
 
-    Called every ``health_interval`` seconds (resource config) with the
-    current device table, when the driver implements it. Return every
-    device's health, or only some: the engine applies only what changed and
-    logs each change. Drivers that learn about health from events push it
-    through ``ctx.update_devices`` instead. IDs not in the table are ignored.
-    The first non-``None`` result is used.
+    Called every ``health_interval`` seconds (the resource's config, or the
+    driver class's ``health_interval`` default) with the current device table,
+    when the driver implements it. Return every device's health, or only some:
+    the engine applies only what changed and logs each change. A
+    :class:`devplug.HealthReport` carries the reason too (shown in ``devplug
+    status``, the ``devplug_device_unhealthy`` metric, and the pod's
+    ``allocatedResourcesStatus`` where the kubelet's API has a message); a bare
+    :class:`devplug.Health` keeps the device's reason as it was. Drivers that
+    learn about health from events push it through ``ctx.update_devices``
+    instead. IDs not in the table are ignored. The first non-``None`` result
+    is used.
+
+    Raising (or a value that is not a health) degrades the resource as for
+    ``list_devices``: every device unhealthy until ``list_devices`` answers.
 
     Example::
 
         @hookimpl
         def check_health(self, devices):
-            return {d.id: Health.HEALTHY if self.probe(d.id) else Health.UNHEALTHY for d in devices}
+            return {d.id: self.probe(d.id) for d in devices}  # HealthReport(Health.UNHEALTHY, "link down")
     """
 
 
@@ -230,6 +256,11 @@ def preferred_allocation(
     result is used; the engine puts ``must_include`` first, drops IDs outside
     ``available`` and answers at most ``size`` IDs (the kubelet would pick at
     random among any more).
+
+    Raising fails the kubelet's GetPreferredAllocation, and the kubelet then
+    refuses to admit the pod (Kubernetes v1.32 ``devicesToAllocate``); the pod
+    is retried as the kubelet retries admissions. A call that outlives
+    ``hook_timeout`` is refused at once while it still runs.
 
     Shared devices: ``available`` holds each physical device with at least one
     replica offered, once; ``must_include`` names physical devices (once per
@@ -261,6 +292,14 @@ def allocate(device_ids: Sequence[str], replicas: Replicas) -> ContainerAllocati
     and the results are merged; two that disagree on an env key or a
     container path fail the allocation. If a later container of the same
     request fails, the engine undoes this one through ``deallocate``.
+
+    Raising fails the whole request, all or nothing: the kubelet's Allocate
+    gets the message (the pod is not admitted), and the engine calls
+    ``deallocate`` for this container's devices (they may be partly prepared)
+    and for the earlier containers' of the request. A device whose undo fails
+    too stays out of service, and its ``deallocate`` is retried with backoff
+    (``retry=True``) until it succeeds. A call that outlives ``hook_timeout``
+    keeps its devices out of service until it returns, then is undone.
 
     What a device always needs (its device nodes, mounts, envs) is better
     described once on the :class:`~devplug.types.Device` itself
@@ -297,8 +336,9 @@ def pre_start(device_ids: Sequence[str], replicas: Replicas) -> None:
     Called before every start of a container that holds the devices (restarts
     included), when the driver implements it (the engine then advertises
     ``pre_start_required``). The kubelet waits at most 30 s; raising fails the
-    container's start. Shared devices: the physical IDs, ``replicas`` as for
-    ``allocate``. Returns nothing (a value returned is ignored).
+    container's start (the kubelet retries it with its back-off; the devices
+    stay allocated to the pod). Shared devices: the physical IDs, ``replicas``
+    as for ``allocate``. Returns nothing (a value returned is ignored).
 
     Example::
 

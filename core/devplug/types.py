@@ -22,11 +22,13 @@ __all__ = [
     "Device",
     "DeviceSpec",
     "Health",
+    "HealthReport",
     "Mount",
     "Topology",
     "MAX_DEVICE_ID_BYTES",
     "MAX_REASON_CHARS",
     "Replicas",
+    "ResourceSettings",
     "device_id_problem",
     "replica_id",
 ]
@@ -144,9 +146,51 @@ class Device:
         """True when the device may be offered and allocated."""
         return self.health is Health.HEALTHY
 
-    def with_health(self, health: Health) -> Device:
-        """This device with another health (the same reason, topology and allocation data)."""
-        return replace(self, health=health)
+    def with_health(self, health: Health, reason: str | None = None) -> Device:
+        """This device with another health (and ``reason``, when given; else the same reason), the same topology
+        and allocation data."""
+        if reason is None:
+            return replace(self, health=health)
+        return replace(self, health=health, reason=reason)
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """One device's health as ``check_health`` reports it, with the reason (why it is unhealthy).
+
+    The reason is shown in ``devplug status`` and the ``devplug_device_unhealthy`` metric, and sent to the kubelet
+    where its API carries one (the DRA health service's ``message``); the device-plugin API has no field for it.
+    At most :data:`MAX_REASON_CHARS` characters are kept.
+    """
+
+    health: Health
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.health, Health):
+            try:
+                object.__setattr__(self, "health", Health(self.health))
+            except ValueError:
+                raise ValueError(
+                    f"HealthReport.health must be a Health ({', '.join(h.value for h in Health)}), got {self.health!r}"
+                ) from None
+        if not isinstance(self.reason, str):
+            raise ValueError(f"HealthReport.reason must be a string, got {self.reason!r}")
+        if len(self.reason) > MAX_REASON_CHARS:
+            object.__setattr__(self, "reason", self.reason[: MAX_REASON_CHARS - 3] + "...")
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """A resource's settings other than its driver options, as a driver class's ``check_resources`` may see them
+    (to refuse, say, a cleaning timeout option longer than ``hook_timeout``)."""
+
+    #: Seconds a hook may run before the engine abandons it (the resource's ``hook_timeout``).
+    hook_timeout: float
+    #: Seconds between ``check_health`` calls (0: never); the config's, or the driver's default.
+    health_interval: float
+    #: Replicas per device (1: no sharing).
+    replicas: int
 
 
 def replica_id(device_id: str, index: int) -> str:

@@ -119,3 +119,26 @@ def test_hung_allocate_returning_late_is_undone_before_its_device_is_offered_aga
     undone = next(c["time"] for c in lab.calls("deallocate", dev) if c["time"] >= late[0]["time"])
     offered = [e for e in lab.events("list-and-watch", since=started) if e.time < undone and dev not in e.device_ids]
     assert offered == [], f"{dev} advertised healthy while the driver held it"
+
+
+def test_an_allocate_whose_undo_fails_keeps_the_devices_out_of_service_until_a_deallocate_succeeds(lab: Lab) -> None:
+    """Issue 27: "a failed clean keeping the device out of service". The allocate fails and so does the undo's
+    deallocate: the driver may still hold the devices, so they are never offered until a deallocate (a retry,
+    flagged so) succeeds."""
+    lab.start(release_interval=0.1)
+    lab.write_device("mock0", "fail=allocate,deallocate")
+    with pytest.raises(KubeletError, match="rolled back"):
+        lab.admit("p", 4)  # every device: the failing one is among them
+    lab.wait(lambda: lab.health("mock0") == "Unhealthy", what="mock0, not taken back, advertised unhealthy")
+    (record,) = lab.ledger()
+    assert set(record["pending"]) == set(DEVICES) and record["releasing"] and record["deallocate_begun"]
+    lab.wait(lambda: len(lab.calls("deallocate", "mock0", ok=False)) >= 3, what="the deallocate retried")
+    assert all(call.get("retry") for call in lab.calls("deallocate", "mock0", ok=False)[1:])
+    assert lab.view().allocatable == 0, "no device of the failed undo offered while the driver may hold it"
+    assert "stay out of service until a deallocate succeeds" in lab.log()
+
+    lab.write_device("mock0")  # the device recovers: the next retry succeeds
+    lab.wait(lambda: lab.ledger() == [], what="the release to succeed and the record to go")
+    assert lab.calls("deallocate", "mock0")[-1].get("retry") is True
+    lab.wait(lambda: lab.view().allocatable == 4, what="the devices offered again")
+    assert lab.allocate("mock0").container_responses[0].envs["MOCK_DEVICES"] == "mock0"

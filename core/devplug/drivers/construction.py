@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from devplug.errors import ConfigError, DevplugError, DriverError
+from devplug.types import ResourceSettings
 
 __all__ = ["check_driver_resources", "construct_driver"]
 
@@ -22,13 +24,21 @@ def construct_driver(resource: str, driver: str, cls: type, options: Any) -> obj
         raise DriverError(f"{resource}: creating driver {driver!r} failed: {exc}") from exc
 
 
-def check_driver_resources(resources: Iterable[tuple[str, str, type, Any]], source: str) -> None:
+def check_driver_resources(
+    resources: Iterable[tuple[str, str, type, Any]],
+    source: str,
+    settings: Mapping[str, ResourceSettings] | None = None,
+) -> None:
     """Let each driver class check all of its resources together, e.g. for two claiming one device.
 
     ``resources`` are (resource name, driver name, driver class, options);
-    each class's ``check_resources(options by resource name)`` is called once.
-    A ``ValueError`` or :class:`~devplug.errors.DevplugError` it raises becomes
-    a :class:`~devplug.errors.ConfigError` naming ``source``, the resources and the driver.
+    each class's ``check_resources(options by resource name)`` is called once,
+    with ``settings=`` (each resource's :class:`~devplug.types.ResourceSettings`:
+    ``hook_timeout``, ``health_interval``, ``replicas``) too when the method
+    declares a ``settings`` parameter (drivers written before it existed are
+    called as before). A ``ValueError`` or :class:`~devplug.errors.DevplugError`
+    it raises becomes a :class:`~devplug.errors.ConfigError` naming ``source``,
+    the resources and the driver.
     """
     by_class: dict[type, dict[str, Any]] = {}
     names: dict[type, str] = {}
@@ -40,7 +50,19 @@ def check_driver_resources(resources: Iterable[tuple[str, str, type, Any]], sour
         if check is None:
             continue
         try:
-            check(options)
+            if settings is not None and _takes_settings(check):
+                check(options, settings={name: settings[name] for name in options if name in settings})
+            else:
+                check(options)
         except (ValueError, DevplugError) as exc:
             listed = ", ".join(f'"{name}"' for name in options)
             raise ConfigError(f"{source}: resources {listed} (driver {names[cls]}): {exc}") from exc
+
+
+def _takes_settings(check: Any) -> bool:
+    """Whether a ``check_resources`` declares a ``settings`` parameter (or takes any keyword)."""
+    try:
+        parameters = inspect.signature(check).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "settings" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -30,6 +30,7 @@ from devplug.types import (
     ContainerAllocation,
     Device,
     Health,
+    HealthReport,
     Replicas,
     device_id_problem,
     merge_allocations,
@@ -158,13 +159,28 @@ class DriverFacade:
             raise DriverError(f"{self.resource_name}: list_devices returned nothing (implement the hook)")
         return check_device_list(self.resource_name, result, self.replicas)
 
-    def call_check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
+    def call_check_health(self, devices: Sequence[Device]) -> dict[str, Health | HealthReport]:
+        """Each device's health as the driver gave it, checked: a :class:`Health` (its string made one) keeps the
+        device's reason as it was; a :class:`HealthReport` sets it."""
         result = self.pm.hook.check_health(devices=devices)
         if result is None:
             return {}
         if not isinstance(result, Mapping):
             raise DriverError(f"{self.resource_name}: check_health must return a mapping, got {result!r}")
-        return {str(k): v if isinstance(v, Health) else Health(v) for k, v in result.items()}
+        reports: dict[str, Health | HealthReport] = {}
+        for key, value in result.items():
+            if isinstance(value, HealthReport):
+                reports[str(key)] = value
+                continue
+            try:
+                health = value if isinstance(value, Health) else Health(value)
+            except ValueError:
+                raise DriverError(
+                    f"{self.resource_name}: check_health gave device {key!r} {value!r}, neither a Health "
+                    f"({', '.join(h.value for h in Health)}) nor a HealthReport"
+                ) from None
+            reports[str(key)] = health
+        return reports
 
     # --- allocation
 

@@ -268,8 +268,9 @@ class Admission:
                 if hung is not None:
                     self.guard.keep_busy(hung, containers[len(results)], "allocate")
                 done = len(results) if hung is not None else len(results) + 1
-                await self._undo(containers[:done], held_before)
+                not_undone = await self._undo(containers[:done], held_before)
                 self.ledger.restore(snapshot, inflight)
+                self._hold_not_undone(not_undone, now)
                 if hung is not None:
                     self._undo_when_returned(hung, containers[len(results)], held_before, now)
                 await self.ledger.save()
@@ -278,8 +279,9 @@ class Admission:
             try:
                 await self.ledger.save()
             except OSError as exc:  # the front end must not get an answer the ledger does not hold: undo
-                await self._undo(containers, held_before)
+                not_undone = await self._undo(containers, held_before)
                 self.ledger.restore(snapshot, inflight)
+                self._hold_not_undone(not_undone, now)
                 with contextlib.suppress(OSError):  # the begin records on disk are released after a crash
                     await self.ledger.save()
                 raise self._write_failed(exc) from exc
@@ -348,8 +350,11 @@ class Admission:
 
         self._tasks.spawn(undo())
 
-    async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> None:
+    async def _undo(self, containers: Sequence[Sequence[str]], held_before: set[str]) -> list[str]:
+        """Take back what the driver prepared for ``containers`` (their devices not held before); returns the
+        devices whose undo failed (the driver may still hold them)."""
         undone = {i for ids in containers for i in ids if i not in held_before}
+        failed: list[str] = []
         for ids in reversed(containers):
             fresh = [i for i in ids if i not in held_before]
             if not fresh:
@@ -361,7 +366,23 @@ class Admission:
                     await self.driver.deallocate(fresh, False)
             except DriverError as exc:
                 self.guard.keep_if_hung(exc, fresh)
-                log.error("[%s] undoing allocate of %s failed: %s", self.resource_name, id_list(fresh), exc)
+                failed.extend(fresh)
+                log.error(
+                    "[%s] undoing allocate of %s failed: %s; they stay out of service until a deallocate succeeds",
+                    self.resource_name,
+                    id_list(fresh),
+                    exc,
+                    extra={"device": id_list(fresh)},
+                )
+        return failed
+
+    def _hold_not_undone(self, device_ids: list[str], now: float) -> None:
+        """Devices whose undo failed may still be prepared: keep them in a releasing record (withheld, released
+        with ``retry=True`` and backoff like any failed release) rather than offer them uncleaned."""
+        if device_ids:
+            self.ledger.hold_for_undo(device_ids, now, deallocate_tried=True)
+            self.guard.sync_withheld()
+            self._on_allocated()  # wakes reconciliation, which retries the release
 
     async def _undo_shared(self, fresh: list[str], undone: set[str]) -> None:
         """Undo a shared allocation like a tenancy's release: ``post_stop``, then ``deallocate`` of the devices

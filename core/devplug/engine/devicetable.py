@@ -26,11 +26,11 @@ lifecycle use; :meth:`DeviceTable.physical_of` and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Container, Iterable, KeysView
+from collections.abc import Callable, Container, Iterable, KeysView, Mapping
 from dataclasses import replace
 from typing import NamedTuple, Protocol
 
-from devplug.types import Device, Health, replica_id
+from devplug.types import Device, Health, HealthReport, replica_id
 
 __all__ = ["DeviceCodec", "DeviceTable", "Offer"]
 
@@ -393,14 +393,19 @@ class DeviceTable:
         if touched:
             self._bump()
 
-    def set_health(self, health: dict[str, Health]) -> list[str]:
-        """Apply health by physical device ID to all its replicas (unknown IDs ignored); returns the IDs that
-        changed."""
-        changed = [
-            self._physical[i].with_health(h)
-            for i, h in health.items()
-            if i in self._physical and self._physical[i].health is not h
-        ]
+    def set_health(self, health: Mapping[str, Health | HealthReport]) -> list[str]:
+        """Apply health by physical device ID to all its replicas (unknown IDs ignored): a :class:`Health` keeps
+        the device's reason, a :class:`HealthReport` sets it too. Returns the IDs whose health or reason changed."""
+        changed = []
+        for dev_id, given in health.items():
+            dev = self._physical.get(dev_id)
+            if dev is None:
+                continue
+            if isinstance(given, HealthReport):
+                if dev.health is not given.health or dev.reason != given.reason:
+                    changed.append(dev.with_health(given.health, given.reason))
+            elif dev.health is not given:
+                changed.append(dev.with_health(given))
         self.update(changed)
         return [d.id for d in changed]
 

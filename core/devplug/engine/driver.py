@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from devplug.context import DriverContext
 from devplug.drivers.facade import DriverCapabilities, DriverFacade, DriverHooks
 from devplug.engine.hookrunner import HookRunner
-from devplug.types import ContainerAllocation, Device, Health, Replicas
+from devplug.types import ContainerAllocation, Device, Health, HealthReport, Replicas
 
 __all__ = ["AsyncDriver"]
 
@@ -55,7 +55,7 @@ class AsyncDriver(DriverFacade):
     async def list_devices(self) -> list[Device]:
         return await self.runner.call("list_devices", self.call_list_devices)
 
-    async def check_health(self, devices: Sequence[Device]) -> dict[str, Health]:
+    async def check_health(self, devices: Sequence[Device]) -> dict[str, Health | HealthReport]:
         return await self.runner.call("check_health", self.call_check_health, devices)
 
     async def preferred_allocation(

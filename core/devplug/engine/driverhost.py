@@ -174,7 +174,13 @@ class DriverHost:
                 self.degrade(str(exc))
                 continue
             for dev_id in self.table.set_health(health):
-                log.info("[%s %s] health is now %s", self.name, dev_id, health[dev_id].value, extra={"device": dev_id})
+                dev = self.table.physical(dev_id)
+                if dev is None:
+                    continue
+                why = f" ({dev.reason})" if dev.reason and not dev.healthy else ""
+                log.info(
+                    "[%s %s] health is now %s%s", self.name, dev_id, dev.health.value, why, extra={"device": dev_id}
+                )
 
     def degrade(self, reason: str) -> None:
         """Advertise every device unhealthy until the driver answers ``list_devices`` again."""

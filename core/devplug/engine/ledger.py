@@ -416,10 +416,22 @@ class Ledger:
             prepared=prepared_summary(allocation),
         )
 
-    def hold_for_undo(self, device_ids: Iterable[str], now: float) -> AllocationRecord:
-        """A record, releasing, of devices an allocate that outlived its timeout may still prepare: they stay
-        withheld until it returns and is undone (or a restart after a crash releases them)."""
-        return self._put(AllocationRecord(new_record_id(), pending=tuple(device_ids), created=now, releasing=True))
+    def hold_for_undo(
+        self, device_ids: Iterable[str], now: float, *, deallocate_tried: bool = False
+    ) -> AllocationRecord:
+        """A record, releasing, of devices the driver may still hold after an admission was rolled back: an
+        allocate that outlived its timeout (undone once it returns), or an undo whose ``deallocate`` failed
+        (``deallocate_tried``: its retries are flagged ``retry=True``). They stay withheld until released (after a
+        crash too)."""
+        return self._put(
+            AllocationRecord(
+                new_record_id(),
+                pending=tuple(device_ids),
+                created=now,
+                releasing=True,
+                deallocate_begun=deallocate_tried,
+            )
+        )
 
     # --- what the kubelet reports
 

@@ -20,6 +20,7 @@ IMPORTS: Mapping[str, str] = {
     "Device": "devplug",
     "DriverContext": "devplug",
     "Health": "devplug",
+    "HealthReport": "devplug",
     "Replicas": "devplug",
 }
 _BUILTINS = {"None", "str", "int", "bool", "float"}
