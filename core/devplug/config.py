@@ -64,6 +64,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplug.configdra import (
+    API_DEVICE_PLUGIN,
+    NODE_NAME_ENV,
+    DraConfig,
+    KubernetesConfig,
+    NodeConfig,
+    parse_api,
+    parse_kubernetes,
+    parse_node,
+)
 from devplug.configfile import read_config_bytes
 from devplug.drivers.construction import check_driver_resources
 from devplug.drivers.discovery import load_driver_class
@@ -80,6 +90,9 @@ else:  # pragma: no cover
 __all__ = [
     "CdiConfig",
     "Config",
+    "DraConfig",
+    "KubernetesConfig",
+    "NodeConfig",
     "MetricsConfig",
     "KubeletConfig",
     "LivenessConfig",
@@ -98,6 +111,10 @@ class KubeletConfig:
 
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    #: Where plugins register with the kubelet's plugin watcher (DRA).
+    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    #: ``<plugins_dir>/<DRA driver name>/`` holds a DRA resource's service socket.
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
 
     @property
     def kubelet_socket(self) -> Path:
@@ -192,6 +209,10 @@ class ResourceConfig:
     configured_name: str | None = None
     #: The CDI kind (``vendor/class``) of the resource's devices; by default the resource name.
     cdi_kind: str = ""
+    #: The kubelet API it is served through: ``"device-plugin"`` or ``"dra"``.
+    api: str = API_DEVICE_PLUGIN
+    #: Its DRA driver name and pool, when ``api`` is ``"dra"``.
+    dra: DraConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.cdi_kind:
@@ -211,6 +232,8 @@ class Config:
     resources: tuple[ResourceConfig, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     cdi: CdiConfig = field(default_factory=CdiConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
 
 def _where(source: str, *keys: str) -> str:
@@ -280,6 +303,8 @@ def _seconds(value: Any, where: str, limit: str) -> float:
 
 
 _TOP = {
+    "node": None,
+    "kubernetes": None,
     "kubelet": None,
     "state": None,
     "release": None,
@@ -289,7 +314,7 @@ _TOP = {
     "cdi": None,
     "resources": None,
 }
-_KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None}
+_KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None, "plugins_registry_dir": None, "plugins_dir": None}
 _STATE = {"dir": None}
 _RELEASE = {"interval": None, "grace_period": None, "previous_tenant_wait": None, "max_retry_interval": None}
 _LIVENESS = {"cgroup_mount": None, "cgroup_root": None, "cgroup_driver": None, "unknown_grace": None, "required": None}
@@ -404,6 +429,8 @@ _RESOURCE = {
     "rename": None,
     "fail_requests_greater_than_one": None,
     "cdi_kind": None,
+    "api": None,
+    "dra": None,
 }
 #: The most replicas a device may be advertised as (each is a device ID the kubelet keeps).
 MAX_REPLICAS = 1024
@@ -425,6 +452,14 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
             kubelet_t.get("pod_resources_socket", str(defaults.pod_resources_socket)),
             base,
             _where(source, "kubelet", "pod_resources_socket"),
+        ),
+        plugins_registry_dir=_path(
+            kubelet_t.get("plugins_registry_dir", str(defaults.plugins_registry_dir)),
+            base,
+            _where(source, "kubelet", "plugins_registry_dir"),
+        ),
+        plugins_dir=_path(
+            kubelet_t.get("plugins_dir", str(defaults.plugins_dir)), base, _where(source, "kubelet", "plugins_dir")
         ),
     )
     state_t = _table(data, "state", source)
@@ -459,6 +494,8 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     resources = tuple(_parse_resource(name, table, source, base) for name, table in resources_t.items())
     _check_cdi_kinds(resources, cdi, source)
     _check_renames(resources, source)
+    node = parse_node(data, source)
+    _check_dra(resources, node, source)
     check_driver_resources(
         ((rc.name, rc.driver, rc.driver_class, rc.options) for rc in resources),
         source,
@@ -474,7 +511,30 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         resources=resources,
         metrics=metrics,
         cdi=cdi,
+        node=node,
+        kubernetes=parse_kubernetes(data, source, base),
     )
+
+
+def _check_dra(resources: tuple[ResourceConfig, ...], node: NodeConfig, source: str) -> None:
+    """A DRA resource needs the node's name (its pool, its slices' node); two resources may not share a DRA
+    driver name (the kubelet knows a DRA plugin by it)."""
+    owners: dict[str, str] = {}
+    for rc in resources:
+        if rc.dra is None:
+            continue
+        where = _where(source, "resources", rc.configured_name or rc.name)
+        if not node.name:
+            raise ConfigError(
+                f"{where}: served through DRA, which needs the node's name: set [node] name, or the environment "
+                f"variable {NODE_NAME_ENV} (in a DaemonSet, from the downward API's spec.nodeName)"
+            )
+        other = owners.setdefault(rc.dra.driver_name, rc.name)
+        if other != rc.name:
+            raise ConfigError(
+                f'{where}.dra.driver_name: "{rc.dra.driver_name}" is also the DRA driver of resource "{other}"; '
+                "give each resource a driver name of its own"
+            )
 
 
 def _check_cdi_kinds(resources: tuple[ResourceConfig, ...], cdi: CdiConfig, source: str) -> None:
@@ -519,6 +579,7 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
     options_t = _resolve_option_paths(schema, options_t, base)
     options = parse_options(schema, options_t, f"{where}.options")
     rename = _rename(table.get("rename"), name, f"{where}.rename")
+    api, dra = parse_api(table, rename or name, where)
     return ResourceConfig(
         name=rename or name,
         driver=driver,
@@ -532,6 +593,8 @@ def _parse_resource(name: str, table: Any, source: str, base: Path | None) -> Re
             table.get("fail_requests_greater_than_one", False), f"{where}.fail_requests_greater_than_one"
         ),
         configured_name=name if rename else None,
+        api=api,
+        dra=dra,
     )
 
 
@@ -561,17 +624,28 @@ def _rename(value: Any, name: str, where: str) -> str | None:
     return None if value == name else value
 
 
+#: The APIs as messages name them.
+_API_NAMES = {"device-plugin": "the device-plugin API", "dra": "DRA"}
+
+
 def _check_renames(resources: tuple[ResourceConfig, ...], source: str) -> None:
     """Two resources advertised under one name would take each other's registration: refuse it."""
-    seen: dict[str, str] = {}
+    seen: dict[str, ResourceConfig] = {}
     for rc in resources:
         table = rc.configured_name or rc.name
-        other = seen.setdefault(rc.name, table)
+        first = seen.setdefault(rc.name, rc)
+        other = first.configured_name or first.name
         if other != table:
             renamed = table if rc.configured_name else other
+            apis = (
+                f" (one through {_API_NAMES[first.api]}, one through {_API_NAMES[rc.api]}: on one node a resource "
+                "name comes from one API only)"
+                if first.api != rc.api
+                else ""
+            )
             raise ConfigError(
                 f'{_where(source, "resources", renamed, "rename")}: resources "{other}" and "{table}" would both '
-                f'be advertised as "{rc.name}"; give each its own name'
+                f'be advertised as "{rc.name}"{apis}; give each its own name'
             )
 
 

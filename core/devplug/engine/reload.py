@@ -9,9 +9,10 @@
   ledger: its state dir is keyed by the resource name);
 * the rest is *unchanged* and keeps serving untouched (no new registration).
 
-``[release]`` and ``[shutdown]`` apply live. The kubelet's paths and the state
-dir cannot change under a running daemon (sockets, lock and ledgers live
-there): a new config changing them is refused with a :class:`ConfigError`
+``[release]`` and ``[shutdown]`` apply live. The kubelet's paths, the state
+dir, the node's name and the API server's credentials cannot change under a
+running daemon (sockets, lock, ledgers and published slices hang on them): a
+new config changing them is refused with a :class:`ConfigError`
 naming the key, and the running config stays.
 
 :class:`ReloadRecord` is what ``devplug status`` (and ``devplug reload``, which
@@ -35,7 +36,11 @@ __all__ = ["FIXED_KEYS", "ReloadPlan", "ReloadRecord", "plan_reload"]
 FIXED_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("kubelet.device_plugin_dir", lambda c: c.kubelet.device_plugin_dir),
     ("kubelet.pod_resources_socket", lambda c: c.kubelet.pod_resources_socket),
+    ("kubelet.plugins_registry_dir", lambda c: c.kubelet.plugins_registry_dir),
+    ("kubelet.plugins_dir", lambda c: c.kubelet.plugins_dir),
     ("state.dir", lambda c: c.state.dir),
+    ("node.name", lambda c: c.node.name),
+    ("kubernetes.kubeconfig", lambda c: c.kubernetes.kubeconfig),
 )
 
 
