@@ -44,6 +44,8 @@ def test_every_config_key_is_documented() -> None:
             assert f"`[{table}] {key}`" in CONFIGURATION, f"[{table}] {key}"
     for key in _RESOURCE:
         assert f"{key}`" in CONFIGURATION, key
+    for key in ("[node] name", "[kubernetes] kubeconfig", "dra.driver_name", "dra.pool"):
+        assert f"{key}`" in CONFIGURATION, key
 
 
 def test_every_metric_is_in_the_metrics_table() -> None:

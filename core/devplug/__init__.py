@@ -34,6 +34,8 @@ from devplug.errors import (
 from devplug.hookspecs import PROJECT_NAME
 from devplug.types import (
     CDIDevice,
+    Claim,
+    ClaimConfig,
     ContainerAllocation,
     Device,
     DeviceSpec,
@@ -72,6 +74,8 @@ __all__ = [
     "PUBLIC_MODULES",
     "AllocationConflictError",
     "CDIDevice",
+    "Claim",
+    "ClaimConfig",
     "ConfigError",
     "ContainerAllocation",
     "Device",

@@ -69,7 +69,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import pluggy
 
 from devplug.context import DriverContext
-from devplug.types import ContainerAllocation, Device, Health, HealthReport, Replicas, ResourceSettings
+from devplug.types import Claim, ContainerAllocation, Device, Health, HealthReport, Replicas, ResourceSettings
 
 PROJECT_NAME = "devplug"
 
@@ -282,11 +282,15 @@ def preferred_allocation(
 
 
 @_hookspec
-def allocate(device_ids: Sequence[str], replicas: Replicas) -> ContainerAllocation | None:
+def allocate(device_ids: Sequence[str], replicas: Replicas, claim: Claim | None) -> ContainerAllocation | None:
     """Prepare the devices for one container and say how the container gets them.
 
     Called at pod admission, once per container that requests devices of
-    the resource, with that container's device IDs. Return the env vars,
+    the resource, with that container's device IDs (through the device-plugin
+    API), or once per ResourceClaim, with the claim's devices of this driver
+    (through DRA: ``claim`` says which claim, its devices by request, and this
+    driver's opaque configuration from the claim's allocation; ``None``
+    through the device-plugin API). Declare ``claim`` to receive it. Return the env vars,
     mounts, device nodes, annotations and CDI device names the container
     needs, or ``None`` to contribute nothing. Every implementation is called
     and the results are merged; two that disagree on an env key or a

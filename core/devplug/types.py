@@ -13,11 +13,14 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from devplug.errors import AllocationConflictError
 
 __all__ = [
     "CDIDevice",
+    "Claim",
+    "ClaimConfig",
     "ContainerAllocation",
     "Device",
     "DeviceSpec",
@@ -496,3 +499,40 @@ def merge_allocations(parts: Iterable[ContainerAllocation]) -> ContainerAllocati
         annotations,
         cdi,
     )
+
+
+@dataclass(frozen=True)
+class ClaimConfig:
+    """One opaque configuration entry of a DRA claim's allocation for this driver
+    (``status.allocation.devices.config[].opaque.parameters``)."""
+
+    #: The driver's parameters, as the DeviceClass or the claim gave them (JSON values; read-only).
+    parameters: Mapping[str, Any]
+    #: The requests it applies to (empty: every request of the claim).
+    requests: tuple[str, ...] = ()
+    #: ``"class"`` (from the DeviceClass) or ``"claim"`` (from the claim itself, which takes precedence).
+    source: str = "claim"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The DRA ResourceClaim an ``allocate`` is for; ``None`` through the device-plugin API.
+
+    ``requests`` maps each of the claim's request names to the device IDs allocated for it;
+    ``config`` holds this driver's opaque configuration entries, class entries first, as the claim's allocation
+    lists them.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    requests: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    config: tuple[ClaimConfig, ...] = ()
+
+    def describe(self) -> str:
+        """``namespace/name (uid ...)``, for messages."""
+        return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+    def parameters_for(self, request: str) -> list[Mapping[str, Any]]:
+        """The parameters that apply to ``request``, in precedence order (class entries, then the claim's)."""
+        return [c.parameters for c in self.config if not c.requests or request in c.requests]

@@ -27,6 +27,7 @@ from devplug.context import DriverContext
 from devplug.errors import AllocationConflictError, DriverError, DriverLoadError
 from devplug.hookspecs import HOOK_NAMES
 from devplug.types import (
+    Claim,
     ContainerAllocation,
     Device,
     Health,
@@ -198,10 +199,12 @@ class DriverFacade:
             )
         return [str(i) for i in result]
 
-    def call_allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
+    def call_allocate(
+        self, device_ids: Sequence[str], replicas: Replicas | None = None, claim: Claim | None = None
+    ) -> ContainerAllocation:
         ids = tuple(device_ids)
         shown = Replicas.unshared(ids) if replicas is None else replicas
-        parts = [p for p in self.pm.hook.allocate(device_ids=ids, replicas=shown) if p is not None]
+        parts = [p for p in self.pm.hook.allocate(device_ids=ids, replicas=shown, claim=claim) if p is not None]
         for part in parts:
             if not isinstance(part, ContainerAllocation):
                 raise DriverError(f"{self.resource_name}: allocate must return a ContainerAllocation, got {part!r}")

@@ -31,6 +31,7 @@ import errno
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from devplug.engine.asynctools import BackgroundTasks
@@ -39,7 +40,7 @@ from devplug.engine.devicelocks import LockTimeout
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.engine.guard import DeviceGuard
-from devplug.engine.ledger import AllocationRecord, Ledger
+from devplug.engine.ledger import AllocationRecord, ClaimTenant, Ledger
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.release import Releaser
 from devplug.engine.requestcheck import RequestChecks
@@ -47,11 +48,19 @@ from devplug.engine.sharing import shared_env_name
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import DeviceBusyError, DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
-from devplug.types import ContainerAllocation
+from devplug.types import Claim, ContainerAllocation
 
-__all__ = ["Admission", "TenancyJudge"]
+__all__ = ["Admission", "DraClaim", "TenancyJudge"]
 
 log = logging.getLogger("devplug.engine")
+
+
+@dataclass(frozen=True)
+class DraClaim:
+    """A DRA claim being admitted: what the driver's ``allocate`` gets, and what its ledger record keeps."""
+
+    claim: Claim
+    tenant: ClaimTenant
 
 
 class TenancyJudge(Protocol):
@@ -118,14 +127,20 @@ class Admission:
         """How long an admission waits for a release of its devices still running: its two hooks' timeouts."""
         return 2 * self.driver.runner.timeout
 
-    async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
-        """Allocate for every container of one request, all or nothing.
+    async def allocate(
+        self, containers: Sequence[Sequence[str]], claim: DraClaim | None = None
+    ) -> list[ContainerAllocation]:
+        """Allocate for every container of one request (or for one DRA claim), all or nothing.
 
         Devices still held by an earlier allocation are settled first (see the
         module docstring): a reuse joins that allocation, anything else is
         released before the driver sees the devices again. An admission whose
         devices are being released waits for that release (at most
         :attr:`release_wait` seconds) and refuses only if it fails.
+
+        ``claim``: the request is a DRA claim's (``containers`` holds one entry,
+        its devices): its record names the claim and the pods it is reserved
+        for, and the driver's ``allocate`` gets the claim.
         """
         requested = [i for ids in containers for i in ids]  # flattened once, for every check and step below
         self._check_servable_and_free(containers, requested)
@@ -137,7 +152,7 @@ class Admission:
                     self.checks.servable(containers, requested)
                 if self.table.shrunk:
                     self.checks.within_replicas(requested)
-                results = await self._allocate_locked(containers, requested)
+                results = await self._allocate_locked(containers, requested, claim)
                 if self.table.shrunk:
                     self.guard.sync_withheld()
         except LockTimeout as exc:
@@ -239,7 +254,7 @@ class Admission:
     # --- the driver's allocate, recorded
 
     async def _allocate_locked(
-        self, containers: Sequence[Sequence[str]], requested: Sequence[str]
+        self, containers: Sequence[Sequence[str]], requested: Sequence[str], claim: DraClaim | None
     ) -> list[ContainerAllocation]:
         try:
             self.ledger.check_room()  # a full disk refuses before anything is written or the driver is called
@@ -248,7 +263,8 @@ class Admission:
         snapshot = self.ledger.snapshot(requested)
         held_before = self.ledger.held_among(requested)
         now = time.time()
-        record_ids = [self.ledger.begin(ids, now).id for ids in containers]
+        tenant = claim.tenant if claim is not None else None
+        record_ids = [self.ledger.begin(ids, now, tenant).id for ids in containers]
         inflight = set(record_ids)
         self.guard.allocating |= inflight
         try:
@@ -260,7 +276,7 @@ class Admission:
             results: list[ContainerAllocation] = []
             try:
                 for ids, record_id in zip(containers, record_ids, strict=True):
-                    allocation = await self._allocation(ids, record_id)
+                    allocation = await self._allocation(ids, record_id, claim.claim if claim is not None else None)
                     self.ledger.confirm(record_id, allocation, time.time())
                     results.append(allocation)
             except DriverError as exc:
@@ -297,7 +313,7 @@ class Admission:
             no_space,
         )
 
-    async def _allocation(self, device_ids: Sequence[str], record_id: str) -> ContainerAllocation:
+    async def _allocation(self, device_ids: Sequence[str], record_id: str, claim: Claim | None) -> ContainerAllocation:
         """The driver's ``allocate`` answer merged with what its devices declare (and their CDI names).
 
         Shared devices: the driver gets the physical devices with the
@@ -305,14 +321,14 @@ class Admission:
         ``DEVPLUG_SHARED_DEVICES_<RESOURCE>`` (env and annotation) listing them.
         """
         if not self.sharing.is_shared(device_ids):
-            return await self.answers.build(device_ids)
+            return await self.answers.build(device_ids, claim=claim)
         physical, replicas = self.sharing.replicas(device_ids, excluding=(record_id,))
         listed = ",".join(physical)
         shared = ContainerAllocation(
             envs={shared_env_name(self.resource_name): listed},
             annotations={f"{self.resource_name}.shared-devices": listed},
         )
-        return await self.answers.build(device_ids, shared=(physical, replicas, shared))
+        return await self.answers.build(device_ids, shared=(physical, replicas, shared), claim=claim)
 
     # --- undo
 

@@ -43,7 +43,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.errors import AllocationConflictError, DriverError
 from devplug.logsafe import id_list
-from devplug.types import CDIDevice, ContainerAllocation, Replicas, merge_allocations
+from devplug.types import CDIDevice, Claim, ContainerAllocation, Replicas, merge_allocations
 
 __all__ = [
     "AllocationAnswers",
@@ -385,19 +385,21 @@ class AllocationAnswers:
         self,
         device_ids: Sequence[str],
         shared: tuple[Sequence[str], Replicas, ContainerAllocation] | None = None,
+        claim: Claim | None = None,
     ) -> ContainerAllocation:
-        """The answer for one container's advertised ``device_ids`` (raises :class:`DriverError`).
+        """The answer for one container's (or DRA claim's) advertised ``device_ids`` (raises :class:`DriverError`).
 
         ``shared``, when they are replicas of shared devices: the physical
         devices and the :class:`Replicas` the driver's ``allocate`` gets, and
         what the core adds to the answer (the shared devices' env and annotation).
+        ``claim``: the DRA claim it is for, handed to the driver's ``allocate``.
         """
         parts: list[ContainerAllocation] = []
         if self.driver.capabilities.allocate:
             if shared is None:
-                parts.append(await self.driver.allocate(device_ids))
+                parts.append(await self.driver.allocate(device_ids, None, claim))
             else:
-                parts.append(await self.driver.allocate(shared[0], shared[1]))
+                parts.append(await self.driver.allocate(shared[0], shared[1], claim))
         if shared is not None:
             parts.append(shared[2])
         described = self._described(device_ids)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from devplug.context import DriverContext
 from devplug.drivers.facade import DriverCapabilities, DriverFacade, DriverHooks
 from devplug.engine.hookrunner import HookRunner
-from devplug.types import ContainerAllocation, Device, Health, HealthReport, Replicas
+from devplug.types import Claim, ContainerAllocation, Device, Health, HealthReport, Replicas
 
 __all__ = ["AsyncDriver"]
 
@@ -65,8 +65,10 @@ class AsyncDriver(DriverFacade):
             "preferred_allocation", self.call_preferred_allocation, available, tuple(must_include), size, replicas
         )
 
-    async def allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
-        return await self.runner.call("allocate", self.call_allocate, tuple(device_ids), replicas)
+    async def allocate(
+        self, device_ids: Sequence[str], replicas: Replicas | None = None, claim: Claim | None = None
+    ) -> ContainerAllocation:
+        return await self.runner.call("allocate", self.call_allocate, tuple(device_ids), replicas, claim)
 
     async def pre_start(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> None:
         await self.runner.call("pre_start", self.call_pre_start, tuple(device_ids), replicas)

@@ -48,6 +48,7 @@ __all__ = [
     "MIN_FREE_BYTES",
     "QUARANTINE_PREFIX",
     "AllocationRecord",
+    "ClaimTenant",
     "Ledger",
     "LedgerSnapshot",
     "QuarantinedRecord",
@@ -56,6 +57,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("devplug.engine")
+
+
+@dataclass(frozen=True)
+class ClaimTenant:
+    """The DRA claim a tenancy is for: its UID, ``namespace/name`` and the UIDs of the pods it is reserved for."""
+
+    uid: str
+    name: str
+    pods: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,8 @@ class Ledger:
         self._index: dict[str, set[str]] = {}
         #: IDs of the records being released.
         self._releasing: set[str] = set()
+        #: DRA claim UID -> the ID of the record of its tenancy.
+        self._claims: dict[str, str] = {}
         #: IDs of the records changed, and of those removed, since the last save.
         self._changed: set[str] = set()
         self._removed: set[str] = set()
@@ -149,6 +161,7 @@ class Ledger:
         self._records = {}
         self._index = {}
         self._releasing = set()
+        self._claims = {}
         self._encoded = {}
         self.quarantined = []
         self._quarantine_holds = {}
@@ -285,6 +298,8 @@ class Ledger:
             self._releasing.add(record.id)
         else:
             self._releasing.discard(record.id)
+        if record.claim_uid is not None:
+            self._claims[record.claim_uid] = record.id
         self._records[record.id] = record
         self._changed.add(record.id)
         self._removed.discard(record.id)
@@ -302,6 +317,8 @@ class Ledger:
         record = self._records.pop(record_id, None)
         if record is not None:
             self._unindex(record)
+            if record.claim_uid is not None and self._claims.get(record.claim_uid) == record_id:
+                del self._claims[record.claim_uid]
         self._releasing.discard(record_id)
         self._encoded.pop(record_id, None)
         self._changed.discard(record_id)
@@ -335,6 +352,11 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def for_claim(self, claim_uid: str) -> AllocationRecord | None:
+        """The record of the DRA claim ``claim_uid``'s tenancy, or None."""
+        record_id = self._claims.get(claim_uid)
+        return None if record_id is None else self._records.get(record_id)
 
     def holders(self, device_id: str) -> list[AllocationRecord]:
         return [self._records[i] for i in self._index.get(device_id, ())]
@@ -379,13 +401,25 @@ class Ledger:
         for record in snapshot.touched.values():
             self._put(record)
 
-    def begin(self, device_ids: Iterable[str], now: float) -> AllocationRecord:
-        """Record that ``device_ids`` are being allocated to one container.
+    def begin(self, device_ids: Iterable[str], now: float, tenant: ClaimTenant | None = None) -> AllocationRecord:
+        """Record that ``device_ids`` are being allocated to one container (or DRA claim: ``tenant``).
 
         Devices already held by a live allocation are reused (same pod): that
         allocation absorbs the new devices. Returns the record that holds them.
         """
         ids = tuple(dict.fromkeys(device_ids))
+        if tenant is not None:  # a DRA claim is a tenancy of its own: admission settled every earlier holder
+            return self._put(
+                AllocationRecord(
+                    new_record_id(),
+                    pending=ids,
+                    created=now,
+                    claim_uid=tenant.uid,
+                    claim=tenant.name,
+                    pod_uid=tenant.pods[0] if tenant.pods else None,
+                    pod_uids=tenant.pods[1:],
+                )
+            )
         if not self.holds_any(ids):  # the usual case: a new record, indexed as it is put
             return self._put(AllocationRecord(new_record_id(), pending=ids, created=now))
         overlapping = list({r.id: r for i in ids for r in self.holders(i) if not r.releasing}.values())
@@ -451,6 +485,11 @@ class Ledger:
         if record.pod == pod and record.seen_at is not None:
             return record
         return self._change(record_id, pod=pod, seen_at=record.seen_at if record.seen_at is not None else now)
+
+    def set_claim_pods(self, record_id: str, pod_uids: Iterable[str]) -> AllocationRecord:
+        """The pods sharing the record's DRA claim now (its ``reservedFor``): all are waited for at release."""
+        pods = tuple(dict.fromkeys(pod_uids))
+        return self._change(record_id, pod_uid=pods[0] if pods else None, pod_uids=pods[1:])
 
     def set_pod_uid(self, record_id: str, pod_uid: str) -> AllocationRecord:
         """The UID of the pod holding the record's devices (from the kubelet's checkpoint or PodResources)."""

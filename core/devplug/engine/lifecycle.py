@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from devplug.config import ReleaseConfig
 from devplug.drivers import DriverCapabilities
-from devplug.engine.admission import Admission, TenancyJudge
+from devplug.engine.admission import Admission, DraClaim, TenancyJudge
 from devplug.engine.cdi import AllocationAnswers
 from devplug.engine.choice import DeviceChoice
 from devplug.engine.devicetable import DeviceTable
@@ -111,9 +111,12 @@ class DeviceLifecycle:
         """The devices the driver prefers for one container (see :meth:`DeviceChoice.preferred`)."""
         return await self.choice.preferred(available, must_include, size)
 
-    async def allocate(self, containers: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
-        """Allocate devices to every container of one request, all or nothing (see :meth:`Admission.allocate`)."""
-        return await self.admission.allocate(containers)
+    async def allocate(
+        self, containers: Sequence[Sequence[str]], claim: DraClaim | None = None
+    ) -> list[ContainerAllocation]:
+        """Allocate devices to every container of one request (or to one DRA claim), all or nothing (see
+        :meth:`Admission.allocate`)."""
+        return await self.admission.allocate(containers, claim)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """The driver's ``pre_start`` for allocated, healthy devices (see :meth:`Admission.pre_start`)."""
@@ -132,6 +135,14 @@ class DeviceLifecycle:
     def record(self, record_id: str) -> AllocationRecord | None:
         """The record of ``record_id`` as it is now; None once released."""
         return self.ledger.get(record_id)
+
+    def for_claim(self, claim_uid: str) -> AllocationRecord | None:
+        """The record of the DRA claim ``claim_uid``'s tenancy, or None (never prepared, or released)."""
+        return self.ledger.for_claim(claim_uid)
+
+    def note_claim_pods(self, record_id: str, pod_uids: Iterable[str]) -> AllocationRecord:
+        """The pods a DRA claim is reserved for now (each is waited for before its release)."""
+        return self.ledger.set_claim_pods(record_id, pod_uids)
 
     def held_devices(self) -> set[str]:
         """Every device some record holds."""

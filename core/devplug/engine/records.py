@@ -73,6 +73,16 @@ class AllocationRecord:
     kep_at: float | None = None
     adopted: str | None = None
     prepared: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    #: The DRA claim of the tenancy (through DRA: its UID, and ``namespace/name``; None through the device-plugin
+    #: API), and the UIDs of the other pods sharing it (its ``reservedFor``), whose containers are waited for too.
+    claim_uid: str | None = None
+    claim: str | None = None
+    pod_uids: tuple[str, ...] = ()
+
+    def tenant_pods(self) -> tuple[str | None, ...]:
+        """The UIDs of the pods whose containers may use the devices (``(None,)`` when none is known)."""
+        pods = tuple(dict.fromkeys(p for p in (self.pod_uid, *self.pod_uids) if p))
+        return pods or (None,)
 
     def all_devices(self) -> list[str]:
         """``devices``, then the ``pending`` ones not among them."""
@@ -152,6 +162,9 @@ _FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
     "kep_at": _optional(_is_time),
     "adopted": _optional(lambda v: isinstance(v, str)),
     "prepared": lambda v: isinstance(v, dict),
+    "claim_uid": _optional(_is_id),
+    "claim": _optional(lambda v: isinstance(v, str)),
+    "pod_uids": _is_str_list,
 }
 assert list(_FIELD_CHECKS) == [f.name for f in fields(AllocationRecord)], "every field has its check"
 

@@ -136,10 +136,10 @@ class ReleaseQueue:
         )
         waiting = Awaiting(self.name, devices, record.pod, record.pod_uid, now, verdict.why)
         self._awaiting[record.id] = waiting
-        if verdict.liveness.state is PodState.RUNNING and record.pod_uid is not None:
+        if verdict.liveness.state is PodState.RUNNING and verdict.pod_uid is not None:
             record_id = record.id
             waiting.cancel = self.exits.liveness.on_exit(
-                record.pod_uid, lambda answer: self._exited(record_id, reason, answer)
+                verdict.pod_uid, lambda answer: self._exited(record_id, reason, answer)
             )
 
     def _exited(self, record_id: str, reason: str, answer: PodLiveness) -> None:

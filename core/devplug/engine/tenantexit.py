@@ -44,6 +44,8 @@ class ExitVerdict:
     liveness: PodLiveness
     #: With liveness unknown: when (``time.time()``) the grace ends.
     grace_ends: float | None = None
+    #: The pod the verdict turned on (a pod still running, when one is).
+    pod_uid: str | None = None
 
 
 class ExitEvidence:
@@ -72,11 +74,15 @@ class ExitEvidence:
     def verdict(self, record: AllocationRecord, now: float | None = None) -> ExitVerdict:
         """Are ``record``'s containers gone? Call it only once the kubelet no longer attributes its devices."""
         now = time.time() if now is None else now
-        answer = self.liveness.pod(record.pod_uid)
-        if answer.state is PodState.EXITED:
-            return ExitVerdict(True, answer.detail, answer)
-        if answer.state is PodState.RUNNING:
-            return ExitVerdict(False, answer.detail, answer)
+        pods = record.tenant_pods()  # several for a shared DRA claim
+        answers = [(uid, self.liveness.pod(uid)) for uid in pods]
+        running = next(((uid, a) for uid, a in answers if a.state is PodState.RUNNING), None)
+        if running is not None:
+            return ExitVerdict(False, running[1].detail, running[1], pod_uid=running[0])
+        unknown = next((a for _, a in answers if a.state is not PodState.EXITED), None)
+        if unknown is None:
+            return ExitVerdict(True, "; ".join(a.detail for _, a in answers), answers[0][1], pod_uid=pods[0])
+        answer = unknown
         grace = self.config.unknown_grace
         ends = self.vanished_at(record, now) + grace
         if now >= ends:
@@ -94,8 +100,9 @@ class ExitEvidence:
             remaining = deadline - loop.time()
             if verdict.exited or remaining <= 0:
                 return verdict
-            if verdict.liveness.state is PodState.RUNNING and record.pod_uid is not None:
-                await self.liveness.wait_exited(record.pod_uid, remaining)
+            running = verdict.pod_uid if verdict.liveness.state is PodState.RUNNING else None
+            if running is not None:
+                await self.liveness.wait_exited(running, remaining)
             else:
                 until_grace = (verdict.grace_ends - time.time()) if verdict.grace_ends is not None else remaining
                 await asyncio.sleep(max(0.0, min(remaining, until_grace, UNKNOWN_RECHECK_S)))

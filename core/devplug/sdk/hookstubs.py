@@ -16,6 +16,7 @@ __all__ = ["IMPORTS", "hook_first_lines", "hook_signature", "render_hooks", "req
 IMPORTS: Mapping[str, str] = {
     "Sequence": "collections.abc",
     "Mapping": "collections.abc",
+    "Claim": "devplug",
     "ContainerAllocation": "devplug",
     "Device": "devplug",
     "DriverContext": "devplug",
@@ -33,7 +34,7 @@ def hook_signature(name: str, *, method: bool = False) -> str:
     sig = inspect.signature(getattr(hookspecs, name))
     params = [f"{p.name}: {p.annotation}" for p in sig.parameters.values()]
     if method:
-        params.insert(0, "self")
+        params = ["self", *(_method_param(p) for p in params)]
     return f"{name}({', '.join(params)}) -> {sig.return_annotation}"
 
 
@@ -82,5 +83,11 @@ def _def_line(name: str, width: int = LINE_LENGTH) -> str:
     if len(line) <= width:
         return line
     sig = inspect.signature(getattr(hookspecs, name))
-    params = ", ".join(["self", *(f"{p.name}: {p.annotation}" for p in sig.parameters.values())])
+    params = ", ".join(["self", *(_method_param(f"{p.name}: {p.annotation}") for p in sig.parameters.values())])
     return f"    def {name}(\n        {params}\n    ) -> {sig.return_annotation}:"
+
+
+def _method_param(param: str) -> str:
+    """A hook argument as a driver method declares it: one the core passes as None for some callers (``claim``)
+    defaults to None."""
+    return f"{param} = None" if param.endswith("| None") else param
