@@ -181,7 +181,7 @@ def test_conflicting_contributions_fail_the_allocation(dev_kubelet: DevKubeletTh
         hooks = daemon.daemon.resources[0].hooks
         assert hooks is not None
         hooks.pm.register(Other())
-        client = PluginClient(Path(daemon.daemon.resources[0].frontend.endpoint))
+        client = PluginClient(Path(daemon.daemon.resources[0].endpoint))
         with pytest.raises(grpc.RpcError) as info:
             client.allocate(["c0"])
         client.channel.close()

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits
-from devplug.engine.metrics import Metrics, MetricsServer, ResourceFigures
+from devplug.engine.metrics import Metrics, MetricsServer
+from devplug.engine.resourcereport import ResourceFigures
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

@@ -48,7 +48,8 @@ from devplug.frontends.deviceplugin.reconciler import Reconciler
 from devplug.watch import DirectoryWatcher
 
 if TYPE_CHECKING:
-    from devplug.engine.metrics import Metrics, MetricsServer, NodeFigures, ResourceFigures
+    from devplug.engine.metrics import Metrics, MetricsServer, NodeFigures
+    from devplug.engine.resourcereport import ResourceFigures
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -95,7 +96,7 @@ class Daemon:
             self.metrics = Metrics()
         self._metrics_server: MetricsServer | None = None
         #: Each resource's device-plugin front end (told of changes in the device-plugin folder).
-        self._frontends: dict[str, DevicePluginFrontEnd] = {}
+        self._frontends: dict[Resource, DevicePluginFrontEnd] = {}
         #: Every resource alive: those of the config, and those a reload removed that still drain.
         self.resources = [self._new_resource(rc) for rc in config.resources]
         self.reconciler = Reconciler(
@@ -126,14 +127,15 @@ class Daemon:
         self._watcher: DirectoryWatcher | None = None
 
     def _new_resource(self, rc: ResourceConfig) -> Resource:
-        def make_frontend(table: DeviceTable, status: ResourceStatus) -> DevicePluginFrontEnd:
-            frontend = DevicePluginFrontEnd(
-                rc.name, self.config.kubelet, table, self.checkpoint, status, self._status_changed
-            )
-            self._frontends[rc.name] = frontend
-            return frontend
+        made: list[DevicePluginFrontEnd] = []
 
-        return Resource(
+        def make_frontend(table: DeviceTable, status: ResourceStatus) -> DevicePluginFrontEnd:
+            made.append(
+                DevicePluginFrontEnd(rc.name, self.config.kubelet, table, self.checkpoint, status, self._status_changed)
+            )
+            return made[0]
+
+        resource = Resource(
             rc,
             self.state_dir,
             self.write_file,
@@ -146,6 +148,8 @@ class Daemon:
             release=self.config.release,
             codec=DevicePluginCodec(),
         )
+        self._frontends[resource] = made[0]
+        return resource
 
     async def write_file(self, path: Path, data: bytes) -> None:
         """Write a state file atomically, in the state-writer thread (writes keep their order)."""
@@ -193,32 +197,7 @@ class Daemon:
     # --- metrics and probes (read on the event loop by the metrics server's thread)
 
     def _figures(self) -> list[ResourceFigures]:
-        from devplug.engine.metrics import ResourceFigures
-
-        figures = []
-        for r in self.resources:
-            healthy = r.table.healthy_count()
-            lifecycle = r.lifecycle
-            figures.append(
-                ResourceFigures(
-                    resource=r.name,
-                    healthy=healthy,
-                    unhealthy=len(r.table) - healthy,
-                    registered=r.state is ResourceState.REGISTERED,
-                    registrations=r.status.registrations,
-                    kubelet_restarts=r.status.kubelet_restarts,
-                    shared=[(d.device_id, d.replicas, d.in_use, d.tenants) for d in r.shared_devices()],
-                    allocated=len(r.ledger.held_devices()),
-                    busy=len(lifecycle.busy_devices()) if lifecycle is not None else 0,
-                    failing_releases=len(lifecycle.release_failures) if lifecycle is not None else 0,
-                    unhealthy_reasons=[
-                        (dev_id, device.reason or "")
-                        for dev_id in sorted(r.table.unhealthy_ids())
-                        if (device := r.table.reported(dev_id)) is not None
-                    ],
-                )
-            )
-        return figures
+        return [r.figures() for r in self.resources]
 
     def _node_figures(self) -> NodeFigures:
         from devplug.engine.metrics import NodeFigures
@@ -477,7 +456,7 @@ class Daemon:
         return teardown
 
     async def _stop_for_good(self, resource: Resource) -> None:
-        resource.stopping = True  # the reconciler starts no new release in it
+        resource.wind_down()  # the reconciler starts no new release in it
         while resource.releasing():  # one running finishes in this instance's ledger
             await asyncio.sleep(DRAIN_POLL_S)
         try:
@@ -485,8 +464,7 @@ class Daemon:
         finally:
             self.resources.remove(resource)
             self.reconciler.remove(resource)
-            if self._frontends.get(resource.name) is resource.frontend:
-                del self._frontends[resource.name]
+            self._frontends.pop(resource, None)
             self._status.forget(resource.name)
             self._status_changed()
         life = self._lives.pop(resource, None)
@@ -498,18 +476,13 @@ class Daemon:
     async def _remove_cdi_spec(self, gone: Resource) -> None:
         """A resource torn down by a reload: delete its CDI spec unless a resource of the config (a restarted one,
         or another with the same ``cdi_kind``) keeps using it; else it would offer devices nobody serves."""
-        if gone.cdi is None:
-            return
         if any(rc.cdi_kind == gone.config.cdi_kind for rc in self.config.resources) and self.config.cdi.enabled:
             return
-        try:
-            await gone.cdi.remove()
-        except OSError as exc:
-            log.error("[%s] cannot remove the CDI spec %s: %s", gone.name, gone.cdi.path, exc)
+        await gone.remove_cdi_spec()
 
     def _drain(self, resource: Resource) -> None:
         resource.retire(REMOVED_REASON)
-        held = sum(1 for _ in resource.ledger)
+        held = resource.held_count()
         log.info(
             "[%s] removed from the config: advertising no devices; torn down once its %d allocation(s) are released",
             resource.name,
@@ -529,12 +502,12 @@ class Daemon:
     async def _hooks_return(self, deadline: float) -> None:
         """Give hooks still running (a release finishing in the background) until ``deadline`` to return."""
         loop = asyncio.get_running_loop()
-        while any(r.runner.running() for r in self.resources) and loop.time() < deadline:
+        while any(r.hooks_running() for r in self.resources) and loop.time() < deadline:
             await asyncio.sleep(HOOK_POLL_S)
 
     def _abandoned_hooks(self) -> list[str]:
         """The driver hooks that have not returned (stuck, or abandoned earlier after their hook_timeout)."""
-        return [hook.describe() for r in self.resources for hook in r.runner.running()]
+        return [hook.describe() for r in self.resources for hook in r.hooks_running()]
 
     async def _final_status(self) -> None:
         """Write the status as stopped after every write queued before, giving up after :data:`FINAL_WRITE_S`

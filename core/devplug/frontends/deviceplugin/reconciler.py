@@ -308,7 +308,7 @@ class Reconciler:
     ) -> bool:
         """Release those of ``records`` (not listed by PodResources) the kubelet attributes to no pod either, once
         their pods' containers are gone."""
-        evidence = await self.checkpoint.fresh(resource.table.resend)
+        evidence = await self.checkpoint.fresh(resource.resend)
         changed = False
         for listed in records:
             record = core.record(listed.id)
