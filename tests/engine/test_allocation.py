@@ -10,8 +10,8 @@ import pytest
 
 from devplug import ContainerAllocation, Device, hookimpl
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
-from devplug.engine.status import read_status
 from devplug.errors import StateError
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.plugin import DaemonFactory

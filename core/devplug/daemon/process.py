@@ -1,7 +1,7 @@
 """The daemon: every configured resource in one process, the state lock, the plugin-folder
 watch that notices kubelet restarts, release reconciliation, status, signals, and live reload.
 
-SIGHUP re-reads the config file (:mod:`devplug.engine.reload`): added
+SIGHUP re-reads the config file (:mod:`devplug.daemon.reload`): added
 resources start, changed ones restart, removed ones drain (advertise nothing,
 keep releasing what pods hold) and are torn down once nothing is allocated,
 unchanged ones are not touched. A config that fails to load, or changes what
@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig, load_config
+from devplug.daemon.lock import StateLock
+from devplug.daemon.reload import ReloadRecord, plan_reload
+from devplug.daemon.status import STATUS_FILE, StatusBuilder
 from devplug.engine.asynctools import BackgroundTasks, in_daemon_thread
 from devplug.engine.cdi import remove_stale_specs, spec_file_name
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.liveness import ContainerLiveness
-from devplug.engine.lock import StateLock
 from devplug.engine.observer import NULL_OBSERVER
-from devplug.engine.reload import ReloadRecord, plan_reload
 from devplug.engine.resource import Resource
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
-from devplug.engine.status import STATUS_FILE, StatusBuilder
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import ConfigError, DevplugError
 from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
@@ -48,7 +48,7 @@ from devplug.frontends.deviceplugin.reconciler import Reconciler
 from devplug.watch import DirectoryWatcher
 
 if TYPE_CHECKING:
-    from devplug.engine.metrics import Metrics, MetricsServer, NodeFigures
+    from devplug.daemon.metrics import Metrics, MetricsServer, NodeFigures
     from devplug.engine.resourcereport import ResourceFigures
 
 __all__ = ["Daemon", "run_daemon"]
@@ -91,7 +91,7 @@ class Daemon:
         #: The Prometheus metrics, when ``[metrics] enabled`` (only then is prometheus_client imported).
         self.metrics: Metrics | None = None
         if config.metrics.enabled:
-            from devplug.engine.metrics import Metrics
+            from devplug.daemon.metrics import Metrics
 
             self.metrics = Metrics()
         self._metrics_server: MetricsServer | None = None
@@ -200,7 +200,7 @@ class Daemon:
         return [r.figures() for r in self.resources]
 
     def _node_figures(self) -> NodeFigures:
-        from devplug.engine.metrics import NodeFigures
+        from devplug.daemon.metrics import NodeFigures
 
         reconciler = self.reconciler
         return NodeFigures(

@@ -10,11 +10,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from devplug.engine.lock import StateLock
-from devplug.engine.lockholder import prove_holder
+from devplug.daemon.lock import StateLock
+from devplug.daemon.lockholder import prove_holder
+from devplug.daemon.statusschema import check_status
 from devplug.engine.resource import Resource
 from devplug.engine.resourcereport import DeviceEntries
-from devplug.engine.statusschema import check_status
 from devplug.errors import StateError
 
 __all__ = ["STATUS_FILE", "StatusBuilder", "read_status"]

@@ -10,7 +10,7 @@ engine already keeps (devices by health, registration state and count, kubelet
 restarts seen) is read at scrape time, on the event loop, by
 :class:`EngineCollector`.
 
-The HTTP server (:mod:`devplug.engine.httpserve`: bounded connections, timeouts
+The HTTP server (:mod:`devplug.daemon.httpserve`: bounded connections, timeouts
 for slow requests and idle connections, capped headers) runs in threads of its
 own, on ``[metrics] address`` and ``port``:
 
@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 import devplug
 from devplug.contract import HOOK_CONTRACT
-from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
+from devplug.daemon.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
 from devplug.engine.resourcereport import ResourceFigures
 
