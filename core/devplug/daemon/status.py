@@ -1,27 +1,42 @@
-"""The daemon's status file, ``<state dir>/status.json``, read by ``devplug status``."""
+"""The daemon's status file, ``<state dir>/status.json``, read by ``devplug status``: built from each resource's
+report (:class:`StatusBuilder`), written after changes (:class:`StatusFile`), read back (:func:`read_status`)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 import os
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from devplug.atomic import write_atomic
 from devplug.daemon.lock import StateLock
 from devplug.daemon.lockholder import prove_holder
 from devplug.daemon.statusschema import check_status
+from devplug.engine.asynctools import BackgroundTasks
 from devplug.engine.resource import Resource
 from devplug.engine.resourcereport import DeviceEntries
+from devplug.engine.serial import SerialThread
 from devplug.errors import StateError
 
-__all__ = ["STATUS_FILE", "StatusBuilder", "read_status"]
+__all__ = ["STATUS_FILE", "StatusBuilder", "StatusFile", "read_status"]
+
+log = logging.getLogger("devplug.engine")
 
 STATUS_FILE = "status.json"
 #: A status file larger than this is not the daemon's (10k listed devices take about 2 MiB).
 MAX_STATUS_BYTES = 64 * 1024 * 1024
+#: The status file is written at most once a second, after a change (it is for people and probes, not the kubelet).
+STATUS_DEBOUNCE_S = 1.0
+#: How soon a status write that failed (a full disk) is tried again.
+STATUS_RETRY_S = 1.0
+#: How long the last status write may take once the shutdown timed out.
+FINAL_WRITE_S = 2.0
 
 
 class StatusBuilder:
@@ -60,6 +75,92 @@ class StatusBuilder:
             "config": self.config_path,
             "resources": entries,
         }
+
+
+class StatusFile:
+    """Writes the status file: at once when asked (start, reload), else at most once a second after a change
+    (:data:`STATUS_DEBOUNCE_S`); a write that failed is tried again every :data:`STATUS_RETRY_S`.
+
+    ``resources`` are the resources alive; ``sections`` the node-wide parts
+    added to each status (release reconciliation, reloads).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        builder: StatusBuilder,
+        resources: Callable[[], Iterable[Resource]],
+        sections: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.path = state_dir / STATUS_FILE
+        self._builder = builder
+        self._resources = resources
+        self._sections = sections
+        self._pending = False
+        self._failing = False
+        self._building = asyncio.Lock()
+        self._writer = SerialThread("status-writer")
+        self._tasks = BackgroundTasks()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Changes are written from now on, on ``loop`` (before, :meth:`changed` does nothing)."""
+        self._loop = loop
+
+    def changed(self) -> None:
+        """Something the status shows changed: write it within :data:`STATUS_DEBOUNCE_S`."""
+        if self._pending or self._loop is None:
+            return
+        self._pending = True
+        self._loop.call_later(STATUS_DEBOUNCE_S, lambda: self._tasks.spawn(self.write()))
+
+    def forget(self, name: str) -> None:
+        """Resource ``name`` was torn down (a reload): drop its cached entry, and write the status without it."""
+        self._builder.forget(name)
+        self.changed()
+
+    async def write(self, stopped: bool = False) -> None:
+        """Build and write the status now (after the writes queued before)."""
+        self._pending = False
+        async with self._building:  # one build at a time (it lets other work run): files in build order
+            status = await self._builder.build(self._resources())
+            status["stopped"] = stopped
+            status.update(self._sections())
+            # its own thread, and no fsync: it never waits behind (or delays) a ledger snapshot. Encoded in that
+            # thread too: nothing the status holds is changed once built (entries are fresh or cached read-only),
+            # and a 10k-device resource's entry costs milliseconds to encode.
+            written = self._writer.submit(functools.partial(_write_status_file, self.path, status))
+        try:
+            await asyncio.wrap_future(written)
+        except OSError as exc:  # a full disk: say so, and try again in a while (the status must catch up)
+            if not self._failing:
+                log.error("cannot write %s: %s; retrying every %g s", self.path, exc, STATUS_RETRY_S)
+            self._failing = True
+            if self._loop is not None and not stopped:
+                self._loop.call_later(STATUS_RETRY_S, self.changed)
+            return
+        if self._failing:
+            log.info("%s written again", self.path)
+        self._failing = False
+
+    async def write_final(self) -> None:
+        """Write the status as stopped after every write queued before, giving up after :data:`FINAL_WRITE_S`
+        (a hung disk must not hang the exit)."""
+        writing = asyncio.ensure_future(self.write(stopped=True))
+        done, _ = await asyncio.wait((writing,), timeout=FINAL_WRITE_S)
+        if not done:
+            writing.cancel()
+            log.error("the final status write did not finish within %g s", FINAL_WRITE_S)
+        elif writing.exception() is not None:
+            log.error("the final status write failed: %s", writing.exception())
+
+    def close(self) -> None:
+        """Stop the writer thread (every write was awaited, or given up on by :meth:`write_final`)."""
+        self._writer.close()
+
+
+def _write_status_file(path: Path, status: dict[str, Any]) -> None:
+    write_atomic(path, (json.dumps(status, separators=(",", ":")) + "\n").encode(), sync=False)
 
 
 def _holds_lock(state_dir: Path, pid: int) -> bool:
