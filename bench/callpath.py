@@ -165,10 +165,10 @@ def trace_paths(root: Path) -> dict[str, PathTrace]:
             with DaemonThread(config) as daemon:
                 kubelet.wait_registered(RESOURCE, timeout=15)
                 (resource,) = daemon.daemon.resources
-                _allocate(Path(resource.frontend.endpoint), "mock1")  # warm: imports and first-call caches
+                _allocate(Path(resource.endpoint), "mock1")  # warm: imports and first-call caches
                 _wait(lambda: resource.lifecycle is not None and len(list(resource.lifecycle.records())) == 1, "mock1")
                 with recorder.recording("devplug/frontends/deviceplugin/servicer.py") as allocate:
-                    _allocate(Path(resource.frontend.endpoint), "mock0")
+                    _allocate(Path(resource.endpoint), "mock0")
                 core = resource.lifecycle
                 assert core is not None
                 with recorder.recording(

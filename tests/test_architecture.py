@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
 import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,19 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.lineno, node.module
+
+
+def _core_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """The modules a core source imports, relative imports resolved (``from .x import y`` in devplug/a/b.py is
+    devplug.a.x)."""
+    package = list(path.relative_to(CORE.parent).with_suffix("").parts)[:-1]  # a module's, or __init__'s own
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            yield node.lineno, ".".join([*base, *([node.module] if node.module else [])])
 
 
 def _sources(folder: Path) -> list[Path]:
@@ -63,9 +78,10 @@ def _assignments(path: Path) -> Iterator[tuple[int, ast.Attribute, ast.expr]]:
 
 
 def test_the_engine_assigns_no_callbacks_after_construction() -> None:
-    """Collaborators arrive through constructors: no ``other.attr = self.method`` or ``= lambda`` in the engine."""
+    """Collaborators arrive through constructors: no ``other.attr = self.method`` or ``= lambda`` in the engine, the
+    daemon or a front end."""
     offences = []
-    for path in _sources(CORE / "engine"):
+    for path in [*_sources(CORE / "engine"), *_sources(CORE / "daemon"), *_sources(CORE / "frontends")]:
         for line, target, value in _assignments(path):
             owner = target.value.id if isinstance(target.value, ast.Name) else ""
             bound = isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self"
@@ -183,3 +199,86 @@ def test_drivers_run_external_commands_only_through_the_kits_runner() -> None:
                 if node.func.attr in {"create_subprocess_exec", "create_subprocess_shell"}:
                     offences.append(f"{path.relative_to(ROOT)}:{node.lineno} calls {node.func.attr}")
     assert offences == []
+
+
+def _importers(folder: Path, prefixes: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _sources(folder)
+        for line, module in _core_imports(path)
+        if any(module == p or module.startswith(p + ".") for p in prefixes)
+    ]
+
+
+def test_the_core_imports_no_front_end_and_nothing_of_the_daemon() -> None:
+    """The lifecycle core (devplug.engine) is free of wire protocols and of the process that assembles it: it imports
+    no front end and nothing of devplug.daemon (issue 26)."""
+    assert _sources(CORE / "engine"), "no core sources found"
+    assert _importers(CORE / "engine", ("devplug.frontends", "devplug.daemon")) == []
+
+
+def test_front_ends_do_not_import_each_other() -> None:
+    """A front-end package under devplug/frontends imports no other front end, and nothing of the daemon."""
+    packages = sorted(p.parent for p in (CORE / "frontends").glob("*/__init__.py"))
+    assert packages, "no front-end package found under devplug/frontends"
+    offences = []
+    for package in packages:
+        others = tuple(f"devplug.frontends.{p.name}" for p in packages if p != package)
+        offences += _importers(package, (*others, "devplug.daemon"))
+    assert offences == []
+
+
+#: The most lines of code (docstrings, comments and blank lines not counted) a module of the core, the daemon or a
+#: front end may have, and a class anywhere in them: one job per module, small classes (issue 26).
+MAX_MODULE_CODE_LINES = 450
+MAX_CLASS_CODE_LINES = 400
+
+
+def _code_lines(source: str, tree: ast.Module) -> set[int]:
+    """The lines holding code: not blank, not only a comment, not a docstring."""
+    docstrings: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return lines - docstrings
+
+
+def test_modules_and_classes_of_the_core_the_daemon_and_front_ends_stay_small() -> None:
+    offences = []
+    for folder in ("engine", "daemon", "frontends"):
+        for path in _sources(CORE / folder):
+            source = path.read_text()
+            tree = ast.parse(source, str(path))
+            lines = _code_lines(source, tree)
+            if len(lines) > MAX_MODULE_CODE_LINES:
+                offences.append(f"{path.relative_to(ROOT)}: {len(lines)} lines of code")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    inside = sum(1 for line in lines if node.lineno <= line <= (node.end_lineno or node.lineno))
+                    if inside > MAX_CLASS_CODE_LINES:
+                        offences.append(f"{path.relative_to(ROOT)}: class {node.name}: {inside} lines of code")
+    assert offences == []
+
+
+def test_the_core_the_daemon_and_each_front_end_name_every_module_in_their_docstring() -> None:
+    packages = [CORE / "engine", CORE / "daemon", *sorted(p.parent for p in (CORE / "frontends").glob("*/__init__.py"))]
+    missing = []
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        missing += [
+            f"{path.relative_to(ROOT)}"
+            for path in sorted(package.glob("*.py"))
+            if path.stem != "__init__" and f"``{path.stem}``" not in doc
+        ]
+    assert missing == []

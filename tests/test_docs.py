@@ -8,8 +8,9 @@ from pathlib import Path
 
 from devplug import hookspecs
 from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
+from devplug.daemon.metrics import EngineCollector, Metrics
 from devplug.drivers import HOOK_NAMES
-from devplug.engine.metrics import EngineCollector, Metrics, ResourceFigures
+from devplug.engine.resourcereport import ResourceFigures
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

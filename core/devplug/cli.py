@@ -429,7 +429,7 @@ def reload(config_path: Path | None, state_dir: Path | None, timeout: float) -> 
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     """Show a running daemon's resources, devices and recent releases."""
-    from devplug.engine.status import read_status
+    from devplug.daemon.status import read_status
     from devplug.statusview import format_status, status_problems
 
     try:
@@ -506,8 +506,8 @@ def quarantine_clear(
     """
     import time as clock
 
+    from devplug.daemon.lock import StateLock
     from devplug.engine.ledger import Ledger
-    from devplug.engine.lock import StateLock
     from devplug.engine.quarantine import clear_offline, write_clear_request
     from devplug.errors import AlreadyRunningError, ConfigError, StateError
     from devplug.resource_names import resource_state_dir

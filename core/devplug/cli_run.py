@@ -44,7 +44,7 @@ def run_command(config_path: Path, log_format: str, log_level: str) -> None:
     setup_logging(log_level, "json" if log_format == "json" else "text")
     try:
         config = load_config(config_path)
-        from devplug.engine.daemon import run_daemon
+        from devplug.daemon.process import run_daemon
 
         abandoned = run_daemon(config)
     except DevplugError as exc:

@@ -1,7 +1,7 @@
 """``devplug reload``: find the daemon running on a state dir, send it SIGHUP, and wait for its verdict.
 
 The daemon is the process proven to hold the state dir's lock
-(``<state dir>/devplug.lock``; :mod:`devplug.engine.lockholder`: its pid, its
+(``<state dir>/devplug.lock``; :mod:`devplug.daemon.lockholder`: its pid, its
 start time and the kernel's record of the lock agree), and must match the
 status file's pid, which must say it is running. The signal goes through a
 pidfd, so it reaches that process or nobody: never a process that got the pid
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from devplug.configfile import read_config_bytes
-from devplug.engine.lock import StateLock
-from devplug.engine.lockholder import LockHolder, prove_holder
-from devplug.engine.status import read_status
+from devplug.daemon.lock import StateLock
+from devplug.daemon.lockholder import LockHolder, prove_holder
+from devplug.daemon.status import read_status
 from devplug.errors import ConfigError, StateError
 
 if sys.version_info >= (3, 11):

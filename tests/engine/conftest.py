@@ -38,13 +38,13 @@ def daemon_holding(
     with DaemonThread(config) as daemon:
         kubelet.wait_registered(MOCK_RESOURCE, timeout=15)
         (resource,) = daemon.daemon.resources
-        client = PluginClient(Path(resource.frontend.endpoint))
+        client = PluginClient(Path(resource.endpoint))
         try:
             for i in range(count):
                 client.allocate([f"mock{i}"])
         finally:
             client.channel.close()
-        assert len(resource.ledger.records) == count
+        assert resource.held_count() == count
         yield daemon, resource
 
 

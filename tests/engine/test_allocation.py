@@ -10,8 +10,8 @@ import pytest
 
 from devplug import ContainerAllocation, Device, hookimpl
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
-from devplug.engine.status import read_status
 from devplug.errors import StateError
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.plugin import DaemonFactory
@@ -181,7 +181,7 @@ def test_conflicting_contributions_fail_the_allocation(dev_kubelet: DevKubeletTh
         hooks = daemon.daemon.resources[0].hooks
         assert hooks is not None
         hooks.pm.register(Other())
-        client = PluginClient(Path(daemon.daemon.resources[0].frontend.endpoint))
+        client = PluginClient(Path(daemon.daemon.resources[0].endpoint))
         with pytest.raises(grpc.RpcError) as info:
             client.allocate(["c0"])
         client.channel.close()

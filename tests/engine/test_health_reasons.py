@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devplug import Device, Health, HealthReport, hookimpl
+from devplug.daemon.status import read_status
 from devplug.devkubelet import DevKubeletThread
-from devplug.engine.status import read_status
 from devplug.testing.daemon import DaemonThread
 
 from .conftest import Wait, in_process_config, view_of

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits
-from devplug.engine.metrics import Metrics, MetricsServer, ResourceFigures
+from devplug.daemon.httpserve import DEFAULT_LIMITS, HttpLimits
+from devplug.daemon.metrics import Metrics, MetricsServer
+from devplug.engine.resourcereport import ResourceFigures
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -185,7 +186,7 @@ def _modules_after_daemon(tmp_path: Path, metrics: bool) -> list[str]:
         "import sys\n"
         "from pathlib import Path\n"
         "from devplug.config import load_config\n"
-        "from devplug.engine.daemon import Daemon\n"
+        "from devplug.daemon.process import Daemon\n"
         f"Daemon(load_config(Path({str(config)!r})))\n"
         "print(' '.join(m for m in ('prometheus_client', 'waitress') if m in sys.modules))\n"
     )

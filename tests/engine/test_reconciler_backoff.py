@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.ledger import read_ledger_records
-from devplug.engine.status import read_status
 from devplug.errors import StateError
 from devplug.resource_names import resource_state_dir
 from devplug.testing.configs import dev_config, write_toml

@@ -28,4 +28,4 @@ def test_a_pass_over_held_allocations_yields_between_slices(
         assert loop is not None
         ticks, _ = asyncio.run_coroutine_threadsafe(ticks_during(one_pass), loop).result(30)
         assert ticks >= HELD // RECORDS_PER_SLICE, ticks
-        assert len(resource.ledger.records) == HELD  # fresh allocations in their grace period: nothing released
+        assert resource.held_count() == HELD  # fresh allocations in their grace period: nothing released

@@ -65,7 +65,7 @@ def test_a_drivers_physical_choice_becomes_free_replicas(dev_kubelet: DevKubelet
     config = in_process_config(devplug_root, {RESOURCE: ChoosesTheLastDevice}, replicas=3)
     with DaemonThread(config) as daemon:
         dev_kubelet.wait_registered(RESOURCE, timeout=10)
-        client = PluginClient(Path(daemon.daemon.resources[0].frontend.endpoint))
+        client = PluginClient(Path(daemon.daemon.resources[0].endpoint))
         try:
             available = ["gpu0::0", "gpu1::0", "gpu2::0", "gpu2::2"]
             assert _preferred(client, available, ["gpu0::0"], 3) == ["gpu0::0", "gpu2::0", "gpu2::2"]

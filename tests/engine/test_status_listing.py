@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from devplug import Device, Health, hookimpl
+from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
-from devplug.engine.status import LIST_ALL_DEVICES_UP_TO, read_status
+from devplug.engine.resourcereport import LIST_ALL_DEVICES_UP_TO
 from devplug.testing.daemon import DaemonThread
 
 from .conftest import Wait, in_process_config, view_of

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.devkubelet import DevKubeletThread
-from devplug.engine.status import ITEMS_PER_SLICE
+from devplug.engine.resourcereport import ITEMS_PER_SLICE
 
 from .conftest import MOCK_RESOURCE, daemon_holding, ticks_during
 

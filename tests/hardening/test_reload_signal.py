@@ -3,7 +3,7 @@
 It used to trust the pid in the lock file (and a status file naming the same
 pid): after the daemon died and the pid was reused, SIGHUP went to whatever
 process had it. Now it signals only a process proven to hold the state dir's
-lock (:mod:`devplug.engine.lockholder`), through a pidfd, and otherwise exits 3
+lock (:mod:`devplug.daemon.lockholder`), through a pidfd, and otherwise exits 3
 naming what it found.
 
 The victims are real processes that block SIGHUP, so a signal sent to them
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from devplug.engine.lockholder import process_start_ticks
+from devplug.daemon.lockholder import process_start_ticks
 
 if TYPE_CHECKING:
     from tests.hardening.conftest import Bench

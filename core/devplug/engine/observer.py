@@ -6,7 +6,7 @@ allocated and allocations released (:mod:`devplug.engine.lifecycle`), a ledger
 write done (:mod:`devplug.engine.ledger`). Each call does O(1) work. The base
 class does nothing, and :data:`NULL_OBSERVER` is what every part gets while
 metrics are off: one method call that returns at once, and no import of
-``prometheus_client`` (see :mod:`devplug.engine.metrics` for the one that counts).
+``prometheus_client`` (see :mod:`devplug.daemon.metrics` for the one that counts).
 """
 
 from __future__ import annotations

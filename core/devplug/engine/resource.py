@@ -3,8 +3,14 @@
 (:class:`~devplug.engine.driverhost.DriverHost`), until shutdown.
 
 What needs the driver is built only once the driver has started: until then
-:attr:`Resource.lifecycle`, :attr:`Resource.releases` and :attr:`Resource.host`
+:attr:`Resource.lifecycle` and :attr:`Resource.releases` (what front ends use)
 are None, and afterwards they are whole.
+
+Its parts (device table, ledger, hook runner, driver host, CDI specs) are its
+own: the daemon, the status file, the metrics and the front ends ask it
+through narrow methods (:meth:`Resource.report`, :meth:`Resource.figures`,
+:meth:`Resource.held_count`, :meth:`Resource.hooks_running`, ...), the report
+itself built by :mod:`devplug.engine.resourcereport`.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from devplug.config import CdiConfig, ReleaseConfig, ResourceConfig
 from devplug.drivers import DriverHooks
@@ -21,14 +28,21 @@ from devplug.engine.cdi import AllocationAnswers, CdiSpecs
 from devplug.engine.devicetable import DeviceCodec, DeviceTable
 from devplug.engine.driverhost import DriverHost, PublishedStatus
 from devplug.engine.frontend import FrontEnd
-from devplug.engine.hookrunner import HookRunner
+from devplug.engine.hookrunner import HookRunner, RunningHook
 from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.quarantine import apply_clear_request
 from devplug.engine.releasequeue import ReleaseQueue
+from devplug.engine.resourcereport import (
+    DeviceEntries,
+    ReportSources,
+    ResourceFigures,
+    build_report,
+    figures,
+    report_version,
+)
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
-from devplug.engine.sharing import DeviceShare
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import DriverError, StateError
@@ -63,70 +77,99 @@ class Resource:
         self.config = config
         self.name = config.name
         self._state_root = state_dir
-        self.state_dir = resource_state_dir(state_dir, self.name)
-        self.driver_state_dir = self.state_dir / "driver"
-        self.exits = exits
+        self._state_dir = resource_state_dir(state_dir, self.name)
+        self._driver_state_dir = self._state_dir / "driver"
+        self._exits = exits
         self._release = release
         self._on_change = on_change
         self._on_allocated = on_allocated
-        self.table = DeviceTable(config.replicas, codec)
-        self.observer = observer
-        self.runner = HookRunner(self.name, config.hook_timeout, observer)
-        self.ledger = Ledger(
-            self.name, self.state_dir / "ledger.json", write_file, on_saved=on_change, observer=observer
+        self._table = DeviceTable(config.replicas, codec)
+        self._observer = observer
+        self._runner = HookRunner(self.name, config.hook_timeout, observer)
+        self._ledger = Ledger(
+            self.name, self._state_dir / "ledger.json", write_file, on_saved=on_change, observer=observer
         )
         #: The resource's CDI spec file, when ``[cdi] enabled``.
-        self.cdi = (
-            CdiSpecs(self.name, config.cdi_kind, cdi.spec_dir, self.table, cdi.fallback)
+        self._cdi = (
+            CdiSpecs(self.name, config.cdi_kind, cdi.spec_dir, self._table, cdi.fallback)
             if cdi is not None and cdi.enabled
             else None
         )
-        self.status = ResourceStatus()
+        self._status = ResourceStatus()
         #: What the driver published with ``ctx.publish_status`` (kept across driver restarts).
-        self.published = PublishedStatus(on_change)
-        self.frontend = make_frontend(self.table, self.status)
-        self.stopping = False
-        self.host: DriverHost | None = None
+        self._published = PublishedStatus(on_change)
+        self._frontend = make_frontend(self._table, self._status)
+        self._stopping = False
+        self._host: DriverHost | None = None
+        #: The core's interface to front ends, once the driver has started.
         self.lifecycle: DeviceLifecycle | None = None
+        #: The release queue front ends hand tenancies that may be over, once the driver has started.
         self.releases: ReleaseQueue | None = None
 
-    # --- what status.py reads
+    # --- what the daemon, the status file and the metrics read
 
     @property
     def state(self) -> ResourceState:
-        if self.table.retired is not None and self.status.state is not ResourceState.STOPPED:
+        if self._table.retired is not None and self._status.state is not ResourceState.STOPPED:
             return ResourceState.DRAINING
-        return self.status.state
+        return self._status.state
 
     @property
     def last_error(self) -> str | None:
-        return self.status.last_error
+        return self._status.last_error
 
     @property
-    def registrations(self) -> int:
-        return self.status.registrations
+    def endpoint(self) -> str:
+        """Where the front end serves (a socket path)."""
+        return self._frontend.endpoint
 
     @property
-    def registered_at(self) -> float | None:
-        return self.status.registered_at
-
-    @property
-    def state_error(self) -> str | None:
-        """Why the last ledger write failed (a full disk), until one succeeds."""
-        return self.ledger.write_error
+    def stopping(self) -> bool:
+        """True once :meth:`wind_down` or :meth:`stop` was called: no new release starts in this instance."""
+        return self._stopping
 
     @property
     def hooks(self) -> DriverHooks | None:
         """The driver's typed facade, once the driver has started."""
-        return self.host.driver.hooks if self.host is not None else None
+        return self._host.driver.hooks if self._host is not None else None
 
-    def shared_devices(self) -> list[DeviceShare]:
-        """Each shared physical device now: replicas, replicas in use, tenants, pods (empty until started, and
-        for a resource without shared devices). The figures ``devplug status`` shows, for metrics too."""
-        return self.lifecycle.shared_usage() if self.lifecycle is not None else []
+    def _sources(self) -> ReportSources:
+        return ReportSources(
+            name=self.name,
+            config=self.config,
+            state=self.state,
+            endpoint=self._frontend.endpoint,
+            status=self._status,
+            table=self._table,
+            ledger=self._ledger,
+            published=self._published,
+            lifecycle=self.lifecycle,
+            hooks=self.hooks,
+        )
 
-    def _report(self, reason: str | None) -> None:
-        self.status.last_error = reason
+    def report_version(self) -> tuple[object, ...]:
+        """Cheap counters and scalars that change whenever :meth:`report` would say something new."""
+        return report_version(self._sources())
+
+    async def report(self, cache: DeviceEntries) -> dict[str, Any]:
+        """The resource's entry in the status file; ``cache`` keeps device entries from one report to the next
+        (one per resource). Lets other work run while it walks records and devices."""
+        return await build_report(self._sources(), cache)
+
+    def figures(self) -> ResourceFigures:
+        """The resource's figures for the metrics, as they are now."""
+        return figures(self._sources())
+
+    def held_count(self) -> int:
+        """How many allocations are held (or still owed their release)."""
+        return len(self._ledger)
+
+    def hooks_running(self) -> list[RunningHook]:
+        """The driver's hook calls that have not returned (abandoned ones included), oldest first."""
+        return self._runner.running()
+
+    def _note_error(self, reason: str | None) -> None:
+        self._status.last_error = reason
         self._on_change()
 
     # --- life
@@ -134,7 +177,7 @@ class Resource:
     async def live(self) -> None:
         """The resource's whole life: start the driver (retrying with backoff), then serve and keep devices current."""
         backoff = Backoff(initial=1.0, cap=30.0)
-        while not self.stopping:
+        while not self._stopping:
             try:
                 await self._start()
                 break
@@ -142,74 +185,80 @@ class Resource:
                 raise
             except Exception as exc:
                 expected = isinstance(exc, DriverError | StateError)
-                self.status.state = ResourceState.FAILED
-                self._report(str(exc) if expected else f"start failed: {type(exc).__name__}: {exc}")
+                self._status.state = ResourceState.FAILED
+                self._note_error(str(exc) if expected else f"start failed: {type(exc).__name__}: {exc}")
                 delay = backoff.next()
                 log.error(
                     "[%s] start failed, retrying in %.0f s: %s",
                     self.name,
                     delay,
-                    self.status.last_error,
+                    self._status.last_error,
                     exc_info=None if expected else exc,
                 )
                 await asyncio.sleep(delay)
-        if self.stopping or self.host is None:
+        if self._stopping or self._host is None:
             return
-        await asyncio.gather(self.frontend.serve(), self.host.run(), *([self.cdi.follow()] if self.cdi else []))
+        await asyncio.gather(self._frontend.serve(), self._host.run(), *([self._cdi.follow()] if self._cdi else []))
 
     async def _start(self) -> None:
         """Start the driver and build what depends on it; a failure leaves nothing half-built (driver stopped)."""
         prepare_resource_dir(self._state_root, self.name)
-        self.ledger.load()
+        self._ledger.load()
         host = await DriverHost.start(
-            self.config, self.table, self.runner, self.driver_state_dir, self._report, self._on_change, self.published
+            self.config,
+            self._table,
+            self._runner,
+            self._driver_state_dir,
+            self._note_error,
+            self._on_change,
+            self._published,
         )
         try:
             lifecycle = DeviceLifecycle(
                 self.name,
-                self.table,
+                self._table,
                 host.driver,
-                self.ledger,
-                self.frontend,
-                exits=self.exits,
-                answers=AllocationAnswers(self.name, self.table, host.driver, self.cdi),
-                observer=self.observer,
+                self._ledger,
+                self._frontend,
+                exits=self._exits,
+                answers=AllocationAnswers(self.name, self._table, host.driver, self._cdi),
+                observer=self._observer,
                 previous_tenant_wait=self._release.previous_tenant_wait,
                 fail_requests_greater_than_one=self.config.fail_requests_greater_than_one,
                 on_allocated=self._on_allocated,
                 on_change=self._on_change,
             )
-            lost, self.ledger.lost = self.ledger.lost, False
-            await self.frontend.started(lifecycle, lost)
-            for dev_id in self.table.learn_replica_ids(self.ledger.held_devices()):
+            lost, self._ledger.lost = self._ledger.lost, False
+            await self._frontend.started(lifecycle, lost)
+            for dev_id in self._table.learn_replica_ids(self._ledger.held_devices()):
                 log.warning("[%s] %s is held but no longer advertised: released through its device", self.name, dev_id)
             lifecycle.withheld_changed()  # devices being released, or named by a quarantined record
         except BaseException:
             await host.stop()
             raise
-        self.host, self.lifecycle = host, lifecycle
+        self._host, self.lifecycle = host, lifecycle
         self.releases = ReleaseQueue(
             lifecycle,
             interval=self._release.interval,
             max_retry_interval=self._release.max_retry_interval,
-            stopping=lambda: self.stopping,
+            stopping=lambda: self._stopping,
         )
         log.info(
             "[%s] driver %s started with %d devices (hooks: %s)",
             self.name,
             self.config.driver,
-            len(self.table),
+            len(self._table),
             ", ".join(host.driver.capabilities.implemented),
         )
 
-    # --- events from the daemon and the reconciler
+    # --- events from the daemon and the front ends
 
     async def apply_quarantine_request(self) -> None:
         """Clear the quarantined ledger records an operator asked to clear (``devplug quarantine clear``)."""
         if self.lifecycle is None:
             return
         try:
-            cleared = apply_clear_request(self.ledger, self.state_dir)
+            cleared = apply_clear_request(self._ledger, self._state_dir)
         except ValueError as exc:
             log.error("[%s] quarantine clear request %s", self.name, exc)
             return
@@ -225,8 +274,13 @@ class Resource:
         if not cleared:
             log.warning("[%s] quarantine clear request: no such quarantined record", self.name)
         self.lifecycle.withheld_changed()
-        await self.ledger.save(sync=True)
+        await self._ledger.save(sync=True)
         self._on_change()
+
+    def resend(self) -> bool:
+        """Make every watcher of the device list (a ListAndWatch stream) hear it again, changed or not; False
+        when none is open. The kubelet rewrites its checkpoint on every ListAndWatch message."""
+        return self._table.resend()
 
     def configure_release(self, release: ReleaseConfig) -> None:
         """``[release]`` changed (a reload): the previous-tenant wait and the retry schedule of failing releases."""
@@ -242,12 +296,12 @@ class Resource:
 
     def holds_any(self) -> bool:
         """True while some allocation is held (or still owed its release)."""
-        return len(self.ledger) > 0
+        return len(self._ledger) > 0
 
     def retire(self, reason: str) -> None:
         """Removed from the config: advertise no devices and take no new allocation, but keep serving the
         pods that hold devices (PreStartContainer) and releasing them until :meth:`drained`."""
-        self.table.retire(reason)
+        self._table.retire(reason)
         self._on_change()
 
     def drained(self) -> bool:
@@ -256,17 +310,32 @@ class Resource:
 
     # --- shutdown
 
+    def wind_down(self) -> None:
+        """Start no new release (the reconciler passes this instance by) and give up starting the driver;
+        :meth:`stop` follows once the releases running finished (:meth:`releasing`)."""
+        self._stopping = True
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, finish in-flight calls, stop the driver, remove the socket."""
-        self.stopping = True
-        await self.frontend.stop(grace)
+        self._stopping = True
+        await self._frontend.stop(grace)
         if self.releases is not None:
             self.releases.close()
-        if self.host is not None:
-            await self.host.stop()
+        if self._host is not None:
+            await self._host.stop()
         if self.lifecycle is not None:  # fold the journal into the snapshot: the next start reads one file
-            await self.ledger.compact()
-        self.ledger.close()
-        self.runner.close()
-        self.status.state = ResourceState.STOPPED
+            await self._ledger.compact()
+        self._ledger.close()
+        self._runner.close()
+        self._status.state = ResourceState.STOPPED
         self._on_change()
+
+    async def remove_cdi_spec(self) -> None:
+        """Delete this resource's CDI spec file (torn down by a reload, and no resource of the config uses its
+        kind); a failure is logged."""
+        if self._cdi is None:
+            return
+        try:
+            await self._cdi.remove()
+        except OSError as exc:
+            log.error("[%s] cannot remove the CDI spec %s: %s", self.name, self._cdi.path, exc)

@@ -20,7 +20,7 @@ class DaemonThread:
     """
 
     def __init__(self, config: Config) -> None:
-        from devplug.engine.daemon import Daemon
+        from devplug.daemon.process import Daemon
 
         self.config = config
         self.daemon = Daemon(config)

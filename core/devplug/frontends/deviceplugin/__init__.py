@@ -8,5 +8,7 @@ encoding, Allocate, PreStartContainer, the KEP's PostStopContainer and
 Deallocate), ``tenancy`` (reuse or new tenancy, from the kubelet's
 checkpoint), ``checkpointview`` (the kubelet's checkpoint as evidence),
 ``podresources_client`` and ``reconciler`` (release detection through
-PodResources and the checkpoint, for kubelets that never call Deallocate).
+PodResources and the checkpoint, for kubelets that never call Deallocate),
+``pluginfolder`` (the device-plugin folder, watched for the signs of a kubelet
+restart every resource's front end is told of).
 """

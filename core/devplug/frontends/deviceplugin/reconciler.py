@@ -86,9 +86,9 @@ class Reconciler:
         self.client = PodResourcesClient(pod_resources_socket)
         self.checkpoint = checkpoint
         self.exits = exits
-        self.interval = release.interval
-        self.grace = release.grace_period
-        self.max_retry_interval = release.max_retry_interval
+        self._interval = release.interval
+        self._grace = release.grace_period
+        self._max_retry_interval = release.max_retry_interval
         self._wake = wake
         self._tasks = BackgroundTasks()
         self.last_error: str | None = None
@@ -97,7 +97,7 @@ class Reconciler:
         #: PodResources reads that failed, and since when the reads fail without a break (None: they do not).
         self.failures = 0
         self.failing_since: float | None = None
-        self._delay = self.interval
+        self._delay = self._interval
         #: Since when PodResources has answered without a break (None: it has not, or it just failed).
         self.trusted_from: float | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -108,9 +108,9 @@ class Reconciler:
 
     def configure(self, release: ReleaseConfig) -> None:
         """``[release]`` changed: the poll interval and grace period apply from the next pass."""
-        self.interval = release.interval
-        self.grace = release.grace_period
-        self.max_retry_interval = release.max_retry_interval
+        self._interval = release.interval
+        self._grace = release.grace_period
+        self._max_retry_interval = release.max_retry_interval
 
     def add(self, resource: Resource) -> None:
         """Reconcile ``resource`` too (added, or replacing one, by a reload)."""
@@ -128,8 +128,8 @@ class Reconciler:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "interval": self.interval,
-            "grace_period": self.grace,
+            "interval": self._interval,
+            "grace_period": self._grace,
             "polls": self.polls,
             "failures": self.failures,
             "failing_since": self.failing_since,
@@ -139,7 +139,7 @@ class Reconciler:
             "checkpoint": str(self.checkpoint.path),
             "checkpoint_problem": self.checkpoint.last_problem,
             "resource_errors": dict(self.resource_errors),
-            "max_retry_interval": self.max_retry_interval,
+            "max_retry_interval": self._max_retry_interval,
             "liveness": self.exits.liveness.describe(),
             "awaiting_exit": [a.describe() for q in self._queues() for a in q.awaiting()],
         }
@@ -174,7 +174,7 @@ class Reconciler:
             if not self._busy():
                 self._wake.clear()
                 if self._starting():
-                    await wait_any(self._wake, timeout=self.interval)
+                    await wait_any(self._wake, timeout=self._interval)
                     continue
                 await self._wake.wait()
                 continue
@@ -208,7 +208,7 @@ class Reconciler:
         self.last_error = None
         self.last_success = now
         self.failing_since = None
-        self._delay = self.interval
+        self._delay = self._interval
         ready = [r for r in self._resources if r.lifecycle is not None and not r.stopping]
         await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r in ready))
         for queue in self._queues():
@@ -227,7 +227,7 @@ class Reconciler:
             )
         self.last_error = detail
         self.trusted_from = None
-        self._delay = min(self._delay * 2, self.interval * 10) if exhausted else self.interval
+        self._delay = min(self._delay * 2, self._interval * 10) if exhausted else self._interval
 
     async def _reconcile_guarded(self, resource: Resource, use: DeviceUse, now: float) -> None:
         try:
@@ -256,7 +256,7 @@ class Reconciler:
                 continue  # released or joined while the pass let other work run
             if queue.running(record.id) or core.in_admission(record.id):
                 continue
-            if record.kep_at is not None and now - record.kep_at < self.grace:
+            if record.kep_at is not None and now - record.kep_at < self._grace:
                 continue  # the kubelet is releasing it through the KEP's calls
             if record.releasing:
                 queue.retry(record)
@@ -270,7 +270,7 @@ class Reconciler:
                 seen = core.note_seen(record.id, sorted(pods)[0], now)
                 changed |= seen is not record
                 continue
-            if record.seen_at is None and now - record.created < self.grace:
+            if record.seen_at is None and now - record.created < self._grace:
                 continue  # admission in progress: not listed yet (and a pending record may yet be listed)
             if record.pending:
                 queue.start(record, "an Allocate that never completed")
@@ -308,7 +308,7 @@ class Reconciler:
     ) -> bool:
         """Release those of ``records`` (not listed by PodResources) the kubelet attributes to no pod either, once
         their pods' containers are gone."""
-        evidence = await self.checkpoint.fresh(resource.table.resend)
+        evidence = await self.checkpoint.fresh(resource.resend)
         changed = False
         for listed in records:
             record = core.record(listed.id)
@@ -324,15 +324,15 @@ class Reconciler:
                     continue  # an init container's devices, or the kubelet has not reloaded its pods yet
                 why = "the kubelet attributes them to no container any more"
             else:
-                if self.trusted_from is None or now - self.trusted_from < self.grace:
+                if self.trusted_from is None or now - self.trusted_from < self._grace:
                     continue  # PodResources just (re)appeared: its pod list may not be loaded yet
-                why = f"PodResources has not listed them for {self.grace:g} s"
+                why = f"PodResources has not listed them for {self._grace:g} s"
             if record.seen_at is not None:
                 reason = f"pod {record.pod} no longer holds them"
             elif record.adopted is not None:
                 reason = f"adopted from {record.adopted}, and no pod holds them"
             else:
-                reason = f"no pod took them within the {self.grace:g} s grace period"
+                reason = f"no pod took them within the {self._grace:g} s grace period"
             log.debug("[%s] %s: %s", resource.name, ", ".join(record.all_devices()), why)
             queue.release_when_exited(record, reason, now)
         return changed

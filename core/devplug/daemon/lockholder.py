@@ -1,7 +1,7 @@
 """Which process holds a state dir's lock, proven, so that a signal reaches the daemon and nothing else.
 
 The lock file names the daemon that took it (``<pid> <start time>``, see
-:class:`~devplug.engine.lock.StateLock`), but a name is no proof: after the
+:class:`~devplug.daemon.lock.StateLock`), but a name is no proof: after the
 daemon died (``kill -9`` leaves the file as it was) the pid may belong to any
 process, and a daemon in another PID namespace (a container) wrote a pid that
 means something else here. :func:`prove_holder` accepts the pid only when

@@ -5,7 +5,7 @@ daemon's user: a link planted at its place would otherwise get the daemon's
 PID written into (and later truncate) whatever it points to. It holds
 ``<pid> <start time>\n``, the start time in clock ticks since boot, so that a
 reader can tell the daemon from a later owner of its pid
-(:mod:`devplug.engine.lockholder`).
+(:mod:`devplug.daemon.lockholder`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from devplug.engine.lockholder import process_start_ticks
+from devplug.daemon.lockholder import process_start_ticks
 from devplug.errors import AlreadyRunningError, StateError
 
 __all__ = ["StateLock"]

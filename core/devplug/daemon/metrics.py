@@ -10,7 +10,7 @@ engine already keeps (devices by health, registration state and count, kubelet
 restarts seen) is read at scrape time, on the event loop, by
 :class:`EngineCollector`.
 
-The HTTP server (:mod:`devplug.engine.httpserve`: bounded connections, timeouts
+The HTTP server (:mod:`devplug.daemon.httpserve`: bounded connections, timeouts
 for slow requests and idle connections, capped headers) runs in threads of its
 own, on ``[metrics] address`` and ``port``:
 
@@ -40,8 +40,9 @@ from prometheus_client.registry import Collector
 
 import devplug
 from devplug.contract import HOOK_CONTRACT
-from devplug.engine.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
+from devplug.daemon.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
+from devplug.engine.resourcereport import ResourceFigures
 from devplug.hookspecs import HOOK_NAMES
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
     "NodeFigures",
     "PROBE_TIMEOUT_S",
     "PrometheusObserver",
-    "ResourceFigures",
 ]
 
 T = TypeVar("T")
@@ -69,28 +69,6 @@ PROBE_TIMEOUT_S = 2.0
 RELEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: Ledger write buckets, seconds: a journal append is microseconds, an fdatasync milliseconds.
 LEDGER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-@dataclass(frozen=True)
-class ResourceFigures:
-    """What the engine keeps about one resource, read on the event loop at scrape time."""
-
-    resource: str
-    healthy: int  # advertised healthy to the kubelet
-    unhealthy: int  # advertised unhealthy (the driver says so, a release runs, or the resource is degraded)
-    registered: bool
-    registrations: int
-    kubelet_restarts: int
-    #: Each shared physical device: (device ID, replicas advertised, replicas in use, tenants).
-    shared: Sequence[tuple[str, int, int, int]] = ()
-    #: Devices allocations hold (advertised IDs: replicas count one each).
-    allocated: int = 0
-    #: Devices no hook may touch now (a hook past its timeout still runs, a quarantined record names them).
-    busy: int = 0
-    #: Releases failing (retried with backoff).
-    failing_releases: int = 0
-    #: Each device the driver reports unhealthy, with the reason it gives (empty when it gives none).
-    unhealthy_reasons: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,21 @@
+"""The daemon: the assembly of the lifecycle core (:mod:`devplug.engine`) and its front ends
+(:mod:`devplug.frontends`) into one process, and what that process offers besides.
+
+Modules, by job:
+
+* the process: ``process`` (``Daemon``: assembling the resources and their
+  front ends, run, signals, the bounded shutdown, hooks abandoned;
+  ``run_daemon``), ``lock`` (the state folder's lock) and ``lockholder``
+  (proving which live process holds it);
+* reload and drain: ``reload`` (what a new config changes, and applying it:
+  added resources start, changed ones restart, removed ones drain and are torn
+  down);
+* status: ``status`` (the status file built from each resource's report,
+  written after changes, read by ``devplug status``) and ``statusschema``
+  (its shape, checked when read);
+* the optional servers: ``metricsendpoint`` (the metrics and probes served
+  from the resources' figures), ``metrics`` (the Prometheus metrics and their
+  endpoints) and ``httpserve`` (the bounded HTTP server under them), imported
+  only when ``[metrics] enabled``; ``cdicleanup`` (CDI spec files no resource
+  serves any more).
+"""

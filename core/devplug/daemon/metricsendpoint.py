@@ -1,0 +1,105 @@
+"""The daemon's metrics endpoint, when ``[metrics] enabled``: :class:`~devplug.daemon.metrics.Metrics` served on
+``[metrics] address`` and ``port``, reading at each scrape (on the event loop) every resource's figures, the node's,
+and for ``/readyz`` why the daemon is not ready.
+
+Imported only when the metrics are enabled (it brings ``prometheus_client``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from devplug.config import Config
+from devplug.daemon.metrics import Metrics, MetricsServer, NodeFigures
+from devplug.engine.resource import Resource
+from devplug.engine.resourcereport import ResourceFigures
+from devplug.engine.resourcestatus import ResourceState
+from devplug.engine.tenantexit import ExitEvidence
+from devplug.errors import ConfigError
+from devplug.frontends.deviceplugin.reconciler import Reconciler
+
+__all__ = ["MetricsEndpoint"]
+
+log = logging.getLogger("devplug.engine")
+
+
+class MetricsEndpoint:
+    """Serves ``metrics`` (``/metrics``, ``/healthz``, ``/readyz``) from :meth:`start` to :meth:`close`.
+
+    ``config`` is the config running now (a reload changes it), ``resources``
+    the resources alive.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        config: Callable[[], Config],
+        resources: Callable[[], Iterable[Resource]],
+        reconciler: Reconciler,
+        exits: ExitEvidence,
+    ) -> None:
+        self.metrics = metrics
+        self._config = config
+        self._resources = resources
+        self._reconciler = reconciler
+        self._exits = exits
+        self._server: MetricsServer | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve; :class:`ConfigError` naming the keys when the address cannot be bound."""
+        config = self._config()
+        mc = config.metrics
+        try:
+            self._server = self.metrics.serve(
+                mc.address, mc.port, loop, self.figures, self.not_ready, node=self.node_figures
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"{config.path or '<config>'}: metrics: cannot serve on {mc.address} port {mc.port}: "
+                f"{exc.strerror or exc} (set [metrics] address and port)"
+            ) from exc
+        log.info("metrics on http://%s:%d/metrics (probes /healthz, /readyz)", mc.address, mc.port)
+
+    def close(self) -> None:
+        """Stop serving (nothing when never started)."""
+        if self._server is not None:
+            self._server.close()
+
+    # --- read on the event loop by the metrics server's thread
+
+    def figures(self) -> list[ResourceFigures]:
+        """Every resource's figures."""
+        return [r.figures() for r in self._resources()]
+
+    def node_figures(self) -> NodeFigures:
+        """The node's figures: PodResources reads, container liveness, tenancies waiting for their pods' exit."""
+        reconciler = self._reconciler
+        return NodeFigures(
+            pod_resources_reads=reconciler.polls,
+            pod_resources_failures=reconciler.failures,
+            pod_resources_last_success=reconciler.last_success,
+            liveness_known=self._exits.liveness.layout is not None,
+            awaiting_exit=reconciler.awaiting_exit(),
+        )
+
+    def not_ready(self) -> list[str]:
+        """Why the daemon is not ready (``/readyz``); nothing when it is."""
+        config = self._config()
+        reasons = []
+        unregistered = [r.name for r in self._resources() if r.state is not ResourceState.REGISTERED]
+        if unregistered:
+            reasons.append(f"not registered with the kubelet: {', '.join(unregistered)}")
+        liveness = self._exits.liveness
+        if config.liveness.required and not liveness.available():
+            reasons.append(f"container liveness unknown ([liveness] required): {liveness.problem}")
+        since = self._reconciler.failing_since
+        bound = max(config.release.grace_period, 3 * config.release.interval)
+        if since is not None and time.time() - since > bound:
+            reasons.append(
+                f"PodResources unreadable for {time.time() - since:.0f} s ({self._reconciler.last_error}): no release "
+                "can be decided"
+            )
+        return reasons
