@@ -62,7 +62,9 @@ def _without_call_record() -> None:
 def _without_driver() -> None:
     from devplug.types import ContainerAllocation
 
-    async def allocate(self: object, device_ids: Sequence[str], replicas: object = None) -> ContainerAllocation:
+    async def allocate(
+        self: object, device_ids: Sequence[str], replicas: object = None, claim: object = None
+    ) -> ContainerAllocation:
         return ContainerAllocation(envs={"MOCK_DEVICES": ",".join(device_ids)})
 
     replace_attribute("devplug.engine.driver", "AsyncDriver.allocate", allocate)
