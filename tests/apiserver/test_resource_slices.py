@@ -187,3 +187,17 @@ def test_node_labels_are_patched_and_watched_by_selector(api: ApiServer, client:
     assert (kind, name) == ("DELETED", NODE) and rv == str(api.storage.revision)
     assert api.get("nodes", NODE)["metadata"].get("labels", {}) == {}
     api.close()
+
+
+def test_an_unchanged_apply_a_second_later_is_no_write(
+    api: ApiServer, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the managedFields timestamp would differ: the apiserver keeps the old entry and writes nothing."""
+    from devplug.testing.apiserver import storage
+
+    owner = api.create("nodes", node())
+    applied = client.apply(ResourceSlice.from_dict(slice_of("a-fpga", owner, ["dev-0"])), field_manager=DRIVER)
+    monkeypatch.setattr(storage, "now_text", lambda: "2099-01-01T00:00:00Z")
+    again = client.apply(ResourceSlice.from_dict(slice_of("a-fpga", owner, ["dev-0"])), field_manager=DRIVER)
+    assert again.metadata.resourceVersion == applied.metadata.resourceVersion
+    assert again.metadata.managedFields[0].time == applied.metadata.managedFields[0].time

@@ -56,6 +56,14 @@ _CONTINUE_EXPIRED = (
 )
 
 
+def _comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` without its resourceVersion and its managedFields' timestamps: what a no-op write leaves equal."""
+    meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    if "managedFields" in meta:
+        meta["managedFields"] = [{k: v for k, v in e.items() if k != "time"} for e in meta["managedFields"]]
+    return {**obj, "metadata": meta}
+
+
 def now_text() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -633,10 +641,11 @@ class Storage:
         meta = new["metadata"]
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and not self._graceful_pending(resource, new):
             return self._commit(resource, namespace, name, None, writer)
-        comparable_old = {**old, "metadata": {k: v for k, v in old["metadata"].items() if k != "resourceVersion"}}
-        comparable_new = {**new, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
-        if comparable_old == comparable_new:
-            return _copy(old)  # nothing changed: not written, same resourceVersion
+        if _comparable(old) == _comparable(new):
+            # Nothing changed but, at most, the managedFields timestamps: the real apiserver keeps the old managed
+            # fields and writes nothing (IgnoreManagedFieldsTimestampsTransformer, k8s.io/apiserver
+            # pkg/endpoints/handlers/fieldmanager/equality.go), so the resourceVersion stays.
+            return _copy(old)
         return self._commit(resource, namespace, name, new, writer)
 
     def update(
