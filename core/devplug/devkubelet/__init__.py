@@ -43,7 +43,13 @@ never more kindly. Each module names the kubelet source it follows:
   has, after ``UpdateAllocatedDevices``), Get (behind KubeletPodResourcesGet,
   off by default), GetAllocatableResources, rate limit;
 * :mod:`~devplug.devkubelet.kubelet` -- start-up cleanup, checkpoint restore,
-  restarts, registrations and streams.
+  restarts, registrations and streams;
+* :mod:`~devplug.devkubelet.dra` -- with ``dra=DRAConfig()``, the kubelet's
+  Dynamic Resource Allocation side as of Kubernetes 1.36: the plugin watcher
+  on ``plugins_registry/``, the DRA plugin manager (newest connected instance
+  wins), the DRA manager (NodePrepareResources/NodeUnprepareResources,
+  ``dra_manager_state``, the reconcile loop) and the device health streams;
+  pods reference claims by identity (:class:`ResourceClaimRef`).
 
 Containers run as processes only with a
 :class:`~devplug.devkubelet.cgroups.CgroupLayout` (``DevKubelet(...,
@@ -64,6 +70,14 @@ from __future__ import annotations
 from devplug.devkubelet.cgroups import CgroupDriver, CgroupLayout, CgroupsUnavailableError
 from devplug.devkubelet.containers import ContainerCreateError
 from devplug.devkubelet.devicemanager import ContainerStartError
+from devplug.devkubelet.dra import (
+    ClaimPrepareError,
+    ClaimUnprepareError,
+    ContainerClaim,
+    DRAConfig,
+    PodClaim,
+    ResourceClaimRef,
+)
 from devplug.devkubelet.foreground import run_foreground
 from devplug.devkubelet.kubelet import KUBELET_SOCKET, DevKubelet
 from devplug.devkubelet.model import (
@@ -91,19 +105,25 @@ __all__ = [
     "CgroupDriver",
     "CgroupLayout",
     "CgroupsUnavailableError",
+    "ClaimPrepareError",
+    "ClaimUnprepareError",
+    "ContainerClaim",
     "ContainerCreateError",
     "ContainerSpec",
     "ContainerStartError",
     "DevKubelet",
+    "DRAConfig",
     "DevKubeletThread",
     "DeviceInfo",
     "KubeletError",
     "KubeletEvent",
     "PluginCallError",
     "PluginOptions",
+    "PodClaim",
     "PodDeviceEntry",
     "PodPhase",
     "PodSpec",
+    "ResourceClaimRef",
     "ResourceView",
     "run_foreground",
 ]

@@ -29,6 +29,13 @@ What this module itself follows (Kubernetes v1.32.10):
   the checkpoint;
 * ``PluginConnected``: the options come from GetDevicePluginOptions, never
   from ``RegisterRequest.options``.
+
+With ``dra=DRAConfig(...)`` it also runs the kubelet's DRA side
+(:mod:`devplug.devkubelet.dra`) in the root directory above the device-plugin
+folder: the plugin watcher on ``plugins_registry/``, the DRA manager and its
+``dra_manager_state``, the device health streams; pods may then use resource
+claims. Without it (the default, as the DynamicResourceAllocation gate in
+1.32) a pod using claims is refused.
 """
 
 from __future__ import annotations
@@ -49,9 +56,13 @@ from devplug.devkubelet.cgroups import CgroupLayout
 from devplug.devkubelet.checkpointing import build_checkpoint, load_checkpoint, restore_pod_devices, write_checkpoint
 from devplug.devkubelet.containers import ContainerRuntime
 from devplug.devkubelet.devicemanager import DeviceManager, Endpoint
+from devplug.devkubelet.dra.model import ClaimState, DeviceHealth, DRAPluginView, ResourceStatus
+from devplug.devkubelet.dra.node import DRAConfig, DRAKubelet
+from devplug.devkubelet.dra.podclaims import PodClaims
 from devplug.devkubelet.lifecycle import PodLifecycle
 from devplug.devkubelet.model import (
     AdmittedPod,
+    ContainerSpec,
     DeviceInfo,
     KubeletEvent,
     PluginOptions,
@@ -134,7 +145,12 @@ class DevKubelet:
       and everything below it are made here and removed by :meth:`close`.
       None (the default) runs no process: containers stop at once;
     * ``dev_root``: the node's ``/dev`` for the runtime's device check
-      (a kernel model's dev folder in tests); settable as :attr:`dev_root`.
+      (a kernel model's dev folder in tests); settable as :attr:`dev_root`;
+    * ``dra``: run the kubelet's DRA side with these timings (see
+      :class:`~devplug.devkubelet.dra.node.DRAConfig`), in the root directory
+      ``device_plugin_dir.parent``; None (the default) runs none. ``on_wipe``
+      receives the drivers whose ResourceSlices the kubelet deletes ("": all
+      of the node's).
 
     :meth:`stop` is a kubelet process ending (containers keep running, a
     later :meth:`start` is a restart); :meth:`close` also kills every
@@ -157,6 +173,8 @@ class DevKubelet:
         rolling_update_pitfall: bool = False,
         cgroups: CgroupLayout | None = None,
         dev_root: Path = Path("/dev"),
+        dra: DRAConfig | None = None,
+        on_wipe: Callable[[str], None] | None = None,
     ) -> None:
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.pod_resources_socket = (
@@ -207,7 +225,28 @@ class DevKubelet:
         self._runtime = ContainerRuntime(
             cgroups, lambda kind, detail: self._record(kind, "", detail, ()), dev_root=dev_root
         )
-        self._lifecycle = PodLifecycle(self._pods, self._manager, self._endpoint_for, self._record, self._runtime)
+        self._dra = (
+            DRAKubelet(
+                self.device_plugin_dir.parent,
+                dra,
+                lambda kind, driver, detail: self._record(kind, driver, detail, ()),
+                changed=self._changed,
+                active_pods=lambda: {p.uid for p in self._pods.active_pods()},
+                sources_ready=lambda: self._pods.sources_ready,
+                on_wipe=on_wipe,
+            )
+            if dra is not None
+            else None
+        )
+        claims = PodClaims(
+            self._dra,
+            lambda kind, driver, detail: self._record(kind, driver, detail, ()),
+            backoff=dra.pod_sync_backoff if dra is not None else None,
+        )
+        self._lifecycle = PodLifecycle(
+            self._pods, self._manager, self._endpoint_for, self._record, self._runtime, claims
+        )
+        self._resync: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -255,6 +294,8 @@ class DevKubelet:
                 ) from exc
         kubelet_target = unix_target(self.kubelet_socket)
         pod_resources_target = unix_target(self.pod_resources_socket)
+        if self._dra is not None:  # reads dra_manager_state first: a corrupt one stops the start
+            await self._dra.start()
         self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
         self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
         cleanup_plugin_directory(self.device_plugin_dir, keep=CHECKPOINT_FILE)
@@ -279,6 +320,8 @@ class DevKubelet:
                 for started in self._servers:
                     await started.stop(None)
                 self._servers.clear()
+                if self._dra is not None:
+                    await self._dra.stop()
                 raise KubeletError(f"cannot serve on {target}: {exc}") from exc
         self._start_device_manager()
         for server in (registration, pod_resources):
@@ -294,6 +337,8 @@ class DevKubelet:
                 self._window_timer = asyncio.get_running_loop().call_later(delay, self._end_window)
             else:
                 self._lifecycle.load_pods()
+        if self._dra is not None and self._dra.config.pod_resync_period is not None:
+            self._resync = asyncio.get_running_loop().create_task(self._resync_loop(self._dra.config.pod_resync_period))
         self._changed()
 
     def _start_device_manager(self) -> None:
@@ -338,6 +383,12 @@ class DevKubelet:
         servers, self._servers = self._servers, []
         for server in servers:
             await server.stop(None)
+        if self._resync is not None:
+            self._resync.cancel()
+            await asyncio.gather(self._resync, return_exceptions=True)
+            self._resync = None
+        if self._dra is not None:
+            await self._dra.stop()
         for resource in self._resources.values():
             clients = [*resource.superseded, resource.client]
             resource.client, resource.superseded = None, []
@@ -523,8 +574,12 @@ class DevKubelet:
         )
 
     def _summary(self) -> str:
+        dra = ""
+        if self._dra is not None and self._dra.running:
+            instances = [f"{v.driver} at {v.endpoint} (connected={v.connected})" for v in self._dra.plugins.views()]
+            dra = "; DRA plugins: " + (", ".join(instances) or "none")
         if not self._resources:
-            return "no resource is known"
+            return "no resource is known" + dra
         parts = []
         for res in self._resources.values():
             healthy = sum(1 for d in res.devices if d.healthy)
@@ -532,7 +587,7 @@ class DevKubelet:
                 f"{res.name}: registrations={self.registrations(res.name)} registered={res.client is not None} "
                 f"stream_open={res.stream_open} capacity={len(res.devices)} allocatable={healthy}"
             )
-        return "; ".join(parts)
+        return "; ".join(parts) + dra
 
     def _label_of_uid(self, uid: str) -> str:
         record = self._pods.by_uid(uid)
@@ -556,6 +611,10 @@ class DevKubelet:
         ``UpdateAllocatedDevices``), or
         :class:`~devplug.devkubelet.devicemanager.ContainerStartError` when it
         was admitted but a container failed to start (the pod keeps running).
+        With DRA, the pod's resource claims are prepared after its admission and
+        before its sandbox: :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError`
+        when they cannot be (the pod stays admitted with nothing running until
+        :meth:`sync_pod`, or the periodic resync, prepares them).
         """
         async with self._lock():
             try:
@@ -563,6 +622,32 @@ class DevKubelet:
             finally:
                 self._stop_window_timer_if_loaded()
                 self._changed()
+
+    async def sync_pod(self, pod_name: str, namespace: str = "default") -> bool:
+        """Sync the pod now, for its resource claims (what the pod worker does at its next sync).
+
+        A pod admitted while its claims could not be prepared gets them
+        prepared, then its sandbox and containers (raises
+        :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError` when they
+        still cannot); a terminating pod whose claims could not be unprepared
+        is tried again at once, in its termination's background task. Returns
+        whether there was anything to do.
+        """
+        async with self._lock():
+            try:
+                return await self._lifecycle.sync((namespace, pod_name))
+            finally:
+                self._changed()
+
+    async def _resync_loop(self, period: float) -> None:
+        """The pod workers' periodic resync of pods whose claims are still to be prepared."""
+        while True:
+            await asyncio.sleep(period)
+            for namespace, name in self._lifecycle.pods_to_resync():
+                try:
+                    await self.sync_pod(name, namespace)
+                except KubeletError as exc:  # recorded as pod-prepare-failed; the next resync tries again
+                    _log.info("dev kubelet: resync of pod %s/%s: %s", namespace, name, exc)
 
     async def start_container(self, pod_name: str, container: str, namespace: str = "default") -> None:
         """(Re)start one container: PreStartContainer again when its plugins require it."""
@@ -668,6 +753,59 @@ class DevKubelet:
             timeout,
             what=f"pod {namespace}/{pod_name} to be cleaned up (sandbox stopped, cgroup removed)",
         )
+
+    # -- DRA ---------------------------------------------------------------------------------------
+
+    @property
+    def dra(self) -> DRAKubelet | None:
+        """The DRA side (plugin watcher, plugin manager, DRA manager), or None when it runs without DRA."""
+        return self._dra
+
+    def _need_dra(self) -> DRAKubelet:
+        if self._dra is None:
+            raise KubeletError("this dev kubelet runs without DRA (DevKubelet(..., dra=DRAConfig()))")
+        return self._dra
+
+    @property
+    def plugins_registry(self) -> Path:
+        """Where DRA plugins put their registration sockets: ``<root>/plugins_registry``."""
+        return self._need_dra().registry
+
+    def dra_plugins(self, driver: str | None = None) -> list[DRAPluginView]:
+        """The registered instances of DRA drivers (of ``driver``, or all), oldest first; empty while stopped."""
+        dra = self._need_dra()
+        return dra.plugins.views(driver) if dra.running else []
+
+    def dra_claims(self) -> list[ClaimState]:
+        """The DRA manager's claim cache (what ``dra_manager_state`` holds, and whether each is prepared)."""
+        return self._need_dra().manager.claims()
+
+    def device_health(self, driver: str, pool: str, device: str) -> DeviceHealth:
+        """The kubelet's health of one DRA device now (Unknown when unknown or timed out)."""
+        return self._need_dra().health.get(driver, pool, device)
+
+    async def reconcile_dra(self) -> list[str]:
+        """One pass of the DRA manager's reconcile loop now (unprepare owed for inactive pods); the failures."""
+        return await self._need_dra().reconcile()
+
+    def _pod_and_container(self, pod_name: str, container: str, namespace: str) -> tuple[PodRecord, ContainerSpec]:
+        record = self._pod_record(pod_name, namespace)
+        spec = next((c for c in record.spec.containers if c.name == container), None)
+        if spec is None:
+            raise KubeletError(f"pod {record.label} has no container {container!r}")
+        return record, spec
+
+    def allocated_resources_status(
+        self, pod_name: str, container: str, namespace: str = "default"
+    ) -> tuple[ResourceStatus, ...]:
+        """The container status's ``allocatedResourcesStatus`` for its claims, as the kubelet would write it now."""
+        record, spec = self._pod_and_container(pod_name, container, namespace)
+        return self._need_dra().manager.allocated_resources_status(record.spec.resource_claims, spec.container_claims)
+
+    def container_cdi_devices(self, pod_name: str, container: str, namespace: str = "default") -> list[str]:
+        """The CDI device names the kubelet passes to the runtime for the container's claims (``GetResources``)."""
+        record, spec = self._pod_and_container(pod_name, container, namespace)
+        return self._need_dra().manager.cdi_devices(record.spec.resource_claims, spec.container_claims)
 
     # -- containers and cgroups ------------------------------------------------------------------
 

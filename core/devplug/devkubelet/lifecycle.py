@@ -66,6 +66,12 @@ Follows Kubernetes v1.32.10:
   admission during the window arrives with that first pod list, so it runs
   with the sources not yet ready (``UpdateAllocatedDevices`` does nothing)
   and the sources turn ready right after it.
+* **Resource claims** (DRA, see :mod:`~devplug.devkubelet.dra.podclaims`):
+  a pod's claims are prepared after its admission and before its sandbox
+  (a failure leaves the pod admitted with nothing running, until a later sync
+  prepares them), and unprepared after its containers stopped, before it
+  finishes or leaves (a failure keeps it terminating, tried again after the
+  pod worker's back-off).
 * **KEP mode** (the unmerged "Add Deallocate and PostStopContainer to the
   Device Manager API"): when a pod finishes, PostStopContainer for each of
   its containers that holds devices, then Deallocate with the pod's devices
@@ -83,6 +89,7 @@ from typing import Any
 
 from devplug.devkubelet.containers import ContainerCreateError, ContainerRuntime
 from devplug.devkubelet.devicemanager import ContainerStartError, DeviceManager, Endpoint
+from devplug.devkubelet.dra.podclaims import ClaimUnprepareError, PodClaims
 from devplug.devkubelet.model import AdmittedPod, ContainerSpec, PodPhase, PodSpec
 from devplug.devkubelet.pods import ContainerRecord, PodKey, PodManager, PodRecord, pod_label
 from devplug.errors import KubeletError
@@ -148,12 +155,14 @@ class PodLifecycle:
         endpoint_for: Callable[[str], Endpoint | None],
         record: Recorder,
         runtime: ContainerRuntime,
+        claims: PodClaims | None = None,
     ) -> None:
         self._pods = pods
         self._manager = manager
         self._endpoint_for = endpoint_for
         self._record = record
         self._runtime = runtime
+        self._claims = claims if claims is not None else PodClaims(None, lambda *_: None, backoff=None)
         self._terminations: set[asyncio.Task[list[str]]] = set()
         self._kills: set[asyncio.Task[None]] = set()
 
@@ -177,9 +186,13 @@ class PodLifecycle:
         """Admit a pod object (see the module docstring); raises :class:`KubeletError` when it is rejected.
 
         Raises :class:`ContainerStartError` when it was admitted but a
-        container failed to start (the pod stays running).
+        container failed to start (the pod stays running), and
+        :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError` when it
+        was admitted but its claims could not be prepared (nothing runs until
+        :meth:`sync` prepares them).
         """
         label = pod_label(spec)
+        self._claims.check(tuple(spec.resource_claims), label)
         current = self._pods.by_name(spec.key)
         if current is not None and current.active:
             raise KubeletError(f"pod {label} is already admitted ({current.phase}); remove it first")
@@ -202,10 +215,43 @@ class PodLifecycle:
                 self.load_pods()
         record.admitting = False
         self._record("pod-admitted", "", f"{label} (uid {record.uid})", ())
+        await self._claims.prepare(record)  # before the sandbox (kuberuntime SyncPod)
+        await self._start_pod(record)
+        return record.admitted()
+
+    async def _start_pod(self, record: PodRecord) -> None:
         await self._run_sandbox(record)
         for container in record.spec.ordered_containers():
-            await self.start_container(spec.key, container.name)
-        return record.admitted()
+            await self.start_container(record.spec.key, container.name)
+
+    async def sync(self, key: PodKey) -> bool:
+        """A sync of the pod now, for its claims: returns whether there was something to do.
+
+        An admitted pod whose claims are not prepared gets them prepared, then
+        its sandbox and containers (raises
+        :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError` when they
+        still cannot be prepared); a terminating pod whose claims could not be
+        unprepared is tried again at once (its termination goes on in the background).
+        """
+        record = self._pods.latest(key)
+        if record is None:
+            raise KubeletError(f"no pod {key[0]}/{key[1]} was ever admitted")
+        if record.phase is PodPhase.RUNNING and not record.admitting and not record.claims_prepared:
+            await self._claims.prepare(record)
+            await self._start_pod(record)
+            return True
+        if record.claims_error is not None and record.phase in (PodPhase.TERMINATING, PodPhase.DELETED):
+            self._claims.nudge(record.uid)
+            return True
+        return False
+
+    def pods_to_resync(self) -> list[PodKey]:
+        """The admitted pods whose claims still wait to be prepared (the periodic resync's work)."""
+        return [
+            r.spec.key
+            for r in self._pods.known()
+            if r.phase is PodPhase.RUNNING and not r.admitting and not r.claims_prepared
+        ]
 
     async def _run_sandbox(self, record: PodRecord) -> None:
         """``SyncPod``: the pod cgroup (``EnsureExists``), then the sandbox in it (``createPodSandbox``)."""
@@ -296,10 +342,37 @@ class PodLifecycle:
             state = "no such pod" if record is None else f"it is {record.phase}"
             raise KubeletError(f"cannot finish pod {key[0]}/{key[1]}: {state}")
         await asyncio.gather(*(self._runtime.finish(c.runtime) for c in record.containers if c.runtime is not None))
+        if record.spec.resource_claims and self._claims.enabled:
+            record.phase = PodPhase.TERMINATING  # the pod worker is not done before the claims are unprepared
+            error = await self._claims.unprepare_once(record)
+            if error is not None:
+                record.termination = self._spawn(self._finish_after_unprepare(record, kep_mode=kep_mode))
+                raise ClaimUnprepareError(
+                    f"pod {record.label}: its containers ended, but {error}; the pod stays terminating and the "
+                    "kubelet tries again"
+                )
         failures = await self._finish(record, kep_mode=kep_mode)
         await self._clean_up(record)
         if failures:
             raise KubeletError(f"pod {record.label} finished, but: " + "; ".join(failures))
+
+    async def _finish_after_unprepare(self, record: PodRecord, *, kep_mode: bool) -> list[str]:
+        """The pod worker after a failed unprepare of a finished pod: retry until done, then finish (or release)."""
+        try:
+            await self._claims.wait_for_sync(record.uid)
+            await self._claims.unprepare_until_done(record)
+            if record.phase is PodPhase.DELETED:  # removed meanwhile (the removal window)
+                failures = await self._release(record, post_stop=True) if kep_mode else []
+            else:
+                failures = await self._finish(record, kep_mode=kep_mode)
+            await self._clean_up(record)
+            if record.delete_when_done and record.phase is not PodPhase.DELETED:
+                self._pods.delete(record)
+                self._record("pod-removed", "", f"{record.label} (uid {record.uid})", ())
+        except Exception as exc:
+            _log.exception("dev kubelet: finishing pod %s failed", record.label)
+            return [f"finishing pod {record.label} failed: {exc}"]
+        return failures
 
     def remove(self, key: PodKey, *, kep_mode: bool) -> asyncio.Task[list[str]] | None:
         """Delete the pod object gracefully (see the module docstring); returns the termination, if one began.
@@ -315,6 +388,7 @@ class PodLifecycle:
             raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
         self.load_pods()
         if record.phase is PodPhase.TERMINATING:
+            record.delete_when_done = True  # a finished pod still unpreparing its claims: deleted once done
             return record.termination
         if record.phase is not PodPhase.RUNNING:
             self._pods.delete(record)
@@ -395,6 +469,8 @@ class PodLifecycle:
                 if record.kill is kill:  # we were cancelled ourselves, not replaced
                     raise
         try:
+            if record.spec.resource_claims and self._claims.enabled:
+                await self._claims.unprepare_until_done(record)  # SyncTerminatingPod, retried after its back-off
             if record.phase is PodPhase.DELETED:
                 failures = await self._release(record, post_stop=True) if kep_mode else []
             else:

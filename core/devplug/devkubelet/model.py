@@ -12,6 +12,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from devplug.devkubelet.cgroups import QOS_CLASSES
+from devplug.devkubelet.dra.model import ContainerClaim, PodClaim
 from devplug.types import ContainerAllocation, Health
 
 __all__ = [
@@ -55,6 +56,26 @@ EVENT_KINDS = frozenset(
         "restart",
         "stream-ended",
         "resource-dropped",
+        # the DRA side (devplug.devkubelet.dra)
+        "plugin-registered",
+        "plugin-registration-failed",
+        "plugin-deregistered",
+        "dra-plugin-registered",
+        "dra-plugin-deregistered",
+        "dra-plugin-connected",
+        "dra-plugin-disconnected",
+        "resource-slices-wiped",
+        "resource-slices-kept",
+        "dra-prepare",
+        "dra-unprepare",
+        "dra-health",
+        "dra-health-stream-ended",
+        "dra-checkpoint-read",
+        "dra-reconcile-failed",
+        "pod-claims-prepared",
+        "pod-prepare-failed",
+        "pod-claims-unprepared",
+        "pod-unprepare-failed",
     }
 )
 
@@ -98,6 +119,10 @@ class ContainerSpec:
     dev kubelet runs containers as processes: it exits that many seconds
     later; ``math.inf`` ignores SIGTERM (as a container whose init has no
     handler for it), so only the SIGKILL at the end of the grace period ends it.
+
+    ``claims`` are its ``resources.claims``: names of the pod's
+    :attr:`PodSpec.resource_claims` (a string, or a
+    :class:`~devplug.devkubelet.dra.model.ContainerClaim` naming one request).
     """
 
     name: str
@@ -105,6 +130,7 @@ class ContainerSpec:
     init: bool = False
     restartable: bool = False
     stop_delay: float = 0.0
+    claims: Sequence[ContainerClaim | str] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -126,9 +152,23 @@ class ContainerSpec:
                 f"got {delay!r}"
             )
         object.__setattr__(self, "stop_delay", float(delay))
+        if isinstance(self.claims, str):
+            raise ValueError(f"container {self.name!r}: claims must be a sequence of claim names, got {self.claims!r}")
+        claims = tuple(ContainerClaim(c) if isinstance(c, str) else c for c in self.claims)
+        for claim in claims:
+            if not isinstance(claim, ContainerClaim):
+                raise ValueError(f"container {self.name!r}: {claim!r} is not a claim name or a ContainerClaim")
+        object.__setattr__(self, "claims", claims)
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.requests.items())), self.init, self.restartable, self.stop_delay))
+        return hash(
+            (self.name, tuple(sorted(self.requests.items())), self.init, self.restartable, self.stop_delay, self.claims)
+        )
+
+    @property
+    def container_claims(self) -> tuple[ContainerClaim, ...]:
+        """:attr:`claims`, each as a :class:`~devplug.devkubelet.dra.model.ContainerClaim`."""
+        return tuple(c for c in self.claims if isinstance(c, ContainerClaim))
 
     @property
     def sidecar(self) -> bool:
@@ -148,6 +188,10 @@ class PodSpec:
     request only extended resources, and no CPU or memory, is BestEffort,
     ``GetPodQOS`` in ``pkg/apis/core/v1/helper/qos``), ``burstable`` or
     ``guaranteed``.
+
+    ``resource_claims`` is its ``spec.resourceClaims``, each entry resolved to
+    the ResourceClaim it stands for (in the pod's namespace); containers name
+    them in their ``claims``. Only a dev kubelet with DRA admits such a pod.
     """
 
     name: str
@@ -156,6 +200,7 @@ class PodSpec:
     uid: str | None = None
     termination_grace_period: int = 30
     qos: str = "besteffort"
+    resource_claims: Sequence[PodClaim] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -178,6 +223,27 @@ class PodSpec:
                 raise ValueError(f"pod {self.name!r}: container name {container.name!r} is used twice")
             seen.add(container.name)
         object.__setattr__(self, "containers", containers)
+        claims = tuple(self.resource_claims)
+        names: set[str] = set()
+        for claim in claims:
+            if not isinstance(claim, PodClaim):
+                raise ValueError(f"pod {self.name!r}: {claim!r} is not a PodClaim")
+            if claim.name in names:
+                raise ValueError(f"pod {self.name!r}: resource claim name {claim.name!r} is used twice")
+            if claim.claim.namespace != self.namespace:
+                raise ValueError(
+                    f"pod {self.namespace}/{self.name}: resource claim {claim.name!r} refers to "
+                    f"{claim.claim.label}, outside the pod's namespace"
+                )
+            names.add(claim.name)
+        for container in containers:
+            for used in container.container_claims:
+                if used.name not in names:
+                    raise ValueError(
+                        f"pod {self.name!r}: container {container.name!r} uses claim {used.name!r}, "
+                        "which is not in the pod's resource_claims"
+                    )
+        object.__setattr__(self, "resource_claims", claims)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -102,6 +102,12 @@ class PodRecord:
     kill: asyncio.Task[None] | None = None
     #: The pod worker's grace period once termination was requested (``podSyncStatus.gracePeriod``), else 0.
     grace_period: int = 0
+    #: Whether the DRA manager prepared the pod's resource claims (True for a pod without claims once admitted).
+    claims_prepared: bool = False
+    #: Why the last prepare or unprepare of the pod's claims failed, None after a success.
+    claims_error: str | None = None
+    #: The pod object was deleted while it finished: it leaves the pod manager once its termination is done.
+    delete_when_done: bool = False
 
     @property
     def label(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from devplug.api.checkpoint import KubeletCheckpoint
 from devplug.devkubelet.cgroups import CgroupLayout
+from devplug.devkubelet.dra.model import ClaimState, DeviceHealth, DRAPluginView, ResourceStatus
 from devplug.devkubelet.kubelet import DevKubelet
 from devplug.devkubelet.model import AdmittedPod, KubeletEvent, PodDeviceEntry, PodPhase, PodSpec, ResourceView
 
@@ -227,6 +228,43 @@ class DevKubeletThread:
     def pod_device_entries(self) -> list[PodDeviceEntry]:
         """Every entry of the kubelet's ``podDevices`` store (see :meth:`DevKubelet.pod_device_entries`)."""
         return self._sync(lambda k: k.pod_device_entries())
+
+    # -- DRA -------------------------------------------------------------------------------------
+
+    def sync_pod(self, pod_name: str, namespace: str = "default") -> bool:
+        """Sync the pod now, for its resource claims (see :meth:`DevKubelet.sync_pod`)."""
+        return self._run(self._kubelet.sync_pod(pod_name, namespace))
+
+    def reconcile_dra(self) -> list[str]:
+        """One pass of the DRA manager's reconcile loop (see :meth:`DevKubelet.reconcile_dra`)."""
+        return self._run(self._kubelet.reconcile_dra())
+
+    @property
+    def plugins_registry(self) -> Path:
+        """Where DRA plugins put their registration sockets."""
+        return self._sync(lambda k: k.plugins_registry)
+
+    def dra_plugins(self, driver: str | None = None) -> list[DRAPluginView]:
+        """The registered instances of DRA drivers (see :meth:`DevKubelet.dra_plugins`)."""
+        return self._sync(lambda k: k.dra_plugins(driver))
+
+    def dra_claims(self) -> list[ClaimState]:
+        """The DRA manager's claim cache (see :meth:`DevKubelet.dra_claims`)."""
+        return self._sync(lambda k: k.dra_claims())
+
+    def device_health(self, driver: str, pool: str, device: str) -> DeviceHealth:
+        """The kubelet's health of one DRA device now."""
+        return self._sync(lambda k: k.device_health(driver, pool, device))
+
+    def allocated_resources_status(
+        self, pod_name: str, container: str, namespace: str = "default"
+    ) -> tuple[ResourceStatus, ...]:
+        """A container's ``allocatedResourcesStatus`` for its claims, as the kubelet would write it now."""
+        return self._sync(lambda k: k.allocated_resources_status(pod_name, container, namespace))
+
+    def container_cdi_devices(self, pod_name: str, container: str, namespace: str = "default") -> list[str]:
+        """The CDI device names of a container's claims (see :meth:`DevKubelet.container_cdi_devices`)."""
+        return self._sync(lambda k: k.container_cdi_devices(pod_name, container, namespace))
 
     # -- waiting and observation -----------------------------------------------------------------
 
