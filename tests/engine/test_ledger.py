@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -450,3 +452,37 @@ def test_records_are_written_without_the_fields_at_their_defaults(tmp_path: Path
     again.load()
     assert [r.to_json() for r in again] == [record.to_json()]
     assert again.records[record.id].pod is None and again.records[record.id].post_stopped == ()
+
+
+def test_a_sync_under_way_when_a_compaction_closes_its_segment_still_syncs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save with sync=True runs fdatasync in a thread; a compaction on the event loop meanwhile closes the
+    segment. Seen in make bench as an Allocate failing with EBADF (a release's save met the idle compaction);
+    with the descriptor number reused by then, another file would have been synced and these frames not."""
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    syncing, compacted = threading.Event(), threading.Event()
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def held_sync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if ".journal." in target:  # the save's sync: hold it until the compaction closed the segment
+            syncing.set()
+            assert compacted.wait(10)
+            synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name.removesuffix(" (deleted)"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held_sync)
+
+    async def run() -> None:
+        ledger.begin(["a"], now=1.0)
+        save = asyncio.create_task(ledger.save(sync=True))
+        await asyncio.to_thread(syncing.wait, 10)
+        await ledger.compact()
+        compacted.set()
+        await save
+
+    asyncio.run(run())
+    assert synced == ["ledger.journal.1"], "the segment the save wrote is the one synced (since unlinked: compacted)"

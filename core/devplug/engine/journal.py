@@ -26,7 +26,15 @@ from typing import Any
 
 from devplug.compactjson import compact_json
 
-__all__ = ["JournalSegment", "encode_frame", "frame_payload", "read_journal", "segment_path", "segments"]
+__all__ = [
+    "JournalSegment",
+    "encode_frame",
+    "frame_payload",
+    "read_journal",
+    "segment_path",
+    "segments",
+    "sync_and_close",
+]
 
 _HEADER = struct.Struct("<II")
 #: A frame larger than this is taken for garbage (a torn length), not allocated.
@@ -111,7 +119,24 @@ class JournalSegment:
         if self.fd is not None:
             os.fdatasync(self.fd)
 
+    def sync_handle(self) -> int | None:
+        """A duplicate of the segment's descriptor for an ``fdatasync`` in another thread (:func:`sync_and_close`),
+        or None before the first append. The duplicate stays valid when the segment is closed meanwhile (a
+        compaction rotates segments while the sync runs): a sync of ``self.fd`` from the thread could meet it
+        closed (EBADF) or, worse, reused by another file, leaving these frames unsynced."""
+        return os.dup(self.fd) if self.fd is not None else None
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def sync_and_close(fd: int | None) -> None:
+    """``fdatasync`` a descriptor of :meth:`JournalSegment.sync_handle` and close it (in a worker thread)."""
+    if fd is None:
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from devplug.atomic import write_atomic
-from devplug.engine.journal import JournalSegment, read_journal, segment_path, segments
+from devplug.engine.journal import JournalSegment, read_journal, segment_path, segments, sync_and_close
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.errors import StateError
 
@@ -225,7 +225,7 @@ class LedgerFile:
         try:
             self._segment.append(frames)
             if sync:
-                await asyncio.to_thread(self._segment.sync)
+                await asyncio.to_thread(sync_and_close, self._segment.sync_handle())
         except OSError as exc:
             self._write_failed(exc)
             raise
