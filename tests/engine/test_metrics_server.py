@@ -158,6 +158,78 @@ def test_slow_clients_take_no_thread_each_are_dropped_and_never_starve_the_probe
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
+#: A flooder process: ``count`` connections that send half a request and nothing more; each one the server closes
+#: is opened again at once (an attacker who reconnects). It prints how many were closed, every 0.1 s. It runs in a
+#: process of its own so that it does not hold the test's interpreter between a probe's connect and its send (the
+#: kubelet's prober, in Go, sends its request right after connecting).
+_REOPENING_FLOOD = """
+import selectors, socket, sys, time
+port, count = int(sys.argv[1]), int(sys.argv[2])
+selector = selectors.DefaultSelector()
+closed = 0
+def open_one():
+    conn = socket.socket()
+    conn.setblocking(False)
+    conn.connect_ex(("127.0.0.1", port))
+    selector.register(conn, selectors.EVENT_WRITE)
+for _ in range(count):
+    open_one()
+said = time.monotonic()
+while True:
+    for key, events in selector.select(timeout=0.05):
+        conn = key.fileobj
+        try:
+            if events & selectors.EVENT_WRITE:
+                conn.send(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n")
+                selector.modify(conn, selectors.EVENT_READ)
+                continue
+            if conn.recv(4096):
+                continue
+        except OSError:
+            pass
+        selector.unregister(conn)
+        conn.close()
+        closed += 1
+        open_one()
+    if time.monotonic() - said > 0.1:
+        print(closed, flush=True)
+        said = time.monotonic()
+"""
+
+
+def test_every_probe_is_answered_while_slow_clients_reconnect_as_fast_as_they_are_dropped(
+    loop_thread: LoopThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An attacker who reconnects each slow client the server drops keeps the server closing and accepting: a
+    probe must still get its answer, never a closed connection. Before, the loop turn that evicted a connection
+    could hand its poll readiness to a new connection given the same file descriptor number: waitress logged an
+    EAGAIN with a traceback and closed that new connection, a probe as likely as not."""
+    caplog.set_level(logging.INFO)
+    server = _serve(loop_thread, [], HttpLimits(connections=16, threads=2, request_timeout=0.5, idle_timeout=2.0))
+    flood = subprocess.Popen(
+        [sys.executable, "-c", _REOPENING_FLOOD, str(server.port), "200"], stdout=subprocess.PIPE, text=True
+    )
+    answers: list[object] = []
+    try:
+        assert flood.stdout is not None
+        for line in flood.stdout:  # the flood is under way once the server has closed 200 of its connections
+            if int(line) >= 200:
+                break
+        for _ in range(100):
+            try:
+                answers.append(_get(server.port, "/healthz"))
+            except (OSError, http.client.HTTPException) as exc:
+                answers.append(repr(exc))
+        assert flood.poll() is None, "the flooder stopped before the probes were done"
+    finally:
+        flood.kill()
+        flood.wait()
+        server.close()
+    failed = [a for a in answers if a != (200, "ok\n")]
+    assert not failed, f"{len(failed)} of {len(answers)} probes failed during the flood, e.g. {failed[:3]}"
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
 def test_headers_are_capped_and_only_get_is_served(loop_thread: LoopThread) -> None:
     server = _serve(loop_thread, [], HttpLimits(max_header_bytes=1024))
     try:

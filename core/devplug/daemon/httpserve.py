@@ -22,6 +22,7 @@ and hands only complete ones to a fixed pool of workers, and is set up here with
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -71,6 +72,20 @@ class _TimedChannel(HTTPChannel):  # type: ignore[misc]
 
     request_started = 0.0
 
+    def handle_read(self) -> None:
+        """Waitress's read, but a read with nothing to read is no error: the event loop polls every connection and
+        then serves the ready ones in turn, so when one is closed (evicted by a new connection) and the new one gets
+        its file descriptor number in the same turn, the poll's readiness of the old one reaches the new one.
+        Waitress would log an ``EAGAIN`` with its traceback and close the new connection (a probe, as likely as
+        not: seen under a flood of slow clients that reconnect as soon as they are dropped)."""
+        try:
+            self.socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return  # not readable after all: wait for the next poll
+        except OSError:
+            pass  # a real error: waitress's read below meets it and closes the connection
+        super().handle_read()
+
     def received(self, data: bytes) -> bool:
         if self.request is None and data:
             self.request_started = time.time()
@@ -84,7 +99,8 @@ class _TimedChannel(HTTPChannel):  # type: ignore[misc]
 
 
 class _RateLimited(logging.Filter):
-    """Lets each distinct message of waitress's logger through at most once per :data:`LOG_EVERY_S`."""
+    """Lets each distinct message of waitress's logger through at most once per :data:`LOG_EVERY_S`; a client's
+    socket error (waitress logs ``Socket error`` with a traceback) becomes one line naming the error."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,6 +112,10 @@ class _RateLimited(logging.Filter):
         if now - self._last.get(key, -LOG_EVERY_S) < LOG_EVERY_S:
             return False
         self._last[key] = now
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OSError):
+            record.msg, record.args = f"{record.getMessage()}: {error!r}", ()
+            record.exc_info, record.exc_text = None, None
         return True
 
 
