@@ -80,6 +80,24 @@ GOAL_KEYS: tuple[Key, ...] = (
     ),
     Key("idle_rss_mb", "idle RSS, 3 x 100 devices (MiB)", "<= 42", _at_most("idle_rss_mb", 42)),
     Key("idle_cpu_percent", "idle CPU (% of a core)", "<= 0.1", _at_most("idle_cpu_percent", 0.1)),
+    Key(
+        "flood_allocate_ratio_p99",
+        "Allocate p99 with 1,300 slow metrics clients / without",
+        "<= 1.5",
+        _at_most("flood_allocate_ratio_p99", 1.5),
+    ),
+    Key(
+        "flood_threads",
+        "daemon threads with 1,300 slow metrics clients (before the bounded server: 1,327)",
+        "<= quiet + 4",
+        lambda r: float(r["flood_threads"]) <= float(r["flood_threads_quiet"]) + 4,
+    ),
+    Key(
+        "flood_rss_mb",
+        "daemon RSS with 1,300 slow metrics clients (MiB; before the bounded server: 85 MB more)",
+        "<= quiet + 5",
+        lambda r: float(r["flood_rss_mb"]) <= float(r["flood_rss_mb_quiet"]) + 5,
+    ),
 )
 
 #: Floors and diagnostics measured in the same run, shown under the goals.
@@ -128,6 +146,26 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("idle_floor_rss_file_mb", "idle RSS, bare grpc.aio server: mapped files' resident pages (MiB)"),
     Key("idle_floor_cpu_percent", "idle CPU, bare grpc.aio server (%)"),
     Key("idle_floor_wakeups_per_s", "idle context switches per second, floor"),
+    Key("flood_allocate_p50_ms_quiet", "Allocate, 100 devices, no slow clients, p50 (ms)"),
+    Key("flood_allocate_p99_ms_quiet", "Allocate, 100 devices, no slow clients, p99 (ms)"),
+    Key("flood_allocate_p50_ms", "Allocate, 100 devices, 1,300 slow metrics clients, p50 (ms)"),
+    Key("flood_allocate_p99_ms", "Allocate, 100 devices, 1,300 slow metrics clients, p99 (ms)"),
+    Key("flood_threads_quiet", "daemon threads, no slow clients"),
+    Key("flood_rss_mb_quiet", "daemon RSS, no slow clients (MiB)"),
+    Key("flood_rss_growth_mb", "daemon RSS growth with 1,300 slow clients open (MiB)"),
+    Key("flood_tracebacks", "tracebacks in the daemon's log after both floods (before the bounded server: 178)"),
+    Key("flood_probe_ms_quiet", "slowest /healthz answer, no slow clients (ms)"),
+    Key("flood_probe_ms", "slowest /healthz answer during the flood (ms)"),
+    Key("flood_closed_per_s", "slow connections the server closed per second, held flood"),
+    Key(
+        "flood_allocate_ratio_p99_reopening",
+        "Allocate p99, slow clients reopened as soon as closed / none (the closing shares the interpreter)",
+    ),
+    Key("flood_allocate_p99_ms_reopening", "Allocate p99 with reopening slow clients (ms)"),
+    Key("flood_threads_reopening", "daemon threads with reopening slow clients"),
+    Key("flood_rss_growth_mb_reopening", "daemon RSS growth with reopening slow clients (MiB)"),
+    Key("flood_probe_ms_reopening", "slowest /healthz answer with reopening slow clients (ms)"),
+    Key("flood_closed_per_s_reopening", "slow connections the server closed per second, reopening flood"),
 )
 
 

@@ -17,7 +17,7 @@ from bench.floors import FloorProcess, grpc_floor, unix_floor
 from bench.kubelet import MiniKubelet
 from bench.machine import machine_info
 from bench.payloads import device_ids, mock_allocate_response
-from bench.scenarios import allocate, exitrelease, law, lifecycle, preferred, release
+from bench.scenarios import allocate, exitrelease, law, lifecycle, metricsflood, preferred, release
 from bench.settings import Settings
 from bench.workspace import Node, Workspace
 from devplug.devkubelet import CgroupLayout, CgroupsUnavailableError, DevKubeletThread
@@ -218,6 +218,19 @@ def _exit(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
                 out.update(exitrelease.measure(s, node, kubelet, label))
 
 
+def _metrics_flood(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    port = metricsflood.free_port()
+    metrics = {"enabled": True, "address": "127.0.0.1", "port": port}
+    node = ws.node("m", {"bench.dev/flood": (s.flood_devices, 0)}, grace_period=3600, metrics=metrics)
+    with MiniKubelet(node.root) as kubelet, _running(node):
+        node.start()
+        reg = kubelet.wait_registered("bench.dev/flood")
+        reg.watcher.wait(0, timeout=60)
+        pid = node.process.pid
+        with _phase(f"Allocate beside {s.flood_connections} slow clients of the metrics port", log):
+            out.update(metricsflood.measure(s, reg.client, pid, port, node.process.log_path))
+
+
 def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench.scenarios import shared  # devplug-shared is a driver of this checkout, installed by make
 
@@ -251,6 +264,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _lifecycle(ws, settings, out, log)
         _release(ws, settings, out, log)
         _exit(ws, settings, out, log)
+        _metrics_flood(ws, settings, out, log)
     _shared(settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -34,6 +34,10 @@ class Settings:
     preferred_size: int = 8
     idle_resources: int = 3
     idle_devices: int = 100
+    flood_connections: int = 1_300  # slow clients held open on the metrics port (issue 24 saw 1,313)
+    flood_calls: int = 1_000  # Allocate calls measured without and with the flood
+    flood_devices: int = 100
+    flood_probes: int = 10  # probes answered during the flood (one after each tenth of its calls)
 
 
 FULL = Settings(
@@ -73,4 +77,8 @@ QUICK = Settings(
     startup_runs=1,
     idle_settle_s=0.5,
     idle_s=2.0,
+    flood_connections=100,
+    flood_calls=40,
+    flood_devices=20,
+    flood_probes=2,
 )
