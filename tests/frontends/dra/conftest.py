@@ -1,4 +1,4 @@
-"""Fixtures of the DRA front end's tests: the API server stand-in on loopback, a kubeconfig naming it, waiting helpers."""
+"""Fixtures of the DRA front end's tests: the API server stand-in on loopback, a kubeconfig of it, waiting helpers."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from devplug.errors import ConfigError
 
@@ -82,6 +82,14 @@ def _in_cluster(account: Path, environ: Mapping[str, str]) -> SingleConfig:
     return config
 
 
+def _server_of(data: Mapping[str, Any], cluster: str) -> object:
+    """The ``server`` the file itself gives the named cluster (None when it gives none)."""
+    for entry in data.get("clusters") or ():
+        if isinstance(entry, Mapping) and entry.get("name") == cluster and isinstance(entry.get("cluster"), Mapping):
+            return entry["cluster"].get("server")
+    return None
+
+
 def _from_file(path: Path, context: str | None) -> SingleConfig:
     import yaml  # type: ignore[import-untyped]
     from lightkube.config.kubeconfig import KubeConfig
@@ -117,7 +125,7 @@ def _from_file(path: Path, context: str | None) -> SingleConfig:
         raise KubeClientConfigError(f"kubeconfig {path}: context {chosen!r} names cluster {found.cluster!r}, not there")
     if found.user and found.user not in loaded.users:
         raise KubeClientConfigError(f"kubeconfig {path}: context {chosen!r} names user {found.user!r}, not there")
-    if not loaded.clusters[found.cluster].server:
+    if not _server_of(data, found.cluster):  # lightkube would talk to its default, http://localhost:8080
         raise KubeClientConfigError(f"kubeconfig {path}: cluster {found.cluster!r} has no server")
     try:
         config = loaded.get(chosen)
