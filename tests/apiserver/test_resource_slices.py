@@ -201,3 +201,33 @@ def test_an_unchanged_apply_a_second_later_is_no_write(
     again = client.apply(ResourceSlice.from_dict(slice_of("a-fpga", owner, ["dev-0"])), field_manager=DRIVER)
     assert again.metadata.resourceVersion == applied.metadata.resourceVersion
     assert again.metadata.managedFields[0].time == applied.metadata.managedFields[0].time
+
+
+def test_a_device_taint_without_time_added_gets_the_time_of_each_write(
+    api: ApiServer, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SetDefaults_DeviceTaint``: the time is defaulted on every write, so only a writer that sends it back keeps it
+    (and an unchanged apply then writes nothing)."""
+    from devplug.testing.apiserver import storage
+
+    owner = api.create("nodes", node())
+    body = slice_of("a-fpga", owner, ["dev-0", "dev-1"])
+    body["spec"]["devices"][0]["taints"] = [
+        {"key": "devplug.io/unavailable", "value": "unhealthy", "effect": "NoSchedule"}
+    ]
+    monkeypatch.setattr(storage, "now_text", lambda: "2030-01-01T00:00:00Z")
+    first = client.apply(ResourceSlice.from_dict(body), field_manager=DRIVER).to_dict()
+    assert first["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2030-01-01T00:00:00Z"
+    assert "taints" not in first["spec"]["devices"][1]
+
+    monkeypatch.setattr(storage, "now_text", lambda: "2030-01-01T00:00:05Z")
+    again = client.apply(ResourceSlice.from_dict(body), field_manager=DRIVER).to_dict()
+    assert again["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2030-01-01T00:00:05Z"
+    assert again["metadata"]["generation"] == first["metadata"]["generation"] + 1
+
+    body["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2030-01-01T00:00:05Z"
+    kept = client.apply(ResourceSlice.from_dict(body), field_manager=DRIVER).to_dict()
+    assert kept["metadata"]["resourceVersion"] == again["metadata"]["resourceVersion"]
+    body = slice_of("c-fpga", owner, ["dev-3"])
+    body["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoExecute"}]
+    assert api.create("resourceslices", body)["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2030-01-01T00:00:05Z"

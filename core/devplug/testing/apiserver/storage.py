@@ -565,6 +565,8 @@ class Storage:
                     obj["status"] = _copy(dict(resource.status_on_create))
                 else:
                     obj.pop("status", None)
+            if resource.defaults is not None:
+                resource.defaults(obj)
             self._validate(resource, obj, None, "")
             if (resource.plural, namespace, name) in self._objects:
                 raise ApiStatusError(
@@ -621,6 +623,8 @@ class Storage:
                 meta[key] = _copy(old_meta[key])
             else:
                 meta.pop(key, None)
+        if resource.defaults is not None:
+            resource.defaults(new)
         if resource.generation and new.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation", 0)) + 1
         return new
@@ -822,6 +826,8 @@ class Storage:
             meta["generation"] = 1
         if resource.status_on_create:
             obj["status"] = _copy(dict(resource.status_on_create))
+        if resource.defaults is not None:
+            resource.defaults(obj)
         self._validate(resource, obj, None, "")
         meta["managedFields"] = managers.encoded()
         return self._commit(resource, namespace, meta["name"], obj, writer)
