@@ -74,6 +74,7 @@ __all__ = [
     "MAX_ATTRIBUTES_AND_CAPACITIES",
     "MAX_DEVICES",
     "MAX_DEVICES_WITH_TAINTS",
+    "RESERVED_ATTRIBUTES",
     "TAINT_KEY",
     "DeviceDescriber",
     "DeviceDescription",
@@ -92,6 +93,8 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 #: A string attribute's limit (``DeviceAttributeMaxValueLength``), in bytes.
 MAX_STRING_BYTES = 64
 TAINT_KEY = "devplug.io/unavailable"
+#: The attributes devplug gives (in the driver's domain); a driver's description may not give them.
+RESERVED_ATTRIBUTES = frozenset({"deviceID", "numaNode", "physicalDevice", "replica"})
 TAINT_EFFECT = "NoSchedule"
 DIGEST_ANNOTATION = "devplug.io/pool-digest"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -188,6 +191,7 @@ def _attribute(value: AttributeValue, where: str) -> dict[str, Any]:
 
 
 def _device_entry(
+    driver: str,
     table: DeviceTable,
     dev: Device,
     name: str,
@@ -211,16 +215,22 @@ def _device_entry(
             described = describe(dev)
         except Exception as exc:
             raise SliceContentError(f"{where}: the driver's description failed: {type(exc).__name__}: {exc}") from exc
-        for key, value in described.attributes.items():
-            _check_name(key, f"{where}: attribute")
+        for given, value in described.attributes.items():
+            _check_name(given, f"{where}: attribute")
+            key = given.removeprefix(f"{driver}/")  # the driver's domain is the default one: one name, one key
+            if key in RESERVED_ATTRIBUTES:
+                raise SliceContentError(f"{where}: attribute {given!r} is devplug's own")
             if key in attributes:
-                raise SliceContentError(f"{where}: attribute {key!r} is devplug's own")
-            attributes[key] = _attribute(value, f"{where}: attribute {key!r}")
-        for key, quantity in described.capacity.items():
-            _check_name(key, f"{where}: capacity")
+                raise SliceContentError(f"{where}: attribute {given!r} is given twice (bare and in {driver}/)")
+            attributes[key] = _attribute(value, f"{where}: attribute {given!r}")
+        for given, quantity in described.capacity.items():
+            _check_name(given, f"{where}: capacity")
+            key = given.removeprefix(f"{driver}/")
+            if key in capacity:
+                raise SliceContentError(f"{where}: capacity {given!r} is given twice (bare and in {driver}/)")
             text = str(quantity) if isinstance(quantity, int) and not isinstance(quantity, bool) else quantity
             if not isinstance(text, str) or not _QUANTITY.match(text):
-                raise SliceContentError(f"{where}: capacity {key!r}: {quantity!r} is no quantity (e.g. 16Gi, 4)")
+                raise SliceContentError(f"{where}: capacity {given!r}: {quantity!r} is no quantity (e.g. 16Gi, 4)")
             capacity[key] = {"value": text}
         if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
             raise SliceContentError(
@@ -287,7 +297,7 @@ def build_pool(
             omitted += 1
             continue
         tainted += taint is not None
-        entries.append(_device_entry(table, dev, names[dev.id], taint, describe, taint_times or {}))
+        entries.append(_device_entry(driver, table, dev, names[dev.id], taint, describe, taint_times or {}))
     limit = MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES
     chunks = [entries[i : i + limit] for i in range(0, len(entries), limit)] or [[]]
     digest = _digest((driver, node, pool), chunks)
