@@ -21,10 +21,12 @@ attributes, taints, how the pool splits into slices); here is how it is written:
   does not change the pool's content (a reason's text, a resend) writes nothing;
   and every ``resync_interval`` seconds, or after :meth:`SlicePublisher.resync`,
   the node's slices are listed and written again if someone removed or changed
-  them (the kubelet deletes a driver's slices at its start and when the driver's
+  them (their names and resourceVersions are not those of the publisher's last
+  write; the kubelet deletes a driver's slices at its start and when the driver's
   plugin is gone: call :meth:`~SlicePublisher.resync` after registering again). At
-  start, slices already carrying the same content (a restarted daemon) are
-  adopted without a write;
+  start, slices already carrying the same content (a restarted daemon: their
+  ``devplug.io/pool-digest`` annotation and pool say so) are adopted without a
+  write;
 * **failures** (the API server down, 429, 5xx, 403 for missing RBAC, a Node not
   found) are logged, shown in :attr:`SlicePublisher.state` (for status and
   metrics) and retried after a capped backoff (``Retry-After`` honoured); a pool
@@ -34,14 +36,16 @@ attributes, taints, how the pool splits into slices); here is how it is written:
 * **device taints dropped** by an API server without ``DRADeviceTaints``: seen
   in the answer to the apply, logged once, and the pool is published from then on
   with unavailable devices left out (``state.taints`` says which);
-* **shutdown**: :meth:`SlicePublisher.delete_slices` deletes the node's slices of
-  the driver; the caller calls it only when no other instance of the driver runs
-  on the node (a rolling update's new pod publishes the same slices).
+* **shutdown**: :meth:`SlicePublisher.shutdown` stops publishing and, when the
+  caller says this is the driver's last instance on the node
+  (``last_instance=True``), deletes the node's slices of the driver; while another
+  instance runs (a rolling update's new pod publishes the same slices) they stay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -145,6 +149,9 @@ class SlicePublisher:
         self._taint_times: dict[tuple[str, str], str] = {}
         self._names = DeviceNameMap()
         self._names_version = -1
+        #: The slices as this publisher last wrote or adopted them: name -> resourceVersion.
+        self._written: dict[str, str | None] = {}
+        self._task: asyncio.Task[None] | None = None
         self.state = PublisherState()
 
     # --- what other parts ask
@@ -179,6 +186,8 @@ class SlicePublisher:
                     check = not await self._sync(pool, version)
                     if check:  # taints were dropped: build again without them, now
                         continue
+                elif self.state.table_version != version:  # a change the slices do not show: nothing to write
+                    self.state = replace(self.state, table_version=version)
                 self._backoff.reset()
             except SliceContentError as exc:
                 self._failed(f"the pool cannot be built: {exc}")
@@ -267,8 +276,16 @@ class SlicePublisher:
             raise SlicePublishError(f"node {self.node} has no uid in the API server's answer")
         return uid
 
+    def _unchanged(self, pool: Pool, existing: list[dict[str, Any]]) -> bool:
+        """True when the API server holds the slices this publisher last wrote of ``pool``, untouched since (their
+        names and resourceVersions are those its writes returned)."""
+        if pool.digest != self._synced_digest or not self._written:
+            return False
+        return {s["metadata"]["name"]: s["metadata"].get("resourceVersion") for s in existing} == self._written
+
     def _adoptable(self, pool: Pool, existing: list[dict[str, Any]]) -> int | None:
-        """The generation of slices already holding exactly this pool, or None."""
+        """The generation of slices already holding exactly this pool (written by an earlier run, as their digest
+        annotation says, and holding that content), or None."""
         if sorted(s["metadata"]["name"] for s in existing) != sorted(name for name, _ in pool.slices):
             return None
         pools = [s["spec"]["pool"] for s in existing]
@@ -279,23 +296,36 @@ class SlicePublisher:
         if any(p.get("name") != pool.name or p.get("resourceSliceCount") != len(pool.slices) for p in pools):
             return None
         generation = generations.pop()
-        return generation if isinstance(generation, int) else None
+        if not isinstance(generation, int):
+            return None
+        wanted = {name: _without_taint_times(spec) for name, spec in pool.slices}
+        for found in existing:  # the content itself: an edit that kept the annotation is no adoptable slice
+            spec = _without_taint_times({k: v for k, v in found["spec"].items() if k != "pool"})
+            if spec != {k: v for k, v in wanted[found["metadata"]["name"]].items() if k != "pool"}:
+                return None
+        return generation
 
     async def _sync(self, pool: Pool, version: int) -> bool:
         """Make the API server hold ``pool``; False when it dropped the taints (build again without them)."""
         existing = await self._list()
+        if self._unchanged(pool, existing):
+            self._synced(pool, version)
+            return True
         adopted = self._adoptable(pool, existing)
         if adopted is not None:
             self._generation = max(self._generation, adopted)
             self._note_taint_times(existing)
+            self._note_written(existing)
             self._synced(pool, version)
             return True
         generation = 1 + max([self._generation, *(int(s["spec"]["pool"].get("generation", 0)) for s in existing)])
         uid = await self._node_uid()
         await self._delete([s for s in existing if s["metadata"]["name"] not in {n for n, _ in pool.slices}])
+        self._written = {}
         applied = [await self._apply(name, spec, pool, generation, uid) for name, spec in pool.slices]
         self._generation = generation
         self._note_taint_times(applied)
+        self._note_written(applied)
         if pool.tainted and _taints_dropped(pool, applied):
             log.warning(
                 "ResourceSlices of %s on node %s: the API server dropped the device taints (feature gate "
@@ -325,6 +355,9 @@ class SlicePublisher:
             error=None,
             failures=0,
         )
+
+    def _note_written(self, slices: list[dict[str, Any]]) -> None:
+        self._written = {s["metadata"]["name"]: s["metadata"].get("resourceVersion") for s in slices}
 
     def _note_taint_times(self, slices: list[dict[str, Any]]) -> None:
         """Keep each taint's ``timeAdded`` (the API server may set it), to write it back unchanged."""
@@ -375,8 +408,34 @@ class SlicePublisher:
             deleted.append(name)
         return deleted
 
+    def start(self) -> asyncio.Task[None]:
+        """Run :meth:`run` in a task of its own (once); :meth:`shutdown` ends it."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=f"slices-{self.driver}")
+        return self._task
+
+    async def shutdown(self, *, last_instance: bool) -> list[str]:
+        """Stop publishing (the task :meth:`start` made ends) and, when ``last_instance``, delete the node's slices
+        of the driver; the names deleted.
+
+        ``last_instance`` is the caller's to say: False while another instance of the driver runs on the node (a
+        rolling update's new pod, which publishes the same slices; deleting them would withdraw its devices until
+        it writes them again), True when this one is the last (the daemon is being removed from the node, the
+        resource retired). Raises :class:`SlicePublishError` when the deletion fails; the kubelet deletes the
+        slices of a driver whose last plugin is gone anyway, after a delay.
+        """
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not last_instance:
+            return []
+        return await self.delete_slices()
+
     async def delete_slices(self) -> list[str]:
-        """Delete the node's slices of the driver (cancel :meth:`run` first); the names deleted.
+        """Delete the node's slices of the driver (cancel :meth:`run` first, or use :meth:`shutdown`); the names
+        deleted.
 
         Call it on shutdown only when no other instance of the driver runs on the node. Raises
         :class:`SlicePublishError` when the API server does not answer or refuses.
@@ -388,6 +447,7 @@ class SlicePublisher:
                 f"ResourceSlices of {self.driver} on node {self.node} not deleted: {describe_api_error(exc)[0]}"
             ) from exc
         self._synced_digest = None
+        self._written = {}
         self.state = replace(self.state, slices=0, devices=0, tainted=0, omitted=0, synced_at=None)
         if deleted:
             log.info("ResourceSlices of %s on node %s deleted: %s", self.driver, self.node, ", ".join(deleted))
@@ -399,6 +459,15 @@ def _is_api_failure(exc: Exception) -> bool:
     import httpx2
 
     return isinstance(exc, (SlicePublishError, httpx2.HTTPError, OSError))
+
+
+def _without_taint_times(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice spec without its devices' taints' ``timeAdded`` (the API server's to set) and empty device lists."""
+    devices = [
+        {**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in d["taints"]]} if "taints" in d else d
+        for d in spec.get("devices") or ()
+    ]
+    return {**{k: v for k, v in spec.items() if k != "devices"}, **({"devices": devices} if devices else {})}
 
 
 def _taints_dropped(pool: Pool, applied: list[dict[str, Any]]) -> bool:
