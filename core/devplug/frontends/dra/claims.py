@@ -7,7 +7,9 @@ UID only; the allocation is in the claim's status (``resource.k8s.io/v1``,
 * ``status.allocation.devices.results[]``: one entry per allocated device,
   ``{request, driver, pool, device, adminAccess, shareID, ...}``; this driver's
   are those whose ``driver`` is its name and ``pool`` its node's pool (the Go
-  helper leaves that filtering to the driver); ``device`` is the device name the
+  helper leaves that filtering to the driver; devices of this driver in another
+  pool beside this node's are an error, since a pod started with part of its
+  devices would run without the others); ``device`` is the device name the
   driver published (:mod:`devplug.frontends.dra.devicenames`), mapped back to the
   devplug device ID;
 * ``status.allocation.devices.config[]``: opaque parameters,
@@ -20,7 +22,8 @@ UID only; the allocation is in the claim's status (``resource.k8s.io/v1``,
 :class:`ClaimReader.read` raises a :class:`ClaimError` per claim, whose message is
 the per-claim ``error`` of the kubelet's response: not found, a claim recreated
 under the same name (another UID), not allocated, no device of this driver and
-pool, a device name this node does not publish. An API server that does not
+pool, devices of this driver in another pool too, a device name this node does
+not publish. An API server that does not
 answer is a :class:`ClaimReadError` (the kubelet retries the call).
 
 Finding prepared claims whose unprepare will never come (the claim was deleted
@@ -53,6 +56,7 @@ __all__ = [
     "ClaimError",
     "ClaimNotAllocatedError",
     "ClaimNotFoundError",
+    "ClaimPoolMismatchError",
     "ClaimPresence",
     "ClaimReadError",
     "ClaimReader",
@@ -104,6 +108,11 @@ class NoDeviceOfOursError(ClaimError):
 
 class ClaimDeviceUnknownError(ClaimError):
     """The allocation names a device of this driver and pool that this node does not publish."""
+
+
+class ClaimPoolMismatchError(ClaimError):
+    """The allocation gives this driver's devices of this node's pool and of another pool too: this node can
+    prepare only its own, and a pod started without the others would run without devices it was given."""
 
 
 class ClaimReadError(DevplugError):
@@ -221,6 +230,12 @@ class ClaimReader:
         results = allocation.get("results") or []
         ours = [r for r in results if r.get("driver") == self.driver]
         here = [r for r in ours if r.get("pool") == self.pool]
+        elsewhere = [r for r in ours if r.get("pool") != self.pool]
+        if here and elsewhere:
+            shown = ", ".join(f"{r.get('device')} of pool {r.get('pool')}" for r in elsewhere)
+            raise ClaimPoolMismatchError(
+                claim, f"it was given devices of driver {self.driver} outside this node's pool {self.pool}: {shown}"
+            )
         if not here:
             seen = sorted({f"{r.get('driver')}/{r.get('pool')}" for r in results}) or ["none"]
             raise NoDeviceOfOursError(
