@@ -450,3 +450,28 @@ def test_a_retired_resource_publishes_an_empty_pool(api: ApiServer, kubeconfig: 
         assert found["spec"]["pool"]["generation"] == 2 and publisher.state.devices == 0
 
     scenario(api, kubeconfig, table, body)
+
+
+def test_an_api_server_without_device_taints_gets_unavailable_devices_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server with ``DRADeviceTaints`` off (1.34, 1.35 by default) drops the taints: the publisher sees it in
+    the apply's answer and publishes unavailable devices no more, rather than as available."""
+    from .conftest import write_kubeconfig
+
+    caplog.set_level(logging.WARNING, "devplug.frontends.dra")
+    with ApiServer(disabled_features={"DRADeviceTaints"}) as old_api:
+        old_api.create("nodes", node())
+        table = table_of(Device("fpga0"), Device("fpga1", health=Health.UNHEALTHY))
+
+        async def body(publisher: SlicePublisher) -> None:
+            await published(publisher, table)
+            assert sorted(d["name"] for s in slices(old_api) for d in s["spec"]["devices"]) == ["fpga0"]
+            assert publisher.state.taints is False
+            assert (publisher.state.omitted, publisher.state.tainted) == (1, 0)
+            assert "dropped the device taints" in caplog.text
+            table.set_health({"fpga1": Health.HEALTHY})
+            await published(publisher, table, "the healthy device published")
+            assert sorted(d["name"] for s in slices(old_api) for d in s["spec"]["devices"]) == ["fpga0", "fpga1"]
+
+        scenario(old_api, write_kubeconfig(old_api, tmp_path / "old-kubeconfig"), table, body)

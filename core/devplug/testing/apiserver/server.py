@@ -400,7 +400,8 @@ class ApiServer:
     ``storage`` holds the objects (in-process calls take the same path as HTTP ones); ``faults`` injects
     failures; the garbage collector runs in a thread of its own while the server runs (``gc=False`` leaves it
     to :meth:`collect_garbage`). ``tls`` (a server-side ``ssl.SSLContext``) serves HTTPS instead, and ``tokens``
-    makes every request need one of these bearer tokens (see the module's docstring).
+    makes every request need one of these bearer tokens (see the module's docstring); ``disabled_features``
+    names feature gates that are off (``DRADeviceTaints``: an API server of 1.34, or one that turned it off).
     """
 
     def __init__(
@@ -415,8 +416,11 @@ class ApiServer:
         gc: bool = True,
         tls: ssl.SSLContext | None = None,
         tokens: Iterable[str] | None = None,
+        disabled_features: Iterable[str] = (),
     ) -> None:
-        self.storage = storage or Storage(history_limit=history_limit, bookmark_interval=bookmark_interval)
+        self.storage = storage or Storage(
+            history_limit=history_limit, bookmark_interval=bookmark_interval, disabled_features=disabled_features
+        )
         self.faults = Faults()
         self.min_request_timeout = min_request_timeout
         self._server = _Server((host, port), _Handler)
