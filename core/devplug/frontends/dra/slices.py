@@ -2,7 +2,10 @@
 
 :class:`SlicePublisher` runs beside the DRA front end for one driver on one node.
 What it publishes is :mod:`devplug.frontends.dra.slicecontent`'s (device names,
-attributes, taints, how the pool splits into slices); here is how it is written:
+attributes, taints, how the pool splits into slices; a shared device's replicas
+are devices of their own, one per replica ID, with ``physicalDevice`` and
+``replica`` attributes, which the scheduler allocates like any device); here is
+how it is written:
 
 * **server-side apply** of each slice by its stable name, as field manager
   ``devplug-<driver>``, forced (the daemon owns its slices: a field another
