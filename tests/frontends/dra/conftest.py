@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -74,8 +74,3 @@ async def eventually(predicate: Callable[[], Any], what: str, timeout: float = W
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
         await asyncio.sleep(0.02)
-
-
-async def settled(step: Callable[[], Awaitable[Any]]) -> Any:
-    """Await ``step`` (a thing that must finish by itself), bounded."""
-    return await asyncio.wait_for(step(), WAIT)
