@@ -52,6 +52,11 @@ def pool_of(*devs: Device, describe: DeviceDescription | None = None, taints: bo
         (DeviceDescription(attributes={"v": Version("1.2")}), "attribute 'v': '1.2' is no semantic version"),
         (DeviceDescription(attributes={"f": 1.5}), "attribute 'f': 1.5 is not a bool, int, str or Version"),  # type: ignore[dict-item]
         (DeviceDescription(capacity={"memory": "16 GB"}), "capacity 'memory': '16 GB' is no quantity"),
+        (DeviceDescription(capacity={"memory": "4K"}), "capacity 'memory': '4K' is no quantity"),  # kilo is k
+        (
+            DeviceDescription(attributes={"v": Version("1.2.3-" + "a" * 60)}),
+            "attribute 'v': the version is longer than 64 bytes",
+        ),
         (
             DeviceDescription(attributes={f"a{i}": i for i in range(MAX_ATTRIBUTES_AND_CAPACITIES)}),
             f"{MAX_ATTRIBUTES_AND_CAPACITIES + 1} attributes and 0 capacities, more than the API's",
@@ -111,3 +116,10 @@ def test_slice_names_are_valid_object_names_for_any_pool_and_driver() -> None:
         assert validation.dns_subdomain(name, "metadata.name") == [], name
         assert name.endswith("-3")
         assert slice_name(pool, DRIVER, 3) == name != slice_name(pool + "x", DRIVER, 3)
+
+
+@pytest.mark.parametrize("quantity", ["4", "16Gi", "1.5", "500m", "2k", "3M", "1e3", "+7Ei", ".5"])
+def test_quantities_in_kubernetes_syntax_are_published(quantity: str) -> None:
+    pool = pool_of(Device("fpga0"), describe=DeviceDescription(capacity={"memory": quantity}))
+    ((_, spec),) = pool.slices
+    assert spec["devices"][0]["capacity"] == {"memory": {"value": quantity}}

@@ -104,7 +104,9 @@ _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
     r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?$"
 )
-_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[munk])?$")
+#: ``resource.Quantity``'s syntax (``k8s.io/apimachinery/pkg/api/resource/quantity.go``): a number, then a binary
+#: suffix (Ki .. Ei), a decimal one (n u m k M G T P E) or a decimal exponent.
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -186,6 +188,8 @@ def _attribute(value: AttributeValue, where: str) -> dict[str, Any]:
     if isinstance(value, Version):
         if not _SEMVER.match(value.value):
             raise SliceContentError(f"{where}: {value.value!r} is no semantic version (semver.org 2.0.0)")
+        if len(value.value.encode()) > MAX_STRING_BYTES:
+            raise SliceContentError(f"{where}: the version is longer than {MAX_STRING_BYTES} bytes")
         return {"version": value.value}
     raise SliceContentError(f"{where}: {value!r} is not a bool, int, str or Version")
 
