@@ -309,7 +309,7 @@ def test_a_wiped_or_edited_slice_is_written_again_on_resync_and_a_leftover_is_de
         assert writes(api) == before, "a resync of untouched slices wrote them"
 
         api.delete("resourceslices", f"{NODE}-{DRIVER}-0")  # the kubelet wiped the driver's slices
-        publisher.resync()
+        publisher.resync()  # as the front end does after registering again
         await eventually(lambda: slices(api), "the wiped slice written again")
         assert slices(api)[0]["spec"]["pool"]["generation"] == 9
         assert slices(api)[0]["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
@@ -317,12 +317,12 @@ def test_a_wiped_or_edited_slice_is_written_again_on_resync_and_a_leftover_is_de
         edited = slices(api)[0]
         edited["spec"]["devices"] = [{"name": "fake"}]
         api.update("resourceslices", edited, manager="someone")
-        await eventually(  # no resync() this time: the periodic one
+        await eventually(  # no resync() this time, and no watch: the periodic one
             lambda: [d["name"] for d in slices(api)[0]["spec"]["devices"]] == ["fpga0"], "the edit undone"
         )
         assert slices(api)[0]["spec"]["pool"]["generation"] == 10
 
-    scenario(api, kubeconfig, table, body, resync_interval=0.5)
+    scenario(api, kubeconfig, table, body, resync_interval=0.5, watch=False)
 
 
 def test_a_restarted_publisher_adopts_its_slices_without_a_write_and_a_changed_pool_goes_one_generation_up(
@@ -475,3 +475,40 @@ def test_an_api_server_without_device_taints_gets_unavailable_devices_left_out(
             assert sorted(d["name"] for s in slices(old_api) for d in s["spec"]["devices"]) == ["fpga0", "fpga1"]
 
         scenario(old_api, write_kubeconfig(old_api, tmp_path / "old-kubeconfig"), table, body)
+
+
+def test_the_watch_writes_a_deleted_or_edited_slice_again_without_waiting_for_the_periodic_resync(
+    api: ApiServer, kubeconfig: Path
+) -> None:
+    api.create("nodes", node())
+    table = table_of(Device("fpga0"))
+    name = f"{NODE}-{DRIVER}-0"
+
+    async def body(publisher: SlicePublisher) -> None:
+        await published(publisher, table)
+        await eventually(lambda: api.count(verb="watch", resource="resourceslices") >= 1, "the watch")
+        api.delete("resourceslices", name)  # an admin, or the kubelet's wipe
+        await eventually(lambda: slices(api), "the deleted slice written again")
+        assert slices(api)[0]["spec"]["pool"]["generation"] == 2
+        edited = slices(api)[0]
+        edited["spec"]["devices"] = [{"name": "fake"}]
+        api.update("resourceslices", edited, manager="someone")
+        await eventually(lambda: [d["name"] for d in slices(api)[0]["spec"]["devices"]] == ["fpga0"], "the edit undone")
+        assert slices(api)[0]["spec"]["pool"]["generation"] == 3
+
+    scenario(api, kubeconfig, table, body, resync_interval=3600)
+
+
+def test_a_failing_watch_is_started_again_and_publishing_goes_on(api: ApiServer, kubeconfig: Path) -> None:
+    api.create("nodes", node())
+    table = table_of(Device("fpga0"))
+    api.faults.fail(500, verb="watch", resource="resourceslices", count=2)
+
+    async def body(publisher: SlicePublisher) -> None:
+        await published(publisher, table)
+        await eventually(lambda: api.count(verb="watch", resource="resourceslices", code=200) >= 1, "the watch again")
+        assert api.count(verb="watch", resource="resourceslices", code=500) == 2
+        api.delete("resourceslices", f"{NODE}-{DRIVER}-0")
+        await eventually(lambda: slices(api), "the deleted slice written again through the restarted watch")
+
+    scenario(api, kubeconfig, table, body, resync_interval=3600)

@@ -26,7 +26,10 @@ how it is written:
   the node's slices are listed and written again if someone removed or changed
   them (their names and resourceVersions are not those of the publisher's last
   write; the kubelet deletes a driver's slices at its start and when the driver's
-  plugin is gone: call :meth:`~SlicePublisher.resync` after registering again). At
+  plugin is gone: call :meth:`~SlicePublisher.resync` after registering again); a
+  watch of the node's slices of the driver asks for that resync as soon as someone
+  else deletes, changes or adds one (the periodic one covers a watch that fails;
+  ``watch=False`` leaves only the periodic one). At
   start, slices already carrying the same content (a restarted daemon: their
   ``devplug.io/pool-digest`` annotation and pool say so) are adopted without a
   write;
@@ -75,6 +78,11 @@ if TYPE_CHECKING:
 __all__ = ["PublisherState", "SlicePublishError", "SlicePublisher", "field_manager_of"]
 
 log = logging.getLogger("devplug.frontends.dra")
+
+#: Seconds a watch request lasts before the server ends it and lightkube resumes it from the last resourceVersion
+#: (client-go's reflector asks for 5 to 10 minutes). A connection that died silently is not noticed by the watch
+#: (it has no read timeout); the periodic resync covers the time until it is.
+WATCH_TIMEOUT = 300
 
 
 class SlicePublishError(DevplugError):
@@ -132,6 +140,7 @@ class SlicePublisher:
         resync_interval: float = 120.0,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
+        watch: bool = True,
     ) -> None:
         self.driver = driver
         self.node = node
@@ -144,6 +153,7 @@ class SlicePublisher:
         self._describe = describe
         self._debounce = debounce
         self._resync_interval = resync_interval
+        self._watching = watch
         self._backoff = backoff or Backoff(initial=0.5, cap=30.0, jitter=0.2)
         self._clock = clock
         self._resync = asyncio.Event()
@@ -179,6 +189,56 @@ class SlicePublisher:
 
     async def run(self) -> None:
         """Keep the slices in step with the table until cancelled."""
+        if not self._watching:
+            await self._publish()
+            return
+        watcher = asyncio.get_running_loop().create_task(self._watch(), name=f"slices-watch-{self.driver}")
+        try:
+            await self._publish()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self) -> None:
+        """Ask for a resync whenever someone else deletes, changes or adds one of the node's slices of the driver.
+
+        A slice is this publisher's own, unchanged, when its name and resourceVersion are those of the last write
+        (an event of its own write seen before the write's answer costs one list, no write). A watch that fails or
+        ends is started again after a backoff, with a resync, since events may have been missed meanwhile.
+        """
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        backoff = Backoff(initial=0.5, cap=30.0, jitter=0.2)
+        while True:
+            try:
+                found = self._client.watch(
+                    ResourceSlice,
+                    fields={"spec.nodeName": self.node, "spec.driver": self.driver},
+                    server_timeout=WATCH_TIMEOUT,  # ended by the server and resumed, as informers do
+                )
+                async for kind, obj in found:
+                    backoff.reset()
+                    name = obj.metadata.name if obj.metadata is not None else None
+                    version = obj.metadata.resourceVersion if obj.metadata is not None else None
+                    if kind == "DELETED":
+                        if name in self._written:
+                            self.resync()
+                    elif self._written.get(name or "", "") != version:
+                        self.resync()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API server's or the network's: the periodic resync still runs
+                log.debug(
+                    "ResourceSlices of %s on node %s: the watch failed (%s); starting it again",
+                    self.driver,
+                    self.node,
+                    describe_api_error(exc)[0],
+                )
+            self.resync()
+            await asyncio.sleep(backoff.next())
+
+    async def _publish(self) -> None:
         check = True  # the first pass compares with what the API server holds
         while True:
             version = self.table.version
