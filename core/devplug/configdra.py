@@ -26,6 +26,7 @@ API their node runs.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -169,6 +170,11 @@ def parse_api(table: Mapping[str, Any], name: str, where: str) -> tuple[str, Dra
         if dra_t is not None:
             raise ConfigError(f'{where}.dra: only for a resource served through DRA (api = "{API_DRA}")')
         return api, None
+    if importlib.util.find_spec("lightkube") is None:
+        raise ConfigError(
+            f"{where}.api: a resource served through DRA needs lightkube (its ResourceSlices and ResourceClaims "
+            "go through the API server), which is not installed; pip install 'devplug[kubernetes]'"
+        )
     if dra_t is None:
         dra_t = {}
     if not isinstance(dra_t, dict):

@@ -201,3 +201,56 @@ def test_an_unchanged_apply_a_second_later_is_no_write(
     again = client.apply(ResourceSlice.from_dict(slice_of("a-fpga", owner, ["dev-0"])), field_manager=DRIVER)
     assert again.metadata.resourceVersion == applied.metadata.resourceVersion
     assert again.metadata.managedFields[0].time == applied.metadata.managedFields[0].time
+
+
+def test_a_device_taint_without_time_added_gets_the_time_of_each_write(
+    api: ApiServer, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SetDefaults_DeviceTaint``: the time is defaulted on every write, so only a writer that sends it back keeps it
+    (and an unchanged apply then writes nothing)."""
+    from devplug.testing.apiserver import storage
+
+    owner = api.create("nodes", node())
+    body = slice_of("a-fpga", owner, ["dev-0", "dev-1"])
+    body["spec"]["devices"][0]["taints"] = [
+        {"key": "devplug.io/unavailable", "value": "unhealthy", "effect": "NoSchedule"}
+    ]
+    monkeypatch.setattr(storage, "now_text", lambda: "2030-01-01T00:00:00Z")
+    first = client.apply(ResourceSlice.from_dict(body), field_manager=DRIVER).to_dict()
+    assert first["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2030-01-01T00:00:00Z"
+    assert "taints" not in first["spec"]["devices"][1]
+
+    monkeypatch.setattr(storage, "now_text", lambda: "2030-01-01T00:00:05Z")
+    again = client.apply(ResourceSlice.from_dict(body), field_manager=DRIVER).to_dict()
+    assert again["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2030-01-01T00:00:05Z"
+    assert again["metadata"]["generation"] == first["metadata"]["generation"] + 1
+
+    body["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2030-01-01T00:00:05Z"
+    kept = client.apply(ResourceSlice.from_dict(body), field_manager=DRIVER).to_dict()
+    assert kept["metadata"]["resourceVersion"] == again["metadata"]["resourceVersion"]
+    body = slice_of("c-fpga", owner, ["dev-3"])
+    body["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoExecute"}]
+    assert api.create("resourceslices", body)["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2030-01-01T00:00:05Z"
+
+
+def test_with_device_taints_disabled_taints_are_dropped_unless_the_stored_slice_has_some() -> None:
+    """``dropDisabledDRADeviceTaintsFields``: an API server without ``DRADeviceTaints`` (1.33 to 1.35 by default)
+    drops new taints, and keeps taints on a slice that already uses them."""
+    with ApiServer(disabled_features={"DRADeviceTaints"}) as api:
+        owner = api.create("nodes", node())
+        body = slice_of("a-fpga", owner, ["dev-0"])
+        body["spec"]["devices"][0]["taints"] = [{"key": "k", "value": "v", "effect": "NoSchedule"}]
+        stored = api.apply("resourceslices", body, DRIVER)
+        assert "taints" not in stored["spec"]["devices"][0]
+        assert (
+            "taints" not in api.create("resourceslices", {**body, "metadata": {"name": "b-fpga"}})["spec"]["devices"][0]
+        )
+    with ApiServer() as enabled:  # a slice written while the gate was on keeps its taints after it is turned off
+        body = slice_of("a-fpga", enabled.create("nodes", node()), ["dev-0"])
+        body["spec"]["devices"][0]["taints"] = [{"key": "k", "value": "v", "effect": "NoSchedule"}]
+        kept = enabled.apply("resourceslices", body, DRIVER)
+        assert kept["spec"]["devices"][0]["taints"][0]["key"] == "k"
+        enabled.storage.disabled_features = frozenset({"DRADeviceTaints"})
+        body["spec"]["devices"][0]["taints"][0]["value"] = "w"
+        again = enabled.apply("resourceslices", body, DRIVER)
+        assert again["spec"]["devices"][0]["taints"][0]["value"] == "w"

@@ -3,6 +3,7 @@ name and the API server's credentials; every error names the file, the resource 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,18 @@ def test_default_driver_names_and_dns_subdomains() -> None:
     assert dns_subdomain_problem("fpga.example.com") is None
     assert "more than 253" in (dns_subdomain_problem("a." * 130) or "")
     assert "is not a DNS label" in (dns_subdomain_problem("a..b") or "")
+
+
+def test_a_dra_resource_without_lightkube_installed_is_refused_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "lightkube", None)  # how Python marks a module as not importable
+    with pytest.raises(ConfigError) as info:
+        _config({"example.com/fpga": {"api": "dra"}}, node={"name": "node-2"})
+    assert str(info.value) == (
+        'c.toml: resources."example.com/fpga".api: a resource served through DRA needs lightkube (its '
+        "ResourceSlices and ResourceClaims go through the API server), which is not installed; "
+        "pip install 'devplug[kubernetes]'"
+    )
+    (rc,) = _config({"example.com/fpga": {}}).resources  # the device-plugin API needs no lightkube
+    assert rc.api == "device-plugin"

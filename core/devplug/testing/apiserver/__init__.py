@@ -59,9 +59,12 @@ Modelled, each behaviour citing the source it follows (the modules say where):
   ``Retry-After``, ...), :meth:`ApiServer.close_watches` (clean or cut mid-stream), :meth:`ApiServer.compact`,
   :attr:`ApiServer.requests` and :meth:`ApiServer.count`, in-process reads and writes taking the same path as
   HTTP ones.
+* **HTTPS and bearer tokens** (:mod:`.server`), when asked for: ``ApiServer(tls=context, tokens={...})``; a
+  request without a known token is the authentication filter's ``401 Unauthorized``.
 
-Not modelled (the real server differs; test against a cluster before relying on these): authentication,
-authorization and admission (namespaces need not exist, no quotas, no ``NodeRestriction``: a driver may write
+Not modelled (the real server differs; test against a cluster before relying on these): authentication other
+than a fixed set of bearer tokens (client certificates, TokenReview, anonymous requests), authorization and
+admission (namespaces need not exist, no quotas, no ``NodeRestriction``: a driver may write
 any node's slices here); discovery (``/api``, ``/apis``), OpenAPI and ``/version``; protobuf and CBOR; other
 kinds and API versions (``v1beta1``/``v1beta2`` of ``resource.k8s.io``, ResourceClaimTemplates,
 DeviceTaintRules); CEL evaluation and the validation not listed above; strategic merge patches with lists or

@@ -2,7 +2,13 @@
 
 * ``resource.k8s.io/v1`` **ResourceSlice** (cluster-scoped; ``resourceslice/strategy.go``): ``metadata.generation``
   1 on create, +1 on every change of the spec; field selectors ``metadata.name``, ``spec.nodeName``,
-  ``spec.driver`` (``toSelectableFields``; ``spec.nodeName`` is empty for a slice without one).
+  ``spec.driver`` (``toSelectableFields``; ``spec.nodeName`` is empty for a slice without one); a device taint
+  without ``timeAdded`` gets the time of the write, to the second (``SetDefaults_DeviceTaint``,
+  ``pkg/apis/resource/v1/defaults.go``: defaulting runs on every create, update, patch and apply, so a writer
+  that leaves the time out gets a new one on each write that touches the device list, which is atomic); with the
+  feature gate ``DRADeviceTaints`` off (``ApiServer(disabled_features={"DRADeviceTaints"})``: alpha and off by
+  default from 1.33, beta and on by default from 1.36, ``pkg/features/kube_features.go``), the devices' taints are
+  dropped on write unless the stored slice already has some (``dropDisabledDRADeviceTaintsFields``).
 * **ResourceClaim** (namespaced, ``resourceclaim/strategy.go``): the status is cleared on create and kept by
   updates of the main resource; the ``status`` subresource changes the status only (``PrepareForUpdate`` keeps
   the spec and ``ResetObjectMetaForStatus`` the labels, annotations, finalizers, owner references); field
@@ -54,6 +60,29 @@ def _slice_fields(obj: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def _slice_defaults(obj: dict[str, Any]) -> None:
+    """``SetDefaults_DeviceTaint``: a device taint without ``timeAdded`` gets now, truncated to the second."""
+    from devplug.testing.apiserver import storage  # the one clock of the stand-in (storage imports this module)
+
+    now = storage.now_text()
+    for device in (obj.get("spec") or {}).get("devices") or ():
+        for taint in (device or {}).get("taints") or ():
+            if isinstance(taint, dict) and not taint.get("timeAdded"):
+                taint["timeAdded"] = now
+
+
+def _slice_drop_disabled(obj: dict[str, Any], old: Mapping[str, Any] | None, disabled: frozenset[str]) -> None:
+    """``dropDisabledDRADeviceTaintsFields``: with ``DRADeviceTaints`` off, the devices' taints are dropped unless
+    the old slice already has some (``draDeviceTaintsFeatureInUse``)."""
+    if "DRADeviceTaints" not in disabled:
+        return
+    if any((d or {}).get("taints") for d in ((old or {}).get("spec") or {}).get("devices") or ()):
+        return
+    for device in (obj.get("spec") or {}).get("devices") or ():
+        if isinstance(device, dict):
+            device.pop("taints", None)
+
+
 def _node_fields(obj: Mapping[str, Any]) -> dict[str, str]:
     unschedulable = bool((obj.get("spec") or {}).get("unschedulable"))
     return {**_meta_fields(obj, False), "spec.unschedulable": "true" if unschedulable else "false"}
@@ -98,6 +127,10 @@ class Resource:
     #: ``ReturnDeletedObject``: a delete answers with the object, not a ``Status``.
     return_deleted_object: bool = False
     validate_status: Validator | None = None
+    #: The kind's defaulting (``SetDefaults_*``), run on the object of every create and update (patch, apply).
+    defaults: Callable[[dict[str, Any]], None] | None = None
+    #: The strategy's ``dropDisabledFields``: (new object, old object or None, the disabled feature gates).
+    drop_disabled: Callable[[dict[str, Any], Mapping[str, Any] | None, frozenset[str]], None] | None = None
 
     @property
     def api_version(self) -> str:
@@ -130,6 +163,8 @@ RESOURCES: tuple[Resource, ...] = (
         validation.resource_slice,
         _schema(frozenset({("spec", "nodeSelector")})),
         generation=True,
+        defaults=_slice_defaults,
+        drop_disabled=_slice_drop_disabled,
     ),
     Resource(
         "resourceclaims",

@@ -13,6 +13,17 @@ a watch is a long-lived response streamed event by event, each flushed at once, 
 mid-stream; ``ThreadingHTTPServer`` gives each connection its own thread and the handler the socket, where
 waitress serves WSGI apps from a fixed pool of worker threads (a few open watches would starve every other
 request) and buffers what an app yields.
+
+HTTPS and bearer tokens, for testing how a client finds and presents its credentials (the in-cluster service
+account: a CA file and a token file the kubelet rotates): ``ApiServer(tls=context)`` serves HTTPS with a server-side
+``ssl.SSLContext`` (the handshake runs in the connection's thread), and ``ApiServer(tokens={...})`` authenticates
+every request by ``Authorization: Bearer <token>`` against that set (:attr:`ApiServer.tokens`, which a test may
+replace to rotate tokens). A request without a known token is ``401 Unauthorized`` with the ``Status`` the real
+server's authentication filter writes (``k8s.io/apiserver/pkg/endpoints/filters/authentication.go``: ``Unauthorized``
+answers ``apierrors.NewUnauthorized("Unauthorized")``), before any routing, as with ``--anonymous-auth=false``
+(with anonymous requests allowed, a request without a token would be ``system:anonymous`` and meet authorization,
+which the stand-in does not model). The token file authenticator (``--token-auth-file``) is the model: a fixed set
+of tokens, no TokenReview, no expiry.
 """
 
 from __future__ import annotations
@@ -22,9 +33,10 @@ import json
 import random
 import re
 import socket
+import ssl
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -111,6 +123,15 @@ class Faults:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     api: ApiServer
+    tls: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[Any, Any]:
+        """Each connection, wrapped in TLS when the server serves HTTPS; the handshake happens on the handler's
+        first read, in the connection's own thread (a client that never completes one stalls only itself)."""
+        sock, address = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-request (a killed daemon, a closed watch) is no error of the server's."""
@@ -197,6 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         resource_name, namespace, name, sub, verb = "", "", None, "", method.lower()
         try:
+            self._authenticate(api.tokens)
             resource, ns, name, sub = self._route()
             resource_name, namespace = resource.plural, ns or ""
             if method == "GET":
@@ -225,6 +247,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code))
         self._answer(code, body)
+
+    def _authenticate(self, tokens: frozenset[str] | None) -> None:
+        """401 ``Unauthorized`` unless the request bears one of ``tokens`` (None: no authentication)."""
+        if tokens is None:
+            return
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or token.strip() not in tokens:
+            raise ApiStatusError(401, "Unauthorized", "Unauthorized")
 
     def _writer(self, query: Mapping[str, str]) -> Writer:
         manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "unknown").split("/")[0]
@@ -369,7 +399,9 @@ class ApiServer:
 
     ``storage`` holds the objects (in-process calls take the same path as HTTP ones); ``faults`` injects
     failures; the garbage collector runs in a thread of its own while the server runs (``gc=False`` leaves it
-    to :meth:`collect_garbage`).
+    to :meth:`collect_garbage`). ``tls`` (a server-side ``ssl.SSLContext``) serves HTTPS instead, and ``tokens``
+    makes every request need one of these bearer tokens (see the module's docstring); ``disabled_features``
+    names feature gates that are off (``DRADeviceTaints``: an API server of 1.34, or one that turned it off).
     """
 
     def __init__(
@@ -382,12 +414,20 @@ class ApiServer:
         bookmark_interval: float = 60.0,
         min_request_timeout: float = 1800.0,
         gc: bool = True,
+        tls: ssl.SSLContext | None = None,
+        tokens: Iterable[str] | None = None,
+        disabled_features: Iterable[str] = (),
     ) -> None:
-        self.storage = storage or Storage(history_limit=history_limit, bookmark_interval=bookmark_interval)
+        self.storage = storage or Storage(
+            history_limit=history_limit, bookmark_interval=bookmark_interval, disabled_features=disabled_features
+        )
         self.faults = Faults()
         self.min_request_timeout = min_request_timeout
         self._server = _Server((host, port), _Handler)
         self._server.api = self
+        self._server.tls = tls
+        #: The bearer tokens accepted (None: requests are not authenticated); replace it to rotate tokens.
+        self.tokens: frozenset[str] | None = None if tokens is None else frozenset(tokens)
         self._thread = threading.Thread(target=self._server.serve_forever, name="apiserver-standin", daemon=True)
         self._gc_thread = (
             threading.Thread(target=self._collect, name="apiserver-standin-gc", daemon=True) if gc else None
@@ -399,7 +439,8 @@ class ApiServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        scheme = "https" if self._server.tls is not None else "http"
+        return f"{scheme}://{host!s}:{port}"
 
     def start(self) -> ApiServer:
         if not self._started:

@@ -25,7 +25,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -175,8 +175,18 @@ class Storage:
     same path as the HTTP request that would do it (validation, strategy, field ownership, events).
     """
 
-    def __init__(self, *, history_limit: int = 10_000, bookmark_interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        history_limit: int = 10_000,
+        bookmark_interval: float = 60.0,
+        disabled_features: Iterable[str] = (),
+    ) -> None:
         self._lock = threading.RLock()
+        #: Feature gates turned off, as an API server of an older release or with ``--feature-gates=X=false`` has
+        #: them: the kinds' strategies drop the fields they cover (``dropDisabledFields``). Only
+        #: ``DRADeviceTaints`` is modelled.
+        self.disabled_features = frozenset(disabled_features)
         #: Notified on every write, bookmark request, watch closure and shutdown.
         self.changed = threading.Condition(self._lock)
         self.revision = 1
@@ -565,6 +575,7 @@ class Storage:
                     obj["status"] = _copy(dict(resource.status_on_create))
                 else:
                     obj.pop("status", None)
+            self._strategy(resource, obj, None)
             self._validate(resource, obj, None, "")
             if (resource.plural, namespace, name) in self._objects:
                 raise ApiStatusError(
@@ -586,6 +597,13 @@ class Storage:
             )
             meta["managedFields"] = managers.encoded()
             return self._commit(resource, namespace, name, obj, writer)
+
+    def _strategy(self, resource: Resource, obj: dict[str, Any], old: Mapping[str, Any] | None) -> None:
+        """The kind's defaulting, then its ``dropDisabledFields`` for the disabled feature gates."""
+        if resource.defaults is not None:
+            resource.defaults(obj)
+        if resource.drop_disabled is not None and self.disabled_features:
+            resource.drop_disabled(obj, old, self.disabled_features)
 
     def _prepare_update(
         self, resource: Resource, old: dict[str, Any], body: Mapping[str, Any], subresource: str
@@ -621,6 +639,7 @@ class Storage:
                 meta[key] = _copy(old_meta[key])
             else:
                 meta.pop(key, None)
+        self._strategy(resource, new, old)
         if resource.generation and new.get("spec") != old.get("spec"):
             meta["generation"] = int(old_meta.get("generation", 0)) + 1
         return new
@@ -822,6 +841,7 @@ class Storage:
             meta["generation"] = 1
         if resource.status_on_create:
             obj["status"] = _copy(dict(resource.status_on_create))
+        self._strategy(resource, obj, None)
         self._validate(resource, obj, None, "")
         meta["managedFields"] = managers.encoded()
         return self._commit(resource, namespace, meta["name"], obj, writer)

@@ -1,0 +1,12 @@
+"""The DRA front end: the kubelet's Dynamic Resource Allocation API (``resource.k8s.io/v1``) over the core.
+
+``kubeclient`` (an async lightkube client from the pod's service account or a
+kubeconfig; lightkube is imported only when the DRA front end is used),
+``devicenames`` (devplug device IDs as ResourceSlice device names, both ways),
+``slicecontent`` (the device table as a pool of ResourceSlices: attributes,
+replicas, taints for unavailable devices, the split into slices),
+``slices`` (publishing the pool by server-side apply, kept in step with the
+device table, retried, deleted on request), ``claims`` (reading a
+ResourceClaim's allocation and configuration for this driver and pool, and
+which prepared claims still exist).
+"""

@@ -1,0 +1,298 @@
+"""Reading ResourceClaims: what a claim the kubelet names gives this driver on this node, and which claims still exist.
+
+The kubelet's ``NodePrepareResources`` names each claim by namespace, name and
+UID only; the allocation is in the claim's status (``resource.k8s.io/v1``,
+``k8s.io/api/resource/v1/types.go`` v0.36.3):
+
+* ``status.allocation.devices.results[]``: one entry per allocated device,
+  ``{request, driver, pool, device, adminAccess, shareID, ...}``; this driver's
+  are those whose ``driver`` is its name and ``pool`` its node's pool (the Go
+  helper leaves that filtering to the driver; devices of this driver in another
+  pool beside this node's are an error, since a pod started with part of its
+  devices would run without the others); ``device`` is the device name the
+  driver published (:mod:`devplug.frontends.dra.devicenames`), mapped back to the
+  devplug device ID;
+* ``status.allocation.devices.config[]``: opaque parameters,
+  ``{source: FromClass|FromClaim, requests: [...], opaque: {driver, parameters}}``,
+  in the order the scheduler wrote them (the class's first, then the claim's: a
+  later one overrides an earlier one); an entry without ``requests`` applies to
+  every request; this driver's are those whose ``opaque.driver`` is its name;
+* ``status.reservedFor[]``: the consumers, pods by UID.
+
+:class:`ClaimReader.read` raises a :class:`ClaimError` per claim, whose message is
+the per-claim ``error`` of the kubelet's response: not found, a claim recreated
+under the same name (another UID), not allocated, no device of this driver and
+pool, devices of this driver in another pool too, a device name this node does
+not publish. An API server that does not
+answer is a :class:`ClaimReadError` (the kubelet retries the call).
+
+Finding prepared claims whose unprepare will never come (the claim was deleted
+while the daemon was down): :meth:`ClaimReader.presence` gets each prepared claim
+by name, rather than listing every ResourceClaim. A node prepares a few claims
+(at most its pods'), a cluster may hold tens of thousands, and claims have no
+field selector for a node (only ``metadata.name`` and ``metadata.namespace``):
+a list would cost every node a walk of the cluster's claims, a get costs one
+small request per claim this node prepared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from devplug.errors import DevplugError, RequestError
+from devplug.frontends.dra.kubeclient import describe_api_error
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+__all__ = [
+    "AllocatedDevice",
+    "ClaimAllocation",
+    "ClaimDeviceUnknownError",
+    "ClaimError",
+    "ClaimNotAllocatedError",
+    "ClaimNotFoundError",
+    "ClaimPoolMismatchError",
+    "ClaimPresence",
+    "ClaimReadError",
+    "ClaimReader",
+    "ClaimRef",
+    "ClaimReplacedError",
+    "NoDeviceOfOursError",
+    "OpaqueConfig",
+]
+
+#: How many claims :meth:`ClaimReader.presence` asks about at once.
+PRESENCE_CONCURRENCY = 8
+
+
+@dataclass(frozen=True, order=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"resource claim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+class ClaimError(RequestError):
+    """A claim that cannot be prepared; the message (naming the claim) is the kubelet's per-claim error."""
+
+    def __init__(self, claim: ClaimRef, problem: str) -> None:
+        super().__init__(f"{claim}: {problem}")
+        self.claim = claim
+
+
+class ClaimNotFoundError(ClaimError):
+    """The API server has no claim of that namespace and name."""
+
+
+class ClaimReplacedError(ClaimError):
+    """A claim of that name exists with another UID: the kubelet's claim was deleted and another made."""
+
+
+class ClaimNotAllocatedError(ClaimError):
+    """The claim has no allocation (yet, or any more)."""
+
+
+class NoDeviceOfOursError(ClaimError):
+    """The allocation holds no device of this driver in this node's pool."""
+
+
+class ClaimDeviceUnknownError(ClaimError):
+    """The allocation names a device of this driver and pool that this node does not publish."""
+
+
+class ClaimPoolMismatchError(ClaimError):
+    """The allocation gives this driver's devices of this node's pool and of another pool too: this node can
+    prepare only its own, and a pod started without the others would run without devices it was given."""
+
+
+class ClaimReadError(DevplugError):
+    """The API server did not answer, or failed (5xx, 429, 403, a network error): try again later."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One device of the claim's allocation that is this driver's on this node."""
+
+    request: str
+    #: The device's name in the ResourceSlice, and the devplug device ID it stands for.
+    device_name: str
+    device_id: str
+    #: The allocation's ``shareID`` (a device allocated more than once), or None.
+    share_id: str | None = None
+    #: An admin-access allocation: the device may be in use by other claims as well.
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class OpaqueConfig:
+    """One of this driver's opaque configurations of the claim (``FromClass`` or ``FromClaim``)."""
+
+    source: str
+    #: The requests it applies to; empty: every request of the claim.
+    requests: tuple[str, ...]
+    #: ``opaque.parameters``, as the JSON it is.
+    parameters: Any
+
+    def applies_to(self, request: str) -> bool:
+        return not self.requests or request in self.requests
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """What a claim gives this driver on this node."""
+
+    claim: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    #: This driver's configurations, in the claim's order (a later one overrides an earlier one).
+    configs: tuple[OpaqueConfig, ...]
+    #: The UIDs of the pods the claim is reserved for.
+    reserved_for: tuple[str, ...]
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(d.device_id for d in self.devices)
+
+    def configs_for(self, request: str) -> list[OpaqueConfig]:
+        """The configurations that apply to ``request``, in order."""
+        return [c for c in self.configs if c.applies_to(request)]
+
+
+class ClaimPresence(enum.Enum):
+    """Whether a claim prepared earlier is still there, as the API server has it."""
+
+    PRESENT = "present"
+    #: No claim of that namespace and name.
+    DELETED = "deleted"
+    #: A claim of that name with another UID: the prepared one is gone.
+    REPLACED = "replaced"
+    #: The same claim, no longer allocated: no pod may use what was prepared for it.
+    DEALLOCATED = "deallocated"
+
+    @property
+    def gone(self) -> bool:
+        """True when what was prepared for the claim is of no use any more (unprepare it)."""
+        return self is not ClaimPresence.PRESENT
+
+
+class ClaimReader:
+    """Reads claims for one driver and pool; ``device_id`` maps a published device name back to its device ID."""
+
+    def __init__(self, client: AsyncClient, *, driver: str, pool: str, device_id: Callable[[str], str | None]) -> None:
+        self._client = client
+        self.driver = driver
+        self.pool = pool
+        self._device_id = device_id
+
+    async def _get(self, claim: ClaimRef) -> dict[str, Any] | None:
+        """The claim as stored, or None when there is none (404); :class:`ClaimReadError` on any other failure."""
+        from lightkube import ApiError
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        try:
+            found = await self._client.get(ResourceClaim, claim.name, namespace=claim.namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise ClaimReadError(f"{claim}: the API server failed to give it: {describe_api_error(exc)[0]}") from exc
+        except Exception as exc:  # the network's: refused, reset, timed out
+            raise ClaimReadError(f"{claim}: the API server did not answer: {describe_api_error(exc)[0]}") from exc
+        stored: dict[str, Any] = found.to_dict()
+        return stored
+
+    async def read(self, claim: ClaimRef) -> ClaimAllocation:
+        """The claim's devices and configurations of this driver and pool (see the module's docstring)."""
+        stored = await self._get(claim)
+        if stored is None:
+            raise ClaimNotFoundError(claim, "not found in the API server (deleted?)")
+        return self.allocation_of(claim, stored)
+
+    def allocation_of(self, claim: ClaimRef, stored: Mapping[str, Any]) -> ClaimAllocation:
+        """:meth:`read`'s answer from a claim already fetched (a dict as the API server sends it)."""
+        uid = (stored.get("metadata") or {}).get("uid")
+        if uid != claim.uid:
+            raise ClaimReplacedError(
+                claim, f"the API server's claim of that name has uid {uid}: the claim was deleted and made again"
+            )
+        status = stored.get("status") or {}
+        if not status.get("allocation"):
+            raise ClaimNotAllocatedError(claim, "not allocated (it has no status.allocation)")
+        allocation = status["allocation"].get("devices") or {}
+        results = allocation.get("results") or []
+        ours = [r for r in results if r.get("driver") == self.driver]
+        here = [r for r in ours if r.get("pool") == self.pool]
+        elsewhere = [r for r in ours if r.get("pool") != self.pool]
+        if here and elsewhere:
+            shown = ", ".join(f"{r.get('device')} of pool {r.get('pool')}" for r in elsewhere)
+            raise ClaimPoolMismatchError(
+                claim, f"it was given devices of driver {self.driver} outside this node's pool {self.pool}: {shown}"
+            )
+        if not here:
+            seen = sorted({f"{r.get('driver')}/{r.get('pool')}" for r in results}) or ["none"]
+            raise NoDeviceOfOursError(
+                claim,
+                f"no device of driver {self.driver} in pool {self.pool} is allocated to it "
+                f"(its devices are of {', '.join(seen)})",
+            )
+        devices = []
+        for result in here:
+            name = str(result.get("device"))
+            device_id = self._device_id(name)
+            if device_id is None:
+                raise ClaimDeviceUnknownError(
+                    claim,
+                    f"request {result.get('request')!r} was given device {name!r} of pool {self.pool}, which this "
+                    f"node does not publish (gone since the allocation?)",
+                )
+            share = result.get("shareID")
+            admin = bool(result.get("adminAccess"))
+            devices.append(AllocatedDevice(str(result.get("request")), name, device_id, share and str(share), admin))
+        configs = tuple(
+            OpaqueConfig(
+                str(entry.get("source", "")),
+                tuple(str(r) for r in entry.get("requests") or ()),
+                (entry.get("opaque") or {}).get("parameters"),
+            )
+            for entry in allocation.get("config") or ()
+            if (entry.get("opaque") or {}).get("driver") == self.driver
+        )
+        reserved = tuple(
+            str(consumer["uid"])
+            for consumer in status.get("reservedFor") or ()
+            if consumer.get("resource") == "pods" and not consumer.get("apiGroup") and consumer.get("uid")
+        )
+        return ClaimAllocation(claim, tuple(devices), configs, reserved)
+
+    async def presence(self, claims: Iterable[ClaimRef]) -> dict[ClaimRef, ClaimPresence]:
+        """Whether each claim is still there (a get each, at most :data:`PRESENCE_CONCURRENCY` at once).
+
+        Raises :class:`ClaimReadError` when the API server cannot tell about one of them: nothing is concluded then.
+        """
+        wanted: Sequence[ClaimRef] = sorted(set(claims))
+        limit = asyncio.Semaphore(PRESENCE_CONCURRENCY)
+
+        async def one(claim: ClaimRef) -> ClaimPresence:
+            async with limit:
+                stored = await self._get(claim)
+            if stored is None:
+                return ClaimPresence.DELETED
+            if (stored.get("metadata") or {}).get("uid") != claim.uid:
+                return ClaimPresence.REPLACED
+            if not (stored.get("status") or {}).get("allocation"):
+                return ClaimPresence.DEALLOCATED
+            return ClaimPresence.PRESENT
+
+        answers = await asyncio.gather(*(one(c) for c in wanted), return_exceptions=True)
+        for answer in answers:  # every get has ended: none is left running behind the error
+            if isinstance(answer, BaseException):
+                raise answer
+        return {c: a for c, a in zip(wanted, answers, strict=True) if isinstance(a, ClaimPresence)}

@@ -1,0 +1,540 @@
+"""Publishing a node's devices as ResourceSlices, kept in step with the device table.
+
+:class:`SlicePublisher` runs beside the DRA front end for one driver on one node.
+What it publishes is :mod:`devplug.frontends.dra.slicecontent`'s (device names,
+attributes, taints, how the pool splits into slices; a shared device's replicas
+are devices of their own, one per replica ID, with ``physicalDevice`` and
+``replica`` attributes, which the scheduler allocates like any device); here is
+how it is written:
+
+* **server-side apply** of each slice by its stable name, as field manager
+  ``devplug-<driver>``, forced (the daemon owns its slices: a field another
+  manager took is taken back), with an ownerReference to the Node (its ``uid``
+  read before each write: a node deleted and registered again is a new owner), so
+  the garbage collector deletes the slices with the node;
+* **generation**: every change of the pool's content is written with
+  ``spec.pool.generation`` one above the highest generation of the node's slices
+  of the driver (and of any this publisher wrote), on every slice of the pool, so
+  a consumer never mixes slices of two contents (it uses the newest generation
+  once it has ``resourceSliceCount`` slices of it). Slices no longer wanted (the
+  pool shrank, another pool name, a leftover) are deleted first, as the Go
+  helper's ``resourceslice`` controller does;
+* **when**: on every change of the device table (a change starts a ``debounce``
+  wait, so a burst of changes makes one write of the last state); a change that
+  does not change the pool's content (a reason's text, a resend) writes nothing;
+  and every ``resync_interval`` seconds, or after :meth:`SlicePublisher.resync`,
+  the node's slices are listed and written again if someone removed or changed
+  them (their names and resourceVersions are not those of the publisher's last
+  write; the kubelet deletes a driver's slices at its start and when the driver's
+  plugin is gone: call :meth:`~SlicePublisher.resync` after registering again); a
+  watch of the node's slices of the driver asks for that resync as soon as someone
+  else deletes, changes or adds one (the periodic one covers a watch that fails;
+  ``watch=False`` leaves only the periodic one). At
+  start, slices already carrying the same content (a restarted daemon: their
+  ``devplug.io/pool-digest`` annotation and pool say so) are adopted without a
+  write;
+* **failures** (the API server down, 429, 5xx, 403 for missing RBAC, a Node not
+  found) are logged, shown in :attr:`SlicePublisher.state` (for status and
+  metrics) and retried after a capped backoff (``Retry-After`` honoured); a pool
+  that cannot be built (a device name collision, a bad attribute from the driver)
+  is logged and shown the same way and waits for the next table change. The task
+  never ends by itself: it runs until cancelled;
+* **device taints dropped** by an API server without ``DRADeviceTaints``: seen
+  in the answer to the apply, logged once, and the pool is published from then on
+  with unavailable devices left out (``state.taints`` says which);
+* **shutdown**: :meth:`SlicePublisher.shutdown` stops publishing and, when the
+  caller says this is the driver's last instance on the node
+  (``last_instance=True``), deletes the node's slices of the driver; while another
+  instance runs (a rolling update's new pod publishes the same slices) they stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
+
+from devplug.engine.asynctools import Backoff
+from devplug.engine.devicetable import DeviceTable
+from devplug.errors import DevplugError
+from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap
+from devplug.frontends.dra.kubeclient import describe_api_error
+from devplug.frontends.dra.slicecontent import (
+    DIGEST_ANNOTATION,
+    MANAGED_BY_LABEL,
+    DeviceDescriber,
+    Pool,
+    SliceContentError,
+    build_pool,
+)
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+__all__ = ["PublisherState", "SlicePublishError", "SlicePublisher", "field_manager_of"]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+#: Seconds a watch request lasts before the server ends it and lightkube resumes it from the last resourceVersion
+#: (client-go's reflector asks for 5 to 10 minutes). A connection that died silently is not noticed by the watch
+#: (it has no read timeout); the periodic resync covers the time until it is.
+WATCH_TIMEOUT = 300
+
+
+class SlicePublishError(DevplugError):
+    """The API server refused or failed a request of the publisher; ``retry_after`` is the server's advice."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def field_manager_of(driver: str) -> str:
+    """The field manager of a driver's slices: ``devplug-<driver>``."""
+    return f"devplug-{driver}"
+
+
+@dataclass(frozen=True)
+class PublisherState:
+    """What the publisher has done, for ``devplug status`` and metrics."""
+
+    #: The pool generation last written or adopted (0: nothing yet).
+    generation: int = 0
+    slices: int = 0
+    devices: int = 0
+    #: Devices published with a taint (unavailable), and left out (unavailable, without taints).
+    tainted: int = 0
+    omitted: int = 0
+    #: The device table's version the API server's slices show (-1: none yet).
+    table_version: int = -1
+    #: When the slices were last known to be in step (``time.time()``), or None.
+    synced_at: float | None = None
+    #: Why the last attempt failed (None: in step), and how many attempts failed in a row.
+    error: str | None = None
+    failures: int = 0
+    #: True while unavailable devices are tainted; False once the API server dropped taints (left out instead).
+    taints: bool = True
+
+    @property
+    def in_sync(self) -> bool:
+        return self.error is None and self.synced_at is not None
+
+
+class SlicePublisher:
+    """One driver's ResourceSlices on one node (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        node: str,
+        table: DeviceTable,
+        client: AsyncClient,
+        pool: str | None = None,
+        describe: DeviceDescriber | None = None,
+        debounce: float = 0.2,
+        resync_interval: float = 120.0,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.time,
+        watch: bool = True,
+    ) -> None:
+        self.driver = driver
+        self.node = node
+        self.pool = pool or node
+        self.table = table
+        self.field_manager = field_manager_of(driver)
+        if debounce < 0 or resync_interval <= 0:
+            raise ValueError(f"SlicePublisher: debounce {debounce} must be >= 0, resync_interval {resync_interval} > 0")
+        self._client = client
+        self._describe = describe
+        self._debounce = debounce
+        self._resync_interval = resync_interval
+        self._watching = watch
+        self._backoff = backoff or Backoff(initial=0.5, cap=30.0, jitter=0.2)
+        self._clock = clock
+        self._resync = asyncio.Event()
+        self._generation = 0
+        self._synced_digest: str | None = None
+        self._taint_times: dict[tuple[str, str], str] = {}
+        self._names = DeviceNameMap()
+        self._names_version = -1
+        #: The slices as this publisher last wrote or adopted them: name -> resourceVersion.
+        self._written: dict[str, str | None] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.state = PublisherState()
+
+    # --- what other parts ask
+
+    def device_id(self, name: str) -> str | None:
+        """The device ID of one of the table's devices by its device name, or None (whether or not it is in the
+        slices now: a claim may hold a device that became unavailable since). None for every name while two
+        devices share one (the pool is not published then either)."""
+        if self._names_version != self.table.version:
+            try:
+                self._names = DeviceNameMap(self.table.ids)
+            except DeviceNameCollisionError:
+                self._names = DeviceNameMap()
+            self._names_version = self.table.version
+        return self._names.device_id(name)
+
+    def resync(self) -> None:
+        """List the node's slices and write them again if they differ, soon (after the kubelet may have wiped them)."""
+        self._resync.set()
+
+    # --- the loop
+
+    async def run(self) -> None:
+        """Keep the slices in step with the table until cancelled."""
+        if not self._watching:
+            await self._publish()
+            return
+        watcher = asyncio.get_running_loop().create_task(self._watch(), name=f"slices-watch-{self.driver}")
+        try:
+            await self._publish()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self) -> None:
+        """Ask for a resync whenever someone else deletes, changes or adds one of the node's slices of the driver.
+
+        A slice is this publisher's own, unchanged, when its name and resourceVersion are those of the last write
+        (an event of its own write seen before the write's answer costs one list, no write). A watch that fails or
+        ends is started again after a backoff, with a resync, since events may have been missed meanwhile.
+        """
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        backoff = Backoff(initial=0.5, cap=30.0, jitter=0.2)
+        while True:
+            try:
+                found = self._client.watch(
+                    ResourceSlice,
+                    fields={"spec.nodeName": self.node, "spec.driver": self.driver},
+                    server_timeout=WATCH_TIMEOUT,  # ended by the server and resumed, as informers do
+                )
+                async for kind, obj in found:
+                    backoff.reset()
+                    name = obj.metadata.name if obj.metadata is not None else None
+                    version = obj.metadata.resourceVersion if obj.metadata is not None else None
+                    if kind == "DELETED":
+                        if name in self._written:
+                            self.resync()
+                    elif self._written.get(name or "", "") != version:
+                        self.resync()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API server's or the network's: the periodic resync still runs
+                log.debug(
+                    "ResourceSlices of %s on node %s: the watch failed (%s); starting it again",
+                    self.driver,
+                    self.node,
+                    describe_api_error(exc)[0],
+                )
+            self.resync()
+            await asyncio.sleep(backoff.next())
+
+    async def _publish(self) -> None:
+        check = True  # the first pass compares with what the API server holds
+        while True:
+            version = self.table.version
+            delay: float | None = None
+            try:
+                pool = self._build()
+                if check or pool.digest != self._synced_digest:
+                    check = not await self._sync(pool, version)
+                    if check:  # taints were dropped: build again without them, now
+                        continue
+                elif self.state.table_version != version:  # a change the slices do not show: nothing to write
+                    self.state = replace(self.state, table_version=version)
+                self._backoff.reset()
+            except SliceContentError as exc:
+                self._failed(f"the pool cannot be built: {exc}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API server's, the network's, or a bug: logged, shown, retried
+                if isinstance(exc, SlicePublishError):
+                    reason, retry_after = str(exc), exc.retry_after
+                else:
+                    reason, retry_after = describe_api_error(exc)
+                delay = max(self._backoff.next(), retry_after or 0.0)
+                self._failed(reason, delay, error=exc)
+                check = True
+            if delay is not None:
+                await asyncio.sleep(delay)
+                continue
+            check = await self._wait(version)
+
+    async def _wait(self, version: int) -> bool:
+        """Until the table changes (then ``debounce`` more), a resync is asked for or is due; True for a resync."""
+        change = self.table.next_change(version)  # shared with other waiters: never cancelled here
+        resync: asyncio.Future[Any] = asyncio.ensure_future(self._resync.wait())
+        waiting: list[asyncio.Future[Any]] = [change, resync]
+        try:
+            await asyncio.wait(waiting, timeout=self._resync_interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            resync.cancel()
+        wanted = self._resync.is_set() or not change.done()
+        self._resync.clear()
+        if change.done() and self._debounce > 0:
+            await asyncio.sleep(self._debounce)
+        return wanted
+
+    def _failed(self, reason: str, retry_in: float | None = None, *, error: Exception | None = None) -> None:
+        """Show the failure in the state and the log: a warning when the reason is new and every tenth time in a
+        row, else at debug level (an API server down for an hour logs no line a second); a traceback for what is
+        neither the API server's nor the network's doing (a bug)."""
+        failures = self.state.failures + 1
+        loud = self.state.error != reason or failures % 10 == 0
+        self.state = replace(self.state, error=reason, failures=failures)
+        then = f"retrying in {retry_in:.1f} s" if retry_in is not None else "waiting for the next device change"
+        unexpected = error is not None and not _is_api_failure(error)
+        log.log(
+            logging.WARNING if loud or unexpected else logging.DEBUG,
+            "ResourceSlices of %s on node %s: %s (failure %d in a row); %s",
+            self.driver,
+            self.node,
+            reason,
+            failures,
+            then,
+            exc_info=error if unexpected else None,
+            extra={"driver": self.driver},
+        )
+
+    def _build(self) -> Pool:
+        return build_pool(
+            self.table,
+            driver=self.driver,
+            pool=self.pool,
+            node=self.node,
+            taints=self.state.taints,
+            describe=self._describe,
+            taint_times=self._taint_times,
+        )
+
+    # --- the API server
+
+    async def _list(self) -> list[dict[str, Any]]:
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        found = self._client.list(ResourceSlice, fields={"spec.nodeName": self.node, "spec.driver": self.driver})
+        return [s.to_dict() async for s in found]
+
+    async def _node_uid(self) -> str:
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        try:
+            node = await self._client.get(Node, self.node)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                raise SlicePublishError(f"node {self.node} does not exist in the API server (yet?)") from None
+            raise
+        uid = node.metadata.uid if node.metadata is not None else None
+        if not uid:
+            raise SlicePublishError(f"node {self.node} has no uid in the API server's answer")
+        return uid
+
+    def _unchanged(self, pool: Pool, existing: list[dict[str, Any]]) -> bool:
+        """True when the API server holds the slices this publisher last wrote of ``pool``, untouched since (their
+        names and resourceVersions are those its writes returned)."""
+        if pool.digest != self._synced_digest or not self._written:
+            return False
+        return {s["metadata"]["name"]: s["metadata"].get("resourceVersion") for s in existing} == self._written
+
+    def _adoptable(self, pool: Pool, existing: list[dict[str, Any]]) -> int | None:
+        """The generation of slices already holding exactly this pool (written by an earlier run, as their digest
+        annotation says, and holding that content), or None."""
+        if sorted(s["metadata"]["name"] for s in existing) != sorted(name for name, _ in pool.slices):
+            return None
+        pools = [s["spec"]["pool"] for s in existing]
+        digests = {((s["metadata"].get("annotations") or {}).get(DIGEST_ANNOTATION)) for s in existing}
+        generations = {p.get("generation") for p in pools}
+        if digests != {pool.digest} or len(generations) != 1:
+            return None
+        if any(p.get("name") != pool.name or p.get("resourceSliceCount") != len(pool.slices) for p in pools):
+            return None
+        generation = generations.pop()
+        if not isinstance(generation, int):
+            return None
+        wanted = {name: _without_taint_times(spec) for name, spec in pool.slices}
+        for found in existing:  # the content itself: an edit that kept the annotation is no adoptable slice
+            spec = _without_taint_times({k: v for k, v in found["spec"].items() if k != "pool"})
+            if spec != {k: v for k, v in wanted[found["metadata"]["name"]].items() if k != "pool"}:
+                return None
+        return generation
+
+    async def _sync(self, pool: Pool, version: int) -> bool:
+        """Make the API server hold ``pool``; False when it dropped the taints (build again without them)."""
+        existing = await self._list()
+        if self._unchanged(pool, existing):
+            self._synced(pool, version)
+            return True
+        adopted = self._adoptable(pool, existing)
+        if adopted is not None:
+            self._generation = max(self._generation, adopted)
+            self._note_taint_times(existing)
+            self._note_written(existing)
+            self._synced(pool, version)
+            return True
+        generation = 1 + max([self._generation, *(int(s["spec"]["pool"].get("generation", 0)) for s in existing)])
+        uid = await self._node_uid()
+        await self._delete([s for s in existing if s["metadata"]["name"] not in {n for n, _ in pool.slices}])
+        self._written = {}
+        applied = [await self._apply(name, spec, pool, generation, uid) for name, spec in pool.slices]
+        self._generation = generation
+        self._note_taint_times(applied)
+        self._note_written(applied)
+        if pool.tainted and _taints_dropped(pool, applied):
+            log.warning(
+                "ResourceSlices of %s on node %s: the API server dropped the device taints (feature gate "
+                "DRADeviceTaints off): unavailable devices are left out of the slices instead",
+                self.driver,
+                self.node,
+                extra={"driver": self.driver},
+            )
+            self.state = replace(self.state, taints=False)
+            return False
+        self._synced(pool, version)
+        return True
+
+    def _synced(self, pool: Pool, version: int) -> None:
+        self._synced_digest = pool.digest
+        if self.state.error is not None:
+            log.info("ResourceSlices of %s on node %s: in step again", self.driver, self.node)
+        self.state = replace(
+            self.state,
+            generation=self._generation,
+            slices=len(pool.slices),
+            devices=pool.device_count,
+            tainted=pool.tainted,
+            omitted=pool.omitted,
+            table_version=version,
+            synced_at=self._clock(),
+            error=None,
+            failures=0,
+        )
+
+    def _note_written(self, slices: list[dict[str, Any]]) -> None:
+        self._written = {s["metadata"]["name"]: s["metadata"].get("resourceVersion") for s in slices}
+
+    def _note_taint_times(self, slices: list[dict[str, Any]]) -> None:
+        """Keep each taint's ``timeAdded`` (the API server may set it), to write it back unchanged."""
+        times: dict[tuple[str, str], str] = {}
+        for found in slices:
+            for device in found["spec"].get("devices") or ():
+                for taint in device.get("taints") or ():
+                    if taint.get("timeAdded"):
+                        times[(device["name"], taint.get("value", ""))] = str(taint["timeAdded"])
+        self._taint_times = times
+
+    async def _apply(self, name: str, spec: Mapping[str, Any], pool: Pool, generation: int, uid: str) -> dict[str, Any]:
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": name,
+                "labels": {MANAGED_BY_LABEL: "devplug"},
+                "annotations": {DIGEST_ANNOTATION: pool.digest},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid, "controller": True}
+                ],
+            },
+            "spec": {
+                **spec,
+                "pool": {**spec["pool"], "generation": generation, "resourceSliceCount": len(pool.slices)},
+            },
+        }
+        obj = cast(ResourceSlice, ResourceSlice.from_dict(body))
+        applied = await self._client.apply(obj, field_manager=self.field_manager, force=True)
+        result: dict[str, Any] = applied.to_dict()
+        return result
+
+    async def _delete(self, slices: list[dict[str, Any]]) -> list[str]:
+        from lightkube import ApiError
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        deleted = []
+        for found in slices:
+            name = found["metadata"]["name"]
+            try:
+                await self._client.delete(ResourceSlice, name)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+            deleted.append(name)
+        return deleted
+
+    def start(self) -> asyncio.Task[None]:
+        """Run :meth:`run` in a task of its own (once); :meth:`shutdown` ends it."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=f"slices-{self.driver}")
+        return self._task
+
+    async def shutdown(self, *, last_instance: bool) -> list[str]:
+        """Stop publishing (the task :meth:`start` made ends) and, when ``last_instance``, delete the node's slices
+        of the driver; the names deleted.
+
+        ``last_instance`` is the caller's to say: False while another instance of the driver runs on the node (a
+        rolling update's new pod, which publishes the same slices; deleting them would withdraw its devices until
+        it writes them again), True when this one is the last (the daemon is being removed from the node, the
+        resource retired). Raises :class:`SlicePublishError` when the deletion fails; the kubelet deletes the
+        slices of a driver whose last plugin is gone anyway, after a delay.
+        """
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not last_instance:
+            return []
+        return await self.delete_slices()
+
+    async def delete_slices(self) -> list[str]:
+        """Delete the node's slices of the driver (cancel :meth:`run` first, or use :meth:`shutdown`); the names
+        deleted.
+
+        Call it on shutdown only when no other instance of the driver runs on the node. Raises
+        :class:`SlicePublishError` when the API server does not answer or refuses.
+        """
+        try:
+            deleted = await self._delete(await self._list())
+        except Exception as exc:
+            raise SlicePublishError(
+                f"ResourceSlices of {self.driver} on node {self.node} not deleted: {describe_api_error(exc)[0]}"
+            ) from exc
+        self._synced_digest = None
+        self._written = {}
+        self.state = replace(self.state, slices=0, devices=0, tainted=0, omitted=0, synced_at=None)
+        if deleted:
+            log.info("ResourceSlices of %s on node %s deleted: %s", self.driver, self.node, ", ".join(deleted))
+        return deleted
+
+
+def _is_api_failure(exc: Exception) -> bool:
+    """True for what the API server or the network did (an HTTP status, a refused or timed-out connection)."""
+    import httpx2
+
+    return isinstance(exc, (SlicePublishError, httpx2.HTTPError, OSError))
+
+
+def _without_taint_times(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice spec without its devices' taints' ``timeAdded`` (the API server's to set) and empty device lists."""
+    devices = [
+        {**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in d["taints"]]} if "taints" in d else d
+        for d in spec.get("devices") or ()
+    ]
+    return {**{k: v for k, v in spec.items() if k != "devices"}, **({"devices": devices} if devices else {})}
+
+
+def _taints_dropped(pool: Pool, applied: list[dict[str, Any]]) -> bool:
+    """True when a device was sent with taints and came back without (``dropDisabledDRADeviceTaintsFields``)."""
+    sent = {d["name"] for _, spec in pool.slices for d in spec["devices"] if d.get("taints")}
+    kept = {d["name"] for s in applied for d in s["spec"].get("devices") or () if d.get("taints")}
+    return bool(sent - kept)
