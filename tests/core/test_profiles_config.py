@@ -278,3 +278,33 @@ hook_timeout = "soon"
     assert not (tmp_path / "state").exists(), "checked, nothing started"
     good = _write(tmp_path, BASE + '[profiles.big.resources."example.com/mock"]\nreplicas = 3\n')
     assert _cli("check-config", str(good)).returncode == 0
+
+
+def test_the_docs_three_kinds_of_node_get_the_profiles_the_page_says(tmp_path: Path) -> None:
+    """docs/operator/profiles.md's config, its profiles chosen for the three nodes of its table (the drivers' own
+    checks need the hardware, so the resources are checked by shape only here: parse_profiles and the merge)."""
+    import re
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    from devplug.profiles.merge import check_references, merge
+    from devplug.profiles.model import ProfileSet, parse_profiles
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operator" / "profiles.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", page, re.S)
+    data = tomllib.loads(block)
+    profiles = ProfileSet(parse_profiles(data, "profiles.md"), {k: v for k, v in data.items() if k != "profiles"})
+    check_references(profiles)
+    nfd = {"feature.node.kubernetes.io/pci-0200_8086_1592.present": "true"}
+    assert select(profiles, {}).names == ()
+    assert select(profiles, {"devplug.io/profile": "fpga-regions"}).names == ("fpga-regions",)
+    big = select(profiles, {"devplug.io/profile": "dra", **nfd})
+    assert big.names == ("dra", "vf32")
+    merged = merge(profiles, [p for p in profiles.profiles if p.name in big.names])["resources"]
+    assert merged["example.com/fpga"]["api"] == "dra" and merged["example.com/fpga"]["options"] == {"mode": "whole"}
+    assert merged["example.com/vf"]["options"]["num_vfs"] == 32
+    with pytest.raises(ConfigError, match='profiles "fpga-regions" and "dra" conflict'):
+        select(profiles, {"devplug.io/profile": "fpga-regions.dra"})
