@@ -8,6 +8,8 @@ Observed from outside: the dev kubelet's registrations and device lists, the moc
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devplug.testing.apiserver import ApiServer
+from devplug.testing.configs import write_toml
 
 if TYPE_CHECKING:
     from tests.lifecycle.conftest import Lab
@@ -231,3 +234,34 @@ def test_an_unreachable_api_server_starts_the_base_config_then_applies_the_label
         assert lab.kubelet.registrations(RESOURCE) == 2, "base first, then the profile"
         assert "cannot read node node-a" in lab.log() and "serving the base config until it can be read" in lab.log()
         assert api.count("get", "nodes", code=503) == 2
+
+
+def test_profiles_added_by_a_sighup_start_the_node_watch_and_apply_the_labels(lab: Lab) -> None:
+    with ApiServer() as api:
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {}}})
+        _set_labels(api, {"devplug.io/profile": "big"})
+        _start(lab, api, {})
+        assert lab.daemon is not None
+        config = dict(lab.daemon.config)
+        del config["profiles"]  # a config without profiles: the daemon never reads its Node
+        write_toml(lab.daemon.config_path, config)
+        lab.daemon.process.stop()
+        lab.daemon.process.start()
+        lab.wait(lambda: lab.status().get("profiles", "absent") is None, what="a status without profiles")
+        lab.wait_advertised(RESOURCE)
+        assert api.count("get", "nodes") == 0, "no profiles: no API access tried"
+
+        config["profiles"] = {"big": {"resources": {RESOURCE: {"options": {"directory": str(lab.root / "big")}}}}}
+        config["profiles"]["big"]["resources"][RESOURCE]["options"]["count"] = 6
+        write_toml(lab.daemon.config_path, config)
+        os.kill(lab.daemon.process.pid, signal.SIGHUP)
+        entry = _reload_number(lab, 1)
+        assert (entry["last_result"], entry["trigger"], entry["changed"]) == ("ok", "SIGHUP", [RESOURCE]), entry
+        lab.wait(lambda: lab.view(RESOURCE).capacity == 6, what="the profile's 6 devices")
+        lab.wait(lambda: _profiles(lab)["api"] == "watching", what="the node watch started by the reload")
+        assert _profiles(lab)["active"] == ["big"]
+        # and from now on label changes apply: back to the base
+        _set_labels(api, {})
+        entry = _reload_number(lab, 2)
+        assert (entry["last_result"], entry["trigger"], entry["changed"]) == ("ok", CHANGED, [RESOURCE]), entry
+        assert _profiles(lab)["active"] == []
