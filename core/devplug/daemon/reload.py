@@ -21,6 +21,10 @@ nothing is allocated; changed ones are stopped (after the releases running in
 them) and started again; a config that fails to load, or changes what cannot
 change live, is refused and the running one stays.
 
+A change of the node's labels that chooses other per-node profiles (:mod:`devplug.profiles`) takes the same path:
+the file is read again, and :meth:`ReloadTarget.compose` applies the node's profiles to it (or refuses them, as a
+config that does not load); the record's ``trigger`` says which asked.
+
 :class:`ReloadRecord` is what ``devplug status`` (and ``devplug reload``, which
 waits for its ``attempts`` to move) shows about the loaded config and the last
 reload.
