@@ -90,7 +90,7 @@ def _describe_resource(resource: ResourceConfig) -> str:
 
 def _check_profiles(config: Config) -> None:
     """Every profile composed on its own over the base: what it changes, or its error; exit 2 if any fails."""
-    from devplug.profiles.compose import check_profiles
+    from devplug.profiles.compose import check_pairs, check_profiles
     from devplug.profiles.model import NAME_SEPARATOR, PROFILE_LABEL
 
     checks = check_profiles(config)
@@ -99,16 +99,16 @@ def _check_profiles(config: Config) -> None:
         f"{PROFILE_LABEL}=<name>[{NAME_SEPARATOR}<name>...] or by a profile's match_labels:"
     )
     base = {rc.name: rc for rc in config.resources}
-    failed = []
+    failed: list[DevplugError] = []
     for check in checks:
         profile = check.profile
         selector = ", ".join(f"{k}={v}" for k, v in profile.match_labels.items())
         about = "".join(
             f" ({part})" for part in (profile.description, f"match_labels {selector}" if selector else "") if part
         )
-        if check.config is None:
+        if check.config is None or check.error is not None:
             click.echo(f"  {profile.name}{about}: INVALID")
-            failed.append(check.error)
+            failed.append(check.error or DevplugError(f"profile {profile.name}: invalid"))
             continue
         click.echo(f"  {profile.name}{about}: ok")
         composed = {rc.name: rc for rc in check.config.resources}
@@ -126,8 +126,12 @@ def _check_profiles(config: Config) -> None:
     for first, second, shared in conflicts:
         changes = ", ".join(shared)
         click.echo(f"  note: {first} and {second} conflict (both change {changes}): a node choosing both is refused")
-    for error in failed:
-        click.echo(f"devplug: error: {error}", err=True)
+    valid = [check.profile for check in checks if check.config is not None]
+    for first_p, second_p, error in check_pairs(config, valid):
+        click.echo(f"  {first_p.name} with {second_p.name}: INVALID together")
+        failed.append(error)
+    for problem in failed:
+        click.echo(f"devplug: error: {problem}", err=True)
     if failed:
         sys.exit(EXIT_CONFIG)
 

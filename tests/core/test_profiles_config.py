@@ -308,3 +308,29 @@ def test_the_docs_three_kinds_of_node_get_the_profiles_the_page_says(tmp_path: P
     assert merged["example.com/vf"]["options"]["num_vfs"] == 32
     with pytest.raises(ConfigError, match='profiles "fpga-regions" and "dra" conflict'):
         select(profiles, {"devplug.io/profile": "fpga-regions.dra"})
+
+
+def test_check_config_finds_profiles_that_are_fine_alone_but_clash_together(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        BASE
+        + """
+[profiles.shared.resources."example.com/mock"]
+rename = "example.com/gpu"
+[profiles.gpu.resources."example.com/gpu"]
+driver = "mock"
+options = { directory = "gpus" }
+[profiles.other.resources."example.com/vf"]
+replicas = 2
+""",
+    )
+    result = _cli("check-config", str(path))
+    assert result.returncode == 2, result
+    out = result.stdout.splitlines()
+    assert "  shared: ok" in out and "  gpu: ok" in out and "  other: ok" in out
+    assert [line for line in out if "together" in line] == ["  shared with gpu: INVALID together"]
+    assert result.stderr.splitlines() == [
+        f'devplug: error: {path} with profiles "shared", "gpu": resources."example.com/mock".rename: resources '
+        '"example.com/mock" and "example.com/gpu" would both be advertised as "example.com/gpu"; give each its own '
+        "name"
+    ]

@@ -16,7 +16,7 @@ from devplug.errors import ConfigError
 from devplug.profiles.merge import check_conflicts, merge
 from devplug.profiles.model import Profile
 
-__all__ = ["ProfileCheck", "check_profiles", "compose", "describe_profiles"]
+__all__ = ["ProfileCheck", "check_pairs", "check_profiles", "compose", "describe_profiles"]
 
 
 def describe_profiles(names: Sequence[str]) -> str:
@@ -64,3 +64,20 @@ def check_profiles(config: Config) -> list[ProfileCheck]:
         except ConfigError as exc:
             checks.append(ProfileCheck(profile, None, exc))
     return checks
+
+
+def check_pairs(config: Config, valid: Sequence[Profile]) -> list[tuple[Profile, Profile, ConfigError]]:
+    """The pairs of ``valid`` profiles (each fine on its own) that touch different resources yet make an invalid
+    config together, with the error. The config's checks across resources (two resources advertised under one
+    name, sharing a CDI kind or a DRA driver name) each concern two resources, which two profiles at most touch:
+    so checking every pair finds every such clash of any number of profiles."""
+    clashes = []
+    for i, first in enumerate(valid):
+        for second in valid[i + 1 :]:
+            if first.touches() & second.touches():
+                continue  # a conflict: never applied together
+            try:
+                compose(config, [first.name, second.name])
+            except ConfigError as exc:
+                clashes.append((first, second, exc))
+    return clashes
