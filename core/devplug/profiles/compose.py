@@ -68,9 +68,10 @@ def check_profiles(config: Config) -> list[ProfileCheck]:
 
 def check_pairs(config: Config, valid: Sequence[Profile]) -> list[tuple[Profile, Profile, ConfigError]]:
     """The pairs of ``valid`` profiles (each fine on its own) that touch different resources yet make an invalid
-    config together, with the error. The config's checks across resources (two resources advertised under one
-    name, sharing a CDI kind or a DRA driver name) each concern two resources, which two profiles at most touch:
-    so checking every pair finds every such clash of any number of profiles."""
+    config together, with the error. The config's own checks across resources (two resources advertised under one
+    name, sharing a CDI kind or a DRA driver name) each concern two resources, which two profiles at most touch, so
+    pairs find every such clash; a driver's ``check_resources`` sees all of its resources at once and may object
+    only to three or more profiles together, which the node's composition then refuses (and reports)."""
     clashes = []
     for i, first in enumerate(valid):
         for second in valid[i + 1 :]:
