@@ -32,6 +32,23 @@ def test_demo_runs_the_whole_lifecycle(mode: list[str]) -> None:
     assert out.rstrip().endswith("lifecycle checks passed")
 
 
+def test_demo_profiles_moves_a_node_between_profiles() -> None:
+    result = _devplug("demo", "--profiles")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "FAILED" not in out
+    for line in (
+        "$ kubectl label node demo-node devplug.io/profile=big.gpu-less --overwrite",
+        "  [ok] started on profile big: 8 devices advertised",
+        "  [ok] applied: example.com/other removed, example.com/mock unchanged",
+        "  [ok] an unknown profile is refused, the running config stays",
+        "  [ok] back to the base: example.com/mock changed to 4 devices, example.com/other added back",
+        "11/11 checks passed",
+    ):
+        assert line in out.splitlines(), line
+    assert any(line.endswith("released once the pod ended") and "[ok]" in line for line in out.splitlines())
+
+
 def _wait_for(predicate: object, what: str, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from devplug import hookspecs
 from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
-from devplug.daemon.metrics import EngineCollector, Metrics
+from devplug.daemon.metrics import EngineCollector, Metrics, NodeFigures
 from devplug.drivers import HOOK_NAMES
 from devplug.engine.resourcereport import ResourceFigures
+from devplug.profiles.model import _PROFILE_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -47,6 +48,8 @@ def test_every_config_key_is_documented() -> None:
         assert f"{key}`" in CONFIGURATION, key
     for key in ("[node] name", "[kubernetes] kubeconfig", "dra.driver_name", "dra.pool"):
         assert f"{key}`" in CONFIGURATION, key
+    for key in _PROFILE_KEYS:
+        assert f"`[profiles.<name>] {key}" in CONFIGURATION, f"[profiles.<name>] {key}"
 
 
 def test_every_metric_is_in_the_metrics_table() -> None:
@@ -64,12 +67,13 @@ def test_every_metric_is_in_the_metrics_table() -> None:
             unhealthy_reasons=[("gpu1", "fan stopped")],
         )
     ]
-    metrics.registry.register(EngineCollector(lambda: figures))
+    node = NodeFigures(profiles=("big",), node_watched=True)  # the profile metrics, which need profiles
+    metrics.registry.register(EngineCollector(lambda: figures, lambda: node))
     families = list(metrics.registry.collect())
     process = [f for f in families if f.name.startswith("process_")]  # prometheus-client's, documented as a group
     assert process and "| `process_*` |" in METRICS
     families = [f for f in families if f not in process]
-    assert len(families) == 24
+    assert len(families) == 27
     rows = {line.split("|")[1].strip(): line for line in METRICS.splitlines() if line.startswith("| `devplug_")}
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name

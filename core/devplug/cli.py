@@ -17,11 +17,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from devplug.cli_run import (
+    EXIT_CONFIG,
     EXIT_STATE,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -30,6 +31,9 @@ from devplug.cli_run import (
 )
 from devplug.contract import CONTRACT_ATTRIBUTE, HOOK_CONTRACT
 from devplug.errors import DevplugError, DriverLoadError
+
+if TYPE_CHECKING:
+    from devplug.config import Config, ResourceConfig
 
 EXIT_DEMO_FAILED = 1
 #: ``devplug kubelet admit|remove|restart|show``: the dev kubelet refused the request or it failed.
@@ -72,9 +76,64 @@ def check_config(config_path: Path) -> None:
         _fail(exc)
     click.echo(f"{config_path}: ok")
     for resource in config.resources:
-        shared = f", {resource.replicas} replicas per device" if resource.replicas > 1 else ""
-        renamed = f" (configured as {resource.configured_name})" if resource.configured_name else ""
-        click.echo(f"  {resource.name}{renamed}: driver {resource.driver}{shared}")
+        click.echo(f"  {_describe_resource(resource)}")
+    if config.profiles.profiles:
+        _check_profiles(config)
+
+
+def _describe_resource(resource: ResourceConfig) -> str:
+    shared = f", {resource.replicas} replicas per device" if resource.replicas > 1 else ""
+    renamed = f" (configured as {resource.configured_name})" if resource.configured_name else ""
+    api = ", through DRA" if resource.api == "dra" else ""
+    return f"{resource.name}{renamed}: driver {resource.driver}{shared}{api}"
+
+
+def _check_profiles(config: Config) -> None:
+    """Every profile composed on its own over the base: what it changes, or its error; exit 2 if any fails."""
+    from devplug.profiles.compose import check_pairs, check_profiles
+    from devplug.profiles.model import NAME_SEPARATOR, PROFILE_LABEL
+
+    checks = check_profiles(config)
+    click.echo(
+        f"profiles ({len(checks)}), each checked on its own over the base; a node chooses them with the label "
+        f"{PROFILE_LABEL}=<name>[{NAME_SEPARATOR}<name>...] or by a profile's match_labels:"
+    )
+    base = {rc.name: rc for rc in config.resources}
+    failed: list[DevplugError] = []
+    for check in checks:
+        profile = check.profile
+        selector = ", ".join(f"{k}={v}" for k, v in profile.match_labels.items())
+        about = "".join(
+            f" ({part})" for part in (profile.description, f"match_labels {selector}" if selector else "") if part
+        )
+        if check.config is None or check.error is not None:
+            click.echo(f"  {profile.name}{about}: INVALID")
+            failed.append(check.error or DevplugError(f"profile {profile.name}: invalid"))
+            continue
+        click.echo(f"  {profile.name}{about}: ok")
+        composed = {rc.name: rc for rc in check.config.resources}
+        for name, rc in composed.items():
+            if name not in base or base[name] != rc:
+                click.echo(f"    {'added' if name not in base else 'changed'} {_describe_resource(rc)}")
+        for name in base.keys() - composed.keys():
+            click.echo(f"    removed {name}")
+    conflicts = [
+        (a.profile.name, b.profile.name, sorted(a.profile.touches() & b.profile.touches()))
+        for i, a in enumerate(checks)
+        for b in checks[i + 1 :]
+        if a.profile.touches() & b.profile.touches()
+    ]
+    for first, second, shared in conflicts:
+        changes = ", ".join(shared)
+        click.echo(f"  note: {first} and {second} conflict (both change {changes}): a node choosing both is refused")
+    valid = [check.profile for check in checks if check.config is not None]
+    for first_p, second_p, error in check_pairs(config, valid):
+        click.echo(f"  {first_p.name} with {second_p.name}: INVALID together")
+        failed.append(error)
+    for problem in failed:
+        click.echo(f"devplug: error: {problem}", err=True)
+    if failed:
+        sys.exit(EXIT_CONFIG)
 
 
 @main.command()
@@ -389,11 +448,16 @@ def kubelet_show(
 @main.command()
 @click.option("--kep", is_flag=True, help="Have the dev kubelet call the KEP's PostStopContainer/Deallocate.")
 @click.option("--keep", is_flag=True, help="Keep the temporary folder and print its path.")
-def demo(kep: bool, keep: bool) -> None:
+@click.option("--profiles", is_flag=True, help="Instead: a node moving between per-node profiles as its labels change.")
+def demo(kep: bool, keep: bool, profiles: bool) -> None:
     """Watch the whole device lifecycle on config.example.toml, with a dev kubelet, in a temporary folder."""
     from devplug.demo import run_demo
 
     try:
+        if profiles:
+            from devplug.demoprofiles import run_profiles_demo
+
+            sys.exit(0 if run_profiles_demo(keep=keep, echo=click.echo) else EXIT_DEMO_FAILED)
         ok = run_demo(kep_mode=kep, keep=keep, echo=click.echo)
     except DevplugError as exc:
         _fail(exc)

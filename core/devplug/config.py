@@ -35,7 +35,7 @@
     spec_dir = "/var/run/cdi"
     fallback = true       # also send device nodes, mounts and envs, for runtimes without CDI
 
-    [resources."example.com/mock"]
+    [resources."example.com/mock"]      # the base config's resources (per-node changes: [profiles], below)
     driver = "mock"
     options = { directory = "/var/run/devplug/mock", count = 4 }
     health_interval = 0   # seconds between check_health calls (0: never)
@@ -44,6 +44,9 @@
     replicas = 1          # containers that may share each device (its replicas); 1: not shared
     rename = "example.com/mock.shared"      # optional: advertise the resource under this name
     fail_requests_greater_than_one = false  # refuse a container asking for more than one device
+
+    [profiles.big]        # a per-node profile (devplug.profiles): chosen by the node label devplug.io/profile=big
+    resources."example.com/mock".options = { directory = "/var/run/devplug/mock", count = 16 }
 
 Every error is a :class:`~devplug.errors.ConfigError` naming the file, the
 table (resource) and the key, with a hint. Relative paths are taken relative to
@@ -79,6 +82,8 @@ from devplug.drivers.construction import check_driver_resources
 from devplug.drivers.discovery import load_driver_class
 from devplug.errors import ConfigError, DriverLoadError
 from devplug.options import describe_type, parse_options, unknown_key_hint
+from devplug.profiles.merge import check_references
+from devplug.profiles.model import ProfileSet, parse_profiles
 from devplug.resource_names import invalid_resource_name_reason
 from devplug.types import ResourceSettings
 
@@ -234,6 +239,10 @@ class Config:
     cdi: CdiConfig = field(default_factory=CdiConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    #: The file's ``[profiles]`` (see :mod:`devplug.profiles`), with the base document they are merged into.
+    profiles: ProfileSet = field(default_factory=ProfileSet, compare=False, repr=False)
+    #: The profiles this config was composed with (:func:`devplug.profiles.compose.compose`); () for the base.
+    applied: tuple[str, ...] = ()
 
 
 def _where(source: str, *keys: str) -> str:
@@ -313,6 +322,7 @@ _TOP = {
     "metrics": None,
     "cdi": None,
     "resources": None,
+    "profiles": None,
 }
 _KUBELET = {"device_plugin_dir": None, "pod_resources_socket": None, "plugins_registry_dir": None, "plugins_dir": None}
 _STATE = {"dir": None}
@@ -496,6 +506,10 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     _check_renames(resources, source)
     node = parse_node(data, source)
     _check_dra(resources, node, source)
+    profiles = ProfileSet(
+        parse_profiles(data, source), {k: v for k, v in data.items() if k != "profiles"}, base, source
+    )
+    check_references(profiles)
     check_driver_resources(
         ((rc.name, rc.driver, rc.driver_class, rc.options) for rc in resources),
         source,
@@ -513,6 +527,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         cdi=cdi,
         node=node,
         kubernetes=parse_kubernetes(data, source, base),
+        profiles=profiles,
     )
 
 

@@ -33,6 +33,26 @@ def _ago(stamp: float | None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def _profile_lines(profiles: dict[str, Any] | None) -> list[str]:
+    """The node, its labels' source, the profiles running and why, and what was refused."""
+    if not profiles:
+        return []
+    source = f" (from {profiles['node_source']})" if profiles.get("node_source") else ""
+    api, detail = profiles.get("api"), profiles.get("api_detail") or ""
+    lines = [f"node {profiles.get('node') or 'unknown'}{source}: labels {api}{': ' + detail if detail else ''}"]
+    if not profiles.get("labels_read"):
+        lines.append("  the node's labels were never read: serving the base config")
+    active = profiles.get("active") or []
+    reasons = profiles.get("reasons") or {}
+    if active:
+        lines.append("  profiles: " + ", ".join(f"{name} ({reasons.get(name) or 'chosen'})" for name in active))
+    else:
+        lines.append(f"  profiles: none, the base config (defined: {', '.join(profiles.get('defined') or []) or '-'})")
+    if profiles.get("refused"):
+        lines.append(f"  REFUSED (the running config stays): {profiles['refused']}")
+    return lines
+
+
 def format_status(data: dict[str, Any]) -> str:
     """The status file's content as lines for a terminal (control characters in it escaped)."""
     state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
@@ -42,6 +62,7 @@ def format_status(data: dict[str, Any]) -> str:
     ]
     for problem in status_problems(data) if data.get("running") else []:
         lines.append(f"  PROBLEM: {problem}")
+    lines.extend(_profile_lines(data.get("profiles")))
     reload = data.get("reload") or {}
     if reload:
         lines.append(f"config generation {reload.get('generation')}, loaded {_ago(reload.get('loaded_at'))}")
@@ -52,6 +73,8 @@ def format_status(data: dict[str, Any]) -> str:
             lines.append(f"  last reload {_ago(reload.get('last_at'))}: applied ({changes})")
         elif reload.get("last_result") == "refused":
             lines.append(f"  last reload {_ago(reload.get('last_at'))}: REFUSED: {reload.get('last_error')}")
+        if reload.get("trigger") and reload.get("last_result"):
+            lines.append(f"    asked for by: {reload['trigger']}")
     release = data.get("release") or {}
     if release:
         err = release.get("last_error")

@@ -36,7 +36,7 @@ OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if (p / "kusto
 KUBERNETES_VERSIONS = ("1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
 
 #: Components an operator adds in an overlay of their own (the others are parts of the shipped overlays).
-OPTIONAL_COMPONENTS = ("cdi", "podmonitor", "kubelet-root/microk8s", "kubelet-root/k0s")
+OPTIONAL_COMPONENTS = ("cdi", "podmonitor", "node-profiles", "kubelet-root/microk8s", "kubelet-root/k0s")
 
 #: Kubelet root dirs of the kubelet-root components.
 KUBELET_ROOTS = {
@@ -128,6 +128,8 @@ def _kinds(overlay: str, components: tuple[str, ...]) -> list[str]:
         kinds += ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
     if "podmonitor" in components:
         kinds.append("PodMonitor")
+    if "node-profiles" in components:  # reading and watching Nodes, cluster-wide (no RBAC rule says "its own")
+        kinds += ["ClusterRole", "ClusterRoleBinding"]
     return sorted(kinds)
 
 
@@ -405,6 +407,22 @@ def test_api_access_only_where_the_lease_backend_uses_it(kubectl: str, overlay: 
     assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
     namespaces = {t["options"]["coordination"].get("namespace") for t in _config(objects)["resources"].values()}
     assert namespaces == {"devplug"}, "the Leases live in the namespace the Role is in"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_node_profiles_component_grants_get_and_watch_of_nodes_only(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay, ("node-profiles",))
+    spec = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is True, "the daemon reads its Node with the pod's token"
+    env = {e["name"]: e for e in _container(_one(objects, "DaemonSet"))["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    roles = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "devplug-node-profiles"]
+    assert [r["rules"] for r in roles] == [[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]}]]
+    (binding,) = [
+        o for o in objects if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == "devplug-node-profiles"
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devplug", "namespace": "devplug"}]
+    assert spec["serviceAccountName"] == "devplug"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

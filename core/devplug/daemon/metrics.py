@@ -83,6 +83,12 @@ class NodeFigures:
     liveness_known: bool = False
     #: Tenancies the kubelet no longer attributes, waiting for their pod's containers to exit.
     awaiting_exit: int = 0
+    #: The per-node profiles the running config was composed with (:mod:`devplug.profiles`).
+    profiles: tuple[str, ...] = ()
+    #: Whether the node's labels choose profiles that cannot apply (the running config stays).
+    profiles_refused: bool = False
+    #: Whether the node's labels are being watched; None when the config has no profiles.
+    node_watched: bool | None = None
 
 
 class PrometheusObserver(ResourceObserver):
@@ -174,7 +180,34 @@ class EngineCollector(Collector):
             labels=[],
         )
         awaiting.add_metric([], node.awaiting_exit)
-        return [reads, failures, last, liveness, awaiting]
+        return [reads, failures, last, liveness, awaiting, *EngineCollector._profile_metrics(node)]
+
+    @staticmethod
+    def _profile_metrics(node: NodeFigures) -> list[Metric]:
+        active = GaugeMetricFamily(
+            "devplug_profile_active",
+            "1 for each per-node profile the running config was composed with (none: the base config).",
+            labels=["profile"],
+        )
+        for name in node.profiles:
+            active.add_metric([name], 1)
+        refused = GaugeMetricFamily(
+            "devplug_profiles_refused",
+            "1 while the node's labels choose profiles that cannot apply (unknown, conflicting, invalid); the "
+            "running config stays.",
+            labels=[],
+        )
+        refused.add_metric([], 1 if node.profiles_refused else 0)
+        found: list[Metric] = [active, refused]
+        if node.node_watched is not None:
+            watched = GaugeMetricFamily(
+                "devplug_node_watch_up",
+                "1 while the daemon watches its Node's labels (for profiles), 0 while it cannot.",
+                labels=[],
+            )
+            watched.add_metric([], 1 if node.node_watched else 0)
+            found.append(watched)
+        return found
 
     @staticmethod
     def _resources(figures: Sequence[ResourceFigures]) -> list[Metric]:

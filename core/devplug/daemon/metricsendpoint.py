@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from devplug.config import Config
 from devplug.daemon.metrics import Metrics, MetricsServer, NodeFigures
@@ -40,8 +41,10 @@ class MetricsEndpoint:
         resources: Callable[[], Iterable[Resource]],
         reconciler: Reconciler,
         exits: ExitEvidence,
+        profiles: Callable[[], Mapping[str, Any] | None] = lambda: None,
     ) -> None:
         self.metrics = metrics
+        self._profiles = profiles
         self._config = config
         self._resources = resources
         self._reconciler = reconciler
@@ -77,7 +80,11 @@ class MetricsEndpoint:
     def node_figures(self) -> NodeFigures:
         """The node's figures: PodResources reads, container liveness, tenancies waiting for their pods' exit."""
         reconciler = self._reconciler
+        profiles = self._profiles()
         return NodeFigures(
+            profiles=self._config().applied,
+            profiles_refused=bool(profiles and profiles.get("refused")),
+            node_watched=None if profiles is None else profiles.get("api") == "watching",
             pod_resources_reads=reconciler.polls,
             pod_resources_failures=reconciler.failures,
             pod_resources_last_success=reconciler.last_success,

@@ -50,6 +50,7 @@ from devplug.frontends.deviceplugin.reconciler import Reconciler
 if TYPE_CHECKING:
     from devplug.daemon.metrics import Metrics
     from devplug.daemon.metricsendpoint import MetricsEndpoint
+    from devplug.profiles.nodeprofiles import NodeProfiles
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -63,10 +64,16 @@ HOOK_POLL_S = 0.05
 
 
 class Daemon:
-    """Runs every resource of a :class:`Config` until :meth:`request_stop` (or SIGTERM/SIGINT)."""
+    """Runs every resource of a :class:`Config` until :meth:`request_stop` (or SIGTERM/SIGINT).
 
-    def __init__(self, config: Config) -> None:
+    ``profiles`` chooses the node's profiles from its labels (:mod:`devplug.profiles`), started already
+    (:meth:`~devplug.profiles.nodeprofiles.NodeProfiles.start`: ``config`` is what it chose); None when the config
+    has no profiles (a reload adding some starts it).
+    """
+
+    def __init__(self, config: Config, profiles: NodeProfiles | None = None) -> None:
         self.config = config
+        self.profiles = profiles
         self.state_dir = config.state.dir
         self.lock = StateLock(self.state_dir)
         self._writer = SerialThread("state-writer")
@@ -103,7 +110,12 @@ class Daemon:
             from devplug.daemon.metricsendpoint import MetricsEndpoint
 
             self._metrics_endpoint = MetricsEndpoint(
-                self.metrics, lambda: self.config, lambda: self.resources, self.reconciler, self.exits
+                self.metrics,
+                lambda: self.config,
+                lambda: self.resources,
+                self.reconciler,
+                self.exits,
+                profiles=self._profiles_status,
             )
         self.reloads = Reloader(self)
         self._lives: dict[Resource, asyncio.Future[None]] = {}
@@ -159,15 +171,36 @@ class Daemon:
     # --- status
 
     def _status_sections(self) -> dict[str, Any]:
-        return {"release": self.reconciler.describe(), "reload": self.reloads.record.describe()}
+        return {
+            "release": self.reconciler.describe(),
+            "reload": self.reloads.record.describe(),
+            "profiles": self._profiles_status(),
+        }
+
+    def _profiles_status(self) -> dict[str, Any] | None:
+        return self.profiles.describe(self.config) if self.profiles is not None else None
 
     # --- what a reload changes (see devplug.daemon.reload.ReloadTarget)
 
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    async def compose(self, loaded: Config) -> Config:
+        if self.profiles is not None:
+            return self.profiles.compose(loaded)
+        if not loaded.profiles.profiles:
+            return loaded
+        from devplug.profiles.nodeprofiles import NodeProfiles  # profiles added by a reload: watch the node now
+
+        self.profiles = NodeProfiles(loaded)
+        composed = await self.profiles.start(loaded)
+        self.profiles.begin(lambda: self.config, self.reloads.request)
+        return composed
+
     def apply_settings(self, config: Config) -> None:
         self.config = config
+        if self.profiles is not None:
+            self.profiles.applied(config)
         self.reconciler.configure(config.release)
         self.exits.reconfigure(config.liveness)
         for resource in self.resources:
@@ -230,6 +263,8 @@ class Daemon:
             await self.status_file.write()  # at once: a previous daemon's status must not linger
             for resource in self.resources:
                 self._start_life(resource)
+            if self.profiles is not None:
+                self.profiles.begin(lambda: self.config, self.reloads.request)
             reconciling = asyncio.ensure_future(self.reconciler.run())
             for delay in TRIM_AFTER_S:
                 loop.call_later(delay, _trim_heap)
@@ -278,6 +313,8 @@ class Daemon:
     async def _shut_down(self, reconciling: asyncio.Future[None]) -> None:
         """Stop accepting, finish in-flight calls, stop the drivers; unbounded (the caller bounds it)."""
         reconciling.cancel()
+        if self.profiles is not None:
+            await self.profiles.close()  # no label change asks for a reload any more
         await self.reloads.shut_down()
         lives = list(self._lives.values())
         for life in lives:
@@ -311,5 +348,18 @@ def _trim_heap() -> None:
 
 
 def run_daemon(config: Config) -> list[str]:
-    """Run the daemon in the foreground until SIGTERM/SIGINT; returns what was abandoned at shutdown."""
-    return asyncio.run(Daemon(config).run())
+    """Run the daemon in the foreground until SIGTERM/SIGINT; returns what was abandoned at shutdown.
+
+    A config with profiles first reads the node's labels (briefly: see :mod:`devplug.profiles.nodeprofiles`) and
+    starts on the config they choose."""
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: Config) -> list[str]:
+    profiles = None
+    if config.profiles.profiles:
+        from devplug.profiles.nodeprofiles import NodeProfiles
+
+        profiles = NodeProfiles(config)
+        config = await profiles.start(config)
+    return await Daemon(config, profiles).run()

@@ -21,6 +21,10 @@ nothing is allocated; changed ones are stopped (after the releases running in
 them) and started again; a config that fails to load, or changes what cannot
 change live, is refused and the running one stays.
 
+A change of the node's labels that chooses other per-node profiles (:mod:`devplug.profiles`) takes the same path:
+the file is read again, and :meth:`ReloadTarget.compose` applies the node's profiles to it (or refuses them, as a
+config that does not load); the record's ``trigger`` says which asked.
+
 :class:`ReloadRecord` is what ``devplug status`` (and ``devplug reload``, which
 waits for its ``attempts`` to move) shows about the loaded config and the last
 reload.
@@ -55,6 +59,9 @@ REMOVED_REASON = "removed from the config by a reload: advertising no devices un
 #: How long a reload may take to read and check the new config before it is refused (the file itself is read
 #: without blocking and bounded in size; this bounds a file system that hangs, and the drivers' option checks).
 RELOAD_LOAD_TIMEOUT_S = 30.0
+
+#: The trigger of a reload asked for by SIGHUP (or ``devplug reload``, which sends it).
+SIGHUP = "SIGHUP"
 
 #: Settings a running daemon cannot take over: (the key as written in the config, how to read it).
 FIXED_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
@@ -123,17 +130,19 @@ class ReloadRecord:
     last_result: str | None = None
     last_error: str | None = None
     last_plan: ReloadPlan | None = None
+    #: What asked for the last reload: ``SIGHUP`` (also ``devplug reload``), or the node's labels changing.
+    last_trigger: str | None = None
 
-    def applied(self, plan: ReloadPlan) -> None:
+    def applied(self, plan: ReloadPlan, trigger: str = SIGHUP) -> None:
         self.attempts += 1
         self.generation += 1
         self.loaded_at = self.last_at = time.time()
-        self.last_result, self.last_error, self.last_plan = "ok", None, plan
+        self.last_result, self.last_error, self.last_plan, self.last_trigger = "ok", None, plan, trigger
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: str, trigger: str = SIGHUP) -> None:
         self.attempts += 1
         self.last_at = time.time()
-        self.last_result, self.last_error, self.last_plan = "refused", reason, None
+        self.last_result, self.last_error, self.last_plan, self.last_trigger = "refused", reason, None, trigger
 
     def describe(self) -> dict[str, Any]:
         plan = self.last_plan
@@ -144,6 +153,7 @@ class ReloadRecord:
             "last_at": self.last_at,
             "last_result": self.last_result,
             "last_error": self.last_error,
+            "trigger": self.last_trigger,
             "added": [rc.name for rc in plan.added] if plan else [],
             "changed": [rc.name for rc in plan.changed] if plan else [],
             "removed": list(plan.removed) if plan else [],
@@ -170,6 +180,11 @@ class ReloadTarget(Protocol):
 
     def apply_settings(self, config: Config) -> None:
         """Run on ``config`` from now on; what applies live (``[release]``, ``[liveness]``) applies now."""
+        ...
+
+    async def compose(self, loaded: Config) -> Config:
+        """The config to run of ``loaded`` (as read from the file): with the node's profiles applied
+        (:mod:`devplug.profiles`); :class:`ConfigError` when they cannot be."""
         ...
 
     def start_resource(self, rc: ResourceConfig) -> Resource:
@@ -202,11 +217,11 @@ class Reloader:
         self._lock: asyncio.Lock | None = None
         self._tasks = BackgroundTasks()
 
-    def request(self) -> None:
-        """Reload in the background (SIGHUP); reloads run one after another."""
-        self._tasks.spawn(self.reload())
+    def request(self, trigger: str = SIGHUP) -> None:
+        """Reload in the background (SIGHUP, or ``trigger``: what asked); reloads run one after another."""
+        self._tasks.spawn(self.reload(trigger))
 
-    async def reload(self) -> None:
+    async def reload(self, trigger: str = SIGHUP) -> None:
         """Load the config file again and apply it, or refuse it (logged and in the status) keeping the running one."""
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -215,15 +230,15 @@ class Reloader:
             if daemon.stopping():
                 return
             path = daemon.config.path
-            log.info("reloading %s (SIGHUP)", path)
+            log.info("reloading %s (%s)", path, trigger)
             try:
                 if path is None:
                     raise ConfigError("the daemon was not started from a config file: there is nothing to re-read")
-                new = await self._load(path)
+                new = await daemon.compose(await self._load(path))
                 plan = plan_reload(daemon.config, new)
             except Exception as exc:  # a DevplugError says what is wrong; anything else is a bug, logged with its trace
                 reason = str(exc) if isinstance(exc, DevplugError) else f"{type(exc).__name__}: {exc}"
-                self.record.refused(reason)
+                self.record.refused(reason, trigger)
                 generation = self.record.generation
                 log.error(
                     "reload refused, the running config (generation %d) stays: %s",
@@ -237,7 +252,7 @@ class Reloader:
             for name in plan.removed:
                 self._drain(self._resource(name))
             await asyncio.gather(*(self._replace(rc) for rc in (*plan.changed, *plan.added)))
-            self.record.applied(plan)
+            self.record.applied(plan, trigger)
             log.info("reload applied (config generation %d): %s", self.record.generation, plan.describe())
             await daemon.write_status()
 

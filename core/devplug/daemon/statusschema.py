@@ -134,10 +134,26 @@ _STATUS = {
             "last_at?": _Optional(Number),
             "last_result?": _Optional(str),
             "last_error?": _Optional(str),
+            "trigger?": _Optional(str),
             "added?": [str],
             "changed?": [str],
             "removed?": [str],
             "unchanged?": [str],
+        }
+    ),
+    "profiles?": _Optional(
+        {
+            "node?": _Optional(str),
+            "node_source?": _Optional(str),
+            "api?": str,
+            "api_detail?": str,
+            "resource_version?": str,
+            "labels_read?": bool,
+            "label?": _Optional(str),
+            "defined?": [str],
+            "active?": [str],
+            "reasons?": _Map(str),
+            "refused?": _Optional(str),
         }
     ),
     "resources?": [_RESOURCE],

@@ -48,7 +48,8 @@ Modelled, each behaviour citing the source it follows (the modules say where):
 * **the garbage collector** (kube-controller-manager's, in a thread of its own): dependents whose owners are
   all gone are deleted in the background after their owner (a node's slices after the node), references to a
   gone owner are removed, orphaning and foreground deletion are finished.
-* **validation** (:mod:`.validation`): names (DNS subdomain), ResourceSlice driver and pool names, exactly one
+* **validation** (:mod:`.validation`): names (DNS subdomain), every object's label keys and values
+  (``IsLabelKey``, ``IsLabelValue``: a value holds no ``,``), ResourceSlice driver and pool names, exactly one
   node selection, device names (DNS label, unique), at most 128 devices (64 with taints, counters or list
   attributes), 32 attributes and capacities, attribute values, the immutable driver, pool name and node name;
   ResourceClaim requests and their counts, opaque configs, the immutable spec, ``reservedFor`` only with an

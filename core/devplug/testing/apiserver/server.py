@@ -242,10 +242,10 @@ class _Handler(BaseHTTPRequestHandler):
             code, body = self._dispatch(verb, resource, namespace, name, sub, query, raw)
         except ApiStatusError as exc:
             code, body = exc.code, exc.status()
-            api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code))
+            api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code, query))
             self._answer(code, body, exc.retry_after)
             return
-        api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code))
+        api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code, query))
         self._answer(code, body)
 
     def _authenticate(self, tokens: frozenset[str] | None) -> None:
@@ -343,7 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
             send_initial_events=None if send_initial is None else _flag(send_initial),
             timeout_s=float(timeout) if timeout else api.min_request_timeout * (random.random() + 1.0),
         )
-        api.storage.requests.append(RequestRecord("watch", "GET", resource.plural, namespace or "", None, "", 200))
+        api.storage.requests.append(
+            RequestRecord("watch", "GET", resource.plural, namespace or "", None, "", 200, query)
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

@@ -91,7 +91,8 @@ class Event:
 @dataclass(frozen=True)
 class RequestRecord:
     """One HTTP request served: its verb (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
-    ``delete``, ``deletecollection``), method, resource, namespace ('' for none), name, subresource, code."""
+    ``delete``, ``deletecollection``), method, resource, namespace ('' for none), name, subresource, code, its query
+    parameters (the last value of each) and when it was answered (``time.monotonic()``)."""
 
     verb: str
     method: str
@@ -100,6 +101,8 @@ class RequestRecord:
     name: str | None
     subresource: str
     code: int
+    query: Mapping[str, str] = field(default_factory=dict)
+    time: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Sources: ``k8s.io/apimachinery/pkg/util/validation`` (``IsDNS1123Label``, ``IsDNS1123Subdomain``, their messages),
 ``pkg/apis/resource/validation/validation.go`` (``ValidateResourceSlice``, ``ValidateResourceClaim``,
 ``ValidateResourceClaimStatusUpdate``, ``ValidateDeviceClass``), ``pkg/apis/coordination/validation`` (Leases),
-``pkg/apis/core/validation`` (pods, nodes) and the limits of ``k8s.io/api/resource/v1/types.go`` at v0.36.3
+``pkg/apis/core/validation`` (pods, nodes), ``k8s.io/apimachinery/pkg/api/validate/content/kube.go``
+(``IsLabelKey``, ``IsLabelValue``: every object's labels, through ``ValidateLabels`` of
+``apimachinery/pkg/apis/meta/v1/validation``) and the limits of ``k8s.io/api/resource/v1/types.go`` at v0.36.3
 (``ResourceSliceMaxDevices`` = 128, 64 when a device uses taints, counters or list attributes;
 ``DriverNameMaxLength`` = 63; ``PoolNameMaxLength`` = 253; ``ResourceClaimReservedForMaxSize`` = 256;
 ``AllocationResultsMaxSize`` = 32 = ``DeviceRequestsMaxSize``; ``DeviceConfigMaxSize`` = 32;
@@ -40,6 +42,20 @@ SUBDOMAIN_MSG = (
     "and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
     "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
 )
+
+_LABEL_KEY_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_KEY_NAME_MSG = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+    "character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+    "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+LABEL_VALUE_MSG = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start "
+    "and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for "
+    "validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
+LABEL_MAX = 63
 
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64
@@ -523,6 +539,56 @@ def node(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldErr
     return errors
 
 
+def label_key_problems(key: str) -> list[str]:
+    """``content.IsLabelKey``: an optional DNS subdomain prefix and ``/``, then a name of at most 63 characters."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return [
+            "a valid label key must consist of alphanumeric characters, '-', '_' or '.', and must start and end with "
+            "an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+            "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. "
+            "'example.com/MyName')"
+        ]
+    problems = []
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            problems.append("prefix part must be non-empty")
+        else:
+            if len(prefix) > 253:
+                problems.append("prefix part must be no more than 253 characters")
+            if not _SUBDOMAIN.match(prefix):
+                problems.append("prefix part " + SUBDOMAIN_MSG)
+    name = parts[-1]
+    if not name:
+        problems.append("name part must be non-empty")
+    elif len(name) > LABEL_MAX:
+        problems.append(f"name part must be no more than {LABEL_MAX} characters")
+    if not _LABEL_KEY_NAME.match(name):
+        problems.append(LABEL_KEY_NAME_MSG)
+    return problems
+
+
+def label_value_problems(value: str) -> list[str]:
+    """``content.IsLabelValue``: empty, or at most 63 alphanumerics, ``-``, ``_``, ``.`` starting and ending with an
+    alphanumeric."""
+    problems = []
+    if len(value) > LABEL_MAX:
+        problems.append(f"must be no more than {LABEL_MAX} characters")
+    if not _LABEL_VALUE.match(value):
+        problems.append(LABEL_VALUE_MSG)
+    return problems
+
+
+def _labels(labels: Mapping[str, str]) -> list[FieldError]:
+    """``ValidateLabels``: each key a label key, each value a label value, both reported on ``metadata.labels``."""
+    errors: list[FieldError] = []
+    for key, value in labels.items():
+        errors.extend(FieldError("invalid", "metadata.labels", key, msg) for msg in label_key_problems(key))
+        errors.extend(FieldError("invalid", "metadata.labels", value, msg) for msg in label_value_problems(value))
+    return errors
+
+
 def object_meta(obj: Mapping[str, Any], kind_name_validator: str = "subdomain") -> list[FieldError]:
     """``ValidateObjectMeta`` for the name (and ``ValidateOwnerReferences``: apiVersion, kind, name, uid set)."""
     meta = obj.get("metadata") or {}
@@ -542,4 +608,6 @@ def object_meta(obj: Mapping[str, Any], kind_name_validator: str = "subdomain") 
         value = meta.get(key)
         if value is not None and not (isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())):
             errors.append(FieldError("invalid", f"metadata.{key}", value, "must map strings to strings"))
+        elif key == "labels" and value is not None:
+            errors.extend(_labels(value))
     return errors
