@@ -78,7 +78,7 @@ def test_every_extra_for_users_is_tied_to_the_config_feature_that_needs_it() -> 
     """A new extra in pyproject.toml must say which config key turns it on, or the check above cannot see it."""
     assert contents.core_extras() == frozenset(contents.FEATURE_EXTRAS.values()) | frozenset(
         contents.RESOURCE_FEATURE_EXTRAS.values()
-    )
+    ) | frozenset(contents.TABLE_EXTRAS.values())
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     # The image's extras and the dev extra agree on what they bring (the tests run with the same packages).
     for extra in contents.core_extras():
@@ -104,6 +104,14 @@ def test_a_resource_served_through_dra_needs_the_kubernetes_extra() -> None:
     assert "kubernetes" in contents.core_extras(), f"the image would not run {name} through DRA"
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert [req.split(">")[0] for req in pyproject["kubernetes"]] == ["lightkube"]
+
+
+def test_per_node_profiles_need_the_kubernetes_extra() -> None:
+    """[profiles] make the daemon read and watch its Node through lightkube (devplug.profiles.kubeclient)."""
+    config = tomllib.loads((DEPLOY / "base" / "config.toml").read_text())
+    config["profiles"] = {"fpga-regions": {"remove": []}}
+    assert _lacking(config, frozenset({"metrics"}), contents.shipped_drivers()) == ["extra 'kubernetes'"]
+    assert "from lightkube import" in (ROOT / "core" / "devplug" / "profiles" / "kubeclient.py").read_text()
 
 
 def _wheel(folder: Path, name: str, version: str, extras: tuple[str, ...] = ()) -> Path:

@@ -43,6 +43,10 @@ FEATURE_EXTRAS: Mapping[tuple[str, str], str] = {("metrics", "enabled"): "metric
 #: resource served through DRA (``api = "dra"``) needs lightkube for its ResourceSlices and ResourceClaims.
 RESOURCE_FEATURE_EXTRAS: Mapping[tuple[str, str], str] = {("api", "dra"): "kubernetes"}
 
+#: Each top-level table whose presence (non-empty) makes the daemon import an optional dependency: per-node profiles
+#: (``[profiles]``) read and watch the daemon's Node through lightkube, and may switch a resource to DRA.
+TABLE_EXTRAS: Mapping[str, str] = {"profiles": "kubernetes"}
+
 
 def core_extras(pyproject: Path = ROOT / "pyproject.toml") -> frozenset[str]:
     """The core's extras meant for users: what the image installs and the wheelhouse holds."""
@@ -51,13 +55,14 @@ def core_extras(pyproject: Path = ROOT / "pyproject.toml") -> frozenset[str]:
 
 
 def needed_extras(config: Mapping[str, Any]) -> frozenset[str]:
-    """The extras a parsed config needs: one for each feature of :data:`FEATURE_EXTRAS` and
-    :data:`RESOURCE_FEATURE_EXTRAS` it turns on."""
+    """The extras a parsed config needs: one for each feature of :data:`FEATURE_EXTRAS`,
+    :data:`RESOURCE_FEATURE_EXTRAS` and :data:`TABLE_EXTRAS` it turns on."""
     needed = set()
     for (table, key), extra in FEATURE_EXTRAS.items():
         section = config.get(table)
         if isinstance(section, Mapping) and section.get(key) is True:
             needed.add(extra)
+    needed.update(extra for table, extra in TABLE_EXTRAS.items() if config.get(table))
     resources = config.get("resources")
     for resource in resources.values() if isinstance(resources, Mapping) else ():
         for (key, value), extra in RESOURCE_FEATURE_EXTRAS.items():
