@@ -107,9 +107,11 @@ class JournalSegment:
             raise OSError(28, "No space left on device", str(self.path))
         self.size += written
 
-    def sync(self) -> None:
-        if self.fd is not None:
-            os.fdatasync(self.fd)
+    def sync_handle(self) -> int | None:
+        """A duplicate of the segment's descriptor (None before the first append), for an ``fdatasync`` in another
+        thread: a rotation may close the segment before that thread runs, and the duplicate still names this file
+        (never one the process opened meanwhile under the reused number). The caller closes it."""
+        return None if self.fd is None else os.dup(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:

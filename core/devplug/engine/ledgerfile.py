@@ -64,6 +64,14 @@ class LoadSink(Protocol):
         """A journal ``unquarantine``: the quarantined entry of that key was released or cleared."""
 
 
+def _datasync_and_close(fd: int) -> None:
+    """``fdatasync`` a journal segment's duplicate descriptor, then close it."""
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 async def _write_in_thread(path: Path, data: bytes) -> None:
     await asyncio.to_thread(write_atomic, path, data)
 
@@ -225,7 +233,11 @@ class LedgerFile:
         try:
             self._segment.append(frames)
             if sync:
-                await asyncio.to_thread(self._segment.sync)
+                # On a duplicate descriptor: a compaction may rotate the segment (closing its descriptor) while the
+                # thread waits to run, which made fdatasync fail with EBADF under load (a release "failed").
+                handle = self._segment.sync_handle()
+                if handle is not None:
+                    await asyncio.to_thread(_datasync_and_close, handle)
         except OSError as exc:
             self._write_failed(exc)
             raise
