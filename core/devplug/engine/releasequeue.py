@@ -234,6 +234,16 @@ class ReleaseQueue:
             )
         delay = retry.backoff.next()
         retry.due = time.monotonic() + delay
+        # The schedule as decided, every attempt (debug only): the time between two attempts also holds the wait
+        # for the next reconciliation pass, the ledger's writes and the hook thread, which load stretches.
+        log.debug(
+            "[%s] release of %s: attempt %d failed; next attempt in %.3f s at the earliest",
+            self.name,
+            devices,
+            attempts,
+            delay,
+            extra={"device": devices},
+        )
         hook = f"{exc.hook}: " if exc.hook else ""
         if message != retry.message:
             log.error(
