@@ -1,9 +1,11 @@
 """The documentation keeps step with the code: every hook with its signature (the driver guide), every config key
-(the configuration reference), every metric (the metrics reference), and the README's two commands."""
+(the configuration reference), every metric (the metrics reference), the modules of the architecture page, and the
+README's two commands."""
 
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 from devplug import hookspecs
@@ -18,6 +20,9 @@ README = (ROOT / "README.md").read_text()
 HOOKS = (ROOT / "docs" / "driver" / "hooks.md").read_text()
 CONFIGURATION = (ROOT / "docs" / "operator" / "configuration.md").read_text()
 METRICS = (ROOT / "docs" / "operator" / "metrics.md").read_text()
+ARCHITECTURE = (ROOT / "docs" / "internals" / "architecture.md").read_text()
+#: The packages whose every module the architecture page names, by the folder the page names them in.
+ARCHITECTURE_PACKAGES = ("engine", "frontends/deviceplugin", "daemon", "drivers")
 
 
 def test_every_hook_is_documented_with_its_signature() -> None:
@@ -90,3 +95,20 @@ def test_readme_starts_with_the_two_commands() -> None:
     head = README[:400]
     assert "make demo" in head and "make test" in head
     assert "Both work on a fresh clone" in README[:1000]
+
+
+def test_the_architecture_page_names_every_module_of_the_core_and_only_modules_that_exist() -> None:
+    package = ROOT / "core" / "devplug"
+    for folder in ARCHITECTURE_PACKAGES:
+        for module in sorted((package / folder).glob("*.py")):
+            if module.name != "__init__.py":
+                assert f"`{module.name}`" in ARCHITECTURE or f"{folder}/{module.name}" in ARCHITECTURE, (
+                    f"docs/internals/architecture.md does not name {folder}/{module.name}"
+                )
+    # every path the page gives under a package of the core exists (engine/daemon.py moved to daemon/process.py)
+    for folder, name in re.findall(
+        r"\b((?:engine|daemon|drivers|frontends/deviceplugin)/)([a-z_]+\.py)\b", ARCHITECTURE
+    ):
+        assert (package / folder / name).is_file(), (
+            f"docs/internals/architecture.md names {folder}{name}: no such module"
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -258,6 +259,50 @@ def test_compaction_folds_the_journal_into_a_snapshot(tmp_path: Path) -> None:
     again = _ledger(tmp_path)
     again.load()
     assert [(r.id, r.pod) for r in again] == [(record.id, "ns/p")]
+
+
+def test_a_synced_save_survives_a_compaction_rotating_the_segment_before_its_fdatasync_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under load the thread doing a release's fdatasync may run only after a compaction closed the segment: the
+    # fdatasync then failed with EBADF (the release "failed unexpectedly"), synced whatever file had taken the
+    # descriptor's number, or (the descriptor already None) synced nothing. Here the one worker thread is kept
+    # busy until the compaction has rotated the segment; the real fdatasync is watched for the file it syncs.
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    ledger = _ledger(tmp_path)
+    ledger.load()
+    record = ledger.begin(["a"], now=1.0)
+    written: list[int] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        busy = threading.Event()
+        blocker = loop.run_in_executor(None, busy.wait)
+        save = asyncio.ensure_future(ledger.save(sync=True))
+        await asyncio.sleep(0)  # the save wrote its frames and waits for the worker
+        assert not save.done()
+        ((_, segment),) = segments(ledger.path)
+        written.append(segment.stat().st_ino)
+        compaction = asyncio.ensure_future(ledger.compact())
+        await asyncio.sleep(0)  # the compaction closed the segment and waits for the worker too
+        busy.set()
+        await blocker
+        await save  # before the fix: OSError(EBADF) when the close came first in the thread, else no sync at all
+        await compaction
+
+    asyncio.run(run())
+    assert written[0] in synced, "the segment holding the save's frames was never fdatasync'ed"
+    again = _ledger(tmp_path)
+    again.load()
+    assert [r.id for r in again] == [record.id]
 
 
 def test_an_old_ledger_json_without_journal_loads(tmp_path: Path) -> None:

@@ -174,7 +174,14 @@ class Torture:
         elif action == "kubelet":
             registrations = self.lab.kubelet.registrations(RESOURCE)
             self.lab.kubelet.restart(pod_list_delay=rng.uniform(0.0, 1.5))
-            self.lab.kubelet.wait_registered(RESOURCE, timeout=15, after=registrations)
+            try:
+                self.lab.kubelet.wait_registered(RESOURCE, timeout=15, after=registrations)
+            except TimeoutError as exc:  # say why, as restart_process does: the daemon's log and the kubelet's events
+                events = "\n".join(str(e) for e in self.lab.kubelet.events[-40:])
+                pytest.fail(
+                    f"(seed {self.seed}) {exc}\n--- kubelet events ---\n{events}\n--- daemon log ---\n{self.lab.log()}",
+                    pytrace=False,
+                )
             self.lab.wait_advertised()
         elif action == "kill":
             self.lab.kill()

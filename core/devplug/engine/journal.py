@@ -115,10 +115,6 @@ class JournalSegment:
             raise OSError(28, "No space left on device", str(self.path))
         self.size += written
 
-    def sync(self) -> None:
-        if self.fd is not None:
-            os.fdatasync(self.fd)
-
     def sync_handle(self) -> int | None:
         """A duplicate of the segment's descriptor for an ``fdatasync`` in another thread (:func:`sync_and_close`),
         or None before the first append. The duplicate stays valid when the segment is closed meanwhile (a

@@ -189,11 +189,15 @@ class ReleaseQueue:
         return list(self._awaiting.values())
 
     def forget_gone(self) -> None:
-        """Drop what is kept about records no longer in the ledger (released)."""
+        """Drop what is kept about records no longer in the ledger (released).
+
+        Not the retry schedule of a release still running: its record leaves the ledger before the release's last
+        write returns, and the release itself drops the schedule then, saying it recovered.
+        """
         alive = {r.id for r in self.lifecycle.records()}
         for record_id in [i for i in self._awaiting if i not in alive]:
             self.stop_awaiting(record_id)
-        for record_id in [i for i in self._retries if i not in alive]:
+        for record_id in [i for i in self._retries if i not in alive and i not in self._running]:
             del self._retries[record_id]
 
     def close(self) -> None:
@@ -230,6 +234,16 @@ class ReleaseQueue:
             )
         delay = retry.backoff.next()
         retry.due = time.monotonic() + delay
+        # The schedule as decided, every attempt (debug only): the time between two attempts also holds the wait
+        # for the next reconciliation pass, the ledger's writes and the hook thread, which load stretches.
+        log.debug(
+            "[%s] release of %s: attempt %d failed; next attempt in %.3f s at the earliest",
+            self.name,
+            devices,
+            attempts,
+            delay,
+            extra={"device": devices},
+        )
         hook = f"{exc.hook}: " if exc.hook else ""
         if message != retry.message:
             log.error(

@@ -158,6 +158,9 @@ class PluginServer:
                     inode = self._kubelet_inode()
                     self._kubelet_stream = None
                     self._awaiting_kubelet_stream = True  # the next stream opened is the kubelet's
+                    # Cleared before the attempt, not after its failure: kubelet.sock appearing while a failed
+                    # attempt was under way must still cut the backoff's wait short (up to 5 s otherwise).
+                    self._kubelet_appeared.clear()
                     if not await self._register_unless_restarted():
                         break  # the socket went away meanwhile: serve afresh first
                 except (grpc.aio.AioRpcError, OSError) as exc:
@@ -172,7 +175,6 @@ class PluginServer:
                         detail,
                         delay,
                     )
-                    self._kubelet_appeared.clear()
                     await wait_any(self._restart, self._kubelet_appeared, timeout=delay)
                     continue
                 self._registered_kubelet_inode = inode
