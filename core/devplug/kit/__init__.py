@@ -3,6 +3,11 @@
 * :mod:`devplug.kit.command` -- running an external command (a vendor tool): no
   shell, its own session, a deadline that kills its whole process group, output
   read with a cap, a bounded excerpt for errors and logs.
+* :mod:`devplug.kit.records` -- a driver's own records (what it is doing to
+  which device), typed, in one JSON file of its state folder replaced
+  atomically on every change: what it must know after a crash.
+* :mod:`devplug.kit.rescan` -- a rescan loop: the machine looked at again every
+  period and soon after an event, one scan at a time, failures backed off.
 
 Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 """
@@ -10,5 +15,15 @@ Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 from __future__ import annotations
 
 from devplug.kit.command import CommandError, CommandResult, StartRecorder, run_command
+from devplug.kit.records import RecordStore, RecordTable
+from devplug.kit.rescan import RescanLoop
 
-__all__ = ["CommandError", "CommandResult", "StartRecorder", "run_command"]
+__all__ = [
+    "CommandError",
+    "CommandResult",
+    "RecordStore",
+    "RecordTable",
+    "RescanLoop",
+    "StartRecorder",
+    "run_command",
+]

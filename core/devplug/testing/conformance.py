@@ -67,30 +67,10 @@ from devplug.hookrecord import RELEASE_HOOKS, HookCall, read_hook_calls
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.entrypoints import entry_point_env
 from devplug.testing.plugin import RunningDaemon
+from devplug.testing.waiting import WAIT, poll_until
 from devplug.types import ContainerAllocation, replica_id
 
-__all__ = ["DriverConformance", "poll_until"]
-
-#: Seconds any awaited condition may take: a generous bound on "soon", never a timing assertion.
-WAIT = 30.0
-
-
-def poll_until(
-    predicate: Callable[[], Any], what: str, timeout: float = WAIT, details: Callable[[], str] | None = None
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail the test naming ``what``.
-
-    ``details``, when given, is called on a timeout and its text added to the failure (logs, state).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{details()}" if details is not None else ""
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{extra}", pytrace=False)
-        time.sleep(0.02)
+__all__ = ["WAIT", "DriverConformance", "poll_until"]
 
 
 class DriverConformance:
