@@ -97,6 +97,22 @@ def test_every_hook_call_is_recorded_and_the_driver_called_as_the_engine_calls_i
     assert [c.hook for c in started] == [c.hook for c in calls]
 
 
+def test_retry_is_recorded_for_a_driver_that_does_not_declare_it_and_not_passed_to_it(tmp_path: Path) -> None:
+    class Terse(Plain):
+        @hookimpl
+        def deallocate(self, device_ids: Sequence[str]) -> None:  # type: ignore[override]
+            self.seen.append(("deallocate", tuple(device_ids)))
+
+    driver = recording_driver(Terse, tmp_path)(Plain.Options())
+    hooks = DriverHooks("example.com/x", driver)
+    hooks.deallocate(["dev0"], retry=True)
+    hooks.deallocate(["dev0"])
+    assert driver.wrapped.seen == [("deallocate", ("dev0",)), ("deallocate", ("dev0",))]
+    assert [(c.hook, c.retry) for c in read_hook_calls(tmp_path)] == [("deallocate", True), ("deallocate", False)]
+    driver.deallocate(["dev1"])  # called directly, the optional arguments may be left out
+    assert read_hook_calls(tmp_path)[-1].device_ids == ("dev1",)
+
+
 def test_the_stand_in_is_the_driver_for_the_config_and_the_engine(tmp_path: Path) -> None:
     Recorded = recording_driver(Plain, tmp_path)
     assert Recorded.Options is Plain.Options  # type: ignore[attr-defined]

@@ -123,7 +123,10 @@ class RecordTable(Mapping[str, R], Generic[R]):
         return record
 
     def update(self, changes: Mapping[str, R | None]) -> None:
-        """Apply several changes in one write: each key to its new record, or removed where it maps to ``None``."""
+        """Apply several changes in one write: each key to its new record, or removed where it maps to ``None``
+        (no changes: nothing is written)."""
+        if not changes:
+            return
         for key, record in changes.items():
             if not isinstance(key, str) or not key:
                 raise TypeError(

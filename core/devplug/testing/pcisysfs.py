@@ -115,10 +115,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from devplug.sysfs import HostSysfs
+from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.devnodes import make_char_device
 
-__all__ = ["VFIO_PCI", "ModelDevice", "ModelDriver", "ModelSriov", "PciSysfsModel"]
+__all__ = [
+    "VFIO_PCI",
+    "ModelDevice",
+    "ModelDriver",
+    "ModelSriov",
+    "PciSysfsModel",
+    "device_attribute",
+    "device_driver",
+    "device_iommu_group",
+    "device_present",
+    "write_device_attribute",
+]
 
 VFIO_PCI = "vfio-pci"
 _ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -729,3 +740,33 @@ def _attr(path: Path, content: str, writable: bool = False) -> None:
     """One sysfs attribute: its content and its mode (0644 or 0444)."""
     path.write_text(content + "\n" if content else "")
     path.chmod(0o644 if writable else 0o444)
+
+
+# --- reading a PCI device as a test does: through any SysfsAccess (the model, or the host's sysfs in a VM) ---------
+
+
+def device_attribute(sysfs: SysfsAccess, address: str, name: str) -> str:
+    """``<sysfs>/bus/pci/devices/<address>/<name>`` as read (stripped)."""
+    return sysfs.read_text(sysfs.sysfs_root / "bus/pci/devices" / address / name)
+
+
+def write_device_attribute(sysfs: SysfsAccess, address: str, name: str, value: str) -> None:
+    """Write a device attribute, as an admin would by hand."""
+    sysfs.write_text(sysfs.sysfs_root / "bus/pci/devices" / address / name, value)
+
+
+def device_driver(sysfs: SysfsAccess, address: str) -> str | None:
+    """The device's driver, from its ``driver`` link (``None``: none)."""
+    return sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "driver")
+
+
+def device_present(sysfs: SysfsAccess, address: str) -> bool:
+    """True when the device is on the bus."""
+    return sysfs.exists(sysfs.sysfs_root / "bus/pci/devices" / address)
+
+
+def device_iommu_group(sysfs: SysfsAccess, address: str) -> int:
+    """The device's IOMMU group number (``AssertionError`` when it has none)."""
+    name = sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "iommu_group")
+    assert name is not None, f"{address} has no IOMMU group"
+    return int(name)

@@ -21,6 +21,12 @@ Fixtures:
   processes; ``DEVPLUG_REQUIRE_CGROUPS=1`` makes both a failure.
   ``dev_kubelet.liveness_config()`` is what a daemon needs to find the
   pods' cgroups;
+* ``driver_harness`` -- a factory: ``driver_harness(driver, resource="example.com/test",
+  state_dir=None, push_kinds=PUSH_KINDS, replicas=1)`` puts a driver instance
+  behind the engine's facade with a context on a fresh state folder (under
+  ``tmp_path`` unless given) and a :class:`~devplug.testing.sink.RecordingSink`
+  (:class:`~devplug.testing.harness.DriverHarness`); every harness made is
+  stopped at the end of the test;
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
@@ -46,7 +52,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +66,7 @@ from devplug.testing.entrypoints import entry_point_env, installed_driver_names,
 if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread
     from devplug.devkubelet.cgroups import CgroupLayout
+    from devplug.testing.harness import DriverHarness
 
 __all__ = [
     "REQUIRE_CGROUPS_ENV",
@@ -276,6 +283,32 @@ def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[
 
 
 DaemonFactory = Callable[..., RunningDaemon]
+
+
+@pytest.fixture
+def driver_harness(tmp_path: Path) -> Iterator[Callable[..., DriverHarness]]:
+    """``driver_harness(driver, resource=..., state_dir=None, push_kinds=..., replicas=1)``: see the module
+    docstring; each harness made is stopped (its ``stop`` hook) when the test ends."""
+    from devplug.testing.harness import make_harness
+    from devplug.testing.sink import PUSH_KINDS
+
+    made: list[DriverHarness] = []
+
+    def make(
+        driver: Any,
+        resource: str = "example.com/test",
+        state_dir: Path | None = None,
+        push_kinds: Collection[str] = PUSH_KINDS,
+        replicas: int = 1,
+    ) -> DriverHarness:
+        folder = state_dir if state_dir is not None else tmp_path / "state" / resource.replace("/", "_")
+        harness = make_harness(driver, resource, folder, push_kinds=push_kinds, replicas=replicas)
+        made.append(harness)
+        return harness
+
+    yield make
+    for harness in made:
+        harness.stop()
 
 
 def _liveness_table(kubelet: DevKubeletThread) -> dict[str, Any] | None:

@@ -112,12 +112,30 @@ class RecordingDriver:
         return f"<recording {self.wrapped!r} in {self.calls_dir}>"
 
 
+#: Hook arguments a driver may leave out of its signature (it is then called without them): the stand-in takes
+#: them anyway, to record them (``retry``), and passes them on only to a driver that declares them.
+_OPTIONAL_ARGUMENTS = ("retry", "replicas")
+_MISSING: Any = object()
+
+
+def _call_wrapped(self: RecordingDriver, hook: str, declared: frozenset[str], arguments: dict[str, Any]) -> Any:
+    """Record one call of ``hook`` with ``arguments`` (the contract's), calling the real driver with those it
+    ``declared``."""
+    given = {name: value for name, value in arguments.items() if value is not _MISSING}
+    device_ids, extra = _what(hook, given)
+    with self.recorder.call(hook, device_ids, retry=given.get("retry") is True, extra=extra):
+        return getattr(self.wrapped, hook)(**{name: v for name, v in given.items() if name in declared})
+
+
 def _recording_hook(cls: type, hook: str) -> Callable[..., Any]:
-    """A method calling the real driver's ``hook`` and recording the call; its signature, its hookimpl options."""
+    """A method recording each call of ``hook`` and calling the real driver's: it takes every argument of the
+    contract's hook (so it sees ``retry`` even where the driver does not declare it), keeps the driver's hookimpl
+    options, and passes the driver the arguments it declares."""
+    from devplug import hookspecs
+
     original = getattr(cls, hook)
     function = original.__func__ if inspect.ismethod(original) else original
-    signature = inspect.signature(function)
-    opts = getattr(function, _MARKER, {})
+    opts = dict(getattr(function, _MARKER, {}))
     if opts.get("hookwrapper") or opts.get("wrapper"):
 
         @functools.wraps(function)
@@ -125,16 +143,18 @@ def _recording_hook(cls: type, hook: str) -> Callable[..., Any]:
             return getattr(self.wrapped, hook)(*args, **kwargs)
 
         return passing
-
-    @functools.wraps(function)
-    def recording(self: RecordingDriver, *args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(self.wrapped, *args, **kwargs)
-        bound.apply_defaults()
-        device_ids, extra = _what(hook, bound.arguments)
-        retry = bool(bound.arguments.get("retry", False))
-        with self.recorder.call(hook, device_ids, retry=retry, extra=extra):
-            return getattr(self.wrapped, hook)(*args, **kwargs)
-
+    declared = frozenset(list(inspect.signature(function).parameters)[1:])
+    params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
+    written = ", ".join(["self", *(f"{p}=_MISSING" if p in _OPTIONAL_ARGUMENTS else p for p in params)])
+    passed = ", ".join(f"{p!r}: {p}" for p in params)
+    namespace: dict[str, Any] = {"_MISSING": _MISSING, "_call": _call_wrapped, "_declared": declared}
+    exec(  # a def with the contract's own parameter names: pluggy reads which arguments a hook takes from its code
+        f"def {hook}({written}):\n    return _call(self, {hook!r}, _declared, {{{passed}}})\n", namespace
+    )
+    recording: Callable[..., Any] = namespace[hook]
+    recording.__doc__ = function.__doc__
+    recording.__qualname__ = f"RecordingDriver.{hook}"
+    setattr(recording, _MARKER, opts)
     return recording
 
 
