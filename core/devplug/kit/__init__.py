@@ -1,11 +1,16 @@
 """The driver kit: what drivers share instead of writing it again each.
 
+* :mod:`devplug.kit.advertised` -- what the engine was last told about the
+  devices, and pushes that carry only what changed.
 * :mod:`devplug.kit.command` -- running an external command (a vendor tool): no
   shell, its own session, a deadline that kills its whole process group, output
   read with a cap, a bounded excerpt for errors and logs.
 * :mod:`devplug.kit.records` -- a driver's own records (what it is doing to
   which device), typed, in one JSON file of its state folder replaced
   atomically on every change: what it must know after a crash.
+* :mod:`devplug.kit.devicelocks` -- devices held by a driver's own work, so
+  that no two pieces of it run on one device at once and a slow one holds up
+  no other device.
 * :mod:`devplug.kit.rescan` -- a rescan loop: the machine looked at again every
   period and soon after an event, one scan at a time, failures backed off.
 
@@ -14,13 +19,17 @@ Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 
 from __future__ import annotations
 
+from devplug.kit.advertised import AdvertisedDevices
 from devplug.kit.command import CommandError, CommandResult, StartRecorder, run_command
+from devplug.kit.devicelocks import DeviceLocks
 from devplug.kit.records import RecordStore, RecordTable
 from devplug.kit.rescan import RescanLoop
 
 __all__ = [
+    "AdvertisedDevices",
     "CommandError",
     "CommandResult",
+    "DeviceLocks",
     "RecordStore",
     "RecordTable",
     "RescanLoop",

@@ -110,7 +110,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,7 @@ __all__ = [
     "device_driver",
     "device_iommu_group",
     "device_present",
+    "shared_model",
     "write_device_attribute",
 ]
 
@@ -770,3 +771,15 @@ def device_iommu_group(sysfs: SysfsAccess, address: str) -> int:
     name = sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "iommu_group")
     assert name is not None, f"{address} has no IOMMU group"
     return int(name)
+
+
+def shared_model(root: Path, build: Callable[[PciSysfsModel], object]) -> PciSysfsModel:
+    """The model kept in ``root/model.json``: loaded when that file exists, otherwise made in ``root`` and laid out
+    by ``build(model)`` (each change saved). For a driver built inside a daemon under test: the daemon, its
+    successor after a ``kill -9`` and the test open one machine."""
+    state = Path(root) / "model.json"
+    fresh = not state.exists()
+    model = PciSysfsModel(root, state_file=state)
+    if fresh:
+        build(model)
+    return model

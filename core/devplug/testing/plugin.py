@@ -41,6 +41,9 @@ naming the installed drivers, when it is not. A driver's suite needs nothing els
         devplug_daemon({"example.com/x": {"driver": "mine"}})
         pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {"example.com/x": 1})]))
 
+It also reports the guest's verdicts of real-kernel cases (:mod:`devplug.testing.vm`) and says in the terminal
+summary whether each such suite ran.
+
 Importing this module (which pytest does in every project where devplug is
 installed) imports neither gRPC nor the dev kubelet: the fixtures import them
 when they are first used.
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -79,6 +83,20 @@ __all__ = [
 #: Set to 1 to make a dev kubelet without cgroups a test failure instead of a warning.
 REQUIRE_CGROUPS_ENV = "DEVPLUG_REQUIRE_CGROUPS"
 _MARKER = "devplug_cgroups"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A host-side ``[kernel]`` case of a :class:`devplug.testing.vm.VmSuite` reports its guest twin's verdict."""
+    vm = sys.modules.get("devplug.testing.vm")  # no suite made, no placeholder: nothing to report
+    return None if vm is None else vm.guest_verdict(pyfuncitem)  # type: ignore[no-any-return]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say loudly whether each :class:`devplug.testing.vm.VmSuite`'s guest run happened."""
+    vm = sys.modules.get("devplug.testing.vm")
+    for suite in vm.SUITES if vm is not None else ():
+        suite.summary(terminalreporter)
 
 
 class DevplugCgroupsWarning(pytest.PytestWarning):

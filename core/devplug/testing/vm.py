@@ -18,29 +18,18 @@ the guest, runs pytest there with ``DEVPLUG_VM_GUEST=1`` and
 is ``tools/vm/run_guest.py``). A driver's ``conftest.py``::
 
     SUITE = VmSuite("vfio", runner=REPO / "tools/vm/run_guest.py", tests=Path(__file__).parent)
-    BACKENDS = SUITE.params()
 
     @pytest.fixture(scope="session")
     def vm_run(tmp_path_factory):
         return SUITE.run(tmp_path_factory)
 
-    @pytest.fixture(params=BACKENDS)
+    @pytest.fixture(params=SUITE.params())
     def backend(request, tmp_path):
-        if request.param == "model":
-            yield ModelBackend(build_model(tmp_path / "machine"))
-            return
-        placeholder = SUITE.placeholder(request)       # on the host: the guest's verdict
-        if placeholder is not None:
-            yield placeholder
-            return
-        ...                                            # in the guest: the real kernel, reset around the test
+        yield from SUITE.backend(request, model=lambda: build_model(tmp_path), kernel=KernelBackend)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_pyfunc_call(pyfuncitem):
-        return guest_verdict(pyfuncitem)
-
-    def pytest_terminal_summary(terminalreporter):
-        SUITE.summary(terminalreporter)
+devplug's pytest plugin does the rest: a host-side ``[kernel]`` case reports its
+guest twin's verdict (:func:`guest_verdict`, its ``pytest_pyfunc_call``), and
+the terminal summary says whether each suite's guest run happened.
 """
 
 from __future__ import annotations
@@ -49,6 +38,7 @@ import importlib.util
 import os
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -59,6 +49,7 @@ import pytest
 __all__ = [
     "IN_GUEST",
     "REQUIRE_VM",
+    "SUITES",
     "HostPlaceholder",
     "Verdict",
     "VmRun",
@@ -150,6 +141,10 @@ def load_runner(path: Path) -> ModuleType:
     return module
 
 
+#: Every suite made in this process, for the terminal summary.
+SUITES: list[VmSuite] = []
+
+
 class VmSuite:
     """The ``kernel`` half of one test folder's scenarios: one guest boot for all of them (see the module docstring).
 
@@ -169,6 +164,7 @@ class VmSuite:
         #: Warnings the summary repeats (what a run could not cover).
         self.warnings: list[str] = []
         self._runner: ModuleType | None = None
+        SUITES.append(self)
 
     def runner(self) -> ModuleType:
         """The runner module (imported once)."""
@@ -216,6 +212,26 @@ class VmSuite:
             return None
         run: VmRun = request.getfixturevalue("vm_run")
         return HostPlaceholder(run)
+
+    def backend(
+        self, request: pytest.FixtureRequest, *, model: Callable[[], Any], kernel: Callable[[], Any]
+    ) -> Iterator[Any]:
+        """The body of a ``backend`` fixture parametrized over :meth:`params` (``yield from`` it): ``model()``
+        for ``model``; for ``kernel``, on the host the case's :class:`HostPlaceholder`, in the guest ``kernel()``
+        (an object whose ``reset()`` puts the test devices back as at boot), reset before and after the test."""
+        if request.param == "model":
+            yield model()
+            return
+        placeholder = self.placeholder(request)
+        if placeholder is not None:
+            yield placeholder
+            return
+        real = kernel()
+        real.reset()
+        try:
+            yield real
+        finally:
+            real.reset()
 
     def summary(self, terminalreporter: Any) -> None:
         """Say loudly whether the real-kernel suite ran (for ``pytest_terminal_summary``)."""

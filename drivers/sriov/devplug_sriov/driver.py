@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
-from devplug.kit import RecordTable, RescanLoop
+from devplug.kit import AdvertisedDevices, DeviceLocks, RecordTable, RescanLoop
 from devplug.pci import VFIO_PCI, PciBus
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_sriov.netlink import LINK_STATES, NetlinkVfLinks, VfLinks, VfSettings
@@ -36,7 +36,7 @@ from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import resolve_pfs, selects_vf
 from devplug_sriov.setup import apply, plan_setup
 from devplug_sriov.sriov import PhysFn, SriovBus, VirtFn
-from devplug_sriov.state import VfRecord, open_records
+from devplug_sriov.state import Phase, VfRecord, open_records
 
 __all__ = ["SriovDriver", "env_name"]
 
@@ -115,8 +115,10 @@ class SriovDriver:
         self._records: RecordTable[VfRecord] | None = None
         self._pool: dict[str, VirtFn] = {}
         self._pfs: dict[str, PhysFn] = {}
-        self._advertised: dict[str, Device] = {}
+        self._advertised: AdvertisedDevices | None = None
         self._rescans: RescanLoop | None = None
+        #: The VFs being released (by a hook, or the rescan loop's retry of a failed reset).
+        self._busy = DeviceLocks()
         self._published: dict[str, str] | None = None
 
     # --- lifecycle --------------------------------------------------------------
@@ -136,7 +138,8 @@ class SriovDriver:
             for write in writes:
                 ctx.log.info("set-up: %s", write.describe(self.bus.sys))
             apply(self.sriov, writes)
-            self._advertised = {d.id: d for d in self._scan()}
+            self._advertised = AdvertisedDevices(ctx)
+            self._advertised.set(self._scan(), push=False)
         if self.options.rescan_interval > 0:
             name = f"sriov-rescan {ctx.resource_name}"
             self._rescans = RescanLoop(self.refresh, interval=self.options.rescan_interval, name=name, log=ctx.log)
@@ -167,6 +170,11 @@ class SriovDriver:
         assert self._ctx is not None, "start was not called"
         return self._ctx.log
 
+    def _shown(self) -> AdvertisedDevices:
+        """What the engine was last told (set up by ``start``)."""
+        assert self._advertised is not None, "start was not called"
+        return self._advertised
+
     @property
     def records(self) -> RecordTable[VfRecord]:
         """The VFs this resource acted on (the state file's records), by address."""
@@ -176,8 +184,9 @@ class SriovDriver:
     def _recorded(self) -> None:
         """After a change of the records: tell the other resources which VFs are held, and the operator why any
         is out of service."""
-        self._publish_allocated()
-        self._publish_failures()
+        with self._lock:
+            self._publish_allocated()
+            self._publish_failures()
 
     def _publish_failures(self) -> None:
         """``reset_failures`` in ``devplug status``: each VF out of service and why (when that changed)."""
@@ -221,7 +230,7 @@ class SriovDriver:
             topology = Topology((vf.dev.numa_node,)) if vf.dev.numa_node >= 0 else Topology()
             health, reason = self._health_and_reason(address)
             out[address] = Device(address, health, topology, reason=reason)
-        for address, old in self._advertised.items():
+        for address, old in self._shown().devices.items():
             if address not in out:
                 # vanished: a VF count changed behind our back, or its PF was removed
                 out[address] = replace(old, health=Health.UNHEALTHY, reason="the VF vanished")
@@ -253,25 +262,19 @@ class SriovDriver:
         return Health.HEALTHY, ""
 
     def refresh(self, push: bool = True) -> list[Device]:
-        """Retry failed resets, rescan; push the list when it changed."""
-        with self._lock:
-            failed = [a for a, r in self.records.items() if r.phase == "resetting"]
-            if failed:
-                try:
-                    self._release(failed)
-                except DriverError as exc:
-                    self._log().debug("reset still failing: %s", exc)
-            return self._rescan(push)
+        """Retry failed resets (of VFs no hook is releasing now), rescan; push the list when it changed."""
+        failed = [a for a, r in self.records.items() if r.phase == "resetting"]
+        with self._busy.hold_free(failed) as free:
+            try:
+                self._release(free)
+            except DriverError as exc:
+                self._log().debug("reset still failing: %s", exc)
+        return self._rescan(push)
 
     def _rescan(self, push: bool = True) -> list[Device]:
         """Scan; push the list when it changed (health or reason)."""
         with self._lock:
-            devices = self._scan()
-            changed = devices != list(self._advertised.values())
-            self._advertised = {d.id: d for d in devices}
-        if push and changed and self._ctx is not None:
-            self._ctx.set_devices(devices)
-        return devices
+            return self._shown().set(self._scan(), push=push)
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:
@@ -302,7 +305,7 @@ class SriovDriver:
                 if vf is None or not self.bus.exists(address):
                     raise DriverError(f"{address}: not a VF of this resource any more (it vanished)")
                 vfs.append(vf)
-            phase = "binding" if self.options.vf_driver == "vfio-pci" else "allocated"
+            phase: Phase = "binding" if self.options.vf_driver == "vfio-pci" else "allocated"
             records = self.records
             fresh = {}
             for vf in vfs:
@@ -361,7 +364,7 @@ class SriovDriver:
         has no record and is skipped; one whose reset fails stays unhealthy,
         and the failure (raised) names it and why.
         """
-        with self._lock:
+        with self._busy.hold(device_ids):  # the slow restore and reset hold up no other VF's hooks
             try:
                 self._release([a for a in device_ids if a in self.records])
             finally:

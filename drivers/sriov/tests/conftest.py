@@ -43,7 +43,7 @@ from devplug.testing.pcisysfs import (
     write_device_attribute,
 )
 from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash
-from devplug.testing.vm import VmRun, VmSuite, guest_verdict
+from devplug.testing.vm import VmRun, VmSuite
 from devplug.testing.waiting import poll_until
 from devplug_sriov import SriovDriver, SriovOptions
 from devplug_sriov.netlink import LINK_STATE_AUTO, ZERO_MAC, NetlinkVfLinks, VfLinks, VfState
@@ -219,23 +219,16 @@ class NicKernel:
 @pytest.fixture(params=BACKENDS)
 def nic(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The SR-IOV NIC a scenario runs against (see the module docstring)."""
-    if request.param == "model":
-        yield NicModel(*build_nic_model(tmp_path / "machine"))
-        return
-    placeholder = SUITE.placeholder(request)
-    if placeholder is not None:
-        if not placeholder.run.options["igb"]:
-            SUITE.fail_or_skip(SUITE.warnings[0] if SUITE.warnings else "igb scenarios not run: no igb NIC")
-        yield placeholder
-        return
-    if not Path("/sys/bus/pci/devices", NIC_PORT).exists():
-        pytest.skip("this VM was booted without the igb NIC (tools/vm/run_guest.py --igb)")
-    kernel = NicKernel()
-    kernel.reset()
-    try:
-        yield kernel
-    finally:
-        kernel.reset()
+    placeholder = SUITE.placeholder(request) if request.param == "kernel" else None
+    if placeholder is not None and not placeholder.run.options["igb"]:
+        SUITE.fail_or_skip(SUITE.warnings[0] if SUITE.warnings else "igb scenarios not run: no igb NIC")
+
+    def real_nic() -> NicKernel:
+        if not Path("/sys/bus/pci/devices", NIC_PORT).exists():
+            pytest.skip("this VM was booted without the igb NIC (tools/vm/run_guest.py --igb)")
+        return NicKernel()
+
+    yield from SUITE.backend(request, model=lambda: NicModel(*build_nic_model(tmp_path / "machine")), kernel=real_nic)
 
 
 # --- the VM, seen from the host ----------------------------------------------------
@@ -259,30 +252,9 @@ def vm_run(tmp_path_factory: pytest.TempPathFactory) -> VmRun:
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The kernel a scenario runs against (see the module docstring)."""
-    if request.param == "model":
-        yield ModelBackend(build_model(tmp_path / "machine"))
-        return
-    placeholder = SUITE.placeholder(request)
-    if placeholder is not None:
-        yield placeholder
-        return
-    kernel = KernelBackend()
-    kernel.reset()
-    try:
-        yield kernel
-    finally:
-        kernel.reset()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """On the host, a ``[kernel]`` case reports what its twin did in the guest."""
-    return guest_verdict(pyfuncitem)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly whether the real-kernel suite ran, and with the igb NIC."""
-    SUITE.summary(terminalreporter)
+    yield from SUITE.backend(
+        request, model=lambda: ModelBackend(build_model(tmp_path / "machine")), kernel=KernelBackend
+    )
 
 
 # --- driving the driver as the engine does ------------------------------------------

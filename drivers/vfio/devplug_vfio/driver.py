@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
-from devplug.kit import RecordTable, RescanLoop
+from devplug.kit import AdvertisedDevices, RecordTable, RescanLoop
 from devplug.pci import VFIO_PCI, PciBus, PciDevice
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_vfio.claims import Claims
@@ -90,7 +90,7 @@ class VfioDriver:
         self._ctx: DriverContext | None = None
         self._records: RecordTable[DeviceRecord] | None = None
         self._plan = GroupPlan({}, ())
-        self._advertised: dict[str, Device] = {}
+        self._advertised: AdvertisedDevices | None = None
         self._reported: set[str] = set()
         self._rescans: RescanLoop | None = None
 
@@ -111,7 +111,8 @@ class VfioDriver:
             self._plan = plan
             if self.options.bind == "at-start":
                 self._bind_at_start(present, plan, strict=True)
-            self._advertised = {d.id: d for d in self._devices(self.bus.scan(), plan)}
+            self._advertised = AdvertisedDevices(ctx)
+            self._advertised.set(self._devices(self.bus.scan(), plan), push=False)
         if self.options.rescan_interval > 0:
             name = f"vfio-rescan {ctx.resource_name}"
             self._rescans = RescanLoop(self.refresh, interval=self.options.rescan_interval, name=name, log=ctx.log)
@@ -161,6 +162,11 @@ class VfioDriver:
         assert self._ctx is not None, "start was not called"
         return self._ctx.log
 
+    def _shown(self) -> AdvertisedDevices:
+        """What the engine was last told (set up by ``start``)."""
+        assert self._advertised is not None, "start was not called"
+        return self._advertised
+
     @property
     def records(self) -> RecordTable[DeviceRecord]:
         """The devices this resource moved (the state file's records), by address."""
@@ -198,7 +204,7 @@ class VfioDriver:
             node = present[address].numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
             out[address] = Device(address, self._health(address, present), topology)
-        for address, old in self._advertised.items():
+        for address, old in self._shown().devices.items():
             if address not in out and (address not in present or address in self.records):
                 out[address] = old.with_health(Health.UNHEALTHY)
         return [out[a] for a in sorted(out)]
@@ -243,12 +249,7 @@ class VfioDriver:
             if self.options.bind == "at-start":
                 self._bind_at_start(present, plan, strict=False)
                 present = self.bus.scan()
-            devices = self._devices(present, plan)
-            changed = devices != list(self._advertised.values())
-            self._advertised = {d.id: d for d in devices}
-        if push and changed and self._ctx is not None:
-            self._ctx.set_devices(devices)
-        return devices
+            return self._shown().set(self._devices(present, plan), push=push)
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:

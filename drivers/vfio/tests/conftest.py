@@ -29,7 +29,7 @@ from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.harness import DriverHarness
 from devplug.testing.pcisysfs import PciSysfsModel, device_attribute, device_driver, device_iommu_group
 from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash
-from devplug.testing.vm import VmRun, VmSuite, guest_verdict
+from devplug.testing.vm import VmRun, VmSuite
 from devplug_vfio import VfioDriver, VfioOptions
 
 REPO = Path(__file__).resolve().parents[3]
@@ -120,6 +120,11 @@ class KernelBackend:
         return self.sysfs.link_name(self.sysfs.sysfs_root / "bus/pci/devices" / address / "driver")
 
     def reset(self) -> None:
+        """Put the test devices back as at boot, and check they are."""
+        self._restore()
+        self.check_baseline()
+
+    def _restore(self) -> None:
         sys_root = self.sysfs.sysfs_root
         if not self.sysfs.exists(sys_root / "bus/pci/drivers/vfio-pci"):
             self.load_vfio_pci()
@@ -153,32 +158,9 @@ def vm_run(tmp_path_factory: pytest.TempPathFactory) -> VmRun:
 @pytest.fixture(params=SUITE.params())
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The kernel a scenario runs against (see the module docstring)."""
-    if request.param == "model":
-        model = build_model(tmp_path / "machine")
-        yield ModelBackend(model)
-        return
-    placeholder = SUITE.placeholder(request)
-    if placeholder is not None:
-        yield placeholder
-        return
-    kernel = KernelBackend()
-    kernel.reset()
-    kernel.check_baseline()
-    try:
-        yield kernel
-    finally:
-        kernel.reset()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """On the host, a ``[kernel]`` case reports what its twin did in the guest."""
-    return guest_verdict(pyfuncitem)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly whether the real-kernel suite ran."""
-    SUITE.summary(terminalreporter)
+    yield from SUITE.backend(
+        request, model=lambda: ModelBackend(build_model(tmp_path / "machine")), kernel=KernelBackend
+    )
 
 
 # --- driving the driver as the engine does ------------------------------------------

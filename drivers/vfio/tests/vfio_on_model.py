@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from devplug.testing.pcisysfs import PciSysfsModel
+from devplug.testing.pcisysfs import PciSysfsModel, shared_model
 from devplug.testing.sysfsfaults import SlowWrites
 from devplug_vfio import VfioDriver, VfioOptions
 
@@ -34,16 +34,11 @@ class ModelOptions(VfioOptions):
     model: str = ""
 
 
-def open_machine(root: Path) -> PciSysfsModel:
-    """The model in ``root``: loaded from ``root/model.json``, or built (a host bridge and two NICs) and saved."""
-    state = root / "model.json"
-    fresh = not state.exists()
-    model = PciSysfsModel(root, state_file=state)
-    if fresh:
-        model.add_device("0000:00:00.0", 0x8086, 0x29C0, 0x060000, iommu_group=0)
-        for group, address in enumerate(NICS, start=4):
-            model.add_device(address, *E1000E, 0x020000, iommu_group=group, driver="e1000e")
-    return model
+def build_machine(model: PciSysfsModel) -> None:
+    """A host bridge and two NICs."""
+    model.add_device("0000:00:00.0", 0x8086, 0x29C0, 0x060000, iommu_group=0)
+    for group, address in enumerate(NICS, start=4):
+        model.add_device(address, *E1000E, 0x020000, iommu_group=group, driver="e1000e")
 
 
 class VfioOnModel(VfioDriver):
@@ -54,5 +49,5 @@ class VfioOnModel(VfioDriver):
     def __init__(self, options: VfioOptions) -> None:
         assert isinstance(options, ModelOptions)
         root = Path(options.model)
-        self.model = open_machine(root)
+        self.model = shared_model(root, build_machine)
         super().__init__(options, access=SlowWrites(self.model, root / SLOW_FILE))
