@@ -11,6 +11,9 @@
 * :mod:`devplug.kit.devicelocks` -- devices held by a driver's own work, so
   that no two pieces of it run on one device at once and a slow one holds up
   no other device.
+* :mod:`devplug.kit.runtime` -- what a driver instance holds while it runs,
+  in one object (its context, what the engine was told, its rescan loop):
+  the shape every shipped driver has.
 * :mod:`devplug.kit.rescan` -- a rescan loop: the machine looked at again every
   period and soon after an event, one scan at a time, failures backed off.
 
@@ -24,12 +27,14 @@ from devplug.kit.command import CommandError, CommandResult, StartRecorder, run_
 from devplug.kit.devicelocks import DeviceLocks
 from devplug.kit.records import RecordStore, RecordTable
 from devplug.kit.rescan import RescanLoop
+from devplug.kit.runtime import DriverRuntime
 
 __all__ = [
     "AdvertisedDevices",
     "CommandError",
     "CommandResult",
     "DeviceLocks",
+    "DriverRuntime",
     "RecordStore",
     "RecordTable",
     "RescanLoop",

@@ -36,6 +36,7 @@ What it guarantees:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -43,10 +44,12 @@ from typing import Any
 
 from devplug.errors import DriverError
 
-__all__ = ["RESCAN_RETRY_MIN", "RescanLoop"]
+__all__ = ["MAX_RESCAN_INTERVAL", "RESCAN_RETRY_MIN", "RescanLoop", "check_rescan_interval"]
 
 #: Seconds before a failed scan is first tried again.
 RESCAN_RETRY_MIN = 0.5
+#: The longest ``rescan_interval`` option :func:`check_rescan_interval` accepts (a day).
+MAX_RESCAN_INTERVAL = 86400.0
 #: The longest backoff when the loop has no period (``interval = 0``).
 _RETRY_MAX_WITHOUT_PERIOD = 30.0
 
@@ -174,3 +177,11 @@ class RescanLoop:
         self.failures = 0
         self.last_error = None
         return True
+
+
+def check_rescan_interval(value: float, key: str = "rescan_interval") -> None:
+    """For a driver's ``Options``: ``ValueError`` naming ``key`` unless ``value`` is a finite number of seconds
+    from 0 (no period) to :data:`MAX_RESCAN_INTERVAL`."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not number or not 0 <= value <= MAX_RESCAN_INTERVAL:
+        raise ValueError(f"{key}: must be a finite number of seconds from 0 to {MAX_RESCAN_INTERVAL:g}, got {value!r}")

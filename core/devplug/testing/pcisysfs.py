@@ -103,6 +103,7 @@ daemon under test in a child process (and its successor after a
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -119,6 +120,7 @@ from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.devnodes import make_char_device
 
 __all__ = [
+    "SLOW_UNBIND_FILE",
     "VFIO_PCI",
     "ModelDevice",
     "ModelDriver",
@@ -128,6 +130,8 @@ __all__ = [
     "device_driver",
     "device_iommu_group",
     "device_present",
+    "driver_on_model",
+    "model_options",
     "shared_model",
     "write_device_attribute",
 ]
@@ -783,3 +787,53 @@ def shared_model(root: Path, build: Callable[[PciSysfsModel], object]) -> PciSys
     if fresh:
         build(model)
     return model
+
+
+#: The file in a shared model's folder that makes ``unbind`` writes wait (see :func:`driver_on_model`).
+SLOW_UNBIND_FILE = "slow-unbind"
+
+
+def driver_on_model(
+    driver_class: type, build: Callable[[PciSysfsModel], object], **collaborators: Callable[[], object]
+) -> type:
+    """A test double of ``driver_class`` for a daemon under test: the real driver on a :func:`shared_model`.
+
+    The daemon under test is a child process, and the model's effects happen
+    only behind its own access layer, so the child builds the driver itself.
+    The double's ``Options`` are the driver's plus ``model`` (the model's
+    folder, laid out by ``build`` on first use); the driver gets the model as
+    its ``access``, through :class:`devplug.testing.sysfsfaults.SlowWrites`
+    (while ``<model>/slow-unbind`` exists, ``unbind`` writes of the addresses it
+    names wait: a release a test can stretch), and each of ``collaborators``
+    (``links=VfLinkModel``) made fresh as a keyword argument. Declare it as a
+    test driver: ``vfio_on_model.py`` holds ``VfioOnModel = driver_on_model(VfioDriver, build)``, and the
+    suite ``test_drivers = {"vfio-model": "vfio_on_model:VfioOnModel"}``.
+    """
+    from devplug.testing.sysfsfaults import SlowWrites
+
+    options = dataclasses.make_dataclass(
+        f"{driver_class.__name__}ModelOptions",
+        [("model", str, dataclasses.field(default=""))],
+        bases=(driver_class.Options,),  # type: ignore[attr-defined]
+        frozen=True,
+    )
+    options.__doc__ = f"{driver_class.__name__}'s options, plus ``model``: the folder of the kernel model."
+
+    class OnModel(driver_class):  # type: ignore[misc]
+        __doc__ = f"{driver_class.__qualname__} on the shared kernel model in ``options.model``."
+        Options = options
+
+        def __init__(self, options: Any) -> None:
+            root = Path(options.model)
+            self.model = shared_model(root, build)
+            made = {k: make() for k, make in collaborators.items()}
+            super().__init__(options, access=SlowWrites(self.model, root / SLOW_UNBIND_FILE), **made)
+
+    OnModel.__name__ = OnModel.__qualname__ = driver_class.__name__.removesuffix("Driver") + "OnModel"
+    return OnModel
+
+
+def model_options(machine: Path) -> dict[str, str]:
+    """The options a :func:`driver_on_model` double needs for a model in ``machine``: its ``sysfs_root``,
+    ``dev_root`` and ``model``."""
+    return {"sysfs_root": str(machine / "sys"), "dev_root": str(machine / "dev"), "model": str(machine)}

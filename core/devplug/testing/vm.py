@@ -51,6 +51,7 @@ __all__ = [
     "REQUIRE_VM",
     "SUITES",
     "HostPlaceholder",
+    "ModelBackend",
     "Verdict",
     "VmRun",
     "VmSuite",
@@ -91,6 +92,20 @@ class HostPlaceholder:
 
     run: VmRun
     name: str = "kernel"
+
+
+@dataclass
+class ModelBackend:
+    """The ``model`` backend of a scenario: a kernel model (a :class:`~devplug.testing.pcisysfs.PciSysfsModel`, ...)
+    as the scenario's ``sysfs``."""
+
+    model: Any
+    name: str = "model"
+
+    @property
+    def sysfs(self) -> Any:
+        """The model, which is a :class:`devplug.sysfs.SysfsAccess`."""
+        return self.model
 
 
 def parse_junit(path: Path) -> dict[str, Verdict]:

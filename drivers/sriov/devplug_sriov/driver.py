@@ -19,7 +19,6 @@ until a retry succeeds.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -28,7 +27,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
-from devplug.kit import AdvertisedDevices, DeviceLocks, RecordTable, RescanLoop
+from devplug.kit import DeviceLocks, DriverRuntime, RecordTable
 from devplug.pci import VFIO_PCI, PciBus
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_sriov.netlink import LINK_STATES, NetlinkVfLinks, VfLinks, VfSettings
@@ -111,12 +110,10 @@ class SriovDriver:
             spoofchk=options.spoofchk, trust=options.trust, link_state=LINK_STATES[options.link_state]
         )
         self._lock = threading.RLock()
-        self._ctx: DriverContext | None = None
+        self.runtime = DriverRuntime(self._retried, rescan_interval=options.rescan_interval, name="sriov")
         self._records: RecordTable[VfRecord] | None = None
         self._pool: dict[str, VirtFn] = {}
         self._pfs: dict[str, PhysFn] = {}
-        self._advertised: AdvertisedDevices | None = None
-        self._rescans: RescanLoop | None = None
         #: The VFs being released (by a hook, or the rescan loop's retry of a failed reset).
         self._busy = DeviceLocks()
         self._published: dict[str, str] | None = None
@@ -127,7 +124,7 @@ class SriovDriver:
     def start(self, ctx: DriverContext) -> None:
         """Finish interrupted releases, set the PFs up, take the pool, watch for VFs vanishing or appearing."""
         with self._lock:
-            self._ctx = ctx
+            self.runtime.start(ctx)
             self._records = open_records(ctx.state_dir)
             self._publish_allocated()
             if self.options.vf_driver == "vfio-pci":
@@ -138,21 +135,15 @@ class SriovDriver:
             for write in writes:
                 ctx.log.info("set-up: %s", write.describe(self.bus.sys))
             apply(self.sriov, writes)
-            self._advertised = AdvertisedDevices(ctx)
-            self._advertised.set(self._scan(), push=False)
-        if self.options.rescan_interval > 0:
-            name = f"sriov-rescan {ctx.resource_name}"
-            self._rescans = RescanLoop(self.refresh, interval=self.options.rescan_interval, name=name, log=ctx.log)
-            self._rescans.start()
+            self.runtime.advertised.set(self._scan(), push=False)
+        self.runtime.start_rescans()
 
     @hookimpl
     def stop(self) -> None:
         """Stop watching; VFs stay as they are (pods may hold them)."""
-        if self._rescans is not None:
-            self._rescans.stop()
-            self._rescans = None
-        if self._ctx is not None:
-            _Allocated.withdraw(os.path.realpath(self.bus.sys), self._ctx.resource_name)
+        served = self.runtime.stop()
+        if served:
+            _Allocated.withdraw(os.path.realpath(self.bus.sys), served)
 
     def _check_vfio(self) -> None:
         if not self.access.is_dir(self.bus.drivers_dir / VFIO_PCI):
@@ -165,15 +156,6 @@ class SriovDriver:
                 f"vf_driver = 'vfio-pci' but there are no IOMMU groups under {self.bus.groups_dir}: boot with "
                 "intel_iommu=on (Intel) or amd_iommu=on (AMD)"
             )
-
-    def _log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
-        assert self._ctx is not None, "start was not called"
-        return self._ctx.log
-
-    def _shown(self) -> AdvertisedDevices:
-        """What the engine was last told (set up by ``start``)."""
-        assert self._advertised is not None, "start was not called"
-        return self._advertised
 
     @property
     def records(self) -> RecordTable[VfRecord]:
@@ -190,26 +172,24 @@ class SriovDriver:
 
     def _publish_failures(self) -> None:
         """``reset_failures`` in ``devplug status``: each VF out of service and why (when that changed)."""
-        assert self._ctx is not None, "start was not called"
         failures = {a: r.reason for a, r in sorted(self.records.items()) if r.reason}
         if failures != self._published:
-            self._ctx.publish_status({"reset_failures": failures})
+            self.runtime.ctx.publish_status({"reset_failures": failures})
             self._published = failures
 
     def _publish_allocated(self) -> None:
-        assert self._ctx is not None, "start was not called"
-        _Allocated.publish(os.path.realpath(self.bus.sys), self._ctx.resource_name, set(self.records))
+        _Allocated.publish(os.path.realpath(self.bus.sys), self.runtime.ctx.resource_name, set(self.records))
 
     def _finish_interrupted(self) -> None:
         """Releases a crash (or a failed reset) left half done are finished now; a half-done bind waits."""
         pending = [a for a, r in self.records.items() if r.phase in ("restoring", "resetting")]
         if not pending:
             return
-        self._log().info("finishing the interrupted release of %s", ", ".join(pending))
+        self.runtime.log.info("finishing the interrupted release of %s", ", ".join(pending))
         try:
             self._release(pending)
         except DriverError as exc:
-            self._log().error("could not finish releasing: %s", exc)
+            self.runtime.log.error("could not finish releasing: %s", exc)
 
     # --- devices ----------------------------------------------------------------
 
@@ -230,7 +210,7 @@ class SriovDriver:
             topology = Topology((vf.dev.numa_node,)) if vf.dev.numa_node >= 0 else Topology()
             health, reason = self._health_and_reason(address)
             out[address] = Device(address, health, topology, reason=reason)
-        for address, old in self._shown().devices.items():
+        for address, old in self.runtime.advertised.devices.items():
             if address not in out:
                 # vanished: a VF count changed behind our back, or its PF was removed
                 out[address] = replace(old, health=Health.UNHEALTHY, reason="the VF vanished")
@@ -262,36 +242,36 @@ class SriovDriver:
         return Health.HEALTHY, ""
 
     def refresh(self, push: bool = True) -> list[Device]:
-        """Retry failed resets (of VFs no hook is releasing now), rescan; push the list when it changed."""
+        """Retry failed resets, rescan; push the list when it changed (what the rescan loop does)."""
+        return self.runtime.refresh(push)
+
+    def _retried(self) -> list[Device]:
+        """Retry failed resets (of VFs no hook is releasing now); the VFs as they are then."""
         failed = [a for a, r in self.records.items() if r.phase == "resetting"]
         with self._busy.hold_free(failed) as free:
             try:
                 self._release(free)
             except DriverError as exc:
-                self._log().debug("reset still failing: %s", exc)
-        return self._rescan(push)
+                self.runtime.log.debug("reset still failing: %s", exc)
+        with self._lock:
+            return self._scan()
 
-    def _rescan(self, push: bool = True) -> list[Device]:
+    def _rescan(self) -> None:
         """Scan; push the list when it changed (health or reason)."""
         with self._lock:
-            return self._shown().set(self._scan(), push=push)
+            self.runtime.advertised.set(self._scan())
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:
-        """The pooled VFs, by PCI address, with their NUMA node."""
-        return self.refresh(push=False)
+        """The pooled VFs, by PCI address, with their NUMA node (failed resets retried first)."""
+        return self.runtime.refresh(push=False)
 
     @hookimpl
     def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health] | None:
         """Unhealthy: vanished, reset failed, taken from vfio-pci while held, or (optionally) its PF's link down."""
         with self._lock:
             self._scan()
-            changed = {}
-            for dev in devices:
-                health = self._health(dev.id)
-                if health is not dev.health:
-                    changed[dev.id] = health
-            return changed
+            return {d.id: health for d in devices if (health := self._health(d.id)) is not d.health}
 
     # --- allocation --------------------------------------------------------------
 
@@ -322,9 +302,8 @@ class SriovDriver:
                     self._undo([vf.address for vf in vfs])
                     raise
             specs += self._rdma_specs(vfs)
-            assert self._ctx is not None
             return ContainerAllocation(
-                envs={env_name(self._ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
+                envs={env_name(self.runtime.ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
             )
 
     def _bind(self, vfs: Sequence[VirtFn]) -> list[DeviceSpec]:
@@ -354,7 +333,7 @@ class SriovDriver:
         try:
             self._release(addresses)
         except DriverError as exc:
-            self._log().error("could not undo the failed allocation: %s", exc)
+            self.runtime.log.error("could not undo the failed allocation: %s", exc)
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
@@ -385,7 +364,7 @@ class SriovDriver:
         for address in addresses:
             record = records[address]
             if not self.bus.exists(address):
-                self._log().warning("%s vanished before it was released", address)
+                self.runtime.log.warning("%s vanished before it was released", address)
                 records.drop(address)
                 continue
             try:
@@ -397,12 +376,12 @@ class SriovDriver:
                 self._reset(address, record)
             except DriverError as exc:
                 if str(exc) != record.reason:
-                    self._log().error("%s: out of service: %s", address, exc, extra={"device": address})
+                    self.runtime.log.error("%s: out of service: %s", address, exc, extra={"device": address})
                 records.replace(address, reason=str(exc))
                 failures.append(str(exc))
                 continue
             if record.reason:
-                self._log().info("%s: back in service", address, extra={"device": address})
+                self.runtime.log.info("%s: back in service", address, extra={"device": address})
             records.drop(address)
         self._recorded()
         if failures:
@@ -421,4 +400,4 @@ class SriovDriver:
                 )
             return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
         self.links.reset_vf(pf.netdev, record.index, self.settings)
-        self._log().info("%s: reset (%s VF %d)", address, pf.netdev, record.index)
+        self.runtime.log.info("%s: reset (%s VF %d)", address, pf.netdev, record.index)

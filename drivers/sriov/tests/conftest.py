@@ -42,8 +42,8 @@ from devplug.testing.pcisysfs import (
     device_present,
     write_device_attribute,
 )
-from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash
-from devplug.testing.vm import VmRun, VmSuite
+from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash  # noqa: F401 (test modules use kit.*)
+from devplug.testing.vm import ModelBackend, VmRun, VmSuite
 from devplug.testing.waiting import poll_until
 from devplug_sriov import SriovDriver, SriovOptions
 from devplug_sriov.netlink import LINK_STATE_AUTO, ZERO_MAC, NetlinkVfLinks, VfLinks, VfState
@@ -109,18 +109,6 @@ def build_model(root: Path) -> PciSysfsModel:
     model.add_device(PF, *NVME, 0x010802, iommu_group=9, driver="nvme")
     model.enable_sriov(PF, TOTAL_VFS, NVME[1], vf_driver="nvme")
     return model
-
-
-@dataclass
-class ModelBackend:
-    """The kernel model."""
-
-    model: PciSysfsModel
-    name: str = "model"
-
-    @property
-    def sysfs(self) -> SysfsAccess:
-        return self.model
 
 
 @dataclass
@@ -259,13 +247,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 # --- driving the driver as the engine does ------------------------------------------
 
-Harness = DriverHarness
-HarnessFactory = Callable[..., DriverHarness]
-__all__ = ["CrashingSysfs", "SimulatedCrash"]  # the kit's crash doors, reached through the ``kit`` fixture
-
 
 @pytest.fixture
-def make_harness(driver_harness: Callable[..., DriverHarness]) -> HarnessFactory:
+def make_harness(driver_harness: Callable[..., DriverHarness]) -> Callable[..., DriverHarness]:
     """``make_harness(sysfs, links=..., resource=..., state_dir=..., **options)``: the kit's ``driver_harness``
     on an sriov driver (on a netlink model unless ``links`` is given) whose whole lists are pushed."""
 
@@ -275,7 +259,7 @@ def make_harness(driver_harness: Callable[..., DriverHarness]) -> HarnessFactory
         resource: str = RESOURCE,
         state_dir: Path | None = None,
         **options: Any,
-    ) -> Harness:
+    ) -> DriverHarness:
         options.setdefault("rescan_interval", 0)
         driver = SriovDriver(SriovOptions(**options), access=sysfs, links=links if links is not None else VfLinkModel())
         return driver_harness(driver, resource, state_dir, push_kinds=("replace",))

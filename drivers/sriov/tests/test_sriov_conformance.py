@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from devplug import ContainerAllocation, DeviceSpec
 from devplug.testing.conformance import DriverConformance
-from devplug.testing.pcisysfs import device_iommu_group, shared_model
+from devplug.testing.pcisysfs import SLOW_UNBIND_FILE, device_iommu_group, model_options, shared_model
 
 HERE = Path(__file__).resolve().parent
 PF = "0000:02:00.0"  # sriov_on_model.PF (test modules cannot import each other)
@@ -37,9 +37,7 @@ class TestSriovConformance(DriverConformance):
             "num_vfs": self.device_count,
             "vf_driver": "vfio-pci",
             "rescan_interval": 0,
-            "sysfs_root": str(machine / "sys"),
-            "dev_root": str(machine / "dev"),
-            "model": str(machine),
+            **model_options(machine),
         }
 
     def node_dev_root(self, folder: Path) -> Path:
@@ -55,12 +53,11 @@ class TestSriovConformance(DriverConformance):
         )
 
     def slow_release(self, folder: Path, device_id: str) -> bool:
-        flag = folder / "machine" / "slow-unbind"  # sriov_on_model.SLOW_FILE: only this VF's unbind waits
-        flag.write_text(f"{device_id}\n")
+        (folder / "machine" / SLOW_UNBIND_FILE).write_text(f"{device_id}\n")  # only this VF's unbind waits
         return True
 
     def fast_release(self, folder: Path, device_id: str) -> None:
-        (folder / "machine" / "slow-unbind").unlink()
+        (folder / "machine" / SLOW_UNBIND_FILE).unlink()
 
     def bad_options(self, folder: Path) -> Mapping[str, Any]:
         return {**self.options(folder), "num_vfs": -1}

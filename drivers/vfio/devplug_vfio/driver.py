@@ -19,7 +19,6 @@ user only); ``preferred_allocation`` offers whole groups.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -28,13 +27,13 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
-from devplug.kit import AdvertisedDevices, RecordTable, RescanLoop
+from devplug.kit import DriverRuntime, RecordTable
 from devplug.pci import VFIO_PCI, PciBus, PciDevice
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_vfio.claims import Claims
 from devplug_vfio.options import VfioOptions
 from devplug_vfio.selection import GroupPlan, plan_groups, selects
-from devplug_vfio.state import DeviceRecord, open_records
+from devplug_vfio.state import STATE, STATE_FILE, DeviceRecord
 
 __all__ = ["VfioDriver", "env_name"]
 
@@ -87,12 +86,10 @@ class VfioDriver:
         self.access: SysfsAccess = access or HostSysfs(options.sysfs_root, options.dev_root)
         self.bus = PciBus(self.access)
         self._lock = threading.RLock()
-        self._ctx: DriverContext | None = None
+        self.runtime = DriverRuntime(self._current, rescan_interval=options.rescan_interval, name="vfio")
         self._records: RecordTable[DeviceRecord] | None = None
         self._plan = GroupPlan({}, ())
-        self._advertised: AdvertisedDevices | None = None
         self._reported: set[str] = set()
-        self._rescans: RescanLoop | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -100,9 +97,9 @@ class VfioDriver:
     def start(self, ctx: DriverContext) -> None:
         """Check the kernel, finish what a crash interrupted, take the devices, watch for hot-plug."""
         with self._lock:
-            self._ctx = ctx
+            self.runtime.start(ctx)
             self._check_kernel()
-            self._records = open_records(ctx.state_dir)
+            self._records = self.runtime.records(STATE_FILE, "devices", DeviceRecord, **STATE)
             self._finish_interrupted_releases()
             present, plan = self._view()
             if plan.errors:
@@ -111,21 +108,15 @@ class VfioDriver:
             self._plan = plan
             if self.options.bind == "at-start":
                 self._bind_at_start(present, plan, strict=True)
-            self._advertised = AdvertisedDevices(ctx)
-            self._advertised.set(self._devices(self.bus.scan(), plan), push=False)
-        if self.options.rescan_interval > 0:
-            name = f"vfio-rescan {ctx.resource_name}"
-            self._rescans = RescanLoop(self.refresh, interval=self.options.rescan_interval, name=name, log=ctx.log)
-            self._rescans.start()
+            self.runtime.advertised.set(self._devices(self.bus.scan(), plan), push=False)
+        self.runtime.start_rescans()
 
     @hookimpl
     def stop(self) -> None:
         """Stop watching; devices stay where they are (pods may hold them)."""
-        if self._rescans is not None:
-            self._rescans.stop()
-            self._rescans = None
-        if self._ctx is not None:
-            Claims.release(self.bus.sys, self._ctx.resource_name)
+        resource = self.runtime.stop()
+        if resource is not None:  # other resources may take its devices now
+            Claims.release(self.bus.sys, resource)
 
     def _check_kernel(self) -> None:
         sys_root = self.bus.sys
@@ -150,22 +141,13 @@ class VfioDriver:
         """A release that a crash interrupted is completed now; a half-done bind waits for ``deallocate``."""
         pending = [a for a, r in self.records.items() if r.phase == "restoring"]
         if pending:
-            self._log().info("finishing the interrupted release of %s", ", ".join(pending))
+            self.runtime.log.info("finishing the interrupted release of %s", ", ".join(pending))
             try:
                 self._release(pending)
             except DriverError as exc:
-                self._log().error("could not finish releasing: %s", exc)
+                self.runtime.log.error("could not finish releasing: %s", exc)
 
     # --- devices ----------------------------------------------------------------
-
-    def _log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
-        assert self._ctx is not None, "start was not called"
-        return self._ctx.log
-
-    def _shown(self) -> AdvertisedDevices:
-        """What the engine was last told (set up by ``start``)."""
-        assert self._advertised is not None, "start was not called"
-        return self._advertised
 
     @property
     def records(self) -> RecordTable[DeviceRecord]:
@@ -204,7 +186,7 @@ class VfioDriver:
             node = present[address].numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
             out[address] = Device(address, self._health(address, present), topology)
-        for address, old in self._shown().devices.items():
+        for address, old in self.runtime.advertised.devices.items():
             if address not in out and (address not in present or address in self.records):
                 out[address] = old.with_health(Health.UNHEALTHY)
         return [out[a] for a in sorted(out)]
@@ -223,17 +205,21 @@ class VfioDriver:
             except DriverError as exc:
                 if strict:
                     raise
-                self._log().error("%s", exc)
+                self.runtime.log.error("%s", exc)
 
     def refresh(self, push: bool = True) -> list[Device]:
         """Scan sysfs for hot-plugged and removed devices; push the list when it changed."""
+        return self.runtime.refresh(push)
+
+    def _current(self) -> list[Device]:
+        """The devices as sysfs shows them now (groups claimed, and in ``at-start`` mode bound, as they come)."""
         with self._lock:
             present, plan = self._view()
             for error in plan.errors:
                 if error not in self._reported:
                     self._reported.add(error)
-                    self._log().error("%s", error)
-            resource = self._ctx.resource_name if self._ctx is not None else ""
+                    self.runtime.log.error("%s", error)
+            resource = self.runtime.ctx.resource_name
             usable = {}
             for number, group in plan.groups.items():
                 try:
@@ -241,7 +227,7 @@ class VfioDriver:
                 except DriverError as exc:
                     if str(exc) not in self._reported:
                         self._reported.add(str(exc))
-                        self._log().error("%s", exc)
+                        self.runtime.log.error("%s", exc)
                     continue
                 usable[number] = group
             plan = GroupPlan(usable, plan.errors)
@@ -249,7 +235,7 @@ class VfioDriver:
             if self.options.bind == "at-start":
                 self._bind_at_start(present, plan, strict=False)
                 present = self.bus.scan()
-            return self._shown().set(self._devices(present, plan), push=push)
+            return self._devices(present, plan)
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:
@@ -349,9 +335,8 @@ class VfioDriver:
             # this daemon (perhaps in a container of its own) finds the host's /dev.
             specs = [DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rw")]
             specs += [DeviceSpec(f"/dev/vfio/{n}", f"/dev/vfio/{n}", "rw") for n in numbers]
-            assert self._ctx is not None
             return ContainerAllocation(
-                envs={env_name(self._ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
+                envs={env_name(self.runtime.ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
             )
 
     def _undo_allocation(self, numbers: Sequence[int]) -> None:
@@ -359,7 +344,7 @@ class VfioDriver:
         try:
             self._free(members)
         except DriverError as exc:
-            self._log().error("could not undo the failed allocation: %s", exc)
+            self.runtime.log.error("could not undo the failed allocation: %s", exc)
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str]) -> None:
@@ -404,7 +389,7 @@ class VfioDriver:
         done = []
         for address, original in originals.items():
             if not self.bus.exists(address):
-                self._log().warning("%s vanished before it was given back to its driver", address)
+                self.runtime.log.warning("%s vanished before it was given back to its driver", address)
                 done.append(address)
                 continue
             try:

@@ -1,7 +1,7 @@
 """What the driver must remember across crashes: each device it moved, and where it came from.
 
 One table, ``devices``, in ``vfio-state.json`` in the resource's state folder
-(:class:`devplug.kit.RecordStore`: each change written atomically *before*
+(a :class:`devplug.kit.RecordStore`: each change written atomically *before*
 sysfs is changed), so that after a crash the driver knows what it may have
 half done:
 
@@ -20,14 +20,17 @@ vfio-pci look like the device's own driver.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from devplug.kit import RecordStore, RecordTable
-
-__all__ = ["STATE_FILE", "DeviceRecord", "Phase", "open_records"]
+__all__ = ["STATE", "STATE_FILE", "DeviceRecord", "Phase"]
 
 STATE_FILE = "vfio-state.json"
+#: How the record store names the file's content in errors, and what an operator should do with one it cannot read.
+STATE = {
+    "what": "the vfio driver's state",
+    "recover": "it records which driver each device had before vfio-pci: fix or remove it after restoring the "
+    "devices by hand",
+}
 
 Phase = Literal["binding", "bound", "restoring"]
 
@@ -40,14 +43,3 @@ class DeviceRecord:
     group: int
     phase: Phase
     allocated: bool = False
-
-
-def open_records(state_dir: Path) -> RecordTable[DeviceRecord]:
-    """The records of one resource, by PCI address (none before the first move)."""
-    store = RecordStore(
-        Path(state_dir) / STATE_FILE,
-        what="the vfio driver's state",
-        recover="it records which driver each device had before vfio-pci: fix or remove it after restoring the "
-        "devices by hand",
-    )
-    return store.table("devices", DeviceRecord)

@@ -26,9 +26,10 @@ from typing import Any, Protocol
 import pytest
 
 from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.testing import vm
 from devplug.testing.harness import DriverHarness
 from devplug.testing.pcisysfs import PciSysfsModel, device_attribute, device_driver, device_iommu_group
-from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash
+from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash  # noqa: F401 (test modules use kit.*)
 from devplug.testing.vm import VmRun, VmSuite
 from devplug_vfio import VfioDriver, VfioOptions
 
@@ -78,16 +79,8 @@ def build_model(root: Path) -> PciSysfsModel:
     return model
 
 
-@dataclass
-class ModelBackend:
-    """The kernel model."""
-
-    model: PciSysfsModel
-    name: str = "model"
-
-    @property
-    def sysfs(self) -> SysfsAccess:
-        return self.model
+class ModelBackend(vm.ModelBackend):
+    """The kernel model, whose vfio-pci driver a scenario may unload and load."""
 
     def unload_vfio_pci(self) -> None:
         self.model.unload_driver("vfio-pci")
@@ -165,17 +158,15 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 # --- driving the driver as the engine does ------------------------------------------
 
-Harness = DriverHarness
-HarnessFactory = Callable[..., DriverHarness]
-__all__ = ["CrashingSysfs", "SimulatedCrash"]  # the kit's crash doors, reached through the ``kit`` fixture
-
 
 @pytest.fixture
-def make_harness(driver_harness: Callable[..., DriverHarness]) -> HarnessFactory:
+def make_harness(driver_harness: Callable[..., DriverHarness]) -> Callable[..., DriverHarness]:
     """``make_harness(sysfs, resource=..., state_dir=..., **options)``: the kit's ``driver_harness`` on a vfio
     driver whose whole lists are pushed (``replace``); stopped afterwards."""
 
-    def make(sysfs: SysfsAccess, resource: str = RESOURCE, state_dir: Path | None = None, **options: Any) -> Harness:
+    def make(
+        sysfs: SysfsAccess, resource: str = RESOURCE, state_dir: Path | None = None, **options: Any
+    ) -> DriverHarness:
         options.setdefault("rescan_interval", 0)
         driver = VfioDriver(VfioOptions(**options), access=sysfs)
         return driver_harness(driver, resource, state_dir, push_kinds=("replace",))
