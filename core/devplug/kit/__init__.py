@@ -23,7 +23,7 @@ Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 from __future__ import annotations
 
 from devplug.kit.advertised import AdvertisedDevices
-from devplug.kit.command import CommandError, CommandResult, StartRecorder, run_command
+from devplug.kit.command import CommandError, CommandResult, StartRecorder, kill_left_behind, run_command
 from devplug.kit.devicelocks import DeviceLocks
 from devplug.kit.records import RecordStore, RecordTable
 from devplug.kit.rescan import RescanLoop
@@ -39,5 +39,6 @@ __all__ = [
     "RecordTable",
     "RescanLoop",
     "StartRecorder",
+    "kill_left_behind",
     "run_command",
 ]
