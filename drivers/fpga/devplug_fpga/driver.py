@@ -329,10 +329,8 @@ class FpgaDriver:
                 self.backend.deprogram(target.card, region, self._recorder(target.id))
                 self.backend.verify(target.card, region, self._recorder(target.id))
         except FpgaError as exc:
-            with self._lock:
-                store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
-                marker = store.quarantine(target.id, str(exc), exc.output)
-            self.runtime.log.error(
+            marker = store.marker(target.id)
+            self.runtime.log.error(  # before the marker: whoever sees the marker finds the reason logged
                 "%s failed to deprogram; out of service until %s is deleted: %s%s",
                 target.id,
                 marker,
@@ -340,6 +338,9 @@ class FpgaDriver:
                 shown_output(exc.output),
                 extra={"device": target.id},
             )
+            with self._lock:
+                store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
+                store.quarantine(target.id, str(exc), exc.output)
             raise FpgaError(
                 f"{target.id} failed to deprogram and is out of service: {exc}; once the card is fixed, clear it: "
                 f"rm {marker}",
