@@ -5,6 +5,8 @@
 * :mod:`devplug.kit.command` -- running an external command (a vendor tool): no
   shell, its own session, a deadline that kills its whole process group, output
   read with a cap, a bounded excerpt for errors and logs.
+* :mod:`devplug.kit.owners` -- one resource per device: the check that no two
+  resources take the same device, said the same way by every driver.
 * :mod:`devplug.kit.records` -- a driver's own records (what it is doing to
   which device), typed, in one JSON file of its state folder replaced
   atomically on every change: what it must know after a crash.
@@ -25,6 +27,7 @@ from __future__ import annotations
 from devplug.kit.advertised import AdvertisedDevices
 from devplug.kit.command import CommandError, CommandResult, StartRecorder, kill_left_behind, run_command
 from devplug.kit.devicelocks import DeviceLocks
+from devplug.kit.owners import DeviceOwners
 from devplug.kit.records import RecordStore, RecordTable
 from devplug.kit.rescan import RescanLoop
 from devplug.kit.runtime import DriverRuntime
@@ -34,6 +37,7 @@ __all__ = [
     "CommandError",
     "CommandResult",
     "DeviceLocks",
+    "DeviceOwners",
     "DriverRuntime",
     "RecordStore",
     "RecordTable",

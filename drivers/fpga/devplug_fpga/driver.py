@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DriverContext, DriverError, Health, Mount, Topology, hookimpl
-from devplug.kit import DriverRuntime, kill_left_behind
+from devplug.kit import DeviceOwners, DriverRuntime, kill_left_behind
 from devplug_fpga.backend import FpgaBackend
 from devplug_fpga.command import FpgaError, PidRecorder, shown_output
 from devplug_fpga.devices import Target, overlapping, targets
@@ -70,7 +70,7 @@ class FpgaDriver:
     @classmethod
     def check_resources(cls, options_by_resource: Mapping[str, FpgaOptions]) -> None:
         """Refuse a card claimed by two resources (listed in both, or found by two taking every card)."""
-        owners: dict[tuple[str, str], str] = {}
+        owners = DeviceOwners("card", hint=" (use mode = 'both' to offer it whole and by region)")
         takes_all: dict[str, str] = {}
         for resource, options in options_by_resource.items():
             root = os.path.realpath(options.model_root or options.sysfs_root)
@@ -86,13 +86,7 @@ class FpgaDriver:
                     addresses = [c.address for c in _backend(options, make_access(options)).scan()]
                 except OSError:
                     continue
-            for address in addresses:
-                other = owners.setdefault((root, address), resource)
-                if other != resource:
-                    raise ValueError(
-                        f"card {address} is claimed by both {other} and {resource}: a card belongs to one "
-                        "resource (use mode = 'both' to offer it whole and by region)"
-                    )
+            owners.take_all([((root, address), f"card {address}") for address in addresses], resource)
 
     def __init__(self, options: FpgaOptions, *, access: DflAccess | None = None) -> None:
         self.options = options

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
-from devplug.kit import DriverRuntime, RecordTable
+from devplug.kit import DeviceOwners, DriverRuntime, RecordTable
 from devplug.pci import VFIO_PCI, PciBus, PciDevice
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_vfio.claims import Claims
@@ -64,7 +64,7 @@ class VfioDriver:
         read (checking a config on another machine), ``start`` catches the
         overlap instead.
         """
-        owners: dict[tuple[str, str], str] = {}
+        owners = DeviceOwners(verb="selected", hint="; narrow one resource's options (exclude_addresses)")
         for resource, options in options_by_resource.items():
             try:
                 present = PciBus(HostSysfs(options.sysfs_root, options.dev_root)).scan()
@@ -74,12 +74,7 @@ class VfioDriver:
             for address, dev in present.items():
                 if not selects(options, dev, dev.driver):
                     continue
-                other = owners.setdefault((root, address), resource)
-                if other != resource:
-                    raise ValueError(
-                        f"{dev.describe()} is selected by both {other} and {resource}: a device belongs to one "
-                        "resource; narrow one resource's options (exclude_addresses)"
-                    )
+                owners.take((root, address), resource, dev.describe())
 
     def __init__(self, options: VfioOptions, *, access: SysfsAccess | None = None) -> None:
         self.options = options
