@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.context import DriverContext
 from devplug.testing.sink import PUSH_KINDS, RecordingSink
+from devplug.types import Device
 
 if TYPE_CHECKING:
     from devplug.drivers import DriverHooks
@@ -48,6 +49,12 @@ class DriverHarness:
         """The ``start`` hook with :attr:`ctx`; returns the harness."""
         self.hooks.start(self.ctx)
         return self
+
+    def list_devices(self) -> list[Device]:
+        """``list_devices`` through the facade, its answer loaded into the sink's table as the engine does."""
+        devices = self.hooks.list_devices()
+        self.sink.load(devices)
+        return devices
 
     def ids(self) -> list[str]:
         """The IDs ``list_devices`` returns now (checked as the engine checks them)."""
