@@ -114,7 +114,7 @@ class RecordingDriver:
 
 #: Hook arguments a driver may leave out of its signature (it is then called without them): the stand-in takes
 #: them anyway, to record them (``retry``), and passes them on only to a driver that declares them.
-_OPTIONAL_ARGUMENTS = ("retry", "replicas")
+_OPTIONAL_ARGUMENTS = ("retry", "replicas", "claim")
 _MISSING: Any = object()
 
 
@@ -158,6 +158,22 @@ def _recording_hook(cls: type, hook: str) -> Callable[..., Any]:
     return recording
 
 
+def _passing_check(check: Callable[..., None]) -> Callable[..., None]:
+    """The stand-in's ``check_resources``: it takes ``settings`` (so the engine offers them) and passes them on
+    only when the real driver's declares them, as the engine would."""
+    from devplug.drivers.construction import takes_settings
+
+    takes = takes_settings(check)
+
+    def check_resources(_cls: type, options: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> None:
+        if takes and settings is not None:
+            check(options, settings=settings)
+        else:
+            check(options)
+
+    return check_resources
+
+
 def recording_driver(driver_class: type, calls_dir: Path, *, calls_file: str = CALLS_FILE) -> type[RecordingDriver]:
     """A stand-in for ``driver_class`` recording every hook call in ``calls_dir / calls_file`` (see the module
     docstring). Its instances take what ``driver_class`` takes and build one of it."""
@@ -173,7 +189,7 @@ def recording_driver(driver_class: type, calls_dir: Path, *, calls_file: str = C
             namespace[attribute] = getattr(driver_class, attribute)
     check = getattr(driver_class, "check_resources", None)
     if check is not None:
-        namespace["check_resources"] = classmethod(lambda _cls, options: check(options))
+        namespace["check_resources"] = classmethod(_passing_check(check))
     for hook in _hooks_of(driver_class):
         namespace[hook] = _recording_hook(driver_class, hook)
     made: type[RecordingDriver] = type(f"Recording{driver_class.__name__}", (RecordingDriver,), namespace)
