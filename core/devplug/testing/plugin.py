@@ -27,6 +27,9 @@ Fixtures:
   ``tmp_path`` unless given) and a :class:`~devplug.testing.sink.RecordingSink`
   (:class:`~devplug.testing.harness.DriverHarness`); every harness made is
   stopped at the end of the test;
+* ``sysfs_class_tree`` -- a fresh :class:`~devplug.testing.classsysfs.SysfsClassModel` under ``tmp_path``
+  (``/sys/class/<class>/`` device trees: add devices with ``add_device``; a driver reads ``model.sysfs_root``
+  and ``model.dev_root``, or the model itself as its :class:`~devplug.sysfs.SysfsAccess`);
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
@@ -70,6 +73,7 @@ from devplug.testing.entrypoints import entry_point_env, installed_driver_names,
 if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread
     from devplug.devkubelet.cgroups import CgroupLayout
+    from devplug.testing.classsysfs import SysfsClassModel
     from devplug.testing.harness import DriverHarness
 
 __all__ = [
@@ -327,6 +331,15 @@ def driver_harness(tmp_path: Path) -> Iterator[Callable[..., DriverHarness]]:
     yield make
     for harness in made:
         harness.stop()
+
+
+@pytest.fixture
+def sysfs_class_tree(tmp_path: Path) -> SysfsClassModel:
+    """A fresh model of ``/sys/class/<class>/`` device trees in ``tmp_path / "machine"`` (see
+    :mod:`devplug.testing.classsysfs`)."""
+    from devplug.testing.classsysfs import SysfsClassModel
+
+    return SysfsClassModel(tmp_path / "machine")
 
 
 def _liveness_table(kubelet: DevKubeletThread) -> dict[str, Any] | None:
