@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -209,16 +208,12 @@ class TestPlain(DriverConformance):
 """
 
 
-def test_the_conformance_class_watches_a_driver_that_records_nothing_itself(tmp_path: Path) -> None:
+def test_the_conformance_class_watches_a_driver_that_records_nothing_itself(
+    tmp_path: Path, run_pytest: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     (tmp_path / "plain_driver.py").write_text(textwrap.dedent(PLAIN_DRIVER))
     (tmp_path / "test_plain.py").write_text(textwrap.dedent(SUITE))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-    )
+    done = run_pytest(tmp_path, timeout=600)
     out = done.stdout
     assert done.returncode == 0, out[-4000:]
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed|error)", out)}

@@ -60,8 +60,8 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from devplug.sysfs import HostSysfs
 from devplug.testing.devnodes import NULL_DEVICE, make_char_device
+from devplug.testing.sysfsfiles import SysfsFiles
 
 __all__ = ["SysfsClassModel"]
 
@@ -77,17 +77,14 @@ def _put(path: Path, value: str) -> None:
     os.replace(scratch, path)
 
 
-class SysfsClassModel:
+class SysfsClassModel(SysfsFiles):
     """Devices of sysfs classes as files under ``root`` (see the module docstring)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self._sys = self.root / "sys"
-        self._dev = self.root / "dev"
+        super().__init__(root)
         self._control = self.root / "model"
         for folder in (self._sys / "class", self._sys / "devices", self._dev, self._control):
             folder.mkdir(parents=True, exist_ok=True)
-        self._reader = HostSysfs(self._sys, self._dev)
 
     def __repr__(self) -> str:
         return f"SysfsClassModel({str(self.root)!r})"
@@ -196,16 +193,6 @@ class SysfsClassModel:
 
     # --- the door: devplug.sysfs.SysfsAccess ------------------------------------------------------------------
 
-    @property
-    def sysfs_root(self) -> Path:
-        """The model's /sys."""
-        return self._sys
-
-    @property
-    def dev_root(self) -> Path:
-        """The model's /dev."""
-        return self._dev
-
     def _where(self, path: Path) -> tuple[str, str, str] | None:
         """(class, device, attribute) of a path under ``sys/class``, or None."""
         try:
@@ -223,23 +210,7 @@ class SysfsClassModel:
             with contextlib.suppress(FileNotFoundError):
                 code = fault.read_text().strip()
                 raise OSError(_ERRNOS[code], f"read: {os.strerror(_ERRNOS[code])}", str(path))
-        return self._reader.read_text(path)
-
-    def exists(self, path: Path) -> bool:
-        """True when the path exists."""
-        return self._reader.exists(path)
-
-    def is_dir(self, path: Path) -> bool:
-        """True when the path is a folder."""
-        return self._reader.is_dir(path)
-
-    def listdir(self, path: Path) -> list[str]:
-        """Sorted entry names."""
-        return self._reader.listdir(path)
-
-    def link_name(self, path: Path) -> str | None:
-        """The symlink target's last component, or ``None``."""
-        return self._reader.link_name(path)
+        return super().read_text(path)
 
     def writable(self, path: Path) -> bool:
         """True for an attribute with a store method (mode 0644), whoever the caller is."""

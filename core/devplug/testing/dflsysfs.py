@@ -88,8 +88,8 @@ from pathlib import Path
 from typing import Any
 
 from devplug.atomic import write_atomic
-from devplug.sysfs import HostSysfs
 from devplug.testing.devnodes import make_char_device
+from devplug.testing.sysfsfiles import SysfsFiles
 
 __all__ = [
     "DFL_FPGA_FME_PORT_PR",
@@ -139,7 +139,7 @@ class ModelCard:
     region: Path
 
 
-class DflModel:
+class DflModel(SysfsFiles):
     """The DFL part of a machine, as files under ``root`` (see the module docstring).
 
     Implements the FPGA driver's door: the :class:`devplug.sysfs.SysfsAccess`
@@ -147,45 +147,12 @@ class DflModel:
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self._sys = self.root / "sys"
-        self._dev = self.root / "dev"
+        super().__init__(root)
         self._control = self.root / "model"
         for folder in (self._sys / "class/fpga_region", self._sys / "bus/platform/devices", self._dev, self._control):
             folder.mkdir(parents=True, exist_ok=True)
-        self._reader = HostSysfs(self._sys, self._dev)
 
     # --- the door: reads ------------------------------------------------------------
-
-    @property
-    def sysfs_root(self) -> Path:
-        """The model's /sys."""
-        return self._sys
-
-    @property
-    def dev_root(self) -> Path:
-        """The model's /dev."""
-        return self._dev
-
-    def read_text(self, path: Path) -> str:
-        """The attribute's content, stripped."""
-        return self._reader.read_text(path)
-
-    def exists(self, path: Path) -> bool:
-        """True when the path exists."""
-        return self._reader.exists(path)
-
-    def listdir(self, path: Path) -> list[str]:
-        """Sorted entry names."""
-        return self._reader.listdir(path)
-
-    def is_dir(self, path: Path) -> bool:
-        """True when the path is a folder."""
-        return self._reader.is_dir(path)
-
-    def link_name(self, path: Path) -> str | None:
-        """The symlink target's last component, or ``None``."""
-        return self._reader.link_name(path)
 
     def writable(self, path: Path) -> bool:
         """True for the attributes the model accepts writes to (``errors``, ``power1_max``: mode 0644 on a host)."""

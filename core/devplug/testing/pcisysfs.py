@@ -116,8 +116,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.sysfs import SysfsAccess
 from devplug.testing.devnodes import make_char_device
+from devplug.testing.sysfsfiles import SysfsFiles
 
 __all__ = [
     "SLOW_UNBIND_FILE",
@@ -210,7 +211,7 @@ def _device_from_json(data: dict[str, Any]) -> ModelDevice:
     return ModelDevice(**{**data, "sriov": ModelSriov(**sriov) if isinstance(sriov, dict) else None})
 
 
-class PciSysfsModel:
+class PciSysfsModel(SysfsFiles):
     """The kernel's PCI sysfs, as files in a folder, changed by writes as the kernel would.
 
     ``root`` gets ``sys/`` and ``dev/``; without one a temporary folder is
@@ -224,11 +225,8 @@ class PciSysfsModel:
         self, root: Path | None = None, *, iommu: bool = True, vfio: bool = True, state_file: Path | None = None
     ) -> None:
         self._own_root = root is None
-        self.root = Path(tempfile.mkdtemp(prefix="pcisysfs-")) if root is None else Path(root)
-        self._sys = self.root / "sys"
-        self._dev = self.root / "dev"
-        self._reader = HostSysfs(self._sys, self._dev)
-        self._lock = threading.RLock()
+        super().__init__(Path(tempfile.mkdtemp(prefix="pcisysfs-")) if root is None else Path(root))
+        self._lock = threading.RLock()  # the tree is redrawn in place after every write
         self.iommu = iommu
         self.vfio_loaded = vfio
         self.devices: dict[str, ModelDevice] = {}
@@ -244,41 +242,6 @@ class PciSysfsModel:
         self._render()
 
     # --- SysfsAccess -------------------------------------------------------------
-
-    @property
-    def sysfs_root(self) -> Path:
-        """The model's sysfs mount point."""
-        return self._sys
-
-    @property
-    def dev_root(self) -> Path:
-        """The model's /dev."""
-        return self._dev
-
-    def read_text(self, path: Path) -> str:
-        """The attribute's content, stripped."""
-        with self._lock:
-            return self._reader.read_text(path)
-
-    def exists(self, path: Path) -> bool:
-        """True when the path exists."""
-        with self._lock:
-            return self._reader.exists(path)
-
-    def is_dir(self, path: Path) -> bool:
-        """True when the path is a folder."""
-        with self._lock:
-            return self._reader.is_dir(path)
-
-    def listdir(self, path: Path) -> list[str]:
-        """Sorted entry names."""
-        with self._lock:
-            return self._reader.listdir(path)
-
-    def link_name(self, path: Path) -> str | None:
-        """The symlink target's last component, or ``None``."""
-        with self._lock:
-            return self._reader.link_name(path)
 
     def writable(self, path: Path) -> bool:
         """True for the attributes the model accepts writes to (mode 0644, as sysfs shows them)."""
