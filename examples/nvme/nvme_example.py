@@ -1,4 +1,4 @@
-"""An NVMe-like driver: the worked example of devplug's driver guide (docs/driver/example.md).
+"""An NVMe-like driver: the worked example of devplug's driver guide (docs/driver/writing.md, "A worked example").
 
 Each controller under ``/sys/class/nvme/`` is a device. Its ``state`` attribute
 says whether it serves (``live``); a drive whose last erase failed is out of
