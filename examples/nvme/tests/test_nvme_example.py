@@ -26,6 +26,7 @@ from devplug.testing.waiting import poll_until
 from nvme_example import NvmeDriver
 
 Harness = Callable[..., DriverHarness]
+Serve = Callable[..., DriverHarness]
 
 
 def add_drive(machine: SysfsClassModel, name: str, state: str = "live") -> None:
@@ -57,6 +58,21 @@ def driver_on(machine: SysfsClassModel, tool: FakeCommand, **options: object) ->
     return NvmeDriver(opts, sysfs=machine)
 
 
+@pytest.fixture
+def serve(sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness) -> Serve:
+    """``serve("nvme0", "nvme1", **options)``: those drives in the model, the driver started on them behind the
+    engine's hook calls, its devices listed (the engine's table loaded into the sink)."""
+
+    def start(*drives: str, **options: object) -> DriverHarness:
+        for name in drives:
+            add_drive(sysfs_class_tree, name)
+        harness = driver_harness(driver_on(sysfs_class_tree, erase_tool, **options)).start()
+        harness.list_devices()
+        return harness
+
+    return start
+
+
 def test_drives_are_found_in_sys_class_nvme_with_their_health(
     sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
 ) -> None:
@@ -70,12 +86,8 @@ def test_drives_are_found_in_sys_class_nvme_with_their_health(
     assert devices["nvme1"].reason == "controller state is 'resetting', not 'live'"
 
 
-def test_health_comes_with_a_reason_per_drive(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
-) -> None:
-    for name in ("nvme0", "nvme1", "nvme2"):
-        add_drive(sysfs_class_tree, name)
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool)).start()
+def test_health_comes_with_a_reason_per_drive(sysfs_class_tree: SysfsClassModel, serve: Serve) -> None:
+    harness = serve("nvme0", "nvme1", "nvme2")
     devices = harness.list_devices()
     sysfs_class_tree.set_attribute("nvme", "nvme1", "state", "dead")
     sysfs_class_tree.fail_reads("nvme", "nvme2", "state", "EIO")
@@ -86,25 +98,16 @@ def test_health_comes_with_a_reason_per_drive(
     }
 
 
-def test_a_hot_plugged_drive_is_pushed_by_the_rescan(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
-) -> None:
-    add_drive(sysfs_class_tree, "nvme0")
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool, rescan_interval=0.05)).start()
-    harness.list_devices()
+def test_a_hot_plugged_drive_is_pushed_by_the_rescan(sysfs_class_tree: SysfsClassModel, serve: Serve) -> None:
+    harness = serve("nvme0", rescan_interval=0.05)
     add_drive(sysfs_class_tree, "nvme1")
     poll_until(lambda: "nvme1" in harness.sink.table, "nvme1 pushed after it appeared")
     sysfs_class_tree.remove_device("nvme", "nvme0")
     poll_until(lambda: "nvme0" not in harness.sink.table, "nvme0 gone after its removal")
 
 
-def test_a_container_gets_the_drives_node(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
-) -> None:
-    add_drive(sysfs_class_tree, "nvme0")
-    add_drive(sysfs_class_tree, "nvme1")
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool)).start()
-    harness.list_devices()
+def test_a_container_gets_the_drives_node(serve: Serve) -> None:
+    harness = serve("nvme0", "nvme1")
     assert harness.hooks.allocate(["nvme0", "nvme1"]) == ContainerAllocation(
         devices=(DeviceSpec("/dev/nvme0", "/dev/nvme0", "rw"), DeviceSpec("/dev/nvme1", "/dev/nvme1", "rw")),
         envs={"NVME_DEVICES": "nvme0,nvme1"},
@@ -112,23 +115,18 @@ def test_a_container_gets_the_drives_node(
 
 
 def test_a_release_erases_the_drive_through_the_tool(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
+    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, serve: Serve
 ) -> None:
-    add_drive(sysfs_class_tree, "nvme0")
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool)).start()
-    harness.list_devices()
+    harness = serve("nvme0")
     harness.release(["nvme0"])
     node = str(sysfs_class_tree.node("nvme0"))
     assert [c["argv"] for c in erase_tool.calls("format", "done")] == [["format", node, "--ses=1"]]
 
 
 def test_a_failed_erase_keeps_the_drive_out_of_service_until_an_erase_succeeds(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
+    erase_tool: FakeCommand, serve: Serve
 ) -> None:
-    add_drive(sysfs_class_tree, "nvme0")
-    add_drive(sysfs_class_tree, "nvme1")
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool)).start()
-    harness.list_devices()
+    harness = serve("nvme0", "nvme1")
     erase_tool.behave(format={"exit": 5, "stderr": "NVMe status: ACCESS_DENIED"})
     with pytest.raises(DriverError, match="nvme0: erase failed, the drive stays out of service"):
         harness.release(["nvme0"])
@@ -144,12 +142,8 @@ def test_a_failed_erase_keeps_the_drive_out_of_service_until_an_erase_succeeds(
     assert len(erase_tool.calls("format", "done")) == 1
 
 
-def test_a_hung_erase_is_killed_at_erase_timeout(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
-) -> None:
-    add_drive(sysfs_class_tree, "nvme0")
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool, erase_timeout=0.5)).start()
-    harness.list_devices()
+def test_a_hung_erase_is_killed_at_erase_timeout(erase_tool: FakeCommand, serve: Serve) -> None:
+    harness = serve("nvme0", erase_timeout=0.5)
     erase_tool.behave(format={"hang": True})
     with pytest.raises(DriverError, match="nvme0: erase failed"):
         harness.release(["nvme0"])
@@ -159,11 +153,9 @@ def test_a_hung_erase_is_killed_at_erase_timeout(
 
 
 def test_a_hot_removed_drive_needs_no_erase(
-    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, driver_harness: Harness
+    sysfs_class_tree: SysfsClassModel, erase_tool: FakeCommand, serve: Serve
 ) -> None:
-    add_drive(sysfs_class_tree, "nvme0")
-    harness = driver_harness(driver_on(sysfs_class_tree, erase_tool)).start()
-    harness.list_devices()
+    harness = serve("nvme0")
     sysfs_class_tree.remove_device("nvme", "nvme0")
     harness.release(["nvme0"], retry=True)
     assert erase_tool.calls() == []
