@@ -56,6 +56,24 @@ def install_project(python: Path, project: Path, package: str) -> None:
     (project / package).rename(project / "source-moved-away")
 
 
+def run_pytest_on(folder: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """pytest run on ``folder`` in a child process (``folder`` its rootdir and working folder, no cache), its
+    output captured: for tests of what a driver author's suite sees."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(folder), str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def run_pytest() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_pytest(folder, timeout=300)``: see :func:`run_pytest_on`."""
+    return run_pytest_on
+
+
 @pytest.fixture
 def installed_project() -> Callable[[Path, Path, str], None]:
     """``installed_project(python, project, package)``: see :func:`install_project`."""

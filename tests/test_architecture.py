@@ -47,10 +47,13 @@ def _public(module: str) -> bool:
 
 
 def test_drivers_use_only_the_public_surface() -> None:
+    """Shipped drivers, and the driver guide's worked example (examples/: what a vendor copies), whose tests too."""
     forbidden = ("grpc", "google.protobuf")
+    example = list((ROOT / "examples").rglob("*.py"))
+    assert example, "the worked example is gone from examples/"
     offences = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
-        for path in _sources(ROOT / "drivers")
+        for path in [*_sources(ROOT / "drivers"), *example]
         for line, module in _imports(path)
         if module.startswith(forbidden)
         or ((module == "devplug" or module.startswith("devplug.")) and not _public(module))

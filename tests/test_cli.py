@@ -6,13 +6,14 @@ import json
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from devplug.cli_run import parse_run_args
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.waiting import poll_until
 
 
 def _devplug(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -49,13 +50,9 @@ def test_demo_profiles_moves_a_node_between_profiles() -> None:
     assert any(line.endswith("released once the pod ended") and "[ok]" in line for line in out.splitlines())
 
 
-def _wait_for(predicate: object, what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+def _wait_for(predicate: Callable[[], object], what: str, timeout: float = 15) -> None:
+    __tracebackhide__ = True
+    poll_until(predicate, what, timeout)
 
 
 def test_foreground_dev_kubelet_and_json_logs(devplug_root: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from devplug.testing.conformance import DriverConformance
@@ -22,19 +22,15 @@ def _examples() -> list[str]:
     return re.findall(r"```python\n(.*?)```", _section(), re.S)
 
 
-def test_every_example_of_the_testing_guide_runs(tmp_path: Path) -> None:
+def test_every_example_of_the_testing_guide_runs(
+    tmp_path: Path, run_pytest: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     examples = _examples()
     assert len(examples) >= 5
     assert any("DriverConformance" in e for e in examples)
     for i, source in enumerate(examples):
         (tmp_path / f"test_example_{i}.py").write_text(source)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    done = run_pytest(tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     # The conformance example's checks ran too (none skipped: the mock can make a release slow).
     assert re.search(r"\b1[0-9] passed\b", done.stdout), done.stdout[-2000:]

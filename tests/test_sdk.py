@@ -93,6 +93,11 @@ def test_the_skeleton_has_every_hook_of_hookspecs_with_its_signature_and_docstri
         assert params == [("self", None), *expected], hook.name
         assert hook.returns is not None
         assert ast.unparse(hook.returns) == inspect.signature(spec).return_annotation, hook.name
+    # the driver is on the kit and carries no test code: its tests record its calls through the stand-in
+    source = (target / "devplug_acme" / "driver.py").read_text()
+    assert "from devplug.kit import DriverRuntime" in source
+    assert "from devplug.testing" not in source and "HookRecorder" not in source and "calls.jsonl" not in source
+    assert "records_itself = False" in (target / "tests" / "test_conformance.py").read_text()
     # the driver declares the hook contract of the core that generated it
     assert f'    hook_contract = "{devplug.HOOK_CONTRACT}"\n' in (target / "devplug_acme" / "driver.py").read_text()
     # the pyproject publishes the entry point and depends on the core

@@ -72,6 +72,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:  # never from TOML, which has no null; JSON records have it
+            return None
         errors = []
         for arm in args:
             if arm is type(None):

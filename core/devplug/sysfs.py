@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["HostSysfs", "SysfsAccess"]
+__all__ = ["HostSysfs", "SysfsAccess", "check_roots"]
 
 
 @runtime_checkable
@@ -144,3 +144,12 @@ class HostSysfs:
     def writable(self, path: Path) -> bool:
         """``access(2)`` with ``W_OK``: false on a read-only mount."""
         return os.access(path, os.W_OK)
+
+
+def check_roots(sysfs_root: Path, dev_root: Path) -> None:
+    """For a driver's ``Options``: ``ValueError`` naming the option when ``sysfs_root`` lies in ``/proc`` or
+    ``/dev``, or ``dev_root`` in ``/proc`` or ``/sys`` (see :func:`devplug.options.refuse_kernel_trees`)."""
+    from devplug.options import refuse_kernel_trees
+
+    refuse_kernel_trees(sysfs_root, "sysfs_root", allowed=Path("/sys"))
+    refuse_kernel_trees(dev_root, "dev_root", allowed=Path("/dev"))

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.plugin import REQUIRE_CGROUPS_ENV
 from devplug.testing.recorder import read_hook_calls
+from devplug.testing.waiting import poll_until
 
 RESOURCE = "example.com/mock"
 
@@ -28,13 +28,8 @@ def _devplug(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
 
 
 def _wait(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+    __tracebackhide__ = True
+    return poll_until(predicate, what, timeout, interval=0.05)
 
 
 class Node:

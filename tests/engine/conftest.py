@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,6 +19,7 @@ from devplug.engine.resource import Resource
 from devplug.resource_names import socket_file_name
 from devplug.testing.configs import dev_config
 from devplug.testing.daemon import DaemonThread
+from devplug.testing.waiting import poll_until
 
 Wait = Callable[..., None]
 #: The resource of :func:`daemon_holding`.
@@ -93,13 +93,8 @@ def wait_until() -> Wait:
     """``wait_until(predicate, what, timeout=10)``: poll until true, else fail naming what was awaited."""
 
     def wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.01)
-        if not predicate():
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        __tracebackhide__ = True
+        poll_until(predicate, what, timeout, interval=0.01)
 
     return wait
 

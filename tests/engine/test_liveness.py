@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import pytest
 from devplug.config import LivenessConfig
 from devplug.engine.liveness import ContainerLiveness, PodState, find_pod_cgroups, read_pod
 from devplug.kubecgroups import kubepods_name, literal_path, pod_name
+from devplug.testing.waiting import poll_until
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 V2_MOUNT = CGROUP_FS / "unified"
@@ -84,10 +84,8 @@ class Layout:
         script = "".join(f'echo $$ > "{p}" && ' for p in procs) + "exec sleep 600"
         process = subprocess.Popen(["/bin/sh", "-c", script])
         self.processes.append(process)
-        deadline = time.monotonic() + 10
-        while not all(Path(p).read_text().strip() for p in procs):
-            assert time.monotonic() < deadline, "the container process never joined its cgroup"
-            time.sleep(0.005)
+        joined = lambda: all(Path(p).read_text().strip() for p in procs)  # noqa: E731
+        poll_until(joined, "the container process to join its cgroup", 10, interval=0.005)
         return process
 
     def remove_pod(self, uid: str, qos: str = "besteffort") -> None:

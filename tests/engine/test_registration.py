@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import stat
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from devplug import Device, hookimpl
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.plugin import DaemonFactory
+from devplug.testing.waiting import poll_until
 from devplug_mock import read_calls
 
 from .conftest import Wait, in_process_config, view_of
@@ -55,9 +55,7 @@ def test_options_follow_the_hooks_a_driver_implements(dev_kubelet: DevKubeletThr
 def test_waits_for_a_kubelet_that_is_not_there_yet(devplug_root: Path) -> None:
     with DaemonThread(in_process_config(devplug_root, {"example.com/only": OnlyDevices})) as daemon:
         resource = daemon.daemon.resources[0]
-        deadline = time.monotonic() + 10
-        while resource.last_error is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: resource.last_error is not None, "a registration error", 10)
         assert resource.last_error is not None
         assert "registration failed" in resource.last_error
         with DevKubeletThread(

@@ -29,6 +29,7 @@ from devplug.engine.journal import segments
 from devplug.engine.ledger import FORMAT_VERSION, read_ledger_records
 from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.testing.plugin import RunningDaemon
+from devplug.testing.waiting import poll_until as kit_poll_until
 from devplug_mock import read_calls
 
 #: The resource every test serves (a second one, when needed, is ``RESOURCE_B``).
@@ -49,16 +50,9 @@ def poll_until(
     interval: float = 0.02,
     details: Callable[[], str] | None = None,
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail the test clearly otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{details()}" if details is not None else ""
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what or predicate!r}{extra}", pytrace=False)
-        time.sleep(interval)
+    """The kit's :func:`devplug.testing.waiting.poll_until`, with this suite's argument order and a 10 s default."""
+    __tracebackhide__ = True
+    return kit_poll_until(predicate, what or repr(predicate), timeout, details, interval=interval)
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 BROKEN_DRIVER = '''
@@ -37,16 +37,12 @@ class TestReleasesTwice(DriverConformance):
 """
 
 
-def test_a_driver_releasing_twice_fails_the_release_checks(tmp_path: Path) -> None:
+def test_a_driver_releasing_twice_fails_the_release_checks(
+    tmp_path: Path, run_pytest: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     (tmp_path / "broken_driver.py").write_text(textwrap.dedent(BROKEN_DRIVER))
     (tmp_path / "test_broken.py").write_text(textwrap.dedent(SUITE))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    done = run_pytest(tmp_path, timeout=300)
     out = done.stdout
     assert done.returncode == 1, out[-4000:]
     failed = sorted(line.split("::")[-1].split(" ")[0] for line in out.splitlines() if line.startswith("FAILED"))

@@ -9,7 +9,7 @@ from typing import Any
 from devplug.errors import ConfigError, DevplugError, DriverError
 from devplug.types import ResourceSettings
 
-__all__ = ["check_driver_resources", "construct_driver"]
+__all__ = ["check_driver_resources", "construct_driver", "takes_settings"]
 
 
 def construct_driver(resource: str, driver: str, cls: type, options: Any) -> object:
@@ -50,7 +50,7 @@ def check_driver_resources(
         if check is None:
             continue
         try:
-            if settings is not None and _takes_settings(check):
+            if settings is not None and takes_settings(check):
                 check(options, settings={name: settings[name] for name in options if name in settings})
             else:
                 check(options)
@@ -59,7 +59,7 @@ def check_driver_resources(
             raise ConfigError(f"{source}: resources {listed} (driver {names[cls]}): {exc}") from exc
 
 
-def _takes_settings(check: Any) -> bool:
+def takes_settings(check: Any) -> bool:
     """Whether a ``check_resources`` declares a ``settings`` parameter (or takes any keyword)."""
     try:
         parameters = inspect.signature(check).parameters.values()

@@ -1,14 +1,48 @@
 """The driver kit: what drivers share instead of writing it again each.
 
+* :mod:`devplug.kit.advertised` -- what the engine was last told about the
+  devices, and pushes that carry only what changed.
 * :mod:`devplug.kit.command` -- running an external command (a vendor tool): no
   shell, its own session, a deadline that kills its whole process group, output
   read with a cap, a bounded excerpt for errors and logs.
+* :mod:`devplug.kit.owners` -- one resource per device: the check that no two
+  resources take the same device, said the same way by every driver.
+* :mod:`devplug.kit.records` -- a driver's own records (what it is doing to
+  which device), typed, in one JSON file of its state folder replaced
+  atomically on every change: what it must know after a crash.
+* :mod:`devplug.kit.devicelocks` -- devices held by a driver's own work, so
+  that no two pieces of it run on one device at once and a slow one holds up
+  no other device.
+* :mod:`devplug.kit.runtime` -- what a driver instance holds while it runs,
+  in one object (its context, what the engine was told, its rescan loop):
+  the shape every shipped driver has.
+* :mod:`devplug.kit.rescan` -- a rescan loop: the machine looked at again every
+  period and soon after an event, one scan at a time, failures backed off.
 
 Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 """
 
 from __future__ import annotations
 
-from devplug.kit.command import CommandError, CommandResult, StartRecorder, run_command
+from devplug.kit.advertised import AdvertisedDevices
+from devplug.kit.command import CommandError, CommandResult, StartRecorder, kill_left_behind, run_command
+from devplug.kit.devicelocks import DeviceLocks
+from devplug.kit.owners import DeviceOwners
+from devplug.kit.records import RecordStore, RecordTable
+from devplug.kit.rescan import RescanLoop
+from devplug.kit.runtime import DriverRuntime
 
-__all__ = ["CommandError", "CommandResult", "StartRecorder", "run_command"]
+__all__ = [
+    "AdvertisedDevices",
+    "CommandError",
+    "CommandResult",
+    "DeviceLocks",
+    "DeviceOwners",
+    "DriverRuntime",
+    "RecordStore",
+    "RecordTable",
+    "RescanLoop",
+    "StartRecorder",
+    "kill_left_behind",
+    "run_command",
+]

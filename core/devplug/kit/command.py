@@ -49,6 +49,7 @@ __all__ = [
     "CommandError",
     "CommandResult",
     "StartRecorder",
+    "kill_left_behind",
     "run_command",
 ]
 
@@ -298,3 +299,29 @@ def _supervise(proc: subprocess.Popen[bytes], timeout: float, out: _Capture, err
         os.close(pidfd)
         for stream in (proc.stdout, proc.stderr):
             stream.close()
+
+
+def kill_left_behind(pid: int, program: str) -> bool:
+    """Kill a command a killed daemon left running, if ``pid`` still runs ``program``; True if it did.
+
+    Record what ``on_start`` is given (before the work the command does, in the
+    driver's records) and call this at the next ``start`` for each recorded pid:
+    the command ran in a session of its own, so its process group is its pid and
+    the whole group goes (a wrapper's children too). A pid now running another
+    program (reused) is left alone.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read().split(b"\0")
+    except OSError:
+        return False
+    if not any(os.path.basename(part.decode(errors="replace")) == os.path.basename(program) for part in cmdline):
+        return False
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True

@@ -4,11 +4,13 @@ The skeleton (``devplug-NAME/``) holds a pyproject declaring the
 ``devplug.drivers`` entry point ``NAME`` and a dependency on the core, the
 package ``devplug_NAME`` with a driver class (an ``Options`` dataclass and
 every hook of :mod:`devplug.hookspecs`, with the spec's signature and
-docstring), a README, and tests: a unit test of the hooks and a subclass of
+docstring), a README, and tests: unit tests of the hooks through the kit's
+``driver_harness`` and :mod:`devplug.testing.recording`, and a subclass of
 :class:`devplug.testing.conformance.DriverConformance`. The minimal driver is
-a working one: its devices are ``NAME0`` .. from its ``count`` option, and it
-records its hook calls in its ``directory`` option, which is how the
-conformance checks watch it.
+a working one on the driver kit (:class:`devplug.kit.DriverRuntime` holds its
+context and what the engine was told): its devices are ``NAME0`` .. from its
+``count`` option. It has no code for tests: the tests record its hook calls
+through the kit's recording stand-in (``records_itself = False``).
 """
 
 from __future__ import annotations
@@ -45,24 +47,21 @@ FILES: tuple[tuple[str, str], ...] = (
 
 #: The body of each generated hook (``$env`` is the allocation's environment variable).
 HOOK_BODIES: dict[str, str] = {
-    "start": "        self.ctx = ctx\n        self.options.directory.mkdir(parents=True, exist_ok=True)",
-    "stop": "        self.ctx = None",
-    "list_devices": '        return [Device(f"$name{i}") for i in range(self.options.count)]',
-    "check_health": "        return {device.id: Health.HEALTHY for device in devices}",
+    "start": (
+        "        self.runtime.start(ctx)  # the context, its logger and state folder, until stop\n"
+        "        self.runtime.start_rescans()  # scan() again every rescan_interval seconds (none set here)"
+    ),
+    "stop": "        self.runtime.stop()",
+    "list_devices": "        return self.runtime.refresh(push=False)  # the engine takes the answer",
+    "check_health": (
+        "        # a HealthReport(Health.UNHEALTHY, reason) says why a device is out of service\n"
+        "        return {device.id: HealthReport(Health.HEALTHY) for device in devices}"
+    ),
     "preferred_allocation": "        return None  # the core's default: as few NUMA nodes as possible",
-    "allocate": (
-        '        with self.calls.call("allocate", device_ids):\n'
-        '            return ContainerAllocation(envs={"$env": ",".join(device_ids)})'
-    ),
-    "pre_start": '        with self.calls.call("pre_start", device_ids):\n            pass  # ready the devices here',
-    "post_stop": (
-        '        with self.calls.call("post_stop", device_ids, retry=retry):\n'
-        "            pass  # clean the devices up here (scrub, reset); cope with finding it done when retry"
-    ),
-    "deallocate": (
-        '        with self.calls.call("deallocate", device_ids, retry=retry):\n'
-        "            pass  # take the devices back here; they are free once this returns"
-    ),
+    "allocate": '        return ContainerAllocation(envs={"$env": ",".join(device_ids)})',
+    "pre_start": "        pass  # ready the devices here",
+    "post_stop": "        pass  # clean the devices up here (scrub, reset); cope with finding it done when retry",
+    "deallocate": "        pass  # take the devices back here; they are free once this returns",
 }
 
 
@@ -103,11 +102,11 @@ def _imports() -> str:
     """The driver module's imports: what the hook signatures need, plus what the skeleton's code uses."""
     needed = required_imports()
     stdlib = {module: names for module, names in needed.items() if module != "devplug"}
-    stdlib.update({"dataclasses": ["dataclass"], "pathlib": ["Path"]})
+    stdlib.update({"dataclasses": ["dataclass"]})
     lines = [f"from {module} import {', '.join(names)}" for module, names in sorted(stdlib.items())]
     lines.append("")
     lines.append(f"from devplug import {', '.join(sorted({*needed.get('devplug', []), 'hookimpl'}))}")
-    lines.append("from devplug.testing.recorder import HookRecorder")
+    lines.append("from devplug.kit import DriverRuntime")
     return "\n".join(lines)
 
 

@@ -26,6 +26,10 @@
   from a dead one.
 * :mod:`devplug.testing.nodes` -- several simulated nodes on one machine, each a
   dev kubelet and a real daemon, for drivers whose devices span nodes.
+* :mod:`devplug.testing.classsysfs` -- a model of ``/sys/class/<class>/`` device
+  trees (attributes, device nodes, hot removal, failing reads), for drivers that
+  discover devices in a sysfs class; the ``sysfs_class_tree`` fixture gives one.
+  :mod:`devplug.testing.sysfsfiles` is the read side these file-backed models share.
 * :mod:`devplug.testing.dflsysfs` -- a model of the kernel's FPGA DFL sysfs, device
   nodes and ioctls, shared through files with a daemon under test.
 * :mod:`devplug.testing.devnodes` -- character devices for models and test drivers

@@ -20,9 +20,13 @@ subclass says what is driver-specific::
         def bad_options(self, folder):
             return {"bitstream_dir": str(folder), "cards": -1}
 
-The driver must record its calls with a ``HookRecorder`` on
-:meth:`DriverConformance.calls_dir` (by default the folder itself) and
-implement ``list_devices``; the checks, one test each:
+The checks watch the driver through a record of its hook calls. A driver
+needs no code for it: with ``records_itself = False`` the daemon under test
+serves the driver through :func:`devplug.testing.recording.recording_driver`,
+a stand-in that records every hook call in :meth:`DriverConformance.calls_dir`.
+A driver written before the stand-in existed records its own calls with a
+``HookRecorder`` there (``records_itself = True``, the default, so such suites
+keep working). The checks, one test each:
 
 * ``test_advertises_its_devices`` -- every device registered, listed to the kubelet, healthy;
 * ``test_allocates_a_pod`` -- a pod gets distinct advertised devices, the ``allocate`` hook (when the driver
@@ -67,30 +71,11 @@ from devplug.hookrecord import RELEASE_HOOKS, HookCall, read_hook_calls
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.entrypoints import entry_point_env
 from devplug.testing.plugin import RunningDaemon
+from devplug.testing.recording import recording_entry_point
+from devplug.testing.waiting import WAIT, poll_until
 from devplug.types import ContainerAllocation, replica_id
 
-__all__ = ["DriverConformance", "poll_until"]
-
-#: Seconds any awaited condition may take: a generous bound on "soon", never a timing assertion.
-WAIT = 30.0
-
-
-def poll_until(
-    predicate: Callable[[], Any], what: str, timeout: float = WAIT, details: Callable[[], str] | None = None
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail the test naming ``what``.
-
-    ``details``, when given, is called on a timeout and its text added to the failure (logs, state).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{details()}" if details is not None else ""
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{extra}", pytrace=False)
-        time.sleep(0.02)
+__all__ = ["WAIT", "DriverConformance", "poll_until"]
 
 
 class DriverConformance:
@@ -117,6 +102,11 @@ class DriverConformance:
     python_path: ClassVar[Sequence[Path]] = ()
     #: Replicas per device (the resource's ``replicas``): above 1, every check runs on shared devices.
     replicas: ClassVar[int] = 1
+    #: Whether the driver records its own hook calls with a :class:`~devplug.testing.recorder.HookRecorder` in
+    #: :meth:`calls_dir`, as drivers had to before the kit could (the default, so their suites keep working).
+    #: False: the daemon serves the driver through :mod:`devplug.testing.recording`'s stand-in, which records
+    #: every hook call there, and the driver needs no recording code.
+    records_itself: ClassVar[bool] = True
 
     # --- what a driver's subclass supplies ----------------------------------------------------------
 
@@ -128,7 +118,8 @@ class DriverConformance:
         raise NotImplementedError(f"{type(self).__name__} must define options(folder)")
 
     def calls_dir(self, folder: Path) -> Path:
-        """Where the driver's :class:`~devplug.testing.recorder.HookRecorder` writes (default: ``folder``)."""
+        """Where the hook calls are recorded (default: ``folder``): by the driver's own
+        :class:`~devplug.testing.recorder.HookRecorder`, or by the recording stand-in (:attr:`records_itself`)."""
         return folder
 
     def check_allocation(self, device_ids: Sequence[str], allocation: ContainerAllocation, folder: Path) -> None:
@@ -181,9 +172,23 @@ class DriverConformance:
 
     # --- helpers ------------------------------------------------------------------------------------------
 
+    def served_driver(self, folder: Path) -> tuple[str, dict[str, str], tuple[Path, ...]]:
+        """What the daemon serves: the driver name to configure, the test drivers it may load and where their
+        modules are. :attr:`driver` with :attr:`test_drivers` and :attr:`python_path`, or, when the driver does not
+        record itself (:attr:`records_itself`), its recording stand-in beside them (a module written next to
+        ``folder``)."""
+        drivers = dict(self.test_drivers)
+        path = tuple(self.python_path)
+        if self.records_itself:
+            return self.driver, drivers, path
+        modules = folder.parent / f"{folder.name}-recording"
+        name, target = recording_entry_point(modules, self.driver, self.calls_dir(folder))
+        drivers[name] = target
+        return name, drivers, (*path, modules)
+
     def resource_table(self, folder: Path) -> dict[str, Any]:
         """The config's table for :attr:`resource` (with ``replicas`` when :attr:`replicas` is above 1)."""
-        table: dict[str, Any] = {"driver": self.driver, "options": dict(self.options(folder))}
+        table: dict[str, Any] = {"driver": self.served_driver(folder)[0], "options": dict(self.options(folder))}
         if self.replicas > 1:
             table["replicas"] = self.replicas
         return table
@@ -207,12 +212,13 @@ class DriverConformance:
 
     def start_daemon(self, devplug_daemon: Callable[..., RunningDaemon], folder: Path) -> RunningDaemon:
         """Start ``devplug run`` serving :attr:`resource` (quick releases: interval 0.1 s, grace 1 s)."""
+        _, drivers, path = self.served_driver(folder)
         return devplug_daemon(
             {self.resource: self.resource_table(folder)},
             release_interval=0.1,
             grace_period=1.0,
-            test_drivers=self.test_drivers,
-            python_path=self.python_path,
+            test_drivers=drivers,
+            python_path=path,
         )
 
     def release_calls(self, folder: Path, device_id: str, *, started: bool = False) -> list[HookCall]:
@@ -369,12 +375,13 @@ class DriverConformance:
         if self.device_count < 2:
             pytest.skip("needs two devices: one slow, one to keep serving")
         hook_timeout = 1.0
+        _, drivers, path = self.served_driver(conformance_folder)
         daemon = devplug_daemon(
             {self.resource: {**self.resource_table(conformance_folder), "hook_timeout": hook_timeout}},
             release_interval=0.1,
             grace_period=1.0,
-            test_drivers=self.test_drivers,
-            python_path=self.python_path,
+            test_drivers=drivers,
+            python_path=path,
         )
         (advertised,) = self.admit(dev_kubelet, "p", 1)
         dev = self.physical_id(advertised)

@@ -67,8 +67,8 @@ What it models, and where the kernel says so (``sysfs-platform-dfl-fme`` and
 
 Fault injections (files in ``model/``, usable from any process): a PR that fails
 with a chosen errno (:meth:`DflModel.fail_pr`), a PR that blocks while a hold
-file exists (:meth:`DflModel.hold_pr`, standing for a slow PR), a busy node,
-errors and temperatures set directly (:meth:`set_error`, :meth:`set_temperature`),
+file exists (:meth:`DflModel.hold_pr`, standing for a slow PR, of every port or
+of some), a busy node, errors and temperatures set directly (:meth:`set_error`, :meth:`set_temperature`),
 a node removed, a card hot-removed (:meth:`remove_card`). Every ioctl that
 reached the hardware is logged (:meth:`ioctl_log`).
 """
@@ -88,8 +88,8 @@ from pathlib import Path
 from typing import Any
 
 from devplug.atomic import write_atomic
-from devplug.sysfs import HostSysfs
 from devplug.testing.devnodes import make_char_device
+from devplug.testing.sysfsfiles import SysfsFiles
 
 __all__ = [
     "DFL_FPGA_FME_PORT_PR",
@@ -139,7 +139,7 @@ class ModelCard:
     region: Path
 
 
-class DflModel:
+class DflModel(SysfsFiles):
     """The DFL part of a machine, as files under ``root`` (see the module docstring).
 
     Implements the FPGA driver's door: the :class:`devplug.sysfs.SysfsAccess`
@@ -147,37 +147,19 @@ class DflModel:
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self._sys = self.root / "sys"
-        self._dev = self.root / "dev"
+        super().__init__(root)
         self._control = self.root / "model"
         for folder in (self._sys / "class/fpga_region", self._sys / "bus/platform/devices", self._dev, self._control):
             folder.mkdir(parents=True, exist_ok=True)
-        self._reader = HostSysfs(self._sys, self._dev)
 
     # --- the door: reads ------------------------------------------------------------
 
-    @property
-    def sysfs_root(self) -> Path:
-        """The model's /sys."""
-        return self._sys
-
-    @property
-    def dev_root(self) -> Path:
-        """The model's /dev."""
-        return self._dev
-
-    def read_text(self, path: Path) -> str:
-        """The attribute's content, stripped."""
-        return self._reader.read_text(path)
-
-    def exists(self, path: Path) -> bool:
-        """True when the path exists."""
-        return self._reader.exists(path)
-
-    def listdir(self, path: Path) -> list[str]:
-        """Sorted entry names."""
-        return self._reader.listdir(path)
+    def writable(self, path: Path) -> bool:
+        """True for the attributes the model accepts writes to (``errors``, ``power1_max``: mode 0644 on a host)."""
+        real = self.resolve(path)
+        name, parent = real.name, real.parent.name
+        clearable = parent == "errors" and (name in _CLEARABLE_FME_ERRORS or name == "errors")
+        return real.is_file() and (clearable or name == "power1_max")
 
     def resolve(self, path: Path) -> Path:
         """The path with every symlink followed."""
@@ -242,11 +224,11 @@ class DflModel:
             raise OSError(errno.EINVAL, f"DFL_FPGA_FME_PORT_PR: Invalid argument (no port {port_id})", str(node))
         image = ctypes.string_at(address, size) if size else b""
         hold = self._control / "pr-hold"
-        if hold.exists():  # a slow PR; a test removes the file, or kills the process
+        if self._held(hold, f"{fme}.{port_id}"):  # a slow PR; a test removes the file, or kills the process
             waiting = self._control / f"pr-waiting.{fme}.{port_id}"
             waiting.write_text(str(os.getpid()))
             try:
-                while hold.exists():
+                while self._held(hold, f"{fme}.{port_id}"):
                     time.sleep(0.01)
             finally:
                 waiting.unlink(missing_ok=True)
@@ -432,9 +414,18 @@ class DflModel:
         """Make every PR through ``fme`` fail with errno ``code`` (leaving the region without an AFU)."""
         (self._control / f"pr-fail.{fme}").write_text(code)
 
-    def hold_pr(self) -> None:
-        """Make PRs block until :meth:`release_pr` (or until the process is killed)."""
-        (self._control / "pr-hold").write_text("")
+    def hold_pr(self, *ports: str) -> None:
+        """Make PRs block until :meth:`release_pr` (or until the process is killed): those of ``ports``
+        (``<fme>.<port_id>``, as :meth:`pr_waiting` names them), or every PR when none is named."""
+        (self._control / "pr-hold").write_text("".join(f"{p}\n" for p in ports))
+
+    @staticmethod
+    def _held(hold: Path, port: str) -> bool:
+        try:
+            named = hold.read_text().split()
+        except FileNotFoundError:
+            return False
+        return not named or port in named
 
     def pr_waiting(self) -> list[str]:
         """The PRs held by :meth:`hold_pr` right now, as ``<fme>.<port_id>`` (a killed caller leaves its entry)."""

@@ -17,7 +17,6 @@ kubelet (not part of the public surface) themselves.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,12 @@ from typing import Any
 from devplug.devkubelet import ContainerSpec, DevKubelet, DevKubeletThread, PodSpec
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
+from devplug.testing.waiting import poll_until
+
+#: The kit's one wait helper (:func:`devplug.testing.waiting.poll_until`), by the name this module gave it first.
+wait_for = poll_until
 
 __all__ = ["LocalNode", "wait_for"]
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 20.0, interval: float = 0.01) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); ``TimeoutError`` naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 def _listed(resource: str) -> Callable[[DevKubelet], bool]:

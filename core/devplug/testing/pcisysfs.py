@@ -103,6 +103,7 @@ daemon under test in a child process (and its successor after a
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -110,15 +111,31 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from devplug.sysfs import HostSysfs
+from devplug.sysfs import SysfsAccess
 from devplug.testing.devnodes import make_char_device
+from devplug.testing.sysfsfiles import SysfsFiles
 
-__all__ = ["VFIO_PCI", "ModelDevice", "ModelDriver", "ModelSriov", "PciSysfsModel"]
+__all__ = [
+    "SLOW_UNBIND_FILE",
+    "VFIO_PCI",
+    "ModelDevice",
+    "ModelDriver",
+    "ModelSriov",
+    "PciSysfsModel",
+    "device_attribute",
+    "device_driver",
+    "device_iommu_group",
+    "device_present",
+    "driver_on_model",
+    "model_options",
+    "shared_model",
+    "write_device_attribute",
+]
 
 VFIO_PCI = "vfio-pci"
 _ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -194,7 +211,7 @@ def _device_from_json(data: dict[str, Any]) -> ModelDevice:
     return ModelDevice(**{**data, "sriov": ModelSriov(**sriov) if isinstance(sriov, dict) else None})
 
 
-class PciSysfsModel:
+class PciSysfsModel(SysfsFiles):
     """The kernel's PCI sysfs, as files in a folder, changed by writes as the kernel would.
 
     ``root`` gets ``sys/`` and ``dev/``; without one a temporary folder is
@@ -208,11 +225,8 @@ class PciSysfsModel:
         self, root: Path | None = None, *, iommu: bool = True, vfio: bool = True, state_file: Path | None = None
     ) -> None:
         self._own_root = root is None
-        self.root = Path(tempfile.mkdtemp(prefix="pcisysfs-")) if root is None else Path(root)
-        self._sys = self.root / "sys"
-        self._dev = self.root / "dev"
-        self._reader = HostSysfs(self._sys, self._dev)
-        self._lock = threading.RLock()
+        super().__init__(Path(tempfile.mkdtemp(prefix="pcisysfs-")) if root is None else Path(root))
+        self._lock = threading.RLock()  # the tree is redrawn in place after every write
         self.iommu = iommu
         self.vfio_loaded = vfio
         self.devices: dict[str, ModelDevice] = {}
@@ -228,41 +242,6 @@ class PciSysfsModel:
         self._render()
 
     # --- SysfsAccess -------------------------------------------------------------
-
-    @property
-    def sysfs_root(self) -> Path:
-        """The model's sysfs mount point."""
-        return self._sys
-
-    @property
-    def dev_root(self) -> Path:
-        """The model's /dev."""
-        return self._dev
-
-    def read_text(self, path: Path) -> str:
-        """The attribute's content, stripped."""
-        with self._lock:
-            return self._reader.read_text(path)
-
-    def exists(self, path: Path) -> bool:
-        """True when the path exists."""
-        with self._lock:
-            return self._reader.exists(path)
-
-    def is_dir(self, path: Path) -> bool:
-        """True when the path is a folder."""
-        with self._lock:
-            return self._reader.is_dir(path)
-
-    def listdir(self, path: Path) -> list[str]:
-        """Sorted entry names."""
-        with self._lock:
-            return self._reader.listdir(path)
-
-    def link_name(self, path: Path) -> str | None:
-        """The symlink target's last component, or ``None``."""
-        with self._lock:
-            return self._reader.link_name(path)
 
     def writable(self, path: Path) -> bool:
         """True for the attributes the model accepts writes to (mode 0644, as sysfs shows them)."""
@@ -729,3 +708,95 @@ def _attr(path: Path, content: str, writable: bool = False) -> None:
     """One sysfs attribute: its content and its mode (0644 or 0444)."""
     path.write_text(content + "\n" if content else "")
     path.chmod(0o644 if writable else 0o444)
+
+
+# --- reading a PCI device as a test does: through any SysfsAccess (the model, or the host's sysfs in a VM) ---------
+
+
+def device_attribute(sysfs: SysfsAccess, address: str, name: str) -> str:
+    """``<sysfs>/bus/pci/devices/<address>/<name>`` as read (stripped)."""
+    return sysfs.read_text(sysfs.sysfs_root / "bus/pci/devices" / address / name)
+
+
+def write_device_attribute(sysfs: SysfsAccess, address: str, name: str, value: str) -> None:
+    """Write a device attribute, as an admin would by hand."""
+    sysfs.write_text(sysfs.sysfs_root / "bus/pci/devices" / address / name, value)
+
+
+def device_driver(sysfs: SysfsAccess, address: str) -> str | None:
+    """The device's driver, from its ``driver`` link (``None``: none)."""
+    return sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "driver")
+
+
+def device_present(sysfs: SysfsAccess, address: str) -> bool:
+    """True when the device is on the bus."""
+    return sysfs.exists(sysfs.sysfs_root / "bus/pci/devices" / address)
+
+
+def device_iommu_group(sysfs: SysfsAccess, address: str) -> int:
+    """The device's IOMMU group number (``AssertionError`` when it has none)."""
+    name = sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "iommu_group")
+    assert name is not None, f"{address} has no IOMMU group"
+    return int(name)
+
+
+def shared_model(root: Path, build: Callable[[PciSysfsModel], object]) -> PciSysfsModel:
+    """The model kept in ``root/model.json``: loaded when that file exists, otherwise made in ``root`` and laid out
+    by ``build(model)`` (each change saved). For a driver built inside a daemon under test: the daemon, its
+    successor after a ``kill -9`` and the test open one machine."""
+    state = Path(root) / "model.json"
+    fresh = not state.exists()
+    model = PciSysfsModel(root, state_file=state)
+    if fresh:
+        build(model)
+    return model
+
+
+#: The file in a shared model's folder that makes ``unbind`` writes wait (see :func:`driver_on_model`).
+SLOW_UNBIND_FILE = "slow-unbind"
+
+
+def driver_on_model(
+    driver_class: type, build: Callable[[PciSysfsModel], object], **collaborators: Callable[[], object]
+) -> type:
+    """A test double of ``driver_class`` for a daemon under test: the real driver on a :func:`shared_model`.
+
+    The daemon under test is a child process, and the model's effects happen
+    only behind its own access layer, so the child builds the driver itself.
+    The double's ``Options`` are the driver's plus ``model`` (the model's
+    folder, laid out by ``build`` on first use); the driver gets the model as
+    its ``access``, through :class:`devplug.testing.sysfsfaults.SlowWrites`
+    (while ``<model>/slow-unbind`` exists, ``unbind`` writes of the addresses it
+    names wait: a release a test can stretch), and each of ``collaborators``
+    (``links=VfLinkModel``) made fresh as a keyword argument. Declare it as a
+    test driver: ``vfio_on_model.py`` holds ``VfioOnModel = driver_on_model(VfioDriver, build)``, and the
+    suite ``test_drivers = {"vfio-model": "vfio_on_model:VfioOnModel"}``.
+    """
+    from devplug.testing.sysfsfaults import SlowWrites
+
+    options = dataclasses.make_dataclass(
+        f"{driver_class.__name__}ModelOptions",
+        [("model", str, dataclasses.field(default=""))],
+        bases=(driver_class.Options,),  # type: ignore[attr-defined]
+        frozen=True,
+    )
+    options.__doc__ = f"{driver_class.__name__}'s options, plus ``model``: the folder of the kernel model."
+
+    class OnModel(driver_class):  # type: ignore[misc]
+        __doc__ = f"{driver_class.__qualname__} on the shared kernel model in ``options.model``."
+        Options = options
+
+        def __init__(self, options: Any) -> None:
+            root = Path(options.model)
+            self.model = shared_model(root, build)
+            made = {k: make() for k, make in collaborators.items()}
+            super().__init__(options, access=SlowWrites(self.model, root / SLOW_UNBIND_FILE), **made)
+
+    OnModel.__name__ = OnModel.__qualname__ = driver_class.__name__.removesuffix("Driver") + "OnModel"
+    return OnModel
+
+
+def model_options(machine: Path) -> dict[str, str]:
+    """The options a :func:`driver_on_model` double needs for a model in ``machine``: its ``sysfs_root``,
+    ``dev_root`` and ``model``."""
+    return {"sysfs_root": str(machine / "sys"), "dev_root": str(machine / "dev"), "model": str(machine)}

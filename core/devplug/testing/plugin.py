@@ -21,6 +21,15 @@ Fixtures:
   processes; ``DEVPLUG_REQUIRE_CGROUPS=1`` makes both a failure.
   ``dev_kubelet.liveness_config()`` is what a daemon needs to find the
   pods' cgroups;
+* ``driver_harness`` -- a factory: ``driver_harness(driver, resource="example.com/test",
+  state_dir=None, push_kinds=PUSH_KINDS, replicas=1)`` puts a driver instance
+  behind the engine's facade with a context on a fresh state folder (under
+  ``tmp_path`` unless given) and a :class:`~devplug.testing.sink.RecordingSink`
+  (:class:`~devplug.testing.harness.DriverHarness`); every harness made is
+  stopped at the end of the test;
+* ``sysfs_class_tree`` -- a fresh :class:`~devplug.testing.classsysfs.SysfsClassModel` under ``tmp_path``
+  (``/sys/class/<class>/`` device trees: add devices with ``add_device``; a driver reads ``model.sysfs_root``
+  and ``model.dev_root``, or the model itself as its :class:`~devplug.sysfs.SysfsAccess`);
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
@@ -35,6 +44,9 @@ naming the installed drivers, when it is not. A driver's suite needs nothing els
         devplug_daemon({"example.com/x": {"driver": "mine"}})
         pod = dev_kubelet.admit_pod(PodSpec("p", [ContainerSpec("c", {"example.com/x": 1})]))
 
+It also reports the guest's verdicts of real-kernel cases (:mod:`devplug.testing.vm`) and says in the terminal
+summary whether each such suite ran.
+
 Importing this module (which pytest does in every project where devplug is
 installed) imports neither gRPC nor the dev kubelet: the fixtures import them
 when they are first used.
@@ -44,9 +56,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +73,8 @@ from devplug.testing.entrypoints import entry_point_env, installed_driver_names,
 if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread
     from devplug.devkubelet.cgroups import CgroupLayout
+    from devplug.testing.classsysfs import SysfsClassModel
+    from devplug.testing.harness import DriverHarness
 
 __all__ = [
     "REQUIRE_CGROUPS_ENV",
@@ -72,6 +87,20 @@ __all__ = [
 #: Set to 1 to make a dev kubelet without cgroups a test failure instead of a warning.
 REQUIRE_CGROUPS_ENV = "DEVPLUG_REQUIRE_CGROUPS"
 _MARKER = "devplug_cgroups"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A host-side ``[kernel]`` case of a :class:`devplug.testing.vm.VmSuite` reports its guest twin's verdict."""
+    vm = sys.modules.get("devplug.testing.vm")  # no suite made, no placeholder: nothing to report
+    return None if vm is None else vm.guest_verdict(pyfuncitem)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say loudly whether each :class:`devplug.testing.vm.VmSuite`'s guest run happened."""
+    vm = sys.modules.get("devplug.testing.vm")
+    for suite in vm.SUITES if vm is not None else ():
+        suite.summary(terminalreporter)
 
 
 class DevplugCgroupsWarning(pytest.PytestWarning):
@@ -278,6 +307,41 @@ def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[
 DaemonFactory = Callable[..., RunningDaemon]
 
 
+@pytest.fixture
+def driver_harness(tmp_path: Path) -> Iterator[Callable[..., DriverHarness]]:
+    """``driver_harness(driver, resource=..., state_dir=None, push_kinds=..., replicas=1)``: see the module
+    docstring; each harness made is stopped (its ``stop`` hook) when the test ends."""
+    from devplug.testing.harness import make_harness
+    from devplug.testing.sink import PUSH_KINDS
+
+    made: list[DriverHarness] = []
+
+    def make(
+        driver: Any,
+        resource: str = "example.com/test",
+        state_dir: Path | None = None,
+        push_kinds: Collection[str] = PUSH_KINDS,
+        replicas: int = 1,
+    ) -> DriverHarness:
+        folder = state_dir if state_dir is not None else tmp_path / "state" / resource.replace("/", "_")
+        harness = make_harness(driver, resource, folder, push_kinds=push_kinds, replicas=replicas)
+        made.append(harness)
+        return harness
+
+    yield make
+    for harness in made:
+        harness.stop()
+
+
+@pytest.fixture
+def sysfs_class_tree(tmp_path: Path) -> SysfsClassModel:
+    """A fresh model of ``/sys/class/<class>/`` device trees in ``tmp_path / "machine"`` (see
+    :mod:`devplug.testing.classsysfs`)."""
+    from devplug.testing.classsysfs import SysfsClassModel
+
+    return SysfsClassModel(tmp_path / "machine")
+
+
 def _liveness_table(kubelet: DevKubeletThread) -> dict[str, Any] | None:
     """The ``[liveness]`` table for a daemon serving ``kubelet``: where its containers' cgroups are (None: it runs
     no container processes, see :func:`~devplug.testing.configs.dev_config`).
@@ -311,6 +375,8 @@ def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterato
     * ``resources`` -- ``{name: {"driver": ..., "options": {...}, ...}}``, the config's resource tables;
     * ``release_interval``, ``grace_period``, ``shutdown_timeout`` -- the config's ``[release] interval``,
       ``[release] grace_period`` and ``[shutdown] timeout`` (short defaults, so releases are quick);
+      ``max_retry_interval`` caps a failing release's backoff (2 s), ``release`` adds other ``[release]`` keys;
+    * ``liveness`` -- the ``[liveness]`` table (default: the dev kubelet's, where its containers' cgroups are);
     * ``metrics``, ``cdi`` -- the config's ``[metrics]`` and ``[cdi]`` tables (e.g. ``{"enabled": True, "port": p}``);
     * ``health_interval``, ``hook_timeout`` -- set on every resource table that does not set its own;
     * ``test_drivers`` -- ``{name: "module:Class"}``, drivers the daemon may use without being installed,

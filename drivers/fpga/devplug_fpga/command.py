@@ -9,14 +9,12 @@ the log and the quarantine note.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Sequence
 
 from devplug import DriverError
 from devplug.kit import CommandError, StartRecorder, run_command
 
-__all__ = ["FpgaError", "PidRecorder", "ToolError", "kill_orphan", "run_tool", "shown_output"]
+__all__ = ["FpgaError", "PidRecorder", "ToolError", "run_tool", "shown_output"]
 
 #: Called with the PID and program of a tool as soon as it runs.
 PidRecorder = StartRecorder
@@ -60,26 +58,3 @@ def shown_output(output: str) -> str:
     if len(tail) > SHOWN_CHARS:
         tail = "..." + tail[-SHOWN_CHARS:]
     return "\n  " + "\n  ".join(tail.splitlines())
-
-
-def kill_orphan(pid: int, program: str) -> bool:
-    """Kill a tool a killed daemon left running, if ``pid`` still runs ``program``; True if it did.
-
-    The kit runs each tool in a session of its own, so its process group is
-    its pid: the whole group goes (a wrapper's children too).
-    """
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            cmdline = handle.read().split(b"\0")
-    except OSError:
-        return False
-    if not any(os.path.basename(part.decode(errors="replace")) == os.path.basename(program) for part in cmdline):
-        return False
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except OSError:
-        return False
-    return True

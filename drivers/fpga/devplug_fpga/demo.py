@@ -12,19 +12,17 @@ the checks it made, and exits 0 when all held (``--keep`` leaves the folder).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from devplug.kit import run_command
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
+from devplug.testing.demos import run_in_folder
 from devplug.testing.dflsysfs import DflModel, model_image
 from devplug.testing.kubelet import ContainerSpec, DevKubeletThread, PodSpec
+from devplug.testing.waiting import poll_until
 
 __all__ = ["main", "run_demo"]
 
@@ -33,17 +31,6 @@ CARD = "0000:3b:00.0"
 BLANK_AFU = "0b1a4c0000000000000000000000b1a4"
 TENANT_AFU = "7e4a47000000000000000000000007e4"
 Echo = Callable[[str], None]
-
-
-def _wait(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _health(kubelet: DevKubeletThread, device: str) -> str | None:
@@ -79,7 +66,7 @@ def run_demo(root: Path, echo: Echo) -> bool:
     try:
         daemon.start()
         kubelet.wait_registered(RESOURCE, timeout=30)
-        _wait(lambda: _health(kubelet, f"{CARD}-region0"), "the device list")
+        poll_until(lambda: _health(kubelet, f"{CARD}-region0"), "the device list")
         view = kubelet.resource(RESOURCE)
         assert view is not None
         echo("advertised: " + ", ".join(f"{d.id} ({d.health})" for d in view.devices))
@@ -96,7 +83,7 @@ def run_demo(root: Path, echo: Echo) -> bool:
 
         kubelet.remove_pod("tenant")
         echo("pod tenant deleted; the daemon finds out through PodResources and the kubelet's checkpoint")
-        _wait(lambda: model.afu_id(port) == BLANK_AFU and model.power_max(card.fme) == 20_000_000, "the release")
+        poll_until(lambda: model.afu_id(port) == BLANK_AFU and model.power_max(card.fme) == 20_000_000, "the release")
         for entry in model.ioctl_log():
             loaded = f" -> afu_id {entry['afu_id']}" if "afu_id" in entry else ""
             echo(f"  ioctl {entry['ioctl']} on /dev/{entry['node']}{loaded}")
@@ -112,7 +99,7 @@ def run_demo(root: Path, echo: Echo) -> bool:
         checks.append((f"{device} holds the blank image after its pod ended", model.afu_id(port) == BLANK_AFU))
         checks.append(("the blank image was loaded exactly once", len(blank_loads) == 1))
         checks.append(("the free card was put in power save (20 W)", model.power_max(card.fme) == 20_000_000))
-        _wait(lambda: _health(kubelet, device) == "Healthy", "the region back in service")
+        poll_until(lambda: _health(kubelet, device) == "Healthy", "the region back in service")
         checks.append((f"{device} is back in service", True))
     finally:
         code = daemon.stop() if daemon.running() else 0
@@ -131,18 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devplug_fpga.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (model, config, daemon log)")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="dp-fpga-", dir="/tmp"))
-    try:
-        ok = run_demo(root, print)
-    except (TimeoutError, OSError) as exc:
-        print(f"demo failed: {exc}; daemon log: {root / 'daemon.log'}", file=sys.stderr)
-        return 1
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return 0 if ok else 1
+    return run_in_folder(
+        "dp-fpga-",
+        lambda root: run_demo(root, print),
+        keep=args.keep,
+        logs="daemon.log",
+        echo=print,
+        complain=lambda line: print(line, file=sys.stderr),
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The one door to the kernel: DFL sysfs attributes, device nodes and the DFL ioctls.
 
 Everything the driver reads or changes on the machine goes through a
-:class:`DflAccess`: :class:`HostDfl` on a node (real files under configurable
-roots, real ``ioctl(2)`` calls), or :class:`devplug.testing.dflsysfs.DflModel`
-in tests and the demo. The ioctl numbers and the PR argument follow
+:class:`DflAccess` (the sysfs door of :mod:`devplug.sysfs`, with ``resolve``
+and ``ioctl`` added): :class:`HostDfl` on a node (real files under
+configurable roots, real ``ioctl(2)`` calls), or
+:class:`devplug.testing.dflsysfs.DflModel` in tests and the demo. The ioctl numbers and the PR argument follow
 ``include/uapi/linux/fpga-dfl.h``.
 """
 
@@ -17,7 +18,7 @@ import struct
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from devplug.sysfs import HostSysfs
+from devplug.sysfs import HostSysfs, SysfsAccess
 
 __all__ = [
     "DFL_FPGA_FME_PORT_PR",
@@ -38,34 +39,9 @@ _PORT_PR = struct.Struct("=IIIIQ")
 
 
 @runtime_checkable
-class DflAccess(Protocol):
-    """What the FPGA driver may do with sysfs, /dev and the DFL ioctls."""
-
-    @property
-    def sysfs_root(self) -> Path:
-        """Where sysfs is mounted (``/sys`` on a host)."""
-        ...
-
-    @property
-    def dev_root(self) -> Path:
-        """Where the device nodes are (``/dev`` on a host)."""
-        ...
-
-    def read_text(self, path: Path) -> str:
-        """The attribute's content, stripped."""
-        ...
-
-    def write_text(self, path: Path, data: str) -> None:
-        """Write ``data`` to the attribute in one ``write(2)``."""
-        ...
-
-    def exists(self, path: Path) -> bool:
-        """True when the path exists (symlinks followed)."""
-        ...
-
-    def listdir(self, path: Path) -> list[str]:
-        """The entry names of a folder, sorted."""
-        ...
+class DflAccess(SysfsAccess, Protocol):
+    """What the FPGA driver may do with the machine: the sysfs door (:class:`devplug.sysfs.SysfsAccess`), plus
+    following links and the DFL ioctls."""
 
     def resolve(self, path: Path) -> Path:
         """The path with every symlink followed."""

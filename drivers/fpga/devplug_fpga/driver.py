@@ -16,22 +16,21 @@ reported unhealthy, and its release keeps failing with the reason (shown by
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DriverContext, DriverError, Health, Mount, Topology, hookimpl
+from devplug.kit import DeviceOwners, DriverRuntime, kill_left_behind
 from devplug_fpga.backend import FpgaBackend
-from devplug_fpga.command import FpgaError, PidRecorder, kill_orphan, shown_output
+from devplug_fpga.command import FpgaError, PidRecorder, shown_output
 from devplug_fpga.devices import Target, overlapping, targets
 from devplug_fpga.dfl import DflBackend
 from devplug_fpga.door import DflAccess, HostDfl
 from devplug_fpga.options import FpgaOptions
-from devplug_fpga.state import StateStore
+from devplug_fpga.state import FpgaState
 from devplug_fpga.vendor import CommandBackend
 
 __all__ = ["FpgaDriver", "env_suffix", "make_access"]
@@ -71,7 +70,7 @@ class FpgaDriver:
     @classmethod
     def check_resources(cls, options_by_resource: Mapping[str, FpgaOptions]) -> None:
         """Refuse a card claimed by two resources (listed in both, or found by two taking every card)."""
-        owners: dict[tuple[str, str], str] = {}
+        owners = DeviceOwners("card", hint=" (use mode = 'both' to offer it whole and by region)")
         takes_all: dict[str, str] = {}
         for resource, options in options_by_resource.items():
             root = os.path.realpath(options.model_root or options.sysfs_root)
@@ -87,24 +86,17 @@ class FpgaDriver:
                     addresses = [c.address for c in _backend(options, make_access(options)).scan()]
                 except OSError:
                     continue
-            for address in addresses:
-                other = owners.setdefault((root, address), resource)
-                if other != resource:
-                    raise ValueError(
-                        f"card {address} is claimed by both {other} and {resource}: a card belongs to one "
-                        "resource (use mode = 'both' to offer it whole and by region)"
-                    )
+            owners.take_all([((root, address), f"card {address}") for address in addresses], resource)
 
     def __init__(self, options: FpgaOptions, *, access: DflAccess | None = None) -> None:
         self.options = options
         self.access = access if access is not None else make_access(options)
         self.backend = _backend(options, self.access)
         self._lock = threading.RLock()
-        self._ctx: DriverContext | None = None
-        self._store: StateStore | None = None
+        self.runtime = DriverRuntime(self._scan, name="fpga")
+        self._state: FpgaState | None = None
         self._targets: dict[str, Target] = {}
         self._present: set[str] = set()
-        self._advertised: dict[str, Device] = {}
         self._reasons: dict[str, str] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -113,12 +105,11 @@ class FpgaDriver:
     def start(self, ctx: DriverContext) -> None:
         """Load the state, stop tools a killed daemon left running, find the cards."""
         with self._lock:
-            self._ctx = ctx
-            store = StateStore(ctx.state_dir)
-            store.load()
-            self._store = store
-            for device, record in store.records.items():
-                if record.pid is not None and record.program is not None and kill_orphan(record.pid, record.program):
+            self.runtime.start(ctx)
+            self._state = FpgaState(ctx.state_dir)
+            for device, record in self._state.devices.items():
+                pid, program = record.pid, record.program
+                if pid is not None and program is not None and kill_left_behind(pid, program):
                     ctx.log.warning(
                         "%s: killed %s (pid %d), left running by a daemon that died", device, record.program, record.pid
                     )
@@ -128,13 +119,12 @@ class FpgaDriver:
                     "no FPGA cards found (%s backend); the resource advertises no devices", self.options.backend
                 )
 
-    def _log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
-        assert self._ctx is not None, "start was not called"
-        return self._ctx.log
-
-    def _state(self) -> StateStore:
-        assert self._store is not None, "start was not called"
-        return self._store
+    @property
+    def state(self) -> FpgaState:
+        """The driver's records and quarantine markers (read by ``start``)."""
+        if self._state is None:
+            raise DriverError("fpga: the driver was not started")
+        return self._state
 
     # --- devices and health -----------------------------------------------------------------
 
@@ -148,7 +138,7 @@ class FpgaDriver:
 
     def _reason(self, target: Target, quarantined: Mapping[str, str]) -> str:
         """Why the device may not be handed out now (empty: it may)."""
-        store = self._state()
+        store = self.state
         if target.id not in self._present:
             return "the device is gone"
         if target.id in quarantined:
@@ -163,36 +153,36 @@ class FpgaDriver:
         return "; ".join(problems)
 
     def _devices(self) -> list[Device]:
-        quarantined = self._state().quarantined()
+        quarantined = self.state.quarantined()
         devices = []
         for target in self._targets.values():
             reason = self._reason(target, quarantined)
             if reason != self._reasons.get(target.id, ""):
                 if reason:
-                    self._log().warning("%s is unhealthy: %s", target.id, reason, extra={"device": target.id})
+                    self.runtime.log.warning("%s is unhealthy: %s", target.id, reason, extra={"device": target.id})
                 else:
-                    self._log().info("%s is healthy again", target.id, extra={"device": target.id})
+                    self.runtime.log.info("%s is healthy again", target.id, extra={"device": target.id})
             self._reasons[target.id] = reason
             node = target.card.numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
             health = Health.UNHEALTHY if reason else Health.HEALTHY
             devices.append(Device(target.id, health, topology, reason))
-        self._advertised = {d.id: d for d in devices}
         return devices
+
+    def _scan(self) -> list[Device]:
+        """The cards read again; every device with its health and reason."""
+        with self._lock:
+            self._refresh()
+            return self._devices()
 
     def _push(self) -> None:
         """Send the device list to the engine when a health changed (overlaps, quarantine)."""
-        before = dict(self._advertised)
-        devices = self._devices()
-        if self._ctx is not None and {d.id: d for d in devices} != before:
-            self._ctx.set_devices(devices)
+        self.runtime.advertised.set(self._devices())
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:
         """Every card or region (by mode), unhealthy while overlapped, quarantined, failing or gone."""
-        with self._lock:
-            self._refresh()
-            return self._devices()
+        return self.runtime.refresh(push=False)
 
     @hookimpl
     def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health] | None:
@@ -201,23 +191,20 @@ class FpgaDriver:
         Changes are pushed whole (with their reasons, for ``devplug status``), so nothing is returned.
         """
         with self._lock:
-            self._refresh()
-            current = self._devices()
-            if self._ctx is not None and {d.id: d for d in current} != {d.id: d for d in devices}:
-                self._ctx.set_devices(current)
+            current = self.runtime.advertised.set(self._scan(), push=False)
+            if {d.id: d for d in current} != {d.id: d for d in devices}:
+                self.runtime.ctx.set_devices(current)
             return {}
 
     # --- allocation ---------------------------------------------------------------------------
 
     def _recorder(self, device: str) -> PidRecorder:
-        store = self._state()
+        held = self.state.devices
 
         def record(pid: int, program: str) -> None:
             with self._lock:
-                current = store.records.get(device)
-                if current is not None:
-                    store.records[device] = replace(current, pid=pid, program=program)
-                    store.save()
+                if device in held:
+                    held.replace(device, pid=pid, program=program)
 
         return record
 
@@ -231,7 +218,7 @@ class FpgaDriver:
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation | None:
         """Hand out the device nodes, after programming the default image if one is configured."""
         with self._lock:
-            store = self._state()
+            store = self.state
             wanted = self._targets_of(device_ids)
             quarantined = store.quarantined()
             conflicts = []
@@ -262,7 +249,7 @@ class FpgaDriver:
     def _program_default(self, fresh: list[Target]) -> None:
         """Load the default image into every region of ``fresh`` (their phase already ``programming``); on failure
         deprogram them all and raise. Runs without the lock."""
-        store = self._state()
+        store = self.state
         image = self.options.default_image
         assert image is not None
         try:
@@ -274,7 +261,7 @@ class FpgaDriver:
         except FpgaError as exc:
             with self._lock:
                 store.set([t.id for t in fresh], "programming")  # the tool is done: forget its PID
-            self._log().error("programming %s failed: %s%s", image, exc, shown_output(exc.output))
+            self.runtime.log.error("programming %s failed: %s%s", image, exc, shown_output(exc.output))
             undone = []
             for target in fresh:
                 try:
@@ -283,14 +270,13 @@ class FpgaDriver:
                     undone.append(str(again))
                     continue
                 with self._lock:
-                    store.drop([target.id])
+                    store.devices.drop(target.id)
             if undone:
                 raise DriverError(f"programming the default image failed: {exc}; " + "; ".join(undone)) from exc
             raise DriverError(f"programming the default image failed (the devices were deprogrammed): {exc}") from exc
 
     def _allocation(self, wanted: list[Target]) -> ContainerAllocation:
-        assert self._ctx is not None
-        suffix = env_suffix(self._ctx.resource_name)
+        suffix = env_suffix(self.runtime.ctx.resource_name)
         specs = {s.container_path: s for t in wanted for s in self.backend.device_specs(t)}
         regions = [r for t in wanted for r in t.regions]
         envs = {
@@ -314,7 +300,7 @@ class FpgaDriver:
         deprogram of one device never holds up the other devices' hooks (the engine runs no two hooks on one
         device at once; overlapping devices see the ``deprogramming`` phase and are refused meanwhile).
         """
-        store = self._state()
+        store = self.state
         with self._lock:
             quarantined = store.quarantined()
             if target.id in quarantined:
@@ -325,20 +311,20 @@ class FpgaDriver:
             phase = store.phase(target.id)
             if phase == "clean":
                 if retry:
-                    self._log().info("%s was deprogrammed and verified before; not again", target.id)
+                    self.runtime.log.info("%s was deprogrammed and verified before; not again", target.id)
                 return
             if phase == "deprogramming":
-                self._log().info("%s: finishing a deprogram that was cut short", target.id, extra={"device": target.id})
+                self.runtime.log.info(
+                    "%s: finishing a deprogram that was cut short", target.id, extra={"device": target.id}
+                )
             store.set([target.id], "deprogramming")
         try:
             for region in target.regions:
                 self.backend.deprogram(target.card, region, self._recorder(target.id))
                 self.backend.verify(target.card, region, self._recorder(target.id))
         except FpgaError as exc:
-            with self._lock:
-                store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
-                marker = store.quarantine(target.id, str(exc), exc.output)
-            self._log().error(
+            marker = store.marker(target.id)
+            self.runtime.log.error(  # before the marker: whoever sees the marker finds the reason logged
                 "%s failed to deprogram; out of service until %s is deleted: %s%s",
                 target.id,
                 marker,
@@ -346,6 +332,9 @@ class FpgaDriver:
                 shown_output(exc.output),
                 extra={"device": target.id},
             )
+            with self._lock:
+                store.set([target.id], "deprogramming")  # the tool is done: forget its PID, never kill a namesake
+                store.quarantine(target.id, str(exc), exc.output)
             raise FpgaError(
                 f"{target.id} failed to deprogram and is out of service: {exc}; once the card is fixed, clear it: "
                 f"rm {marker}",
@@ -353,7 +342,7 @@ class FpgaDriver:
             ) from exc
         with self._lock:
             store.set([target.id], "clean")
-        self._log().info("%s deprogrammed and verified", target.id, extra={"device": target.id})
+        self.runtime.log.info("%s deprogrammed and verified", target.id, extra={"device": target.id})
 
     @hookimpl
     def post_stop(self, device_ids: Sequence[str], retry: bool = False) -> None:
@@ -374,7 +363,7 @@ class FpgaDriver:
     @hookimpl
     def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
         """Free the devices (deprogramming any never cleaned), then save power on cards left wholly free."""
-        store = self._state()
+        store = self.state
         with self._lock:
             wanted = [t for t in self._targets_of(device_ids) if store.phase(t.id) is not None]
         failures = []
@@ -385,7 +374,7 @@ class FpgaDriver:
                 failures.append(str(exc))
                 continue
             with self._lock:
-                store.drop([target.id])
+                store.devices.drop(target.id)
         with self._lock:
             self._save_power()
             self._push()
@@ -395,10 +384,10 @@ class FpgaDriver:
     # --- power --------------------------------------------------------------------------------
 
     def _save_power(self) -> None:
-        store = self._state()
+        store = self.state
         if self.options.power_save_watts is None and not self.options.power_save_command:
             return
-        held = {self._targets[d].card.address for d in store.records if d in self._targets}
+        held = {self._targets[d].card.address for d in store.devices if d in self._targets}
         held |= {self._targets[d].card.address for d in store.quarantined() if d in self._targets}
         for card in {t.card.address: t.card for t in self._targets.values() if t.id in self._present}.values():
             if card.address in held or card.address in store.power:
@@ -406,20 +395,18 @@ class FpgaDriver:
             try:
                 previous = self.backend.power_save(card)
             except (FpgaError, OSError) as exc:
-                self._log().warning("%s: power save failed: %s", card.address, exc)
+                self.runtime.log.warning("%s: power save failed: %s", card.address, exc)
                 continue
-            store.power[card.address] = previous or ""
-            store.save()
-            self._log().info("%s: free, power save on", card.address)
+            store.power.put(card.address, previous or "")
+            self.runtime.log.info("%s: free, power save on", card.address)
 
     def _restore_power(self, addresses: set[str]) -> None:
-        store = self._state()
+        store = self.state
         for address in sorted(addresses & set(store.power)):
             card = next(t.card for t in self._targets.values() if t.card.address == address)
             try:
                 if store.power[address]:
                     self.backend.power_restore(card, store.power[address])
             except (FpgaError, OSError) as exc:
-                self._log().warning("%s: restoring power after power save failed: %s", address, exc)
-            del store.power[address]
-            store.save()
+                self.runtime.log.warning("%s: restoring power after power save failed: %s", address, exc)
+            store.power.drop(address)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from devplug.options import refuse_kernel_trees
+from devplug.sysfs import check_roots
 
 __all__ = ["Backend", "FpgaOptions", "Mode", "PLACEHOLDERS", "expand", "normal_afu_id"]
 
@@ -167,8 +168,7 @@ class FpgaOptions:
             if not os.path.isdir(mount):
                 raise ValueError(f"mounts: {mount} does not exist (or is not a folder)")
         object.__setattr__(self, "mounts", tuple(self.mounts))
-        refuse_kernel_trees(self.sysfs_root, "sysfs_root", allowed=Path("/sys"))
-        refuse_kernel_trees(self.dev_root, "dev_root", allowed=Path("/dev"))
+        check_roots(self.sysfs_root, self.dev_root)
         if self.model_root is not None:
             refuse_kernel_trees(self.model_root, "model_root")
 

@@ -1,7 +1,8 @@
 """What the driver must remember across crashes, and the operator's quarantine markers.
 
-``fpga-state.json`` in the resource's driver folder, replaced atomically
-*before* each change to a card, records every device the driver holds:
+``fpga-state.json`` in the resource's driver folder (a :class:`devplug.kit.RecordStore`,
+each change written atomically *before* the change to a card) records in its
+``devices`` table every device the driver holds:
 
 * ``programming`` -- loading the default image for an allocation has begun;
   whatever happened, the device is dirty until deprogrammed;
@@ -11,8 +12,8 @@
 
 A device without a record is free and clean. After a crash, the engine calls
 ``post_stop``/``deallocate`` again: a ``clean`` record makes the retry skip the
-work (done exactly once), any other phase makes it redo the deprogram. The file
-also keeps each card's power threshold from before power save.
+work (done exactly once), any other phase makes it redo the deprogram. Its
+``power`` table keeps each card's power threshold from before power save.
 
 A device that failed to deprogram or verify gets a marker file,
 ``quarantine/<device id>``, beside it: its first line says why, the rest is
@@ -28,17 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from devplug.atomic import read_json, write_atomic, write_json_atomic
-from devplug_fpga.command import FpgaError
+from devplug.atomic import write_atomic
+from devplug.kit import RecordStore
 
-__all__ = ["STATE_FILE", "QUARANTINE_DIR", "Phase", "Record", "StateStore"]
+__all__ = ["STATE_FILE", "QUARANTINE_DIR", "FpgaState", "Phase", "Record"]
 
 STATE_FILE = "fpga-state.json"
 QUARANTINE_DIR = "quarantine"
-_VERSION = 1
 
 Phase = Literal["programming", "allocated", "deprogramming", "clean"]
-_PHASES = ("programming", "allocated", "deprogramming", "clean")
 
 
 @dataclass(frozen=True)
@@ -50,67 +49,31 @@ class Record:
     program: str | None = None
 
 
-class StateStore:
-    """The state file and the quarantine markers of one resource."""
+class FpgaState:
+    """The state file's two tables and the quarantine markers of one resource (read when made)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.path = self.folder / STATE_FILE
+        store = RecordStore(
+            self.folder / STATE_FILE,
+            what="the fpga driver's state",
+            recover="it records which devices may hold a tenant's bitstream: deprogram the cards by hand, then "
+            "remove it",
+        )
+        #: The devices held, by ID.
+        self.devices = store.table("devices", Record)
+        #: Each card in power save: its power threshold from before, by card address.
+        self.power = store.table("power", str)
         self.quarantine_dir = self.folder / QUARANTINE_DIR
-        self.records: dict[str, Record] = {}
-        self.power: dict[str, str] = {}
-
-    def load(self) -> None:
-        """Read the file (none yet: nothing held)."""
         self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
-        if not self.path.exists():
-            return
-        try:
-            data = read_json(self.path)
-            if data.get("version") != _VERSION:
-                raise ValueError(f"unknown version {data.get('version')!r}")
-            records = {}
-            for device, raw in data["devices"].items():
-                if raw["phase"] not in _PHASES:
-                    raise ValueError(f"{device}: unknown phase {raw['phase']!r}")
-                records[device] = Record(raw["phase"], raw.get("pid"), raw.get("program"))
-            self.records = records
-            self.power = {str(k): str(v) for k, v in data.get("power", {}).items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise FpgaError(
-                f"{self.path}: cannot read the fpga driver's state ({exc}); it records which devices may hold a "
-                "tenant's bitstream: deprogram the cards by hand, then remove it"
-            ) from exc
-
-    def save(self) -> None:
-        """Replace the file with the current records."""
-        data = {
-            "version": _VERSION,
-            "devices": {
-                d: {"phase": r.phase, "pid": r.pid, "program": r.program} for d, r in sorted(self.records.items())
-            },
-            "power": dict(sorted(self.power.items())),
-        }
-        try:
-            write_json_atomic(self.path, data)
-        except OSError as exc:
-            raise FpgaError(f"{self.path}: cannot write the fpga driver's state: {exc}") from exc
 
     def set(self, devices: list[str], phase: Phase) -> None:
-        """Move ``devices`` to ``phase`` and save."""
-        for device in devices:
-            self.records[device] = Record(phase)
-        self.save()
-
-    def drop(self, devices: list[str]) -> None:
-        """Forget ``devices`` (free) and save."""
-        for device in devices:
-            self.records.pop(device, None)
-        self.save()
+        """Move ``devices`` to ``phase`` (forgetting any tool's PID)."""
+        self.devices.update(dict.fromkeys(devices, Record(phase)))
 
     def phase(self, device: str) -> Phase | None:
         """The device's phase, ``None`` when free."""
-        record = self.records.get(device)
+        record = self.devices.get(device)
         return None if record is None else record.phase
 
     # --- quarantine ------------------------------------------------------------------

@@ -5,7 +5,7 @@ The daemon under test is a real ``devplug run`` child process (the
 kubelet over unix sockets. Its fpga driver reaches the machine through the
 DFL model in a temporary folder (``model_root``), which this process shapes
 and inspects through its own :class:`~devplug.testing.dflsysfs.DflModel` on the
-same files; the ``command`` backend runs :data:`FAKE_TOOL`, a real executable.
+same files; the ``command`` backend runs :class:`FakeTool`, a real executable (the kit's fake command).
 
 Waits are polls until a condition holds (:meth:`Lab.wait`), never sleeps.
 Test modules cannot import helpers, so they reach everything through the
@@ -15,8 +15,6 @@ Test modules cannot import helpers, so they reach everything through the
 from __future__ import annotations
 
 import json
-import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,9 @@ from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import resource_state_dir, socket_file_name
 from devplug.testing.devnodes import make_char_device
 from devplug.testing.dflsysfs import DflModel, model_image
+from devplug.testing.fakecommand import FakeCommand
 from devplug.testing.plugin import RunningDaemon
+from devplug.testing.waiting import poll_until
 
 RESOURCE = "example.com/fpga"
 CARD = "0000:3b:00.0"
@@ -40,56 +40,11 @@ DEFAULT_AFU = "d5fa0100000000000000000000000d5f"
 TENANT_AFU = "7e4a47000000000000000000000007e4"
 WAIT = 20.0
 
-#: The fake vendor tool: ``fpga-tool <verb> --card A --region R [--image I]``.
-#: It appends ``{"verb", "args", "event", "pid"}`` to ``calls.jsonl`` beside it (events: ``start``, ``hanging``,
-#: ``orphaned``, ``failed``, ``done``, and ``child`` with the pid of a child it started) and keeps
-#: each region's content in ``cards/<address>-<region>``: ``program`` writes the image's name, ``deprogram``
-#: writes ``blank``, ``verify`` fails unless the region is blank. ``behaviour.json`` beside it may say, per
-#: verb (or ``"<verb>:<region>"``): ``{"exit": 3, "stderr": "..."}`` to fail, ``{"hang": true}`` to wait until
-#: ``release-<verb>`` exists (then go on) or its parent (the daemon) dies (then exit 137), ``{"child": true}`` to
-#: act as a vendor's wrapper first: start a child that inherits stdout and stderr and runs until ``release-child``
-#: exists, ``{"output": n}`` to print ``n`` bytes on stdout and on stderr (one line each) before going on.
-FAKE_TOOL = r"""
-import json, os, sys, time
-from pathlib import Path
-
-here = Path(__file__).resolve().parent
-verb, rest = sys.argv[1], sys.argv[2:]
-args = dict(zip(rest[::2], rest[1::2]))
-parent = os.getppid()
-
-def log(event):
-    with open(here / "calls.jsonl", "a") as handle:
-        handle.write(json.dumps({"verb": verb, "args": args, "event": event, "pid": os.getpid()}) + "\n")
-
-log("start")
-try:
-    table = json.loads((here / "behaviour.json").read_text())
-    behaviour = table.get(f"{verb}:{args.get('--region')}", table.get(verb, {}))
-except FileNotFoundError:
-    behaviour = {}
-if behaviour.get("child"):
-    import subprocess
-    wait = f"import os, time\nwhile not os.path.exists({str(here / 'release-child')!r}): time.sleep(0.01)"
-    child = subprocess.Popen([sys.executable, "-c", wait])
-    with open(here / "calls.jsonl", "a") as handle:
-        handle.write(json.dumps({"verb": verb, "args": args, "event": "child", "pid": child.pid}) + "\n")
-if behaviour.get("output"):
-    sys.stdout.write("o" * behaviour["output"] + "\n")
-    sys.stderr.write("e" * behaviour["output"] + "\n")
-    sys.stdout.flush()
-if behaviour.get("hang"):
-    log("hanging")
-    while not (here / f"release-{verb}").exists():
-        if os.getppid() != parent:
-            log("orphaned")
-            sys.exit(137)
-        time.sleep(0.01)
-if "exit" in behaviour:
-    print(f"{verb}: working on {args.get('--card')}")
-    sys.stderr.write(behaviour.get("stderr", "failed") + "\n")
-    log("failed")
-    sys.exit(behaviour["exit"])
+#: What the fake vendor tool (``fpga-tool <verb> --card A --region R [--image I]``, the kit's
+#: :class:`~devplug.testing.fakecommand.FakeCommand`) does to a card: each region's content is kept in
+#: ``cards/<address>-<region>``: ``program`` writes the image's name, ``deprogram`` writes ``blank``, ``verify``
+#: fails unless the region is blank.
+CARD_EFFECT = """
 cards = here / "cards"
 cards.mkdir(exist_ok=True)
 slot = cards / f"{args.get('--card')}-{args.get('--region', 'all')}"
@@ -100,66 +55,28 @@ elif verb == "deprogram":
 elif verb == "verify":
     content = slot.read_text() if slot.exists() else "blank"
     if content != "blank":
-        sys.stderr.write(f"region holds {content}, not the blank image\n")
-        log("failed")
-        sys.exit(1)
-log("done")
+        fail(f"region holds {content}, not the blank image")
 """
 
 
-def poll_until(
-    predicate: Callable[[], Any], timeout: float = WAIT, what: str = "", details: Callable[[], str] | None = None
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail the test clearly otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{details()}" if details is not None else ""
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what or predicate!r}{extra}", pytrace=False)
-        time.sleep(0.02)
-
-
-class FakeTool:
-    """The fake vendor tool in ``folder``: its path, behaviour and the calls it recorded."""
+class FakeTool(FakeCommand):
+    """The fake vendor tool in ``folder``: the kit's fake command with the cards' content (:data:`CARD_EFFECT`)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "fpga-tool"
-        self.path.write_text(f"#!{sys.executable}\n{FAKE_TOOL}")
-        self.path.chmod(0o755)
+        super().__init__(folder, "fpga-tool", effect=CARD_EFFECT)
 
-    def behave(self, verbs: Mapping[str, Mapping[str, Any]] | None = None, **by_verb: Mapping[str, Any]) -> None:
-        """Set what each verb (or ``"verb:region"``) does (see :data:`FAKE_TOOL`); others behave normally."""
-        (self.folder / "behaviour.json").write_text(json.dumps({**(verbs or {}), **by_verb}))
-
-    def release(self, verb: str) -> None:
-        """Let a hanging ``verb`` go on."""
-        (self.folder / f"release-{verb}").write_text("")
-
-    def calls(self, verb: str | None = None, event: str | None = None, card: str | None = None) -> list[dict[str, Any]]:
-        try:
-            lines = (self.folder / "calls.jsonl").read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        found = [json.loads(line) for line in lines if line.strip()]
-        return [
-            c
-            for c in found
-            if (verb is None or c["verb"] == verb)
-            and (event is None or c["event"] == event)
-            and (card is None or c["args"].get("--card") == card)
-        ]
+    def calls(  # type: ignore[override]
+        self, verb: str | None = None, event: str | None = None, card: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The recorded calls of ``verb``, ``event`` and ``card`` (each when given), oldest first."""
+        return super().calls(verb, event, {"--card": card} if card is not None else None)
 
     def content(self, card: str, region: int = 0) -> str | None:
         slot = self.folder / "cards" / f"{card}-{region}"
         return slot.read_text() if slot.exists() else None
 
     def command(self, verb: str, *extra: str) -> list[str]:
-        return [str(self.path), verb, "--card", "{address}", *extra]
+        return self.argv(verb, "--card", "{address}", *extra)
 
 
 class Lab:
@@ -329,7 +246,7 @@ class Lab:
                 lines.extend(self.log().splitlines()[-40:])
             return "\n".join(lines)
 
-        return poll_until(predicate, timeout, what, details)
+        return poll_until(predicate, what or repr(predicate), timeout, details)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from devplug import (
     Replicas,
     hookimpl,
 )
+from devplug.kit import DriverRuntime
 from devplug.options import refuse_kernel_trees
 from devplug.testing.devnodes import is_device_node, mknod_char_device
 from devplug.testing.recorder import HookRecorder
@@ -145,7 +146,7 @@ class MockDriver:
         self.nonblocking_hooks = options.inline_hooks
         self.directory = Path(options.directory).absolute()
         self.calls = HookRecorder(self.directory, logger=_module_log)
-        self._ctx: DriverContext | None = None
+        self.runtime = DriverRuntime(name="mock")
         self._watcher: DirectoryWatcher | None = None
         self._lock = threading.Lock()
         self._known: dict[str, DeviceFile] = {}  # what the engine was last told, by device ID
@@ -161,7 +162,7 @@ class MockDriver:
 
     @property
     def _log(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-        return self._ctx.log if self._ctx is not None else _module_log
+        return self.runtime.log if self.runtime.started else _module_log
 
     # --- lifecycle
 
@@ -170,7 +171,7 @@ class MockDriver:
         """Create the folder (and the ``count`` files), then watch it for hot-plug."""
         self.stop()
         self._stopping.clear()
-        self._ctx = ctx
+        self.runtime.start(ctx)
         node = self.options.device_node
         if node is not None and not is_device_node(node):
             raise DriverError(f"mock: device_node {node} is not a character or block device")
@@ -452,9 +453,9 @@ class MockDriver:
 
     def _on_change(self, names: frozenset[str]) -> None:
         """The watcher's callback: push what changed to the engine."""
-        ctx = self._ctx
-        if ctx is None or self._stopping.is_set():
+        if not self.runtime.started or self._stopping.is_set():
             return
+        ctx = self.runtime.ctx
         if not names:
             ctx.set_devices(self._device(f) for f in self._scan())
             return

@@ -18,39 +18,29 @@ from pathlib import Path
 
 import pytest
 
-from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Mount, Topology
+from devplug import ContainerAllocation, Device, DeviceSpec, DriverError, Health, Mount, Topology
 from devplug.drivers import HOOK_NAMES, DriverHooks
-from devplug.testing.sink import RecordingSink
+from devplug.testing.harness import DriverHarness, make_harness
 from devplug_mock import CALLS_FILE, DIRECTIVE_HOOKS, MockDriver, MockOptions, read_calls
 
 WAIT = 5.0  # seconds: a generous bound on "soon"; tests wait on conditions, never assert on timing
 
 
 @dataclass
-class Running:
-    """A started mock driver behind the core facade, with its folder and sink."""
+class Running(DriverHarness):
+    """A started mock driver behind the core facade (the kit's harness), with its folder."""
 
-    directory: Path
-    driver: MockDriver
-    hooks: DriverHooks
-    sink: RecordingSink
-
-    def list_devices(self) -> list[Device]:
-        """Call list_devices through the facade and load the result into the sink, as the engine does."""
-        devices = self.hooks.list_devices()
-        self.sink.load(devices)
-        return devices
+    directory: Path = Path()
 
 
 def make_running(tmp_path: Path, count: int | None = None) -> Running:
     directory = tmp_path / "devices"
-    driver = MockDriver(MockOptions(directory=directory, count=count))
-    hooks = DriverHooks("example.com/mock", driver)
-    sink = RecordingSink()
-    state = tmp_path / "state"
-    state.mkdir()
-    hooks.start(DriverContext("example.com/mock", state, sink))
-    return Running(directory, driver, hooks, sink)
+    harness = make_harness(
+        MockDriver(MockOptions(directory=directory, count=count)), "example.com/mock", tmp_path / "state"
+    )
+    running = Running(harness.driver, harness.hooks, harness.ctx, harness.sink, directory)
+    running.start()
+    return running
 
 
 @pytest.fixture
@@ -286,8 +276,11 @@ def test_devices_describe_their_node_and_mount(running: Running) -> None:
 def test_relative_directory_gives_absolute_host_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "state").mkdir()
-    hooks = DriverHooks("example.com/mock", MockDriver(MockOptions(directory=Path("rel"), count=1)))
-    hooks.start(DriverContext("example.com/mock", tmp_path / "state", RecordingSink()))
+    hooks = (
+        make_harness(MockDriver(MockOptions(directory=Path("rel"), count=1)), "example.com/mock", tmp_path / "state")
+        .start()
+        .hooks
+    )
     try:
         (device,) = hooks.list_devices()
     finally:
@@ -421,9 +414,7 @@ def test_inline_hooks_declare_nonblocking_and_ignore_delays(tmp_path: Path, capl
     driver = MockDriver(MockOptions(directory=directory, count=2, inline_hooks=True))
     assert driver.nonblocking_hooks  # what the engine reads to run the hooks on its event loop
     assert not MockDriver(MockOptions(directory=directory)).nonblocking_hooks
-    hooks = DriverHooks("example.com/mock", driver)
-    (tmp_path / "state").mkdir()
-    hooks.start(DriverContext("example.com/mock", tmp_path / "state", RecordingSink()))
+    hooks = make_harness(driver, "example.com/mock", tmp_path / "state").start().hooks
     try:
         (directory / "mock1").write_text("delay=allocate:30\n")
         with caplog.at_level(logging.WARNING):

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from devplug.devkubelet import KubeletError
+from devplug.testing.demos import run_in_folder
 from devplug.testing.nodes import LocalNode, wait_for
 from devplug_shared.status import render, status_files
 
@@ -157,18 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--etcd", metavar="URL", help="coordinate through this etcd instead of a local SQLite file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (configs, logs)")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="dp-shared-demo-", dir="/tmp"))
-    try:
-        run_demo(root, args.etcd)
-    except (KubeletError, TimeoutError, RuntimeError) as exc:
-        print(f"demo failed: {exc}\nlogs: {root}/*/daemon.log", file=sys.stderr)
-        return 1
-    finally:
-        if args.keep:
-            print(f"\nkept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return run_in_folder(
+        "dp-shared-demo-",
+        lambda root: run_demo(root, args.etcd),
+        keep=args.keep,
+        logs="*/daemon.log",
+        echo=print,
+        complain=lambda line: print(line, file=sys.stderr),
+        failures=(KubeletError, TimeoutError, RuntimeError),
+    )
 
 
 if __name__ == "__main__":

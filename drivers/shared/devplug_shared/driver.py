@@ -14,7 +14,9 @@ the store; ``allocate`` claims the request's slots atomically (all or
 nothing) and fails naming the slot and its holder when one was taken in
 between; ``deallocate`` (at least once, also with ``retry=True``) deletes this
 node's claims at once. A keeper thread renews the node's lease, re-reads the
-holders every ``refresh_interval`` and writes ``shared-status.json``.
+holders every ``refresh_interval`` and writes ``shared-status.json`` (the
+kit's rescan loop; the slots' holders and lease are its state, the slots this
+node holds the kit's record store).
 
 When the store cannot be reached, nothing is released: claims stay (renewed
 again once the store answers; the store expires them only after
@@ -35,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, hookimpl
+from devplug.kit import DriverRuntime, RescanLoop
 from devplug_shared.backends import Backend, build_backend, parse_coordination
 from devplug_shared.discovery import DiscoveredDevice, DiscoveryHandler, build_handler
 from devplug_shared.options import SharedOptions, resolve_node_name
@@ -64,7 +67,7 @@ class SharedDriver:
     def __init__(self, options: SharedOptions) -> None:
         self.options = options
         self.node = resolve_node_name(options.node_name)
-        self._ctx: DriverContext | None = None
+        self.runtime = DriverRuntime(name="shared", whole=False)  # pushes carry only the slots that changed
         self._handler: DiscoveryHandler | None = None
         self._backend: Backend | None = None
         self._held: HeldSlots | None = None
@@ -72,14 +75,13 @@ class SharedDriver:
         self._ops = threading.Lock()  # claims and releases, one at a time
         self._discovered: dict[str, DiscoveredDevice] = {}
         self._holders: dict[str, Claim] = {}
-        self._advertised: dict[str, Device] = {}
         self._opened = False
         self._store_error: str | None = None
         self._store_down_since: float | None = None
         self._last_renewal: float | None = None
         self._conflicts: dict[str, str] = {}
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._keeper: RescanLoop | None = None
         self._last_status: dict[str, Any] | None = None
         self._last_status_write = 0.0
 
@@ -88,12 +90,12 @@ class SharedDriver:
 
     @property
     def _log(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-        return self._ctx.log if self._ctx is not None else _module_log
+        return self.runtime.log if self.runtime.started else _module_log
 
     def _need(self) -> tuple[DriverContext, Backend, HeldSlots]:
-        if self._ctx is None or self._backend is None or self._held is None:
+        if self._backend is None or self._held is None:
             raise DriverError("shared: the driver was not started")
-        return self._ctx, self._backend, self._held
+        return self.runtime.ctx, self._backend, self._held
 
     # --- lifecycle
 
@@ -102,15 +104,12 @@ class SharedDriver:
         """Build the handler and backend, resume this node's lease and claims, start discovering and keeping."""
         self.stop()
         self._stopping.clear()
-        self._ctx = ctx
+        self.runtime.start(ctx)
         kind, backend_options = parse_coordination(self.options.coordination, "coordination")
         self._backend = build_backend(
             kind, backend_options, node=self.node, resource=ctx.resource_name, state_dir=ctx.state_dir
         )
-        try:
-            self._held = HeldSlots(ctx.state_dir)
-        except OSError as exc:
-            raise DriverError(f"shared: {exc}") from exc
+        self._held = HeldSlots(ctx.state_dir)
         self._handler = build_handler(self.options.discovery, "discovery")
         try:
             self._open_store()
@@ -119,8 +118,10 @@ class SharedDriver:
             self._log.error("%s (node %s); retrying every %g s", exc, self.node, self.options.refresh_interval)
         self._handler.start(self._on_discovery)
         self._set_discovered(self._handler.devices())
-        self._thread = threading.Thread(target=self._keep, name="shared-keeper", daemon=True)
-        self._thread.start()
+        ttl = float(getattr(getattr(self._backend, "options", None), "lease_ttl", 10.0))
+        period = min(self.options.refresh_interval, ttl / 3)
+        self._keeper = RescanLoop(self._keep, interval=period, name="shared-keeper", log=ctx.log)
+        self._keeper.start()
         self._log.info(
             "shared: node %s, %d slot(s) per device, store %s",
             self.node,
@@ -132,9 +133,9 @@ class SharedDriver:
     def stop(self) -> None:
         """Stop the keeper and discovery; claims stay in the store (pods keep their slots across restarts)."""
         self._stopping.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(10.0)
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop(10.0)
         handler, self._handler = self._handler, None
         if handler is not None:
             handler.stop()
@@ -149,9 +150,7 @@ class SharedDriver:
     def list_devices(self) -> list[Device]:
         """Every slot of every discovered device, with its health for this node."""
         with self._lock:
-            devices = self._compute()
-            self._advertised = {d.id: d for d in devices}
-            return devices
+            return self.runtime.advertised.set(self._compute(), push=False)
 
     def _health(self, slot: str) -> Health:
         found = self._discovered.get(device_of(slot))
@@ -171,15 +170,10 @@ class SharedDriver:
 
     def _push(self) -> None:
         """Tell the engine about the slots whose health (or existence) changed."""
-        ctx = self._ctx
-        if ctx is None or self._stopping.is_set():
+        if not self.runtime.started or self._stopping.is_set():
             return
         with self._lock:
-            devices = self._compute()
-            changed = [d for d in devices if self._advertised.get(d.id) != d]
-            self._advertised = {d.id: d for d in devices}
-        if changed:
-            ctx.update_devices(changed, ())
+            self.runtime.advertised.set(self._compute(), whole=False)
 
     def _set_discovered(self, devices: Sequence[DiscoveredDevice]) -> None:
         with self._lock:
@@ -337,32 +331,28 @@ class SharedDriver:
             self._store_error = str(exc)
 
     def _keep(self) -> None:
-        """The keeper thread: renew the lease, re-read the holders, write the status file."""
-        backend = self._backend
-        held = self._held
-        if backend is None or held is None:
-            return
+        """One step of the keeper (a rescan loop every ``refresh_interval``, at most a third of the lease):
+        renew the lease, re-read the holders, write the status file. The loop logs a step that fails
+        unexpectedly and tries again: a bug here must not stop renewals."""
+        _, backend, held = self._need()
         ttl = float(getattr(getattr(backend, "options", None), "lease_ttl", 10.0))
-        period = min(self.options.refresh_interval, ttl / 3)
-        while not self._stopping.wait(period):
-            try:
-                with self._ops:
-                    if not self._opened:
+        try:
+            with self._ops:
+                if not self._opened:
+                    self._open_store()
+                elif (time.time() - (self._last_renewal or 0.0)) >= ttl / 3:
+                    if backend.keepalive(sorted(held.snapshot())):
+                        self._last_renewal = time.time()
+                    else:
+                        self._log.error("shared: node %s lost its lease; claiming its pods' slots again", self.node)
+                        self._opened = False
                         self._open_store()
-                    elif (time.time() - (self._last_renewal or 0.0)) >= ttl / 3:
-                        if backend.keepalive(sorted(held.snapshot())):
-                            self._last_renewal = time.time()
-                        else:
-                            self._log.error("shared: node %s lost its lease; claiming its pods' slots again", self.node)
-                            self._opened = False
-                            self._open_store()
-                    holders = backend.holders()
-                self._store_up()
-                self._set_holders(holders)
-            except StoreUnavailableError as exc:
-                self._store_down(exc)
-            except Exception:  # keep keeping: a bug here must not stop renewals
-                self._log.exception("shared: keeper step failed")
+                holders = backend.holders()
+            self._store_up()
+            self._set_holders(holders)
+        except StoreUnavailableError as exc:
+            self._store_down(exc)
+        finally:
             self._write_status()
 
     # --- observability
@@ -390,7 +380,7 @@ class SharedDriver:
                     }
                 )
             return {
-                "resource": self._ctx.resource_name if self._ctx else None,
+                "resource": self.runtime.ctx.resource_name if self.runtime.started else None,
                 "node": self.node,
                 "store": self._backend.description if self._backend else None,
                 "store_ok": self._store_error is None,
@@ -402,9 +392,9 @@ class SharedDriver:
 
     def _write_status(self) -> None:
         """Write the status file when it changed, and at least every :data:`_STATUS_HEARTBEAT` seconds."""
-        ctx = self._ctx
-        if ctx is None:
+        if not self.runtime.started:
             return
+        ctx = self.runtime.ctx
         data = self.status()
         now = time.time()
         if data == self._last_status and now - self._last_status_write < _STATUS_HEARTBEAT:

@@ -47,10 +47,10 @@ import pytest
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.errors import KubeletError
 from devplug.testing.configs import dev_config, write_toml
-from devplug.testing.conformance import poll_until
 from devplug.testing.daemon import DaemonProcess
 from devplug.testing.leaseapi import LeaseApiServer
 from devplug.testing.nodelease import NodeLeaseHeartbeat
+from devplug.testing.waiting import poll_until
 from devplug_shared.backends import Backend, build_backend, parse_coordination
 
 #: The resource every test serves.
@@ -509,14 +509,7 @@ class Cluster:
                 lines.append(f"--- {node.name} log (tail) ---\n" + "\n".join(node.log().splitlines()[-25:]))
             return "\n".join(lines)
 
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                pytest.fail(f"timed out after {timeout:g} s waiting for {what}{details()}", pytrace=False)
-            time.sleep(0.02)
+        return poll_until(predicate, what, timeout, details)
 
     @staticmethod
     def quiet(seconds: float) -> None:

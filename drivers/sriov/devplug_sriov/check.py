@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from devplug.kit import DeviceOwners
 from devplug.pci import PciBus
 from devplug.sysfs import HostSysfs
 from devplug_sriov.options import SriovOptions
@@ -56,7 +57,7 @@ def check_resources(options_by_resource: Mapping[str, SriovOptions]) -> None:
                     f"({int(probe)} and {int(options.wanted_autoprobe)}; vf_driver = 'vfio-pci' wants 0): "
                     "set autoprobe the same on both"
                 )
-    owners: dict[tuple[str, str, int], str] = {}
+    owners = DeviceOwners("VF", hint="; narrow one resource's vfs ranges")
     for resource, options in options_by_resource.items():
         root = os.path.realpath(options.sysfs_root)
         if resource not in set_ups:
@@ -67,12 +68,7 @@ def check_resources(options_by_resource: Mapping[str, SriovOptions]) -> None:
             for index in range(count):
                 if not _pools(options, pf, index, set_ups[resource]):
                     continue
-                other = owners.setdefault((root, pf.address, index), resource)
-                if other != resource:
-                    raise ValueError(
-                        f"VF {index} of {pf.address} is claimed by both {other} and {resource}: a VF belongs to one "
-                        "resource; narrow one resource's vfs ranges"
-                    )
+                owners.take((root, pf.address, index), resource, f"VF {index} of {pf.address}")
 
 
 def _read_node(options: SriovOptions) -> dict[str, PhysFn] | None:

@@ -9,7 +9,9 @@ CNI convention) and, in ``vfio-pci`` mode, binds each VF to vfio-pci
 ``deallocate`` resets a kernel-mode VF through netlink on its PF
 (:mod:`devplug_sriov.reset`: each setting on its own, then read back and
 checked) or gives a vfio-bound VF back to its own driver. Every step is
-recorded first (:mod:`devplug_sriov.state`). A VF whose reset or restore
+recorded first (:mod:`devplug_sriov.state`, on the kit's record store). The
+kit's rescan loop looks at the pool again every ``rescan_interval`` seconds
+and retries failed resets. A VF whose reset or restore
 failed stays out of service, unhealthy with the reason (``devplug status``
 shows it on the device and under ``reset_failures`` in the driver status)
 until a retry succeeds.
@@ -17,7 +19,6 @@ until a retry succeeds.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -26,6 +27,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
+from devplug.kit import DeviceLocks, DriverRuntime, RecordTable
 from devplug.pci import VFIO_PCI, PciBus
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_sriov.netlink import LINK_STATES, NetlinkVfLinks, VfLinks, VfSettings
@@ -33,7 +35,7 @@ from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import resolve_pfs, selects_vf
 from devplug_sriov.setup import apply, plan_setup
 from devplug_sriov.sriov import PhysFn, SriovBus, VirtFn
-from devplug_sriov.state import StateStore, VfRecord
+from devplug_sriov.state import Phase, VfRecord, open_records
 
 __all__ = ["SriovDriver", "env_name"]
 
@@ -108,14 +110,12 @@ class SriovDriver:
             spoofchk=options.spoofchk, trust=options.trust, link_state=LINK_STATES[options.link_state]
         )
         self._lock = threading.RLock()
-        self._ctx: DriverContext | None = None
-        self._store: StateStore | None = None
-        self._records: dict[str, VfRecord] = {}
+        self.runtime = DriverRuntime(self._retried, rescan_interval=options.rescan_interval, name="sriov")
+        self._records: RecordTable[VfRecord] | None = None
         self._pool: dict[str, VirtFn] = {}
         self._pfs: dict[str, PhysFn] = {}
-        self._advertised: dict[str, Device] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        #: The VFs being released (by a hook, or the rescan loop's retry of a failed reset).
+        self._busy = DeviceLocks()
         self._published: dict[str, str] | None = None
 
     # --- lifecycle --------------------------------------------------------------
@@ -124,9 +124,8 @@ class SriovDriver:
     def start(self, ctx: DriverContext) -> None:
         """Finish interrupted releases, set the PFs up, take the pool, watch for VFs vanishing or appearing."""
         with self._lock:
-            self._ctx = ctx
-            self._store = StateStore(ctx.state_dir)
-            self._records = self._store.load()
+            self.runtime.start(ctx)
+            self._records = open_records(ctx.state_dir)
             self._publish_allocated()
             if self.options.vf_driver == "vfio-pci":
                 self._check_vfio()
@@ -136,22 +135,15 @@ class SriovDriver:
             for write in writes:
                 ctx.log.info("set-up: %s", write.describe(self.bus.sys))
             apply(self.sriov, writes)
-            self._advertised = {d.id: d for d in self._scan()}
-        if self.options.rescan_interval > 0:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._rescan_loop, name=f"sriov-rescan {ctx.resource_name}")
-            self._thread.daemon = True
-            self._thread.start()
+            self.runtime.advertised.set(self._scan(), push=False)
+        self.runtime.start_rescans()
 
     @hookimpl
     def stop(self) -> None:
         """Stop watching; VFs stay as they are (pods may hold them)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._ctx is not None:
-            _Allocated.withdraw(os.path.realpath(self.bus.sys), self._ctx.resource_name)
+        served = self.runtime.stop()
+        if served:
+            _Allocated.withdraw(os.path.realpath(self.bus.sys), served)
 
     def _check_vfio(self) -> None:
         if not self.access.is_dir(self.bus.drivers_dir / VFIO_PCI):
@@ -165,38 +157,39 @@ class SriovDriver:
                 "intel_iommu=on (Intel) or amd_iommu=on (AMD)"
             )
 
-    def _log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
-        assert self._ctx is not None, "start was not called"
-        return self._ctx.log
+    @property
+    def records(self) -> RecordTable[VfRecord]:
+        """The VFs this resource acted on (the state file's records), by address."""
+        assert self._records is not None, "start was not called"
+        return self._records
 
-    def _save(self) -> None:
-        assert self._store is not None, "start was not called"
-        self._store.save(self._records)
-        self._publish_allocated()
-        self._publish_failures()
+    def _recorded(self) -> None:
+        """After a change of the records: tell the other resources which VFs are held, and the operator why any
+        is out of service."""
+        with self._lock:
+            self._publish_allocated()
+            self._publish_failures()
 
     def _publish_failures(self) -> None:
         """``reset_failures`` in ``devplug status``: each VF out of service and why (when that changed)."""
-        assert self._ctx is not None, "start was not called"
-        failures = {a: r.reason for a, r in sorted(self._records.items()) if r.reason}
+        failures = {a: r.reason for a, r in sorted(self.records.items()) if r.reason}
         if failures != self._published:
-            self._ctx.publish_status({"reset_failures": failures})
+            self.runtime.ctx.publish_status({"reset_failures": failures})
             self._published = failures
 
     def _publish_allocated(self) -> None:
-        assert self._ctx is not None, "start was not called"
-        _Allocated.publish(os.path.realpath(self.bus.sys), self._ctx.resource_name, set(self._records))
+        _Allocated.publish(os.path.realpath(self.bus.sys), self.runtime.ctx.resource_name, set(self.records))
 
     def _finish_interrupted(self) -> None:
         """Releases a crash (or a failed reset) left half done are finished now; a half-done bind waits."""
-        pending = [a for a, r in self._records.items() if r.phase in ("restoring", "resetting")]
+        pending = [a for a, r in self.records.items() if r.phase in ("restoring", "resetting")]
         if not pending:
             return
-        self._log().info("finishing the interrupted release of %s", ", ".join(pending))
+        self.runtime.log.info("finishing the interrupted release of %s", ", ".join(pending))
         try:
             self._release(pending)
         except DriverError as exc:
-            self._log().error("could not finish releasing: %s", exc)
+            self.runtime.log.error("could not finish releasing: %s", exc)
 
     # --- devices ----------------------------------------------------------------
 
@@ -207,7 +200,7 @@ class SriovDriver:
         pool: dict[str, VirtFn] = {}
         for pf in present.values():
             for vf in self.sriov.virtfns(pf):
-                record = self._records.get(vf.address)
+                record = self.records.get(vf.address)
                 own = record.original_driver if record is not None else vf.dev.driver
                 if selects_vf(self.options, vf, pf, own, set_up):
                     pool[vf.address] = vf
@@ -217,7 +210,7 @@ class SriovDriver:
             topology = Topology((vf.dev.numa_node,)) if vf.dev.numa_node >= 0 else Topology()
             health, reason = self._health_and_reason(address)
             out[address] = Device(address, health, topology, reason=reason)
-        for address, old in self._advertised.items():
+        for address, old in self.runtime.advertised.devices.items():
             if address not in out:
                 # vanished: a VF count changed behind our back, or its PF was removed
                 out[address] = replace(old, health=Health.UNHEALTHY, reason="the VF vanished")
@@ -230,7 +223,7 @@ class SriovDriver:
         vf = self._pool.get(address)
         if vf is None or not self.bus.exists(address):
             return Health.UNHEALTHY, "the VF vanished"
-        record = self._records.get(address)
+        record = self.records.get(address)
         if record is not None and record.phase in ("resetting", "restoring") and record.reason:
             return Health.UNHEALTHY, record.reason  # its last reset or restore failed: out of service
         if record is not None and record.phase == "resetting":
@@ -249,49 +242,36 @@ class SriovDriver:
         return Health.HEALTHY, ""
 
     def refresh(self, push: bool = True) -> list[Device]:
-        """Retry failed resets, rescan; push the list when it changed."""
-        with self._lock:
-            failed = [a for a, r in self._records.items() if r.phase == "resetting"]
-            if failed:
-                try:
-                    self._release(failed)
-                except DriverError as exc:
-                    self._log().debug("reset still failing: %s", exc)
-            return self._rescan(push)
+        """Retry failed resets, rescan; push the list when it changed (what the rescan loop does)."""
+        return self.runtime.refresh(push)
 
-    def _rescan(self, push: bool = True) -> list[Device]:
+    def _retried(self) -> list[Device]:
+        """Retry failed resets (of VFs no hook is releasing now); the VFs as they are then."""
+        failed = [a for a, r in self.records.items() if r.phase == "resetting"]
+        with self._busy.hold_free(failed) as free:
+            try:
+                self._release(free)
+            except DriverError as exc:
+                self.runtime.log.debug("reset still failing: %s", exc)
+        with self._lock:
+            return self._scan()
+
+    def _rescan(self) -> None:
         """Scan; push the list when it changed (health or reason)."""
         with self._lock:
-            devices = self._scan()
-            changed = devices != list(self._advertised.values())
-            self._advertised = {d.id: d for d in devices}
-        if push and changed and self._ctx is not None:
-            self._ctx.set_devices(devices)
-        return devices
-
-    def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.options.rescan_interval):
-            try:
-                self.refresh()
-            except Exception as exc:
-                self._log().error("rescan failed: %s", exc)
+            self.runtime.advertised.set(self._scan())
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:
-        """The pooled VFs, by PCI address, with their NUMA node."""
-        return self.refresh(push=False)
+        """The pooled VFs, by PCI address, with their NUMA node (failed resets retried first)."""
+        return self.runtime.refresh(push=False)
 
     @hookimpl
     def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health] | None:
         """Unhealthy: vanished, reset failed, taken from vfio-pci while held, or (optionally) its PF's link down."""
         with self._lock:
             self._scan()
-            changed = {}
-            for dev in devices:
-                health = self._health(dev.id)
-                if health is not dev.health:
-                    changed[dev.id] = health
-            return changed
+            return {d.id: health for d in devices if (health := self._health(d.id)) is not d.health}
 
     # --- allocation --------------------------------------------------------------
 
@@ -305,12 +285,15 @@ class SriovDriver:
                 if vf is None or not self.bus.exists(address):
                     raise DriverError(f"{address}: not a VF of this resource any more (it vanished)")
                 vfs.append(vf)
-            phase = "binding" if self.options.vf_driver == "vfio-pci" else "allocated"
+            phase: Phase = "binding" if self.options.vf_driver == "vfio-pci" else "allocated"
+            records = self.records
+            fresh = {}
             for vf in vfs:
-                old = self._records.get(vf.address)
+                old = records.get(vf.address)
                 original = old.original_driver if old is not None else vf.dev.driver
-                self._records[vf.address] = VfRecord(vf.pf, vf.index, original, phase)  # type: ignore[arg-type]
-            self._save()
+                fresh[vf.address] = VfRecord(vf.pf, vf.index, original, phase)
+            records.update(fresh)
+            self._recorded()
             specs: list[DeviceSpec] = []
             if self.options.vf_driver == "vfio-pci":
                 try:
@@ -319,9 +302,8 @@ class SriovDriver:
                     self._undo([vf.address for vf in vfs])
                     raise
             specs += self._rdma_specs(vfs)
-            assert self._ctx is not None
             return ContainerAllocation(
-                envs={env_name(self._ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
+                envs={env_name(self.runtime.ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
             )
 
     def _bind(self, vfs: Sequence[VirtFn]) -> list[DeviceSpec]:
@@ -332,8 +314,8 @@ class SriovDriver:
             if dev is None or dev.iommu_group is None or not self.access.exists(self.bus.vfio_node(dev.iommu_group)):
                 raise DriverError(f"{vf.address}: bound to vfio-pci but its /dev/vfio group node did not appear")
             groups.append(dev.iommu_group)
-            self._records[vf.address].phase = "bound"
-        self._save()
+        self.records.update({vf.address: replace(self.records[vf.address], phase="bound") for vf in vfs})
+        self._recorded()
         # Host paths: dev_root is only where this daemon sees the host's /dev.
         specs = [DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rw")]
         return specs + [DeviceSpec(f"/dev/vfio/{g}", f"/dev/vfio/{g}", "rw") for g in sorted(set(groups))]
@@ -351,7 +333,7 @@ class SriovDriver:
         try:
             self._release(addresses)
         except DriverError as exc:
-            self._log().error("could not undo the failed allocation: %s", exc)
+            self.runtime.log.error("could not undo the failed allocation: %s", exc)
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str], retry: bool = False) -> None:
@@ -361,9 +343,9 @@ class SriovDriver:
         has no record and is skipped; one whose reset fails stays unhealthy,
         and the failure (raised) names it and why.
         """
-        with self._lock:
+        with self._busy.hold(device_ids):  # the slow restore and reset hold up no other VF's hooks
             try:
-                self._release([a for a in device_ids if a in self._records])
+                self._release([a for a in device_ids if a in self.records])
             finally:
                 self._rescan()  # a VF out of service is advertised so at once, with its reason
 
@@ -372,36 +354,36 @@ class SriovDriver:
         of those that failed stay for a retry."""
         if not addresses:
             return
-        for address in addresses:
-            record = self._records[address]
-            if record.phase in ("binding", "bound", "restoring"):
-                record.phase = "restoring"
-            else:
-                record.phase = "resetting"
-        self._save()
+        records = self.records
+        moved = ("binding", "bound", "restoring")
+        records.update(
+            {a: replace(records[a], phase="restoring" if records[a].phase in moved else "resetting") for a in addresses}
+        )
+        self._recorded()
         failures = []
         for address in addresses:
-            record = self._records[address]
+            record = records[address]
             if not self.bus.exists(address):
-                self._log().warning("%s vanished before it was released", address)
-                del self._records[address]
+                self.runtime.log.warning("%s vanished before it was released", address)
+                records.drop(address)
                 continue
             try:
                 if record.phase == "restoring":
                     self.bus.restore(address, record.original_driver)
-                    record.phase = "resetting"  # a PF's settings for the VF outlive vfio-pci (a CNI may set them)
-                    self._save()
+                    # a PF's settings for the VF outlive vfio-pci (a CNI may set them)
+                    record = records.replace(address, phase="resetting")
+                    self._recorded()
                 self._reset(address, record)
             except DriverError as exc:
                 if str(exc) != record.reason:
-                    self._log().error("%s: out of service: %s", address, exc, extra={"device": address})
-                record.reason = str(exc)
+                    self.runtime.log.error("%s: out of service: %s", address, exc, extra={"device": address})
+                records.replace(address, reason=str(exc))
                 failures.append(str(exc))
                 continue
             if record.reason:
-                self._log().info("%s: back in service", address, extra={"device": address})
-            del self._records[address]
-        self._save()
+                self.runtime.log.info("%s: back in service", address, extra={"device": address})
+            records.drop(address)
+        self._recorded()
         if failures:
             raise DriverError("; ".join(failures))
 
@@ -418,4 +400,4 @@ class SriovDriver:
                 )
             return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
         self.links.reset_vf(pf.netdev, record.index, self.settings)
-        self._log().info("%s: reset (%s VF %d)", address, pf.netdev, record.index)
+        self.runtime.log.info("%s: reset (%s VF %d)", address, pf.netdev, record.index)

@@ -34,13 +34,13 @@ At least one of ``pfs``, ``vfs``, ``vf_devices``, ``vf_kernel_drivers`` is requi
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from devplug.options import refuse_kernel_trees
+from devplug.kit.rescan import check_rescan_interval
+from devplug.sysfs import check_roots
 
 __all__ = ["LinkState", "PfSelector", "SriovOptions", "VfDriverMode", "VfRange", "parse_pf_selector", "parse_vf_range"]
 
@@ -164,12 +164,8 @@ class SriovOptions:
             raise ValueError(f"link_state: expected 'auto', 'enable' or 'disable', got {self.link_state!r}")
         if self.netns and ("/" in self.netns or self.netns in (".", "..")):
             raise ValueError(f"netns: {self.netns!r} is not a network namespace name (as in /var/run/netns/)")
-        if not math.isfinite(self.rescan_interval) or not 0 <= self.rescan_interval <= 86400:
-            raise ValueError(
-                f"rescan_interval: must be a finite number of seconds from 0 to 86400, got {self.rescan_interval!r}"
-            )
-        refuse_kernel_trees(self.sysfs_root, "sysfs_root", allowed=Path("/sys"))
-        refuse_kernel_trees(self.dev_root, "dev_root", allowed=Path("/dev"))
+        check_rescan_interval(self.rescan_interval)
+        check_roots(self.sysfs_root, self.dev_root)
 
     @property
     def pf_selectors(self) -> tuple[PfSelector, ...]:

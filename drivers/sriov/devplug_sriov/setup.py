@@ -33,7 +33,7 @@ from devplug.sysfs import HostSysfs
 from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import resolve_pfs
 from devplug_sriov.sriov import PhysFn, SriovBus
-from devplug_sriov.state import StateStore
+from devplug_sriov.state import open_records
 
 __all__ = ["Write", "apply", "main", "plan_setup"]
 
@@ -147,8 +147,7 @@ def allocated_vfs(path: Path, resources: Collection[str]) -> set[str]:
         state_dir = path.parent / state_dir
     held: set[str] = set()
     for name in resources:
-        store = StateStore(state_dir / "resources" / name / "driver")
-        held.update(store.load())
+        held.update(open_records(state_dir / "resources" / name / "driver"))
     return held
 
 

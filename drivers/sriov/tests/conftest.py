@@ -21,13 +21,9 @@ removed afterwards, for the real netlink tests.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
-import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,17 +32,23 @@ from typing import Any, Protocol
 
 import pytest
 
-from devplug import DriverContext
-from devplug.drivers import DriverHooks
 from devplug.sysfs import HostSysfs, SysfsAccess
-from devplug.testing.pcisysfs import PciSysfsModel
-from devplug.testing.sink import RecordingSink
+from devplug.testing.harness import DriverHarness
+from devplug.testing.pcisysfs import (
+    PciSysfsModel,
+    device_attribute,
+    device_driver,
+    device_iommu_group,
+    device_present,
+    write_device_attribute,
+)
+from devplug.testing.sysfsfaults import CrashingSysfs, SimulatedCrash  # noqa: F401 (test modules use kit.*)
+from devplug.testing.vm import ModelBackend, VmRun, VmSuite
+from devplug.testing.waiting import poll_until
 from devplug_sriov import SriovDriver, SriovOptions
 from devplug_sriov.netlink import LINK_STATE_AUTO, ZERO_MAC, NetlinkVfLinks, VfLinks, VfState
 from devplug_sriov.vfmodel import IGB_VF_OPS, VfLinkModel
 
-IN_GUEST = os.environ.get("DEVPLUG_VM_GUEST") == "1"
-REQUIRE_VM = os.environ.get("DEVPLUG_REQUIRE_VM") == "1"
 REPO = Path(__file__).resolve().parents[3]
 RESOURCE = "example.com/vf"
 WAIT = 20.0  # seconds: a bound on "eventually", never a timing assertion
@@ -57,12 +59,10 @@ NVME = (0x1B36, 0x0010)
 TOTAL_VFS = 4
 
 
-#: The two parametrizations of a scenario. On the host, the first ``kernel`` case waits for the whole VM run (its
-#: boot and every guest case, a few minutes under TCG), which pytest-timeout's 120 s per test would cut short.
-BACKENDS = [
-    pytest.param("model", id="model"),
-    pytest.param("kernel", id="kernel", marks=[pytest.mark.vm, *([] if IN_GUEST else [pytest.mark.timeout(900)])]),
-]
+#: The real-kernel half of the scenarios: every ``[kernel]`` case in one boot of tools/vm/run_guest.py's VM.
+SUITE = VmSuite("sriov", runner=REPO / "tools" / "vm" / "run_guest.py", tests=Path(__file__).parent)
+#: The two parametrizations of a scenario (the ``kernel`` one waits for the whole VM run on the host).
+BACKENDS = SUITE.params()
 
 
 def vf(index: int) -> str:
@@ -88,12 +88,8 @@ def nic_vf(index: int) -> str:
 
 
 def eventually(predicate: Callable[[], object], what: str, timeout: float = WAIT) -> None:
-    """Poll until ``predicate()`` is true; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened within {timeout:g} s: {what}")
-        time.sleep(0.05)
+    """The kit's :func:`~devplug.testing.waiting.poll_until`, by this suite's name for it."""
+    poll_until(predicate, what, timeout)
 
 
 # --- backends --------------------------------------------------------------------
@@ -113,18 +109,6 @@ def build_model(root: Path) -> PciSysfsModel:
     model.add_device(PF, *NVME, 0x010802, iommu_group=9, driver="nvme")
     model.enable_sriov(PF, TOTAL_VFS, NVME[1], vf_driver="nvme")
     return model
-
-
-@dataclass
-class ModelBackend:
-    """The kernel model."""
-
-    model: PciSysfsModel
-    name: str = "model"
-
-    @property
-    def sysfs(self) -> SysfsAccess:
-        return self.model
 
 
 @dataclass
@@ -223,201 +207,51 @@ class NicKernel:
 @pytest.fixture(params=BACKENDS)
 def nic(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The SR-IOV NIC a scenario runs against (see the module docstring)."""
-    if request.param == "model":
-        yield NicModel(*build_nic_model(tmp_path / "machine"))
-        return
-    if not IN_GUEST:
-        run: VmRun = request.getfixturevalue("vm_run")
-        if not run.igb:
-            reason = _vm_status["igb_skipped"]
-            if REQUIRE_VM:
-                pytest.fail(reason + " [DEVPLUG_REQUIRE_VM=1]", pytrace=False)
-            pytest.skip(reason)
-        yield HostPlaceholder(run)
-        return
-    if not Path("/sys/bus/pci/devices", NIC_PORT).exists():
-        pytest.skip("this VM was booted without the igb NIC (tools/vm/run_guest.py --igb)")
-    kernel = NicKernel()
-    kernel.reset()
-    try:
-        yield kernel
-    finally:
-        kernel.reset()
+    placeholder = SUITE.placeholder(request) if request.param == "kernel" else None
+    if placeholder is not None and not placeholder.run.options["igb"]:
+        SUITE.fail_or_skip(SUITE.warnings[0] if SUITE.warnings else "igb scenarios not run: no igb NIC")
+
+    def real_nic() -> NicKernel:
+        if not Path("/sys/bus/pci/devices", NIC_PORT).exists():
+            pytest.skip("this VM was booted without the igb NIC (tools/vm/run_guest.py --igb)")
+        return NicKernel()
+
+    yield from SUITE.backend(request, model=lambda: NicModel(*build_nic_model(tmp_path / "machine")), kernel=real_nic)
 
 
 # --- the VM, seen from the host ----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One guest test's outcome."""
-
-    outcome: str
-    message: str = ""
-
-
-@dataclass
-class VmRun:
-    """The verdicts of the one guest session, by test name."""
-
-    verdicts: dict[str, Verdict]
-    results_dir: Path
-    seconds: float
-    #: Whether the VM had the igb NIC (QEMU >= 8.0).
-    igb: bool
-
-
-_vm_status: dict[str, Any] = {}
-
-
-def _load_run_guest() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("devplug_run_guest_sriov", REPO / "tools" / "vm" / "run_guest.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _parse_junit(path: Path) -> dict[str, Verdict]:
-    verdicts = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        key = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome, message = "failed", f"{child.get('message', '')}\n{child.text or ''}"
-                break
-            if child.tag == "skipped":
-                outcome, message = "skipped", child.get("message", "")
-        verdicts[key] = Verdict(outcome, message)
-    return verdicts
-
-
 @pytest.fixture(scope="session")
 def vm_run(tmp_path_factory: pytest.TempPathFactory) -> VmRun:
-    """Boot the VM once and run every ``vm`` test of this folder inside it."""
-    run_guest = _load_run_guest()
-    missing = run_guest.missing_assets()
-    if missing:
-        reason = "real-kernel (VM) suite not run: missing " + "; ".join(missing) + " (run tools/vm/fetch-assets.sh)"
-        _vm_status["skipped"] = reason
-        if REQUIRE_VM:
-            pytest.fail(reason + " [DEVPLUG_REQUIRE_VM=1]", pytrace=False)
-        pytest.skip(reason)
-    igb = run_guest.has_igb()
-    if not igb:
-        version = subprocess.run([run_guest.QEMU, "--version"], capture_output=True, text=True, check=False)
-        _vm_status["igb_skipped"] = (
-            f"igb scenarios not run: {version.stdout.splitlines()[0] if version.stdout else run_guest.QEMU} has no "
+    """Boot the VM once (with the igb NIC when this QEMU has it) and run every ``vm`` test of this folder inside."""
+    runner = SUITE.runner()
+    igb = not runner.missing_assets() and runner.has_igb()
+    if not igb and not SUITE.warnings and not runner.missing_assets():
+        version = subprocess.run([runner.QEMU, "--version"], capture_output=True, text=True, check=False)
+        SUITE.warnings.append(
+            f"igb scenarios not run: {version.stdout.splitlines()[0] if version.stdout else runner.QEMU} has no "
             "'igb' device (QEMU >= 8.0 emulates the 82576; tools/vm/fetch-assets.sh installs it from "
             "bookworm-backports)"
         )
-    results = tmp_path_factory.mktemp("vm-results-sriov")
-    started = time.monotonic()
-    code = run_guest.run(
-        results, ["-m", "vm", "-p", "no:cacheprovider", str(Path(__file__).parent)], timeout=900, igb=igb
-    )
-    seconds = time.monotonic() - started
-    junit = results / "junit.xml"
-    if not junit.is_file():
-        console = (results / "console.log").read_text(errors="replace")[-4000:]
-        pytest.fail(f"the VM run reported nothing (exit {code}); console tail:\n{console}", pytrace=False)
-    run = VmRun(_parse_junit(junit), results, seconds, igb)
-    _vm_status["ran"] = run
-    return run
-
-
-@dataclass(frozen=True)
-class HostPlaceholder:
-    """What a ``[kernel]`` case gets on the host: its verdict comes from the guest."""
-
-    run: VmRun
-    name: str = "kernel"
+    return SUITE.run(tmp_path_factory, igb=igb)
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The kernel a scenario runs against (see the module docstring)."""
-    if request.param == "model":
-        yield ModelBackend(build_model(tmp_path / "machine"))
-        return
-    if not IN_GUEST:
-        yield HostPlaceholder(request.getfixturevalue("vm_run"))
-        return
-    kernel = KernelBackend()
-    kernel.reset()
-    try:
-        yield kernel
-    finally:
-        kernel.reset()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """On the host, a ``[kernel]`` case reports what its twin did in the guest."""
-    placeholder = next((v for v in pyfuncitem.funcargs.values() if isinstance(v, HostPlaceholder)), None)
-    if placeholder is None:
-        return None
-    key = f"{Path(str(pyfuncitem.path)).stem}::{pyfuncitem.name}"
-    verdict = placeholder.run.verdicts.get(key)
-    if verdict is None:
-        pytest.fail(f"the guest did not run {key}; see {placeholder.run.results_dir}/console.log", pytrace=False)
-    if verdict.outcome == "skipped":
-        pytest.skip(f"skipped in the guest: {verdict.message}")
-    if verdict.outcome == "failed":
-        pytest.fail(f"failed against the real kernel (in the VM):\n{verdict.message}", pytrace=False)
-    return True
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly whether the real-kernel suite ran."""
-    if "skipped" in _vm_status:
-        terminalreporter.write_line(f"WARNING (sriov): {_vm_status['skipped']}", red=True, bold=True)
-    elif "ran" in _vm_status:
-        run: VmRun = _vm_status["ran"]
-        nic = "with the igb NIC" if run.igb else "WITHOUT the igb NIC"
-        terminalreporter.write_line(
-            f"sriov real-kernel suite: {len(run.verdicts)} cases ran in one VM boot {nic}, {run.seconds:.1f} s",
-            green=run.igb,
-            red=not run.igb,
-        )
-    if "igb_skipped" in _vm_status:
-        terminalreporter.write_line(f"WARNING (sriov): {_vm_status['igb_skipped']}", red=True, bold=True)
+    yield from SUITE.backend(
+        request, model=lambda: ModelBackend(build_model(tmp_path / "machine")), kernel=KernelBackend
+    )
 
 
 # --- driving the driver as the engine does ------------------------------------------
 
 
-@dataclass
-class Harness:
-    """One driver instance behind the core's facade, with its context and sink."""
-
-    driver: SriovDriver
-    hooks: DriverHooks
-    ctx: DriverContext
-    sink: RecordingSink
-
-    def start(self) -> Harness:
-        self.hooks.start(self.ctx)
-        return self
-
-    def ids(self) -> list[str]:
-        return [d.id for d in self.hooks.list_devices()]
-
-    def release(self, ids: list[str], retry: bool = False) -> None:
-        """What the engine does when the pod is gone: post_stop, then deallocate."""
-        self.hooks.post_stop(ids, retry)
-        self.hooks.deallocate(ids, retry)
-
-
-HarnessFactory = Callable[..., Harness]
-
-
 @pytest.fixture
-def make_harness(tmp_path: Path) -> Iterator[HarnessFactory]:
-    """``make_harness(sysfs, links=..., resource=..., state_dir=..., **options)``; stops every driver afterwards."""
-    made: list[Harness] = []
+def make_harness(driver_harness: Callable[..., DriverHarness]) -> Callable[..., DriverHarness]:
+    """``make_harness(sysfs, links=..., resource=..., state_dir=..., **options)``: the kit's ``driver_harness``
+    on an sriov driver (on a netlink model unless ``links`` is given) whose whole lists are pushed."""
 
     def make(
         sysfs: SysfsAccess,
@@ -425,109 +259,21 @@ def make_harness(tmp_path: Path) -> Iterator[HarnessFactory]:
         resource: str = RESOURCE,
         state_dir: Path | None = None,
         **options: Any,
-    ) -> Harness:
+    ) -> DriverHarness:
         options.setdefault("rescan_interval", 0)
-        opts = SriovOptions(**options)
-        state = state_dir if state_dir is not None else tmp_path / "state" / resource.replace("/", "_")
-        state.mkdir(parents=True, exist_ok=True)
-        driver = SriovDriver(opts, access=sysfs, links=links if links is not None else VfLinkModel())
-        sink = RecordingSink(kinds=("replace",))  # the sriov driver pushes whole lists
-        harness = Harness(driver, DriverHooks(resource, driver), DriverContext(resource, state, sink), sink)
-        made.append(harness)
-        return harness
+        driver = SriovDriver(SriovOptions(**options), access=sysfs, links=links if links is not None else VfLinkModel())
+        return driver_harness(driver, resource, state_dir, push_kinds=("replace",))
 
-    yield make
-    for harness in made:
-        harness.hooks.stop()
-
-
-# --- crashes and counting writes --------------------------------------------------------
-
-
-class SimulatedCrash(BaseException):
-    """The process dying: not an Exception, so no ``except Exception`` cleans up after it."""
-
-
-class CrashingSysfs:
-    """A SysfsAccess that counts writes, and dies at the first operation after ``arm(n)`` more writes."""
-
-    def __init__(self, inner: SysfsAccess) -> None:
-        self.inner = inner
-        self.allowed = 10**9
-        self.done: list[tuple[str, str]] = []
-
-    @property
-    def sysfs_root(self) -> Path:
-        return self.inner.sysfs_root
-
-    @property
-    def dev_root(self) -> Path:
-        return self.inner.dev_root
-
-    def arm(self, writes: int) -> None:
-        """Die after ``writes`` more writes."""
-        self.allowed = len(self.done) + writes
-
-    def _check(self) -> None:
-        if len(self.done) >= self.allowed:
-            raise SimulatedCrash(f"crash after {len(self.done)} sysfs writes")
-
-    def read_text(self, path: Path) -> str:
-        self._check()
-        return self.inner.read_text(path)
-
-    def write_text(self, path: Path, data: str) -> None:
-        self._check()
-        self.inner.write_text(path, data)
-        self.done.append((str(path.relative_to(self.sysfs_root)), data))
-
-    def exists(self, path: Path) -> bool:
-        self._check()
-        return self.inner.exists(path)
-
-    def is_dir(self, path: Path) -> bool:
-        self._check()
-        return self.inner.is_dir(path)
-
-    def listdir(self, path: Path) -> list[str]:
-        self._check()
-        return self.inner.listdir(path)
-
-    def link_name(self, path: Path) -> str | None:
-        self._check()
-        return self.inner.link_name(path)
-
-    def writable(self, path: Path) -> bool:
-        self._check()
-        return self.inner.writable(path)
+    return make
 
 
 # --- reading the machine ---------------------------------------------------------------
 
-
-def attr(sysfs: SysfsAccess, address: str, name: str) -> str:
-    """A device attribute, as read."""
-    return sysfs.read_text(sysfs.sysfs_root / "bus/pci/devices" / address / name)
-
-
-def write_attr(sysfs: SysfsAccess, address: str, name: str, value: str) -> None:
-    """Write a device attribute (as an admin would by hand)."""
-    sysfs.write_text(sysfs.sysfs_root / "bus/pci/devices" / address / name, value)
-
-
-def driver_of(sysfs: SysfsAccess, address: str) -> str | None:
-    """The device's driver, from its ``driver`` link."""
-    return sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "driver")
-
-
-def present(sysfs: SysfsAccess, address: str) -> bool:
-    return sysfs.exists(sysfs.sysfs_root / "bus/pci/devices" / address)
-
-
-def group_of(sysfs: SysfsAccess, address: str) -> int:
-    name = sysfs.link_name(sysfs.sysfs_root / "bus/pci/devices" / address / "iommu_group")
-    assert name is not None, f"{address} has no IOMMU group"
-    return int(name)
+attr = device_attribute
+write_attr = write_device_attribute
+driver_of = device_driver
+present = device_present
+group_of = device_iommu_group
 
 
 @pytest.fixture

@@ -7,7 +7,9 @@ device stays on its own driver; ``allocate`` moves its whole group to
 vfio-pci and ``deallocate`` gives each device back to the driver it had
 (:mod:`devplug.pci`). In ``at-start`` mode the groups move at ``start``
 and stay. Each move is recorded before sysfs is touched
-(:mod:`devplug_vfio.state`), so a crash part-way is finished on restart.
+(:mod:`devplug_vfio.state`, on the kit's record store), so a crash part-way is
+finished on restart. The kit's rescan loop looks for hot-plugged and removed
+devices every ``rescan_interval`` seconds.
 
 A container gets ``/dev/vfio/vfio`` and ``/dev/vfio/<group>`` (rw), and
 ``PCI_RESOURCE_<RESOURCE>`` with its comma-separated addresses, the variable
@@ -17,20 +19,21 @@ user only); ``preferred_allocation`` offers whole groups.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
+from devplug.kit import DeviceOwners, DriverRuntime, RecordTable
 from devplug.pci import VFIO_PCI, PciBus, PciDevice
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_vfio.claims import Claims
 from devplug_vfio.options import VfioOptions
 from devplug_vfio.selection import GroupPlan, plan_groups, selects
-from devplug_vfio.state import DeviceRecord, StateStore
+from devplug_vfio.state import STATE, STATE_FILE, DeviceRecord
 
 __all__ = ["VfioDriver", "env_name"]
 
@@ -61,7 +64,7 @@ class VfioDriver:
         read (checking a config on another machine), ``start`` catches the
         overlap instead.
         """
-        owners: dict[tuple[str, str], str] = {}
+        owners = DeviceOwners(verb="selected", hint="; narrow one resource's options (exclude_addresses)")
         for resource, options in options_by_resource.items():
             try:
                 present = PciBus(HostSysfs(options.sysfs_root, options.dev_root)).scan()
@@ -71,26 +74,17 @@ class VfioDriver:
             for address, dev in present.items():
                 if not selects(options, dev, dev.driver):
                     continue
-                other = owners.setdefault((root, address), resource)
-                if other != resource:
-                    raise ValueError(
-                        f"{dev.describe()} is selected by both {other} and {resource}: a device belongs to one "
-                        "resource; narrow one resource's options (exclude_addresses)"
-                    )
+                owners.take((root, address), resource, dev.describe())
 
     def __init__(self, options: VfioOptions, *, access: SysfsAccess | None = None) -> None:
         self.options = options
         self.access: SysfsAccess = access or HostSysfs(options.sysfs_root, options.dev_root)
         self.bus = PciBus(self.access)
         self._lock = threading.RLock()
-        self._ctx: DriverContext | None = None
-        self._store: StateStore | None = None
-        self._records: dict[str, DeviceRecord] = {}
+        self.runtime = DriverRuntime(self._current, rescan_interval=options.rescan_interval, name="vfio")
+        self._records: RecordTable[DeviceRecord] | None = None
         self._plan = GroupPlan({}, ())
-        self._advertised: dict[str, Device] = {}
         self._reported: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -98,10 +92,9 @@ class VfioDriver:
     def start(self, ctx: DriverContext) -> None:
         """Check the kernel, finish what a crash interrupted, take the devices, watch for hot-plug."""
         with self._lock:
-            self._ctx = ctx
+            self.runtime.start(ctx)
             self._check_kernel()
-            self._store = StateStore(ctx.state_dir)
-            self._records = self._store.load()
+            self._records = self.runtime.records(STATE_FILE, "devices", DeviceRecord, **STATE)
             self._finish_interrupted_releases()
             present, plan = self._view()
             if plan.errors:
@@ -110,22 +103,15 @@ class VfioDriver:
             self._plan = plan
             if self.options.bind == "at-start":
                 self._bind_at_start(present, plan, strict=True)
-            self._advertised = {d.id: d for d in self._devices(self.bus.scan(), plan)}
-        if self.options.rescan_interval > 0:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._rescan_loop, name=f"vfio-rescan {ctx.resource_name}")
-            self._thread.daemon = True
-            self._thread.start()
+            self.runtime.advertised.set(self._devices(self.bus.scan(), plan), push=False)
+        self.runtime.start_rescans()
 
     @hookimpl
     def stop(self) -> None:
         """Stop watching; devices stay where they are (pods may hold them)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._ctx is not None:
-            Claims.release(self.bus.sys, self._ctx.resource_name)
+        resource = self.runtime.stop()
+        if resource is not None:  # other resources may take its devices now
+            Claims.release(self.bus.sys, resource)
 
     def _check_kernel(self) -> None:
         sys_root = self.bus.sys
@@ -148,25 +134,27 @@ class VfioDriver:
 
     def _finish_interrupted_releases(self) -> None:
         """A release that a crash interrupted is completed now; a half-done bind waits for ``deallocate``."""
-        pending = [a for a, r in self._records.items() if r.phase == "restoring"]
+        pending = [a for a, r in self.records.items() if r.phase == "restoring"]
         if pending:
-            self._log().info("finishing the interrupted release of %s", ", ".join(pending))
+            self.runtime.log.info("finishing the interrupted release of %s", ", ".join(pending))
             try:
                 self._release(pending)
             except DriverError as exc:
-                self._log().error("could not finish releasing: %s", exc)
+                self.runtime.log.error("could not finish releasing: %s", exc)
 
     # --- devices ----------------------------------------------------------------
 
-    def _log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
-        assert self._ctx is not None, "start was not called"
-        return self._ctx.log
+    @property
+    def records(self) -> RecordTable[DeviceRecord]:
+        """The devices this resource moved (the state file's records), by address."""
+        assert self._records is not None, "start was not called"
+        return self._records
 
     def _view(self) -> tuple[dict[str, PciDevice], GroupPlan]:
         present = self.bus.scan()
         selected = {}
         for address, dev in present.items():
-            record = self._records.get(address)
+            record = self.records.get(address)
             own = record.original_driver if record is not None else dev.driver
             if selects(self.options, dev, own):
                 selected[address] = dev
@@ -177,7 +165,7 @@ class VfioDriver:
         dev = present.get(address)
         if dev is None:
             return Health.UNHEALTHY  # vanished
-        record = self._records.get(address)
+        record = self.records.get(address)
         held = record is not None and record.phase == "bound" and (record.allocated or self.options.bind == "at-start")
         if held:
             if dev.driver != VFIO_PCI:
@@ -193,16 +181,16 @@ class VfioDriver:
             node = present[address].numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
             out[address] = Device(address, self._health(address, present), topology)
-        for address, old in self._advertised.items():
-            if address not in out and (address not in present or address in self._records):
+        for address, old in self.runtime.advertised.devices.items():
+            if address not in out and (address not in present or address in self.records):
                 out[address] = old.with_health(Health.UNHEALTHY)
         return [out[a] for a in sorted(out)]
 
     def _bind_at_start(self, present: Mapping[str, PciDevice], plan: GroupPlan, strict: bool) -> None:
         for group in plan.groups.values():
+            records = self.records
             done = all(
-                present[m].driver == VFIO_PCI and m in self._records and self._records[m].phase == "bound"
-                for m in group.members
+                present[m].driver == VFIO_PCI and m in records and records[m].phase == "bound" for m in group.members
             )
             if done:
                 continue
@@ -212,17 +200,21 @@ class VfioDriver:
             except DriverError as exc:
                 if strict:
                     raise
-                self._log().error("%s", exc)
+                self.runtime.log.error("%s", exc)
 
     def refresh(self, push: bool = True) -> list[Device]:
         """Scan sysfs for hot-plugged and removed devices; push the list when it changed."""
+        return self.runtime.refresh(push)
+
+    def _current(self) -> list[Device]:
+        """The devices as sysfs shows them now (groups claimed, and in ``at-start`` mode bound, as they come)."""
         with self._lock:
             present, plan = self._view()
             for error in plan.errors:
                 if error not in self._reported:
                     self._reported.add(error)
-                    self._log().error("%s", error)
-            resource = self._ctx.resource_name if self._ctx is not None else ""
+                    self.runtime.log.error("%s", error)
+            resource = self.runtime.ctx.resource_name
             usable = {}
             for number, group in plan.groups.items():
                 try:
@@ -230,7 +222,7 @@ class VfioDriver:
                 except DriverError as exc:
                     if str(exc) not in self._reported:
                         self._reported.add(str(exc))
-                        self._log().error("%s", exc)
+                        self.runtime.log.error("%s", exc)
                     continue
                 usable[number] = group
             plan = GroupPlan(usable, plan.errors)
@@ -238,19 +230,7 @@ class VfioDriver:
             if self.options.bind == "at-start":
                 self._bind_at_start(present, plan, strict=False)
                 present = self.bus.scan()
-            devices = self._devices(present, plan)
-            changed = devices != list(self._advertised.values())
-            self._advertised = {d.id: d for d in devices}
-        if push and changed and self._ctx is not None:
-            self._ctx.set_devices(devices)
-        return devices
-
-    def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.options.rescan_interval):
-            try:
-                self.refresh()
-            except Exception as exc:
-                self._log().error("rescan failed: %s", exc)
+            return self._devices(present, plan)
 
     @hookimpl
     def list_devices(self) -> Sequence[Device]:
@@ -305,23 +285,21 @@ class VfioDriver:
                 )
         return numbers
 
-    def _save(self) -> None:
-        assert self._store is not None, "start was not called"
-        self._store.save(self._records)
-
     def _begin_bind(
         self, group: int, members: Sequence[str], present: Mapping[str, PciDevice], allocated: bool
     ) -> None:
         """Record the move of ``members`` to vfio-pci before making it."""
+        changes: dict[str, DeviceRecord | None] = {}
         for address in members:
-            record = self._records.get(address)
+            record = self.records.get(address)
             if record is None:
-                self._records[address] = DeviceRecord(present[address].driver, group, "binding", allocated)
-            else:
-                record.allocated = record.allocated or allocated
-                if record.phase != "bound" or present[address].driver != VFIO_PCI:
-                    record.phase = "binding"
-        self._save()
+                changes[address] = DeviceRecord(present[address].driver, group, "binding", allocated)
+                continue
+            moving = record.phase != "bound" or present[address].driver != VFIO_PCI
+            changes[address] = replace(
+                record, allocated=record.allocated or allocated, phase="binding" if moving else record.phase
+            )
+        self.records.update(changes)
 
     def _bind(self, group: int, members: Sequence[str]) -> None:
         for address in members:
@@ -329,9 +307,7 @@ class VfioDriver:
         node = self.bus.vfio_node(group)
         if not self.access.exists(node):
             raise DriverError(f"IOMMU group {group}: {node} did not appear after binding {', '.join(members)}")
-        for address in members:
-            self._records[address].phase = "bound"
-        self._save()
+        self.records.update({address: replace(self.records[address], phase="bound") for address in members})
 
     @hookimpl
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation | None:
@@ -354,17 +330,16 @@ class VfioDriver:
             # this daemon (perhaps in a container of its own) finds the host's /dev.
             specs = [DeviceSpec("/dev/vfio/vfio", "/dev/vfio/vfio", "rw")]
             specs += [DeviceSpec(f"/dev/vfio/{n}", f"/dev/vfio/{n}", "rw") for n in numbers]
-            assert self._ctx is not None
             return ContainerAllocation(
-                envs={env_name(self._ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
+                envs={env_name(self.runtime.ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
             )
 
     def _undo_allocation(self, numbers: Sequence[int]) -> None:
-        members = [a for a, r in self._records.items() if r.group in numbers]
+        members = [a for a, r in self.records.items() if r.group in numbers]
         try:
             self._free(members)
         except DriverError as exc:
-            self._log().error("could not undo the failed allocation: %s", exc)
+            self.runtime.log.error("could not undo the failed allocation: %s", exc)
 
     @hookimpl
     def deallocate(self, device_ids: Sequence[str]) -> None:
@@ -375,8 +350,9 @@ class VfioDriver:
         device at once.
         """
         with self._lock:
-            numbers = {self._records[a].group for a in device_ids if a in self._records}
-            members = [a for a, r in self._records.items() if r.group in numbers]
+            records = self.records.snapshot()
+            numbers = {records[a].group for a in device_ids if a in records}
+            members = [a for a, r in records.items() if r.group in numbers]
             if self.options.bind == "at-start":
                 self._free(members)
                 return
@@ -385,9 +361,7 @@ class VfioDriver:
 
     def _free(self, members: Sequence[str]) -> None:
         if self.options.bind == "at-start":
-            for address in members:
-                self._records[address].allocated = False
-            self._save()
+            self.records.update({address: replace(self.records[address], allocated=False) for address in members})
             return
         self._release(members)
 
@@ -399,12 +373,9 @@ class VfioDriver:
 
     def _mark_restoring(self, members: Sequence[str]) -> dict[str, str | None]:
         """Record (with the lock held) that ``members`` are being given back; their original drivers."""
-        for address in members:
-            self._records[address].phase = "restoring"
-            self._records[address].allocated = False
-        if members:
-            self._save()
-        return {address: self._records[address].original_driver for address in members}
+        records = self.records
+        records.update({address: replace(records[address], phase="restoring", allocated=False) for address in members})
+        return {address: records[address].original_driver for address in members}
 
     def _restore(self, originals: Mapping[str, str | None]) -> None:
         """Give each device back to its original driver (sysfs writes, without the lock), then drop the records
@@ -413,7 +384,7 @@ class VfioDriver:
         done = []
         for address, original in originals.items():
             if not self.bus.exists(address):
-                self._log().warning("%s vanished before it was given back to its driver", address)
+                self.runtime.log.warning("%s vanished before it was given back to its driver", address)
                 done.append(address)
                 continue
             try:
@@ -424,8 +395,6 @@ class VfioDriver:
             done.append(address)
         if originals:
             with self._lock:
-                for address in done:
-                    self._records.pop(address, None)
-                self._save()
+                self.records.drop(*done)
         if failures:
             raise DriverError("; ".join(failures))

@@ -22,13 +22,13 @@ device. Bridges are never taken (vfio-pci refuses them).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from devplug.options import refuse_kernel_trees
+from devplug.kit.rescan import check_rescan_interval
+from devplug.sysfs import check_roots
 
 __all__ = ["BindMode", "VfioOptions"]
 
@@ -119,9 +119,5 @@ class VfioOptions:
             )
         if self.bind not in ("on-allocate", "at-start"):
             raise ValueError(f"bind: expected 'on-allocate' or 'at-start', got {self.bind!r}")
-        if not math.isfinite(self.rescan_interval) or not 0 <= self.rescan_interval <= 86400:
-            raise ValueError(
-                f"rescan_interval: must be a finite number of seconds from 0 to 86400, got {self.rescan_interval!r}"
-            )
-        refuse_kernel_trees(self.sysfs_root, "sysfs_root", allowed=Path("/sys"))
-        refuse_kernel_trees(self.dev_root, "dev_root", allowed=Path("/dev"))
+        check_rescan_interval(self.rescan_interval)
+        check_roots(self.sysfs_root, self.dev_root)

@@ -9,7 +9,6 @@ on the model; everything else (gRPC, the dev kubelet, the ledger) is the same.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -23,17 +22,8 @@ from devplug.devkubelet import DevKubeletThread
 from devplug.devkubelet.model import ContainerSpec, PodSpec
 from devplug.testing.configs import dev_config
 from devplug.testing.daemon import DaemonThread
+from devplug.testing.waiting import WAIT, poll_until
 from devplug_vfio import VfioDriver, VfioOptions
-
-WAIT = 30.0  # seconds: a generous bound on "eventually", never a timing assertion
-
-
-def _eventually(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.05)
 
 
 def test_a_pod_gets_the_nic_through_the_kubelet_and_gives_it_back(
@@ -82,5 +72,5 @@ def _pod_gets_the_nic_and_gives_it_back(kubelet: DevKubeletThread, sysfs: Any, k
 
     kubelet.remove_pod("vm")
 
-    _eventually(lambda: kit.driver_of(sysfs, kit.NIC) == "e1000e", "the NIC is back on e1000e")
+    poll_until(lambda: kit.driver_of(sysfs, kit.NIC) == "e1000e", "the NIC back on e1000e")
     assert kit.override_of(sysfs, kit.NIC) == "(null)"

@@ -2,7 +2,7 @@
 
 The daemon under test loads ``vfio-model`` (:mod:`vfio_on_model`, a test double declared
 through ``test_drivers``): the real driver on a :class:`~devplug.testing.pcisysfs.PciSysfsModel`
-shared with the child process through its state file.
+shared with the child process through its state file, its hook calls recorded by the kit's stand-in.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 from devplug import ContainerAllocation, DeviceSpec
 from devplug.testing.conformance import DriverConformance
+from devplug.testing.pcisysfs import SLOW_UNBIND_FILE, model_options
 
 HERE = Path(__file__).resolve().parent
-SLOW_FILE = "slow-unbind"  # vfio_on_model.SLOW_FILE (test modules cannot import each other)
 
 
 class TestVfioConformance(DriverConformance):
@@ -25,6 +25,7 @@ class TestVfioConformance(DriverConformance):
     resource = "example.com/nic"
     device_count = 2
     release_hooks = ("deallocate",)  # vfio has no post_stop hook
+    records_itself = False  # the kit's recording stand-in watches it
     bad_option_key = "rescan_interval"
 
     def options(self, folder: Path) -> Mapping[str, Any]:
@@ -32,13 +33,8 @@ class TestVfioConformance(DriverConformance):
         return {
             "devices": ["8086:10d3"],
             "rescan_interval": 0,
-            "sysfs_root": str(machine / "sys"),
-            "dev_root": str(machine / "dev"),
-            "model": str(machine),
+            **model_options(machine),
         }
-
-    def calls_dir(self, folder: Path) -> Path:
-        return folder / "machine"
 
     def node_dev_root(self, folder: Path) -> Path:
         return folder / "machine" / "dev"  # the model's /dev/vfio
@@ -49,11 +45,11 @@ class TestVfioConformance(DriverConformance):
         assert len(allocation.devices) == 1 + len(device_ids)  # one group per NIC
 
     def slow_release(self, folder: Path, device_id: str) -> bool:
-        (folder / "machine" / SLOW_FILE).write_text(f"{device_id}\n")  # only its unbind waits
+        (folder / "machine" / SLOW_UNBIND_FILE).write_text(f"{device_id}\n")  # only its unbind waits
         return True
 
     def fast_release(self, folder: Path, device_id: str) -> None:
-        (folder / "machine" / SLOW_FILE).unlink()
+        (folder / "machine" / SLOW_UNBIND_FILE).unlink()
 
     def bad_options(self, folder: Path) -> Mapping[str, Any]:
         return {**self.options(folder), "rescan_interval": -1}
