@@ -4,7 +4,11 @@ killed mid-way; a device turns unhealthy with its reason."""
 
 from __future__ import annotations
 
-from devplug.devkubelet import PodPhase
+import asyncio
+
+import pytest
+
+from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, PodPhase
 from devplug.devkubelet.dra.model import HealthStatus
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
@@ -80,3 +84,109 @@ def test_an_unhealthy_device_reaches_the_kubelets_health_cache_with_its_reason(a
             assert health("mock0") is HealthStatus.HEALTHY
 
     run(scenario, 90)
+
+
+def test_a_kubelet_restart_and_a_wiped_plugins_registry_register_the_driver_again(api: ApiServer) -> None:
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            lab.make_claim("c1")
+            pod, [claim] = lab.schedule_pod("p1", ["c1"])
+            await lab.kubelet.admit_pod(pod)
+            notified = len(lab.kubelet.events_of("dra-plugin-registered", DRIVER))
+
+            await lab.kubelet.restart()
+            await lab.registered()
+            await lab.published(3)  # the kubelet wipes slices of drivers it does not see; the daemon's are back
+            [state] = lab.kubelet.dra_claims()
+            assert state.uid == claim["metadata"]["uid"] and not state.prepared  # from dra_manager_state
+            pod2, _ = lab.schedule_pod("p2", ["c1"])
+            await lab.kubelet.admit_pod(pod2)  # the kubelet prepares the restored claim again: the same answer
+            [state] = lab.kubelet.dra_claims()
+            assert state.prepared and state.pod_uids == {pod.uid, pod2.uid}
+            # the kubelet appends the new answer's devices to the checkpoint's (addDevice): the same CDI ID twice
+            assert lab.kubelet.container_cdi_devices("p2", "app") == [f"{DRIVER}/claim={state.uid}"] * 2
+            assert len(lab.calls("allocate")) == 1
+
+            [socket] = list((lab.root / "plugins_registry").glob(f"{DRIVER}-*-reg.sock"))
+            socket.unlink()  # what a wiped plugins_registry does to the running kubelet: the plugin is gone
+            await eventually(
+                lambda: len(lab.kubelet.events_of("dra-plugin-registered", DRIVER)) > notified + 1,
+                "registered again through a new socket",
+                details=lab.log,
+            )
+            assert socket.exists()
+
+            await lab.kubelet.finish_pod("p1")
+            await lab.kubelet.finish_pod("p2")
+            assert lab.kubelet.dra_claims() == []
+            assert [c["device_ids"] for c in lab.calls("deallocate")] == [lab.allocated_devices(claim)]
+            assert lab.records() == []
+
+    run(scenario, 120)
+
+
+def test_a_daemon_killed_inside_prepare_and_inside_unprepare_keeps_the_ledger_right(api: ApiServer) -> None:
+    async def scenario() -> None:
+        async with dra_node(api, {"mock0": "crash=allocate\n"}) as lab:
+            await lab.published(1)
+            lab.make_claim("c1")
+            pod, [claim] = lab.schedule_pod("p1", ["c1"])
+            uid = claim["metadata"]["uid"]
+            assert lab.daemon is not None
+            with pytest.raises(ClaimPrepareError):
+                await lab.kubelet.admit_pod(pod)  # the daemon dies after the driver's allocate, before the ledger
+            await asyncio.to_thread(lab.daemon.wait, 10.0)
+            [pending] = lab.records()
+            assert pending["claim_uid"] == uid and pending["pending"] == ["mock0"]
+
+            (lab.mock_dir / "mock0").write_text("crash=post_stop\n")
+            lab.start_daemon()
+            await lab.registered()
+            await lab.kubelet.sync_pod("p1")  # the kubelet prepares again: the crashed allocate is undone first
+            [state] = lab.kubelet.dra_claims()
+            assert state.prepared
+            [record] = lab.records()
+            assert (record["claim_uid"], record["devices"], record["pending"]) == (uid, ["mock0"], [])
+            assert [(c["hook"], c.get("retry", False)) for c in lab.calls() if c["hook"] != "preferred_allocation"] == [
+                ("allocate", False),
+                ("deallocate", False),  # the pending record of the crashed allocate: undone before the new one
+                ("allocate", False),
+            ]
+
+            with pytest.raises(ClaimUnprepareError):  # the daemon dies after post_stop, before the ledger
+                await lab.kubelet.finish_pod("p1")
+            await asyncio.to_thread(lab.daemon.wait, 10.0)
+            assert lab.kubelet.dra_claims() != []  # unprepare owed
+            (lab.mock_dir / "mock0").write_text("")
+            lab.start_daemon()
+            await lab.registered()
+            await lab.kubelet.sync_pod("p1")
+            await eventually(lambda: lab.kubelet.dra_claims() == [], "the claim unprepared", details=lab.log)
+            assert lab.records() == []
+            release = [(c["hook"], c.get("retry", False)) for c in lab.calls()][-3:]
+            assert release == [("post_stop", False), ("post_stop", True), ("deallocate", False)]
+
+    run(scenario, 150)
+
+
+def test_a_claim_deleted_while_the_daemon_was_down_is_released_by_reconciliation(api: ApiServer) -> None:
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            lab.make_claim("c1")
+            pod, [claim] = lab.schedule_pod("p1", ["c1"])
+            await lab.kubelet.admit_pod(pod)
+            [device] = lab.allocated_devices(claim)
+            assert lab.daemon is not None
+            assert await asyncio.to_thread(lab.daemon.stop) == 0
+            await lab.kubelet.close()  # the node's kubelet forgot it too (its state lost): no unprepare will come
+            lab.scheduler.deallocate(NS, "c1")
+            api.delete("resourceclaims", "c1", NS)
+            lab.start_daemon()
+            await eventually(lambda: lab.records() == [], "the deleted claim released", details=lab.log)
+            assert [c["device_ids"] for c in lab.calls("post_stop")] == [[device]]
+            assert [c["device_ids"] for c in lab.calls("deallocate")] == [[device]]
+            assert "is deleted in the API server" in lab.log()
+
+    run(scenario, 120)

@@ -171,6 +171,8 @@ class DraFrontEnd:
                 "[%s] no allocation ledger: a claim the kubelet holds prepared is prepared again when it asks",
                 self.name,
             )
+        for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):  # a line per request: the slices' state says more
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
         client = self._make_client()
         self._client = client
         self.publisher = SlicePublisher(

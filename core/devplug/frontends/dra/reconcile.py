@@ -121,11 +121,15 @@ class ClaimReconciler:
                 queue.release_when_exited(
                     record, "allocated through the device-plugin API before this resource moved to DRA", now
                 )
+            elif record.claim_uid in self.gone:  # asked again each pass: the liveness grace may be over now
+                queue.release_when_exited(record, f"{claim_ref(record)} is {self.gone[record.claim_uid].value}", now)
             else:
                 prepared.append(record)
         if prepared and (self._check_presence or time.monotonic() - self._last_presence >= self.presence_interval):
             await self._released_gone(queue, prepared)
         queue.forget_gone()
+        for uid in [u for u in self.gone if self.lifecycle.for_claim(u) is None]:
+            del self.gone[uid]
         for uid in await self._cdi.kept():
             if self.lifecycle.for_claim(uid) is None:
                 await self._cdi.remove(uid)
@@ -150,7 +154,6 @@ class ClaimReconciler:
             if record is None or record.releasing or queue.running(record.id):
                 continue
             if ref.uid not in self.gone:
-                self.gone[ref.uid] = answer
                 log.warning(
                     "[%s] %s was prepared here but is %s in the API server: its devices are released once its "
                     "pods' containers are gone",
@@ -158,4 +161,5 @@ class ClaimReconciler:
                     ref,
                     answer.value,
                 )
+            self.gone[ref.uid] = answer
             queue.release_when_exited(record, f"{ref} is {answer.value} and was never unprepared", now)
