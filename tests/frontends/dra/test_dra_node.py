@@ -12,7 +12,7 @@ from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, PodPhase
 from devplug.devkubelet.dra.model import HealthStatus
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
-from tests.frontends.dra.dranode import DRIVER, NS, dra_node, eventually, spec_of
+from tests.frontends.dra.dranode import DRIVER, NS, dra_node, eventually
 
 
 def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> None:
@@ -32,7 +32,7 @@ def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> No
             assert (prepared.pool_name, prepared.device_name) == (NODE, device)
             assert prepared.cdi_device_ids == (f"{DRIVER}/claim={uid}",)
             assert lab.kubelet.container_cdi_devices("p1", "app") == [f"{DRIVER}/claim={uid}"]
-            spec = spec_of(lab.root, uid)
+            spec = lab.spec_of(uid)
             assert spec["kind"] == f"{DRIVER}/claim"
             [cdi_device] = spec["devices"]
             assert cdi_device["name"] == uid
@@ -78,7 +78,7 @@ def test_an_unhealthy_device_reaches_the_kubelets_health_cache_with_its_reason(a
                 return lab.kubelet.device_health(DRIVER, NODE, name).health
 
             await eventually(lambda: health("mock1") is HealthStatus.HEALTHY, "mock1 healthy", details=lab.log)
-            (lab.mock_dir / "mock1").write_text("unhealthy=ECC errors: 12 uncorrectable\n")
+            (lab.folder / "mock1").write_text("unhealthy=ECC errors: 12 uncorrectable\n")
             await eventually(lambda: health("mock1") is HealthStatus.UNHEALTHY, "mock1 unhealthy", details=lab.log)
             assert lab.kubelet.device_health(DRIVER, NODE, "mock1").message == "ECC errors: 12 uncorrectable"
             assert health("mock0") is HealthStatus.HEALTHY
@@ -140,7 +140,7 @@ def test_a_daemon_killed_inside_prepare_and_inside_unprepare_keeps_the_ledger_ri
             [pending] = lab.records()
             assert pending["claim_uid"] == uid and pending["pending"] == ["mock0"]
 
-            (lab.mock_dir / "mock0").write_text("crash=post_stop\n")
+            (lab.folder / "mock0").write_text("crash=post_stop\n")
             lab.start_daemon()
             await lab.registered()
             await lab.kubelet.sync_pod("p1")  # the kubelet prepares again: the crashed allocate is undone first
@@ -158,7 +158,7 @@ def test_a_daemon_killed_inside_prepare_and_inside_unprepare_keeps_the_ledger_ri
                 await lab.kubelet.finish_pod("p1")
             await asyncio.to_thread(lab.daemon.wait, 10.0)
             assert lab.kubelet.dra_claims() != []  # unprepare owed
-            (lab.mock_dir / "mock0").write_text("")
+            (lab.folder / "mock0").write_text("")
             lab.start_daemon()
             await lab.registered()
             await lab.kubelet.sync_pod("p1")

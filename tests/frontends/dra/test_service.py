@@ -58,7 +58,7 @@ def test_each_claim_gets_its_devices_or_its_own_error(api: ApiServer) -> None:
             good = _allocate_by_hand(lab, "good", ["mock0"])
             elsewhere = _allocate_by_hand(lab, "elsewhere", ["mock1"], pool="node-b")
             sick = _allocate_by_hand(lab, "sick", ["mock2"])
-            (lab.mock_dir / "mock2").write_text("unhealthy=fan stopped\n")
+            (lab.folder / "mock2").write_text("unhealthy=fan stopped\n")
             first = _allocate_by_hand(lab, "first", ["mock3"])
             second = _allocate_by_hand(lab, "second", ["mock3"])
             async with grpc.aio.insecure_channel(_socket(lab)) as channel:
@@ -141,12 +141,12 @@ def test_a_failing_release_is_the_claims_unprepare_error_and_is_retried(api: Api
             async with grpc.aio.insecure_channel(_socket(lab)) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)]))
-                (lab.mock_dir / "mock0").write_text("fail=deallocate\n")
+                (lab.folder / "mock0").write_text("fail=deallocate\n")
                 done = await stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[_claim("c", uid)]))
                 assert "mock0" in done.claims[uid].error and "releasing its devices failed" in done.claims[uid].error
                 [record] = lab.records()
                 assert record["releasing"] is True
-                (lab.mock_dir / "mock0").write_text("")
+                (lab.folder / "mock0").write_text("")
                 await eventually(lambda: lab.records() == [], "the release retried until it succeeded", details=lab.log)
                 done = await stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[_claim("c", uid)]))
                 assert done.claims[uid].error == ""
