@@ -5,14 +5,19 @@ killed mid-way; a device turns unhealthy with its reason."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, PodPhase
+from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, ContainerSpec, PodPhase, PodSpec
 from devplug.devkubelet.dra.model import HealthStatus
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
-from tests.frontends.dra.dranode import DRIVER, NS, dra_node, eventually
+from tests.frontends.dra.dranode import DRIVER, NS, RESOURCE, dra_node, eventually
+
+
+def _healthy_devices(view: Any) -> int:
+    return 0 if view is None else sum(1 for d in view.devices if d.healthy)
 
 
 def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> None:
@@ -188,5 +193,38 @@ def test_a_claim_deleted_while_the_daemon_was_down_is_released_by_reconciliation
             assert [c["device_ids"] for c in lab.calls("post_stop")] == [[device]]
             assert [c["device_ids"] for c in lab.calls("deallocate")] == [[device]]
             assert "is deleted in the API server" in lab.log()
+
+    run(scenario, 120)
+
+
+def test_a_node_moved_from_the_device_plugin_api_releases_its_leftovers_by_the_liveness_rules(
+    api: ApiServer,
+) -> None:
+    async def scenario() -> None:
+        async with dra_node(api, {"mock0": ""}, start=False) as lab:
+            dra_config = lab.config_path.read_text()
+            dra_lines = ['api = "dra"', f'dra = {{ driver_name = "{DRIVER}" }}']
+            assert all(line in dra_config.splitlines() for line in dra_lines)
+            lab.config_path.write_text("\n".join(x for x in dra_config.splitlines() if x not in dra_lines) + "\n")
+            lab.start_daemon()
+            await lab.kubelet.wait_registered(RESOURCE, 20.0)
+            await eventually(lambda: _healthy_devices(lab.kubelet.resource(RESOURCE)) == 1, "mock0 advertised")
+            await lab.kubelet.admit_pod(PodSpec("old", [ContainerSpec("app", {RESOURCE: 1})]))
+            [record] = lab.records()
+            assert record["claim_uid"] is None and record["devices"] == ["mock0"]
+            assert lab.daemon is not None and await asyncio.to_thread(lab.daemon.stop) == 0
+
+            lab.config_path.write_text(dra_config)  # the node moves to DRA with the pod still there
+            lab.start_daemon()
+            await lab.registered()
+            # no PodResources through DRA: the record is released once its pod's containers are gone (here they
+            # cannot be read, so after [liveness] unknown_grace), as the device-plugin front end would
+            await eventually(lambda: lab.records() == [], "the leftover released", details=lab.log)
+            assert [c["device_ids"] for c in lab.calls("post_stop")] == [["mock0"]]
+            assert [c["device_ids"] for c in lab.calls("deallocate")] == [["mock0"]]
+            lab.make_claim("c1")
+            pod, _ = lab.schedule_pod("new", ["c1"])
+            await lab.kubelet.admit_pod(pod)
+            assert [r["claim"] for r in lab.records()] == [f"{NS}/c1"]
 
     run(scenario, 120)
