@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, ContainerSpec, PodPhase, PodSpec
 from devplug.devkubelet.dra.model import HealthStatus
 from devplug.testing.apiserver import ApiServer
@@ -53,6 +54,17 @@ def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> No
             [record] = lab.records()
             assert (record["claim_uid"], record["claim"], record["devices"]) == (uid, f"{NS}/c1", [device])
             assert record["pod_uid"] == pod.uid
+
+            def shown() -> Any:
+                [entry] = read_status(lab.root / "state")["resources"]
+                return entry if entry.get("frontend", {}).get("claims", {}).get("prepared") == 1 else None
+
+            entry = await eventually(shown, "the prepared claim in the status", details=lab.log)
+            assert entry["state"] == "registered" and entry["socket"].startswith(str(lab.root / "plugins" / DRIVER))
+            frontend = entry["frontend"]
+            assert (frontend["driver"], frontend["pool"]) == (DRIVER, NODE)
+            assert frontend["registration"]["registered"] is True and frontend["registration"]["error"] == ""
+            assert frontend["slices"]["error"] is None and frontend["slices"]["slices"] == 1
 
             # a second pod shares the claim: prepared once, released when the last pod is done
             pod2, _ = lab.schedule_pod("p2", ["c1"])
