@@ -197,6 +197,7 @@ def test_a_claim_deleted_while_the_daemon_was_down_is_released_by_reconciliation
             [device] = lab.allocated_devices(claim)
             assert lab.daemon is not None
             assert await asyncio.to_thread(lab.daemon.stop) == 0
+            assert lab.slices() == []  # the last instance of the driver stopped: its slices went with it
             await lab.kubelet.close()  # the node's kubelet forgot it too (its state lost): no unprepare will come
             lab.scheduler.deallocate(NS, "c1")
             api.delete("resourceclaims", "c1", NS)

@@ -141,6 +141,8 @@ class DraFrontEnd:
         self.reconciler: ClaimReconciler | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
+        #: Set once :meth:`serve`'s loops (the publisher's among them) are cancelled and done.
+        self._loops_done = asyncio.Event()
 
     @property
     def endpoint(self) -> str:
@@ -229,6 +231,7 @@ class DraFrontEnd:
     async def serve(self) -> None:
         assert self.registration is not None and self.publisher is not None and self.reconciler is not None
         if self._stopped.is_set():
+            self._loops_done.set()
             return
         self.status.state = ResourceState.REGISTERING
         await self._serve_services()
@@ -254,6 +257,7 @@ class DraFrontEnd:
             for task in (*tasks, stopped):
                 task.cancel()
             await asyncio.gather(*tasks, stopped, return_exceptions=True)
+            self._loops_done.set()
         for task in tasks:  # a loop that ended by itself is a bug: say so rather than serve half
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
@@ -274,6 +278,7 @@ class DraFrontEnd:
         )
 
     async def stop(self, grace: float) -> None:
+        serving = self.registration is not None and self.registration.started  # serve() runs its loops
         self._stopped.set()
         if self.registration is not None:
             await self.registration.stop()
@@ -283,6 +288,9 @@ class DraFrontEnd:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
         if self.publisher is not None and not self._other_instances():
+            if serving:  # its publisher ends before the slices are deleted, or it could write them again
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._loops_done.wait(), max(grace, 1.0))
             try:
                 await asyncio.wait_for(self.publisher.delete_slices(), max(grace, 1.0))
             except Exception as exc:

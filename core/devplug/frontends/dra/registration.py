@@ -218,6 +218,11 @@ class RegistrationServer:
 
     # --- serving
 
+    @property
+    def started(self) -> bool:
+        """True once :meth:`start` was called."""
+        return self._watcher is not None or self._server is not None
+
     async def start(self) -> None:
         """Serve the registration socket (made afresh) and watch that it stays there."""
         await self._serve()
