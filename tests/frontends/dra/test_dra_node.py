@@ -5,6 +5,7 @@ killed mid-way; a device turns unhealthy with its reason."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 import pytest
@@ -239,5 +240,39 @@ def test_a_node_moved_from_the_device_plugin_api_releases_its_leftovers_by_the_l
             pod, _ = lab.schedule_pod("new", ["c1"])
             await lab.kubelet.admit_pod(pod)
             assert [r["claim"] for r in lab.records()] == [f"{NS}/c1"]
+
+    run(scenario, 120)
+
+
+def test_a_live_reload_restarts_the_resource_and_the_claim_is_unprepared_through_the_new_instance(
+    api: ApiServer,
+) -> None:
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            lab.make_claim("c1")
+            pod, [claim] = lab.schedule_pod("p1", ["c1"])
+            await lab.kubelet.admit_pod(pod)
+            [first] = lab.kubelet.dra_plugins(DRIVER)
+            text = lab.config_path.read_text()
+            assert 'api = "dra"' in text
+            lab.config_path.write_text(text.replace('api = "dra"', 'api = "dra"\nhealth_interval = 2.0', 1))
+            assert lab.daemon is not None and lab.daemon.process is not None
+            lab.daemon.process.send_signal(signal.SIGHUP)
+
+            def connected() -> list[str]:
+                return [v.endpoint for v in lab.kubelet.dra_plugins(DRIVER) if v.connected]
+
+            await eventually(
+                lambda: connected() not in ([], [first.endpoint]),
+                "the restarted resource registered through its new instance",
+                details=lab.log,
+            )
+            assert first.endpoint not in connected()
+            await lab.published(3)
+            await lab.kubelet.finish_pod("p1")
+            assert lab.kubelet.dra_claims() == []
+            assert [c["device_ids"] for c in lab.calls("deallocate")] == [lab.allocated_devices(claim)]
+            assert lab.records() == []
 
     run(scenario, 120)
