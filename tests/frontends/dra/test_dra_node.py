@@ -207,6 +207,7 @@ def test_a_claim_deleted_while_the_daemon_was_down_is_released_by_reconciliation
             assert [c["device_ids"] for c in lab.calls("post_stop")] == [[device]]
             assert [c["device_ids"] for c in lab.calls("deallocate")] == [[device]]
             assert "is deleted in the API server" in lab.log()
+            assert "PodResources" not in lab.log()  # a daemon serving only DRA never polls it (the kubelet is gone)
 
     run(scenario, 120)
 
