@@ -154,3 +154,25 @@ def test_a_failing_release_is_the_claims_unprepare_error_and_is_retried(api: Api
             assert [c.get("retry", False) for c in lab.calls("deallocate")][-1] is True
 
     run(scenario, 90)
+
+
+def test_an_api_server_that_fails_the_read_is_that_claims_error_and_the_kubelets_retry_prepares_it(
+    api: ApiServer,
+) -> None:
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            claim = _allocate_by_hand(lab, "c", ["mock2"])
+            uid = _uid(claim)
+            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+                stub = v1_grpc.DRAPluginStub(channel)
+                request = v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)])
+                api.faults.fail(503, verb="get", resource="resourceclaims")
+                failed = await stub.NodePrepareResources(request)
+                assert "default/c" in failed.claims[uid].error and "503" in failed.claims[uid].error
+                assert not failed.claims[uid].devices and lab.calls("allocate") == [] and lab.records() == []
+                again = await stub.NodePrepareResources(request)
+                assert again.claims[uid].error == ""
+                assert [d.device_name for d in again.claims[uid].devices] == ["mock2"]
+
+    run(scenario, 90)
