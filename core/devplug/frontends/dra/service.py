@@ -55,7 +55,7 @@ from devplug.engine.admission import DraClaim
 from devplug.engine.cdi import cdi_device_name
 from devplug.engine.ledger import AllocationRecord, ClaimTenant
 from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.errors import DevplugError, DriverError
+from devplug.errors import DevplugError
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import ClaimAllocation, ClaimError, ClaimReadError, ClaimRef, OpaqueConfig
 from devplug.logsafe import id_list
@@ -142,13 +142,17 @@ class ClaimPreparer:
         async with self._lock(ref.uid):
             try:
                 return await self._prepare_locked(ref)
-            except (ClaimError, ClaimReadError, _ClaimRefused, DevplugError) as exc:
+            except DevplugError as exc:
                 self.refused += 1
                 message = str(exc)
                 if not isinstance(exc, ClaimError | _ClaimRefused | ClaimReadError):
                     message = f"{ref}: {message}"
                 log.warning("[%s] cannot prepare %s", self.name, message)
                 return message
+            except Exception as exc:  # a bug: this claim's error, with a traceback in the log; the others go on
+                self.refused += 1
+                log.exception("[%s] preparing %s failed unexpectedly", self.name, ref)
+                return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
 
     async def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
         allocation = await self._read(ref)
@@ -261,9 +265,12 @@ class ClaimPreparer:
             if record is not None:
                 try:
                     await self.lifecycle.release(record.id, f"the kubelet unprepared {ref}")
-                except DriverError as exc:
+                except DevplugError as exc:  # the driver's hook, or the ledger that cannot be written
                     log.error("[%s] unprepare of %s failed: %s", self.name, ref, exc)
                     return f"{ref}: releasing its devices failed: {exc}; they stay withheld until it succeeds"
+                except Exception as exc:  # a bug: this claim's error, with a traceback in the log
+                    log.exception("[%s] unprepare of %s failed unexpectedly", self.name, ref)
+                    return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
                 self.unprepared += 1
             await self.cdi.remove(ref.uid)
             return ""
