@@ -45,7 +45,9 @@ class _Checks:
 def run_dra_demo(*, keep: bool = False, echo: Echo = print) -> bool:
     """Run the demo; True when every check passed. :class:`ConfigError` when lightkube is not installed."""
     if importlib.util.find_spec("lightkube") is None:
-        raise ConfigError("devplug demo --api dra needs the Kubernetes client lightkube: pip install 'devplug[dra]'")
+        raise ConfigError(
+            "devplug demo --api dra needs the Kubernetes client lightkube: pip install 'devplug[kubernetes]'"
+        )
     root = Path(tempfile.mkdtemp(prefix="devplug-dra-demo-", dir="/tmp"))
     checks = _Checks(echo)
     try:

@@ -77,22 +77,12 @@ def test_the_check_catches_a_config_the_image_cannot_run() -> None:
 def test_every_extra_for_users_is_tied_to_the_config_feature_that_needs_it() -> None:
     """A new extra in pyproject.toml must say which config key turns it on, or the check above cannot see it."""
     assert contents.core_extras() == frozenset(contents.FEATURE_EXTRAS.values()) | frozenset(
-        contents.API_EXTRAS.values()
+        contents.RESOURCE_FEATURE_EXTRAS.values()
     )
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     # The image's extras and the dev extra agree on what they bring (the tests run with the same packages).
     for extra in contents.core_extras():
         assert set(pyproject[extra]) <= set(pyproject["dev"]), extra
-
-
-def test_a_dra_resource_needs_the_dra_extra_as_the_daemon_checks() -> None:
-    """API_EXTRAS follows devplug's own check: a resource with api = "dra" needs lightkube (devplug.daemon.process)."""
-    source = (ROOT / "core" / "devplug" / "daemon" / "process.py").read_text()
-    assert 'importlib.util.find_spec("lightkube")' in source
-    config = tomllib.loads((DEPLOY / "dra" / "mock" / "config.toml").read_text())
-    assert _lacking(config, contents.core_extras() - {"dra"}, contents.shipped_drivers()) == ["extra 'dra'"]
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(req.startswith("lightkube") for req in pyproject["dra"])
 
 
 def test_the_metrics_feature_is_the_one_the_config_checks() -> None:
@@ -102,6 +92,18 @@ def test_the_metrics_feature_is_the_one_the_config_checks() -> None:
     assert contents.FEATURE_EXTRAS == {("metrics", "enabled"): "metrics"}
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(req.startswith("prometheus-client") for req in pyproject["metrics"])
+
+
+def test_a_resource_served_through_dra_needs_the_kubernetes_extra() -> None:
+    """The DRA front end talks to the API server through lightkube, the kubernetes extra's only dependency."""
+    config = tomllib.loads((DEPLOY / "base" / "config.toml").read_text())
+    (name, resource), *_ = config["resources"].items()
+    assert _lacking(config, frozenset({"metrics"}), contents.shipped_drivers()) == []
+    resource["api"] = "dra"
+    assert _lacking(config, frozenset({"metrics"}), contents.shipped_drivers()) == ["extra 'kubernetes'"]
+    assert "kubernetes" in contents.core_extras(), f"the image would not run {name} through DRA"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [req.split(">")[0] for req in pyproject["kubernetes"]] == ["lightkube"]
 
 
 def _wheel(folder: Path, name: str, version: str, extras: tuple[str, ...] = ()) -> Path:

@@ -38,9 +38,10 @@ DEVELOPMENT_EXTRAS = frozenset({"dev"})
 #: (table, key) -> extra. The feature is on when the key is true (``[metrics] enabled = true`` needs
 #: prometheus-client; ``devplug check-config`` refuses it without).
 FEATURE_EXTRAS: Mapping[tuple[str, str], str] = {("metrics", "enabled"): "metrics"}
-#: Each resource ``api`` that makes the daemon import an optional dependency, and the extra that brings it
-#: (``api = "dra"`` needs lightkube, the DRA front end's Kubernetes client; the daemon refuses it without).
-API_EXTRAS: Mapping[str, str] = {"dra": "dra"}
+
+#: The same for a key of a resource's table and the value that turns the feature on: (key, value) -> extra. A
+#: resource served through DRA (``api = "dra"``) needs lightkube for its ResourceSlices and ResourceClaims.
+RESOURCE_FEATURE_EXTRAS: Mapping[tuple[str, str], str] = {("api", "dra"): "kubernetes"}
 
 
 def core_extras(pyproject: Path = ROOT / "pyproject.toml") -> frozenset[str]:
@@ -50,17 +51,18 @@ def core_extras(pyproject: Path = ROOT / "pyproject.toml") -> frozenset[str]:
 
 
 def needed_extras(config: Mapping[str, Any]) -> frozenset[str]:
-    """The extras a parsed config needs: one for each feature of :data:`FEATURE_EXTRAS` it turns on, and one for
-    each resource ``api`` of :data:`API_EXTRAS` it uses."""
+    """The extras a parsed config needs: one for each feature of :data:`FEATURE_EXTRAS` and
+    :data:`RESOURCE_FEATURE_EXTRAS` it turns on."""
     needed = set()
     for (table, key), extra in FEATURE_EXTRAS.items():
         section = config.get(table)
         if isinstance(section, Mapping) and section.get(key) is True:
             needed.add(extra)
-    resources = config.get("resources", {})
-    for table in resources.values() if isinstance(resources, Mapping) else ():
-        if isinstance(table, Mapping) and table.get("api") in API_EXTRAS:
-            needed.add(API_EXTRAS[str(table["api"])])
+    resources = config.get("resources")
+    for resource in resources.values() if isinstance(resources, Mapping) else ():
+        for (key, value), extra in RESOURCE_FEATURE_EXTRAS.items():
+            if isinstance(resource, Mapping) and resource.get(key) == value:
+                needed.add(extra)
     return frozenset(needed)
 
 

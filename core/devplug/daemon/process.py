@@ -347,7 +347,7 @@ def _check_dra_client(config: Config) -> None:
     if dra and importlib.util.find_spec("lightkube") is None:
         raise ConfigError(
             f'{config.path or "<config>"}: resource(s) {", ".join(dra)} are served through DRA (api = "dra"), '
-            "which needs the Kubernetes client lightkube: install it with pip install 'devplug[dra]'"
+            "which needs the Kubernetes client lightkube: install it with pip install 'devplug[kubernetes]'"
         )
 
 

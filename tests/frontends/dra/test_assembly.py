@@ -34,7 +34,9 @@ def test_without_lightkube_a_dra_resource_is_refused_naming_it(tmp_path: Path, m
         return None if name == "lightkube" else real(name, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(importlib.util, "find_spec", hidden)
-    with pytest.raises(ConfigError, match=r"example.com/mock are served through DRA .*pip install 'devplug\[dra\]'"):
+    with pytest.raises(
+        ConfigError, match=r"example.com/mock are served through DRA .*pip install 'devplug\[kubernetes\]'"
+    ):
         Daemon(config)
 
 
