@@ -51,7 +51,6 @@ from devplug.engine.releasequeue import ReleaseQueue
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.errors import ConfigError, DeviceBusyError
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
-from devplug.frontends.dra.devicenames import device_name
 from devplug.frontends.dra.health import HealthService
 from devplug.frontends.dra.reconcile import ClaimReconciler, claim_ref
 from devplug.frontends.dra.registration import (
@@ -187,7 +186,6 @@ class DraFrontEnd:
             self.cdi,
             driver=self.driver,
             pool=self.pool,
-            device_name=device_name,
             resource_cdi_kind=self._resource_cdi_kind,
         )
         self.health = HealthService(self.table, self.pool)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,7 @@ __all__ = ["ClaimPreparer", "ClaimReading", "DraPluginV1", "DraPluginV1beta1", "
 log = logging.getLogger("devplug.frontends.dra")
 
 #: What reads a claim (``ClaimReader.read``).
-ClaimReading = Callable[[ClaimRef], Any]
+ClaimReading = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
 
 _SOURCES = {"FromClass": "class", "FromClaim": "claim"}
 
@@ -106,7 +106,6 @@ class ClaimPreparer:
         *,
         driver: str,
         pool: str,
-        device_name: Callable[[str], str],
         resource_cdi_kind: str | None = None,
     ) -> None:
         self.lifecycle = lifecycle
@@ -115,7 +114,6 @@ class ClaimPreparer:
         self.cdi = cdi
         self.driver = driver
         self.pool = pool
-        self._device_name = device_name
         #: The resource's own CDI kind when ``[cdi] enabled`` (its devices' CDI IDs come in the allocation).
         self._resource_kind = resource_cdi_kind
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -156,7 +154,6 @@ class ClaimPreparer:
 
     async def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
         allocation = await self._read(ref)
-        assert isinstance(allocation, ClaimAllocation)
         record = self.lifecycle.for_claim(ref.uid)
         if record is not None and not record.releasing and not record.pending:
             return await self._again(ref, allocation, record)
