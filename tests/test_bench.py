@@ -122,3 +122,5 @@ def test_quick_dra_bench_reports_prepare_and_unprepare_against_the_floor() -> No
         for key in ("p50", "p99", "ratio_p50", "ratio_p99"):
             assert figures[op][key] > 0, f"{op}.{key} is not positive: {figures[op][key]!r}"
         assert figures[f"floor_{op}"]["n"] == figures[op]["n"] == 20
+    for key in ("health", "floor_health", "slice"):  # 3 rounds of unhealthy and healthy again
+        assert figures[key]["n"] == 6 and figures[key]["p50"] > 0, key
