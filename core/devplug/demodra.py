@@ -93,7 +93,8 @@ async def _demo(root: Path, checks: _Checks) -> None:
                 checks.check("the claim prepared (NodePrepareResources)", state.prepared)
                 cdi = node.kubelet.container_cdi_devices("demo-pod", "app")
                 checks.check(
-                    f"the container gets the claim's CDI device {DRIVER}/claim={uid}", cdi == [f"{DRIVER}/claim={uid}"]
+                    f"the container gets the claim's CDI device {DRIVER}/claim={uid}-dev",
+                    cdi == [f"{DRIVER}/claim={uid}-dev"],
                 )
                 spec = node.spec_of(uid)
                 checks.check("the claim's CDI spec names the device", bool(spec["devices"][0]["containerEdits"]))

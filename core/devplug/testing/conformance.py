@@ -472,7 +472,7 @@ class DriverConformance:
                 cdi = node.kubelet.container_cdi_devices("p1", "app")
                 allocation = ContainerAllocation()
                 if cdi:
-                    assert cdi == [f"{node.driver}/claim={state.uid}"]
+                    assert cdi == [f"{node.driver}/claim={state.uid}-dev"]
                     allocation = _from_cdi(node.spec_of(state.uid))
                 if self.replicas > 1:
                     shared = self.shared_entries([dev])

@@ -37,12 +37,13 @@ def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> No
             assert state.prepared and state.uid == uid
             [prepared] = state.devices[DRIVER]
             assert (prepared.pool_name, prepared.device_name) == (NODE, device)
-            assert prepared.cdi_device_ids == (f"{DRIVER}/claim={uid}",)
-            assert lab.kubelet.container_cdi_devices("p1", "app") == [f"{DRIVER}/claim={uid}"]
+            assert prepared.cdi_device_ids == (f"{DRIVER}/claim={uid}-dev",)
+            assert lab.kubelet.container_cdi_devices("p1", "app") == [f"{DRIVER}/claim={uid}-dev"]
             spec = lab.spec_of(uid)
             assert spec["kind"] == f"{DRIVER}/claim"
             [cdi_device] = spec["devices"]
-            assert cdi_device["name"] == uid
+            assert cdi_device["name"] == f"{uid}-dev"
+            assert [n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]] == [f"/dev/mock/{device}"]
             assert f"MOCK_DEVICES={device}" in cdi_device["containerEdits"]["env"]
             [allocate] = lab.calls("allocate")
             assert allocate["device_ids"] == [device]
@@ -70,7 +71,7 @@ def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> No
             # a second pod shares the claim: prepared once, released when the last pod is done
             pod2, _ = lab.schedule_pod("p2", ["c1"])
             await lab.kubelet.admit_pod(pod2)
-            assert lab.kubelet.container_cdi_devices("p2", "app") == [f"{DRIVER}/claim={uid}"]
+            assert lab.kubelet.container_cdi_devices("p2", "app") == [f"{DRIVER}/claim={uid}-dev"]
             assert len(lab.calls("allocate")) == 1
             await lab.kubelet.finish_pod("p1")
             assert lab.kubelet.pod_phase("p1") is PodPhase.FINISHED
@@ -123,7 +124,7 @@ def test_a_kubelet_restart_and_a_wiped_plugins_registry_register_the_driver_agai
             [state] = lab.kubelet.dra_claims()
             assert state.prepared and state.pod_uids == {pod.uid, pod2.uid}
             # the kubelet appends the new answer's devices to the checkpoint's (addDevice): the same CDI ID twice
-            assert lab.kubelet.container_cdi_devices("p2", "app") == [f"{DRIVER}/claim={state.uid}"] * 2
+            assert lab.kubelet.container_cdi_devices("p2", "app") == [f"{DRIVER}/claim={state.uid}-dev"] * 2
             assert len(lab.calls("allocate")) == 1
 
             [socket] = list((lab.root / "plugins_registry").glob(f"{DRIVER}-*-reg.sock"))

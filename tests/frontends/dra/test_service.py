@@ -82,7 +82,7 @@ def test_each_claim_gets_its_devices_or_its_own_error(api: ApiServer) -> None:
             [dev] = claims[_uid(good)].devices
             assert claims[_uid(good)].error == ""
             assert (list(dev.request_names), dev.pool_name, dev.device_name) == (["dev"], NODE, "mock0")
-            assert list(dev.cdi_device_ids) == [f"{DRIVER}/claim={_uid(good)}"]
+            assert list(dev.cdi_device_ids) == [f"{DRIVER}/claim={_uid(good)}-dev"]
             assert "not found" in claims["uid-missing"].error and "default/missing" in claims["uid-missing"].error
             assert "uid-other" in claims["uid-other"].error and _uid(good) in claims["uid-other"].error
             assert f"driver {DRIVER} in pool {NODE}" in claims[_uid(elsewhere)].error
@@ -174,5 +174,49 @@ def test_an_api_server_that_fails_the_read_is_that_claims_error_and_the_kubelets
                 again = await stub.NodePrepareResources(request)
                 assert again.claims[uid].error == ""
                 assert [d.device_name for d in again.claims[uid].devices] == ["mock2"]
+
+    run(scenario, 90)
+
+
+def test_each_request_of_a_claim_is_a_cdi_device_of_its_own_devices(api: ApiServer) -> None:
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            spec = {
+                "devices": {
+                    "requests": [
+                        {"name": req, "exactly": {"deviceClassName": lab.device_class, "count": n}}
+                        for req, n in (("one", 1), ("two", 2))
+                    ]
+                }
+            }
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}}
+            claim = lab.api.create("resourceclaims", {**body, "spec": spec}, NS)
+            results = [
+                {"request": req, "driver": DRIVER, "pool": NODE, "device": dev}
+                for req, dev in (("one", "mock0"), ("two", "mock1"), ("two", "mock2"))
+            ]
+            status = {"allocation": {"devices": {"results": results}}}
+            claim = lab.api.update("resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status")
+            uid = _uid(claim)
+            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+                answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)])
+                )
+            devices = [
+                (list(d.request_names), d.device_name, list(d.cdi_device_ids)) for d in answer.claims[uid].devices
+            ]
+            assert devices == [
+                (["one"], "mock0", [f"{DRIVER}/claim={uid}-one"]),
+                (["two"], "mock1", [f"{DRIVER}/claim={uid}-two"]),
+                (["two"], "mock2", []),  # the request's CDI device is named once: the kubelet gathers by request
+            ]
+            by_name = {d["name"]: d["containerEdits"] for d in lab.spec_of(uid)["devices"]}
+            assert sorted(by_name) == [f"{uid}-one", f"{uid}-two"]
+            one, two = by_name[f"{uid}-one"], by_name[f"{uid}-two"]
+            assert [n["path"] for n in one["deviceNodes"]] == ["/dev/mock/mock0"]
+            assert [n["path"] for n in two["deviceNodes"]] == ["/dev/mock/mock1", "/dev/mock/mock2"]
+            # the driver's allocate answers once for the claim: every request gets that part
+            assert "MOCK_DEVICES=mock0,mock1,mock2" in one["env"] and "MOCK_DEVICES=mock0,mock1,mock2" in two["env"]
 
     run(scenario, 90)

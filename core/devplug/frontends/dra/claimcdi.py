@@ -1,17 +1,18 @@
-"""One CDI spec file per prepared DRA claim: what the claim's containers get, named by CDI device IDs.
+"""One CDI spec file per prepared DRA claim: what each of its requests gives a container, as CDI devices.
 
 A DRA driver hands devices to containers only through CDI: ``NodePrepareResources``
 answers fully qualified CDI device IDs whose spec files the driver wrote
 (``k8s.io/kubelet/pkg/apis/dra/v1``; the container runtime reads the spec dir,
-normally ``/var/run/cdi``). The core's admission gives one
-:class:`~devplug.types.ContainerAllocation` per claim (the driver's ``allocate``
-answer merged with what the claim's devices describe), so the claim becomes one
-CDI device:
+normally ``/var/run/cdi``). A container may use the whole claim or one of its
+requests (``resources.claims[].request``): the kubelet gives it the CDI IDs of
+the devices of that request. So each request becomes one CDI device:
 
 * the file ``<spec_dir>/dra-<driver>-<claim uid>.json``, kind ``<driver>/claim``,
-  one device named by the claim's UID whose ``containerEdits`` hold the
-  allocation's environment, device nodes and mounts (the format and the lowest
-  ``cdiVersion`` as :func:`devplug.engine.cdi.build_spec` writes them); written
+  one device per request, ``<claim uid>-<request>``, whose ``containerEdits``
+  hold the environment, device nodes and mounts of that request (the format and
+  the lowest ``cdiVersion`` as :func:`devplug.engine.cdi.build_spec` writes
+  them): what the request's devices describe, and what the driver's ``allocate``
+  answered for the claim (one answer per claim: every request gets it); written
   atomically before the kubelet gets the answer, deleted when the claim is
   unprepared;
 * the file name does not start with ``devplug-``, so the start-up clean-up of the
@@ -23,8 +24,8 @@ CDI device:
   again; :meth:`ClaimCdiSpecs.restore` writes a missing spec back from its copy
   (at start for every prepared claim, and when the kubelet prepares it again).
 
-An allocation with nothing for the container (no env, device node or mount)
-writes no file and names no CDI device: CDI refuses a device without edits.
+A request with nothing for the container (no env, device node or mount) gets
+no CDI device (CDI refuses a device without edits), a claim with none no file.
 Container annotations cannot be carried by CDI; they are dropped (and logged).
 """
 
@@ -35,6 +36,7 @@ import functools
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from devplug.atomic import write_atomic
@@ -74,45 +76,51 @@ class ClaimCdiSpecs:
     def _kept(self, claim_uid: str) -> Path:
         return self.keep_dir / f"{claim_uid}.json"
 
-    def device_id(self, claim_uid: str) -> str:
-        """The fully qualified CDI device ID of a claim: ``<driver>/claim=<uid>``."""
-        return f"{self.kind}={claim_uid}"
+    def device_id(self, claim_uid: str, request: str) -> str:
+        """The fully qualified CDI device ID of a claim's request: ``<driver>/claim=<uid>-<request>``."""
+        return f"{self.kind}={claim_uid}-{request}"
 
-    async def write(self, claim_uid: str, allocation: ContainerAllocation) -> str | None:
-        """Write the claim's spec; its CDI device ID, or None when the allocation gives the container nothing.
-        Raises ``OSError`` when the file cannot be written."""
-        edits = ContainerAllocation(envs=allocation.envs, mounts=allocation.mounts, devices=allocation.devices)
-        if allocation.annotations:
-            log.debug(
-                "claim %s: container annotations %s cannot go through CDI; dropped",
-                claim_uid,
-                sorted(allocation.annotations),
-            )
-        if edits == ContainerAllocation():
+    async def write(self, claim_uid: str, requests: Mapping[str, ContainerAllocation]) -> dict[str, str]:
+        """Write the claim's spec from what each request gives; the CDI device ID of each request that gives the
+        container something. Raises ``OSError`` when the file cannot be written."""
+        described = []
+        for request, allocation in sorted(requests.items()):
+            edits = ContainerAllocation(envs=allocation.envs, mounts=allocation.mounts, devices=allocation.devices)
+            if allocation.annotations:
+                log.debug(
+                    "claim %s: container annotations %s cannot go through CDI; dropped",
+                    claim_uid,
+                    sorted(allocation.annotations),
+                )
+            if edits != ContainerAllocation():
+                described.append((request, edits))
+        if not described:
             await self.remove(claim_uid)
-            return None
-        spec = build_spec(self.kind, [(claim_uid, edits)], name=lambda uid: uid)
-        assert spec is not None  # one device described
+            return {}
+        spec = build_spec(self.kind, described, name=lambda request: f"{claim_uid}-{request}")
+        assert spec is not None  # a device described
         data = (json.dumps(spec, indent=2) + "\n").encode()
         await asyncio.to_thread(functools.partial(_write, self._kept(claim_uid), data))
         await asyncio.to_thread(functools.partial(_write, self.path(claim_uid), data))
-        return self.device_id(claim_uid)
+        return {request: self.device_id(claim_uid, request) for request, _ in described}
 
-    async def restore(self, claim_uid: str) -> str | None:
-        """The claim's CDI device ID, its spec written back from the kept copy if the spec dir lost it; None when
-        the claim has no spec (its allocation gave the container nothing). Raises ``OSError`` when it cannot."""
+    async def restore(self, claim_uid: str) -> dict[str, str]:
+        """The CDI device IDs of the claim's requests (as :meth:`write` gave them), its spec written back from the
+        kept copy if the spec dir lost it; empty when the claim has no spec. Raises ``OSError`` when it cannot."""
 
-        def restore() -> bool:
+        def restore() -> dict[str, str]:
             try:
                 data = self._kept(claim_uid).read_bytes()
             except FileNotFoundError:
-                return False
+                return {}
             if not self.path(claim_uid).exists():
                 _write(self.path(claim_uid), data)
                 log.warning("restored the CDI spec %s of a prepared claim (the spec dir lost it)", self.path(claim_uid))
-            return True
+            prefix = f"{claim_uid}-"
+            names = [str(d["name"]) for d in json.loads(data)["devices"]]
+            return {n[len(prefix) :]: f"{self.kind}={n}" for n in names if n.startswith(prefix)}
 
-        return self.device_id(claim_uid) if await asyncio.to_thread(restore) else None
+        return await asyncio.to_thread(restore)
 
     async def kept(self) -> list[str]:
         """The UIDs of the claims whose spec is kept."""

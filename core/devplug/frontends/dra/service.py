@@ -23,10 +23,13 @@ per claim UID):
   UID, the driver's ``allocate`` with the claim's opaque configuration, rollback
   on failure; an unhealthy device, a busy one, a failing driver: a per-claim
   error, nothing kept;
-* the claim's CDI spec is written (:mod:`devplug.frontends.dra.claimcdi`) and
-  each device answered with its request, pool, device name and CDI IDs (the
-  claim's device, and the resource's own CDI device of it with ``[cdi]
-  enabled``); a spec that cannot be written releases what was prepared.
+* the claim's CDI spec is written (:mod:`devplug.frontends.dra.claimcdi`), a CDI
+  device per request holding what that request's devices describe and the
+  driver's ``allocate`` answer for the claim, and each device answered with its
+  request, pool, device name and CDI IDs (its request's CDI device, on the
+  request's first device, so a container using the whole claim gets each once;
+  and the resource's own CDI device of it with ``[cdi] enabled``); a spec that
+  cannot be written releases what was prepared.
 
 **Unprepare**, per claim: the claim's record is released through the core
 (:meth:`~devplug.engine.lifecycle.DeviceLifecycle.release`: ``post_stop``, then
@@ -59,7 +62,7 @@ from devplug.errors import DevplugError
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import ClaimAllocation, ClaimError, ClaimReadError, ClaimRef, OpaqueConfig
 from devplug.logsafe import id_list
-from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation
+from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation, merge_allocations
 
 __all__ = ["ClaimPreparer", "ClaimReading", "DraPluginV1", "DraPluginV1beta1", "PreparedDevice"]
 
@@ -170,7 +173,7 @@ class ClaimPreparer:
         tenant = ClaimTenant(ref.uid, f"{ref.namespace}/{ref.name}", allocation.reserved_for)
         [answer] = await self.lifecycle.allocate([list(allocation.device_ids)], claim=DraClaim(claim, tenant))
         try:
-            cdi_id = await self.cdi.write(ref.uid, answer)
+            cdi_ids = await self.cdi.write(ref.uid, self._by_request(allocation, answer))
         except OSError as exc:
             record = self.lifecycle.for_claim(ref.uid)
             if record is not None:
@@ -187,7 +190,32 @@ class ClaimPreparer:
             id_list(allocation.device_ids),
             extra={"device": id_list(allocation.device_ids)},
         )
-        return self._devices(allocation, answer, cdi_id)
+        return self._devices(allocation, answer, cdi_ids)
+
+    def _by_request(self, allocation: ClaimAllocation, answer: ContainerAllocation) -> dict[str, ContainerAllocation]:
+        """What each request gives a container: its devices' own descriptions, and the part of the claim's answer
+        that no device describes (the driver's ``allocate`` answer, the core's shared-device entries)."""
+        described: dict[str, ContainerAllocation] = {}
+        for dev in allocation.devices:
+            found = self.lifecycle.table.reported(dev.device_id)
+            if found is not None and found.allocation is not None:
+                described[dev.device_id] = found.allocation
+        parts = described.values()
+        envs = {k: v for p in parts for k, v in p.envs.items()}
+        mounts = {m for p in parts for m in p.mounts}
+        nodes = {d for p in parts for d in p.devices}
+        claim_wide = ContainerAllocation(
+            envs={k: v for k, v in answer.envs.items() if envs.get(k) != v},
+            mounts=tuple(m for m in answer.mounts if m not in mounts),
+            devices=tuple(d for d in answer.devices if d not in nodes),
+        )
+        out: dict[str, ContainerAllocation] = {}
+        for request in dict.fromkeys(d.request for d in allocation.devices):
+            own = [
+                described[d.device_id] for d in allocation.devices if d.request == request and d.device_id in described
+            ]
+            out[request] = merge_allocations([claim_wide, *own])
+        return out
 
     async def _again(
         self, ref: ClaimRef, allocation: ClaimAllocation, record: AllocationRecord
@@ -203,14 +231,14 @@ class ClaimPreparer:
             self.lifecycle.note_claim_pods(record.id, allocation.reserved_for)
             await self.lifecycle.save()
         try:
-            cdi_id = await self.cdi.restore(ref.uid)
+            cdi_ids = await self.cdi.restore(ref.uid)
         except OSError as exc:
             raise _ClaimRefused(
                 f"{ref}: prepared, but its CDI spec {self.cdi.path(ref.uid)} cannot be written back: "
                 f"{exc.strerror or exc}"
             ) from exc
         cdi_devices = tuple(CDIDevice(n) for n in record.prepared.get("cdi_devices", ()))
-        return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_id)
+        return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_ids)
 
     def _check_free(self, ref: ClaimRef, allocation: ClaimAllocation) -> None:
         """Refuse admin access, and devices a live record of another claim holds."""
@@ -229,17 +257,17 @@ class ClaimPreparer:
                     )
 
     def _devices(
-        self, allocation: ClaimAllocation, answer: ContainerAllocation, cdi_id: str | None
+        self, allocation: ClaimAllocation, answer: ContainerAllocation, cdi_ids: Mapping[str, str]
     ) -> list[PreparedDevice]:
-        """The answer's devices: each with its request and CDI IDs (the claim's, once per request; the resource's
-        own CDI device of it when the allocation names one)."""
+        """The answer's devices: each with its request and CDI IDs (its request's, on the request's first device;
+        the resource's own CDI device of it when the allocation names one)."""
         named = {c.name for c in answer.cdi_devices}
         given: set[str] = set()
         devices = []
         for dev in allocation.devices:
             ids: list[str] = []
-            if cdi_id is not None and dev.request not in given:
-                ids.append(cdi_id)
+            if dev.request in cdi_ids and dev.request not in given:
+                ids.append(cdi_ids[dev.request])
                 given.add(dev.request)
             if self._resource_kind is not None:
                 own = f"{self._resource_kind}={cdi_device_name(dev.device_id)}"
