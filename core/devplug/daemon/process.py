@@ -176,7 +176,15 @@ class Daemon:
             make_client=lambda: make_client(kubeconfig, field_manager=manager),
             resource_cdi_kind=rc.cdi_kind if config.cdi.enabled else None,
             release_interval=config.release.interval,
+            successor=lambda: self._successor_of(rc.dra.driver_name if rc.dra is not None else ""),
             on_change=self.status_file.changed,
+        )
+
+    def _successor_of(self, driver: str) -> bool:
+        """Whether a DRA resource of ``driver`` stopping now is followed by another in this daemon: not at shutdown,
+        and the config (a reload applies it before restarting a resource) still serves the driver through DRA."""
+        return not self._stop.is_set() and any(
+            rc.api == API_DRA and rc.dra is not None and rc.dra.driver_name == driver for rc in self.config.resources
         )
 
     async def write_file(self, path: Path, data: bytes) -> None:

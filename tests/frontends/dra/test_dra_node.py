@@ -256,6 +256,7 @@ def test_a_live_reload_restarts_the_resource_and_the_claim_is_unprepared_through
             pod, [claim] = lab.schedule_pod("p1", ["c1"])
             await lab.kubelet.admit_pod(pod)
             [first] = lab.kubelet.dra_plugins(DRIVER)
+            [before] = lab.slices()
             text = lab.config_path.read_text()
             assert 'api = "dra"' in text
             lab.config_path.write_text(text.replace('api = "dra"', 'api = "dra"\nhealth_interval = 2.0', 1))
@@ -271,7 +272,10 @@ def test_a_live_reload_restarts_the_resource_and_the_claim_is_unprepared_through
                 details=lab.log,
             )
             assert first.endpoint not in connected()
-            await lab.published(3)
+            [after] = await lab.published(3)
+            # the old instance left its slices to the new one, which adopted them: never deleted, not written again
+            assert after["metadata"]["uid"] == before["metadata"]["uid"]
+            assert after["spec"]["pool"]["generation"] == before["spec"]["pool"]["generation"]
             await lab.kubelet.finish_pod("p1")
             assert lab.kubelet.dra_claims() == []
             assert [c["device_ids"] for c in lab.calls("deallocate")] == [lab.allocated_devices(claim)]

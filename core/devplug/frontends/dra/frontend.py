@@ -23,7 +23,7 @@ once its pod's containers are gone.
 At stop the registration socket goes first (the kubelet deregisters the
 instance), then the services; the slices are deleted only when no other
 instance of the driver serves on the node (a rolling update's new pod publishes
-the same pool).
+the same pool, and so does the instance a live reload starts in this daemon).
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ class DraFrontEnd:
         resource_cdi_kind: str | None = None,
         release_interval: float = 1.0,
         instance: str | None = None,
+        successor: Callable[[], bool] = lambda: False,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
@@ -131,6 +132,9 @@ class DraFrontEnd:
         self._make_client = make_client
         self._resource_cdi_kind = resource_cdi_kind
         self._release_interval = release_interval
+        #: True at stop when another instance of the driver in this daemon takes over (a reload restarting the
+        #: resource): the slices are left to it, which adopts them as they are.
+        self._successor = successor
         self._on_change = on_change
         self._client: AsyncClient | None = None
         self.publisher: SlicePublisher | None = None
@@ -285,7 +289,7 @@ class DraFrontEnd:
             self._server = None
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-        if self.publisher is not None and not self._other_instances():
+        if self.publisher is not None and not self._successor() and not self._other_instances():
             if serving:  # its publisher ends before the slices are deleted, or it could write them again
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._loops_done.wait(), max(grace, 1.0))
