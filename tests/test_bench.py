@@ -113,3 +113,15 @@ def test_ablate_names_what_it_cannot_take_out() -> None:
         ablate.apply(["nope"])
     with pytest.raises(RuntimeError, match=r"devplug\.engine\.ledger\.Gone\.save is gone"):
         ablate.replace_attribute("devplug.engine.ledger", "Gone.save", lambda: None)
+
+
+@pytest.mark.timeout(180)
+def test_quick_dra_bench_reports_prepare_and_unprepare_against_the_floor() -> None:
+    proc = _run_quick("bench.dra", "--json", timeout=170)
+    figures = json.loads(proc.stdout)
+    for op in ("prepare", "unprepare"):
+        for key in ("p50", "p99", "ratio_p50", "ratio_p99"):
+            assert figures[op][key] > 0, f"{op}.{key} is not positive: {figures[op][key]!r}"
+        assert figures[f"floor_{op}"]["n"] == figures[op]["n"] == 20
+    for key in ("health", "floor_health", "slice"):  # 3 rounds of unhealthy and healthy again
+        assert figures[key]["n"] == 6 and figures[key]["p50"] > 0, key

@@ -449,16 +449,28 @@ def kubelet_show(
 @click.option("--kep", is_flag=True, help="Have the dev kubelet call the KEP's PostStopContainer/Deallocate.")
 @click.option("--keep", is_flag=True, help="Keep the temporary folder and print its path.")
 @click.option("--profiles", is_flag=True, help="Instead: a node moving between per-node profiles as its labels change.")
-def demo(kep: bool, keep: bool, profiles: bool) -> None:
+@click.option(
+    "--api",
+    type=click.Choice(["device-plugin", "dra"]),
+    default="device-plugin",
+    show_default=True,
+    help="The kubelet API: dra serves the mock driver as a DRA kubelet plugin (API server stand-in included).",
+)
+def demo(kep: bool, keep: bool, profiles: bool, api: str) -> None:
     """Watch the whole device lifecycle on config.example.toml, with a dev kubelet, in a temporary folder."""
-    from devplug.demo import run_demo
-
     try:
         if profiles:
             from devplug.demoprofiles import run_profiles_demo
 
             sys.exit(0 if run_profiles_demo(keep=keep, echo=click.echo) else EXIT_DEMO_FAILED)
-        ok = run_demo(kep_mode=kep, keep=keep, echo=click.echo)
+        if api == "dra":
+            from devplug.demodra import run_dra_demo
+
+            ok = run_dra_demo(keep=keep, echo=click.echo)
+        else:
+            from devplug.demo import run_demo
+
+            ok = run_demo(kep_mode=kep, keep=keep, echo=click.echo)
     except DevplugError as exc:
         _fail(exc)
     sys.exit(0 if ok else EXIT_DEMO_FAILED)

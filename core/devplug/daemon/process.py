@@ -1,5 +1,5 @@
-"""The daemon process: every configured resource in one process, each served through its device-plugin front end,
-under the state lock, until SIGTERM or SIGINT.
+"""The daemon process: every configured resource in one process, each served through its front end (the
+device-plugin API, or DRA for a resource with ``api = "dra"``), under the state lock, until SIGTERM or SIGINT.
 
 :class:`Daemon` assembles the parts and runs them: the lifecycle core's
 resources (:class:`~devplug.engine.resource.Resource`), their front ends and
@@ -8,7 +8,11 @@ checkpoint, release reconciliation through PodResources, the plugin-folder
 watch), the status file (:mod:`devplug.daemon.status`), live reload on SIGHUP
 (:mod:`devplug.daemon.reload`), and the optional metrics endpoint
 (:mod:`devplug.daemon.metricsendpoint`) and CDI spec clean-up
-(:mod:`devplug.daemon.cdicleanup`).
+(:mod:`devplug.daemon.cdicleanup`). The DRA front end
+(:mod:`devplug.frontends.dra`) and lightkube, its Kubernetes client, are
+imported only when a resource is served through DRA; a config that asks for DRA
+without lightkube installed is refused with a :class:`~devplug.errors.ConfigError`
+naming the resources and the package.
 
 Shutdown is bounded by ``[shutdown] timeout``: past it, whatever is still
 running is abandoned. Driver hooks run in daemon threads, so one stuck in a
@@ -22,19 +26,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig
+from devplug.configdra import API_DRA
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
 from devplug.daemon.lock import StateLock
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile
 from devplug.engine.devicetable import DeviceTable
+from devplug.engine.frontend import FrontEnd
 from devplug.engine.liveness import ContainerLiveness
 from devplug.engine.observer import NULL_OBSERVER
 from devplug.engine.resource import Resource
@@ -42,10 +50,12 @@ from devplug.engine.resourcestatus import ResourceStatus
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.tenantexit import ExitEvidence
+from devplug.errors import ConfigError
 from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
 from devplug.frontends.deviceplugin.reconciler import Reconciler
+from devplug.resource_names import resource_state_dir
 
 if TYPE_CHECKING:
     from devplug.daemon.metrics import Metrics
@@ -72,6 +82,7 @@ class Daemon:
     """
 
     def __init__(self, config: Config, profiles: NodeProfiles | None = None) -> None:
+        _check_dra_client(config)
         self.config = config
         self.profiles = profiles
         self.state_dir = config.state.dir
@@ -98,7 +109,7 @@ class Daemon:
         #: Every resource alive: those of the config, and those a reload removed that still drain.
         self.resources = [self._new_resource(rc) for rc in config.resources]
         self.reconciler = Reconciler(
-            self.resources,
+            [r for r in self.resources if r.config.api != API_DRA],
             config.kubelet.pod_resources_socket,
             config.release,
             self.checkpoint,
@@ -124,11 +135,15 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _new_resource(self, rc: ResourceConfig) -> Resource:
-        made: list[DevicePluginFrontEnd] = []
+        made: list[FrontEnd] = []
+        resources: list[Resource] = []
 
-        def make_frontend(table: DeviceTable, status: ResourceStatus) -> DevicePluginFrontEnd:
+        def make_frontend(table: DeviceTable, status: ResourceStatus) -> FrontEnd:
             kubelet, changed = self.config.kubelet, self.status_file.changed
-            made.append(DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, status, changed))
+            if rc.api == API_DRA:
+                made.append(self._dra_frontend(rc, table, status, lambda: resources[0].releases if resources else None))
+            else:
+                made.append(DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, status, changed))
             return made[0]
 
         resource = Resource(
@@ -142,10 +157,47 @@ class Daemon:
             cdi=self.config.cdi,
             exits=self.exits,
             release=self.config.release,
-            codec=DevicePluginCodec(),
+            codec=DevicePluginCodec() if rc.api != API_DRA else None,
         )
-        self._frontends[resource] = made[0]
+        resources.append(resource)
+        if isinstance(made[0], DevicePluginFrontEnd):
+            self._frontends[resource] = made[0]
         return resource
+
+    def _dra_frontend(
+        self, rc: ResourceConfig, table: DeviceTable, status: ResourceStatus, releases: Callable[[], Any]
+    ) -> FrontEnd:
+        """The DRA front end of ``rc`` (imported here: a daemon without DRA never loads it, nor lightkube)."""
+        from devplug.frontends.dra.frontend import DraFrontEnd
+        from devplug.frontends.dra.kubeclient import make_client
+        from devplug.frontends.dra.slices import field_manager_of
+
+        config = self.config
+        assert rc.dra is not None  # the config gives every DRA resource its table
+        kubeconfig, manager = config.kubernetes.kubeconfig, field_manager_of(rc.dra.driver_name)
+        return DraFrontEnd(
+            rc.name,
+            rc.dra,
+            node=config.node.name,
+            kubelet=config.kubelet,
+            cdi_spec_dir=config.cdi.spec_dir,
+            keep_dir=resource_state_dir(self.state_dir, rc.name) / "dra-claims",
+            table=table,
+            status=status,
+            releases=releases,
+            make_client=lambda: make_client(kubeconfig, field_manager=manager),
+            resource_cdi_kind=rc.cdi_kind if config.cdi.enabled else None,
+            release_interval=config.release.interval,
+            successor=lambda: self._successor_of(rc.dra.driver_name if rc.dra is not None else ""),
+            on_change=self.status_file.changed,
+        )
+
+    def _successor_of(self, driver: str) -> bool:
+        """Whether a DRA resource of ``driver`` stopping now is followed by another in this daemon: not at shutdown,
+        and the config (a reload applies it before restarting a resource) still serves the driver through DRA."""
+        return not self._stop.is_set() and any(
+            rc.api == API_DRA and rc.dra is not None and rc.dra.driver_name == driver for rc in self.config.resources
+        )
 
     async def write_file(self, path: Path, data: bytes) -> None:
         """Write a state file atomically, in the state-writer thread (writes keep their order)."""
@@ -209,7 +261,8 @@ class Daemon:
     def start_resource(self, rc: ResourceConfig) -> Resource:
         resource = self._new_resource(rc)
         self.resources.append(resource)
-        self.reconciler.add(resource)
+        if rc.api != API_DRA:
+            self.reconciler.add(resource)
         self._start_life(resource)
         self._release_wake.set()  # a pass soon: the restarted instance's ledger may hold allocations
         return resource
@@ -330,6 +383,17 @@ class Daemon:
     def _abandoned_hooks(self) -> list[str]:
         """The driver hooks that have not returned (stuck, or abandoned earlier after their hook_timeout)."""
         return [hook.describe() for r in self.resources for hook in r.hooks_running()]
+
+
+def _check_dra_client(config: Config) -> None:
+    """A resource served through DRA needs lightkube (the DRA front end's Kubernetes client): refuse the config,
+    naming the resources, when it is not installed."""
+    dra = [rc.name for rc in config.resources if rc.api == API_DRA]
+    if dra and importlib.util.find_spec("lightkube") is None:
+        raise ConfigError(
+            f'{config.path or "<config>"}: resource(s) {", ".join(dra)} are served through DRA (api = "dra"), '
+            "which needs the Kubernetes client lightkube: install it with pip install 'devplug[kubernetes]'"
+        )
 
 
 def _trim_heap() -> None:

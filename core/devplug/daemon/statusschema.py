@@ -87,6 +87,7 @@ _RESOURCE = {
     "state_error?": _Optional(str),
     "driver_status?": _Optional({}),
     "sharing?": _SHARING,
+    "frontend?": _Optional({}),
 }
 _STATUS = {
     "pid": int,

@@ -10,7 +10,7 @@ admission (:class:`~devplug.engine.admission.TenancyJudge`).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from devplug.engine.admission import TenancyJudge
 from devplug.engine.lifecycle import DeviceLifecycle
@@ -38,4 +38,9 @@ class FrontEnd(TenancyJudge, Protocol):
 
     async def stop(self, grace: float) -> None:
         """Stop taking calls, give calls in flight ``grace`` seconds, and remove the endpoint."""
+        ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """What the front end adds to the resource's entry in ``devplug status`` (None: nothing); small and cheap,
+        it is built again whenever the status may have changed."""
         ...

@@ -145,6 +145,7 @@ class Resource:
             published=self._published,
             lifecycle=self.lifecycle,
             hooks=self.hooks,
+            frontend=self._frontend.describe(),
         )
 
     def report_version(self) -> tuple[object, ...]:

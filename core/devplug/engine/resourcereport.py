@@ -8,7 +8,7 @@ nothing else reads its parts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,8 @@ class ReportSources:
     published: PublishedStatus
     lifecycle: DeviceLifecycle | None
     hooks: DriverHooks | None
+    #: What the front end adds (:meth:`~devplug.engine.frontend.FrontEnd.describe`), or None.
+    frontend: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ def report_version(src: ReportSources) -> tuple[object, ...]:
         else (len(lifecycle.recent_releases), lifecycle.failures_version, tuple(lifecycle.busy_devices())),
         src.hooks is not None,
         src.published.version,
+        None if src.frontend is None else repr(src.frontend),
     )
 
 
@@ -266,6 +269,7 @@ async def build_report(src: ReportSources, cache: DeviceEntries) -> dict[str, An
         "state_error": ledger.write_error,
         "driver_status": src.published.data,
         **({"sharing": sharing} if (sharing := _sharing_status(src)) is not None else {}),
+        **({"frontend": dict(src.frontend)} if src.frontend is not None else {}),
         "quarantined_records": [
             {"index": q.index, "key": q.key, "reason": q.reason, "devices": q.devices()} for q in ledger.quarantined
         ],

@@ -45,7 +45,13 @@ keep working). The checks, one test each:
   the device is advertised unhealthy meanwhile, the resource is not degraded, and the other devices keep serving
   (another pod is admitted on them); needs two devices;
 * ``test_check_config_*`` -- ``devplug check-config`` accepts :meth:`options`, and refuses an unknown key and
-  :meth:`bad_options` with exit code 2, naming the file, the resource and the key.
+  :meth:`bad_options` with exit code 2, naming the file, the resource and the key;
+* ``test_serves_a_claim_through_dra`` -- with ``"dra"`` in :attr:`DriverConformance.apis`, the same driver, its
+  config unchanged but ``api = "dra"``, served as a DRA kubelet plugin (:mod:`devplug.testing.dranode`: the API
+  server and scheduler stand-ins, the dev kubelet's DRA side): every device published in the node's
+  ResourceSlices, a pod's claim prepared with the ``allocate`` hook seeing exactly its device, the container's
+  CDI spec holding what the driver answers (:meth:`check_allocation`, annotations aside: CDI cannot carry them),
+  and at the pod's end each release hook once, not flagged as a retry, the ledger empty.
 
 With :attr:`DriverConformance.replicas` above 1 the same checks run on shared devices: the resource is
 configured with ``replicas``, the kubelet sees that many replicas of each device, a pod of two gets replicas
@@ -56,11 +62,13 @@ of two distinct devices, the driver's hooks see the physical devices (so :meth:`
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -73,7 +81,7 @@ from devplug.testing.entrypoints import entry_point_env
 from devplug.testing.plugin import RunningDaemon
 from devplug.testing.recording import recording_entry_point
 from devplug.testing.waiting import WAIT, poll_until
-from devplug.types import ContainerAllocation, replica_id
+from devplug.types import ContainerAllocation, DeviceSpec, Mount, replica_id
 
 __all__ = ["WAIT", "DriverConformance", "poll_until"]
 
@@ -107,6 +115,8 @@ class DriverConformance:
     #: False: the daemon serves the driver through :mod:`devplug.testing.recording`'s stand-in, which records
     #: every hook call there, and the driver needs no recording code.
     records_itself: ClassVar[bool] = True
+    #: The kubelet APIs the checks serve the driver through: ``"device-plugin"``, and ``"dra"`` for the DRA check.
+    apis: ClassVar[tuple[str, ...]] = ("device-plugin",)
 
     # --- what a driver's subclass supplies ----------------------------------------------------------
 
@@ -433,3 +443,71 @@ class DriverConformance:
         assert done.returncode == 2, done.stderr
         for part in (str(path), self.resource, self.bad_option_key):
             assert part in done.stderr, f"{part!r} not named in: {done.stderr}"
+
+    # --- the same driver through DRA ----------------------------------------------------------------------
+
+    def test_serves_a_claim_through_dra(self, conformance_folder: Path) -> None:
+        if "dra" not in self.apis:
+            pytest.skip(f"{type(self).__name__}.apis does not list 'dra'")
+
+        async def bounded() -> None:
+            await asyncio.wait_for(self._claim_through_dra(conformance_folder), 4 * WAIT)
+
+        asyncio.run(bounded())
+
+    async def _claim_through_dra(self, folder: Path) -> None:
+        from devplug.testing.apiserver import ApiServer
+        from devplug.testing.dranode import dra_node
+
+        env = entry_point_env(folder / "test-drivers", self.test_drivers, self.python_path)
+        with ApiServer() as api:
+            async with dra_node(
+                api, self.resource, self.resource_table(folder), self.calls_dir(folder), env=env
+            ) as node:
+                await node.published(self.device_count * self.replicas)
+                node.make_claim("c1")
+                pod, [claim] = node.schedule_pod("p1", ["c1"])
+                await node.kubelet.admit_pod(pod)
+                [state] = node.kubelet.dra_claims()
+                assert state.prepared and state.uid == claim["metadata"]["uid"]
+                [record] = node.records()
+                [advertised] = record["devices"]
+                dev = self.physical_id(advertised)
+                if self.records_allocate:
+                    calls = read_hook_calls(self.calls_dir(folder), hook="allocate")
+                    assert [(sorted(c.device_ids), c.ok) for c in calls] == [([dev], True)]
+                cdi = node.kubelet.container_cdi_devices("p1", "app")
+                allocation = ContainerAllocation()
+                if cdi:
+                    assert cdi == [f"{node.driver}/claim={state.uid}-dev"]
+                    allocation = _from_cdi(node.spec_of(state.uid))
+                if self.replicas > 1:
+                    shared = self.shared_entries([dev])
+                    assert dict(allocation.envs).items() >= dict(shared.envs).items(), allocation.envs
+                    allocation = replace(
+                        allocation, envs={k: v for k, v in allocation.envs.items() if k not in shared.envs}
+                    )
+                self.check_allocation([dev], allocation, folder)
+                assert self.release_calls(folder, dev) == [], "released while the pod runs"
+                await node.kubelet.finish_pod("p1")
+                assert node.kubelet.dra_claims() == []
+                calls = self.release_calls(folder, dev)
+                assert [(c.hook, c.retry, c.error) for c in calls] == [(h, False, None) for h in self.release_hooks]
+                assert node.records() == []
+
+
+def _from_cdi(spec: Mapping[str, Any]) -> ContainerAllocation:
+    """What a claim's CDI spec gives its containers, as the allocation it was written from."""
+    [device] = spec["devices"]
+    edits = device["containerEdits"]
+    return ContainerAllocation(
+        envs=dict(e.split("=", 1) for e in edits.get("env", ())),
+        devices=tuple(
+            DeviceSpec(n["path"], n.get("hostPath", n["path"]), n.get("permissions", "rwm"))
+            for n in edits.get("deviceNodes", ())
+        ),
+        mounts=tuple(
+            Mount(m["containerPath"], m["hostPath"], read_only="ro" in m.get("options", ()))
+            for m in edits.get("mounts", ())
+        ),
+    )

@@ -4,8 +4,9 @@ A device is a regular file (symlinks are not followed) whose name does not
 start with ``.``; its name is the device ID. Each line of its content is one
 directive, surrounding whitespace ignored:
 
-``unhealthy``
-    the device is unhealthy;
+``unhealthy`` (or ``unhealthy=<reason>``)
+    the device is unhealthy (for that reason, shown in status and sent to the
+    kubelet's DRA health stream);
 ``numa=N`` (or ``numa=N,M``)
     the device is attached to NUMA node ``N`` (and ``M``);
 ``replicas=N``
@@ -40,6 +41,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from devplug import Device, Health, Topology
+from devplug.types import MAX_REASON_CHARS
 
 __all__ = [
     "DIRECTIVE_HOOKS",
@@ -68,6 +70,7 @@ class DeviceFile:
 
     id: str
     unhealthy: bool = False
+    reason: str = ""
     numa_nodes: tuple[int, ...] = ()
     fail: frozenset[str] = frozenset()
     crash: frozenset[str] = frozenset()
@@ -82,6 +85,7 @@ class DeviceFile:
             self.id,
             Health.UNHEALTHY if self.unhealthy else Health.HEALTHY,
             Topology(self.numa_nodes),
+            reason=self.reason if self.unhealthy else "",
             replicas=self.replicas,
         )
 
@@ -90,6 +94,7 @@ class DeviceFile:
             (
                 self.id,
                 self.unhealthy,
+                self.reason,
                 self.numa_nodes,
                 self.fail,
                 self.crash,
@@ -144,6 +149,7 @@ def _parse_delay(value: str, line: str) -> tuple[str, float]:
 def parse_device_file(device_id: str, text: str) -> DeviceFile:
     """Parse the content of the device file named ``device_id``."""
     unhealthy = False
+    reason = ""
     numa: tuple[int, ...] = ()
     fail: set[str] = set()
     crash: set[str] = set()
@@ -159,6 +165,10 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
         try:
             if line == "unhealthy":
                 unhealthy = True
+            elif sep and key == "unhealthy":
+                if not value or len(value) > MAX_REASON_CHARS:
+                    raise ValueError(f"{line}: the reason must have 1 to {MAX_REASON_CHARS} characters")
+                unhealthy, reason = True, value
             elif sep and key == "numa":
                 numa = _parse_numa(value)
             elif sep and key == "fail":
@@ -179,6 +189,7 @@ def parse_device_file(device_id: str, text: str) -> DeviceFile:
     return DeviceFile(
         id=device_id,
         unhealthy=unhealthy,
+        reason=reason,
         numa_nodes=numa,
         fail=frozenset(fail),
         crash=frozenset(crash),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from devplug import (
+    Claim,
     ContainerAllocation,
     Device,
     DeviceSpec,
@@ -99,6 +100,32 @@ def _shared(replicas: Replicas | None) -> dict[str, Any]:
     return {
         "replicas": {dev: list(ids) for dev, ids in replicas.by_device.items()},
         "tenants": dict(replicas.tenants),
+    }
+
+
+def _thawed(value: Any) -> Any:
+    """A claim's read-only JSON value as plain dicts and lists (for the call log)."""
+    if isinstance(value, Mapping):
+        return {str(k): _thawed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
+def _claimed(claim: Claim | None) -> dict[str, Any]:
+    """What a call record says about the DRA claim of an allocate (nothing through the device-plugin API)."""
+    if claim is None:
+        return {}
+    return {
+        "claim": {
+            "name": f"{claim.namespace}/{claim.name}",
+            "uid": claim.uid,
+            "requests": {request: list(ids) for request, ids in claim.requests.items()},
+            "config": [
+                {"source": c.source, "requests": list(c.requests), "parameters": _thawed(c.parameters)}
+                for c in claim.config
+            ],
+        }
     }
 
 
@@ -245,13 +272,16 @@ class MockDriver:
         )
 
     @hookimpl
-    def allocate(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> ContainerAllocation:
-        """``MOCK_DEVICES``; the device nodes and mounts come from the devices' own descriptions."""
+    def allocate(
+        self, device_ids: Sequence[str], replicas: Replicas | None = None, claim: Claim | None = None
+    ) -> ContainerAllocation:
+        """``MOCK_DEVICES``; the device nodes and mounts come from the devices' own descriptions. A DRA claim's
+        allocate is logged with the claim (name, UID, devices by request, opaque parameters)."""
 
         def allocation() -> ContainerAllocation:
             return ContainerAllocation(envs={"MOCK_DEVICES": ",".join(device_ids)})
 
-        return self._hook("allocate", device_ids, allocation, extra=_shared(replicas))
+        return self._hook("allocate", device_ids, allocation, extra={**_shared(replicas), **_claimed(claim)})
 
     @hookimpl
     def pre_start(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> None:

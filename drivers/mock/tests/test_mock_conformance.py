@@ -16,6 +16,7 @@ class TestMockConformance(DriverConformance):
     resource = "example.com/mock"
     device_count = 3
     bad_option_key = "count"
+    apis = ("device-plugin", "dra")
 
     def options(self, folder: Path) -> Mapping[str, Any]:
         return {"directory": str(folder / "devices"), "count": self.device_count}

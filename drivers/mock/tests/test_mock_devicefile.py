@@ -24,6 +24,17 @@ def test_health_and_numa() -> None:
     assert parsed.device == Device("mock0", Health.UNHEALTHY, Topology((2,)))
 
 
+def test_an_unhealthy_line_may_give_the_reason() -> None:
+    parsed = parse_device_file("mock0", "unhealthy = ECC errors: 12 uncorrectable\n")
+    assert parsed.device == Device("mock0", Health.UNHEALTHY, reason="ECC errors: 12 uncorrectable")
+    assert parsed.problems == ()
+    too_long = parse_device_file("mock0", "unhealthy=" + "x" * 501)
+    assert too_long.device == Device("mock0")
+    assert too_long.problems == (
+        "line 1: unhealthy=" + "x" * 501 + ": the reason must have 1 to 500 characters; ignored",
+    )
+
+
 def test_several_numa_nodes() -> None:
     assert parse_device_file("mock0", "numa=0, 1,1").numa_nodes == (0, 1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from devplug.api.convert import encode_device_entry, encode_list_and_watch, options_to_pb
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
@@ -130,6 +131,10 @@ class DevicePluginFrontEnd:
     async def stop(self, grace: float) -> None:
         if self.server is not None:
             await self.server.stop(grace)
+
+    def describe(self) -> dict[str, Any] | None:
+        """Nothing beyond the resource's own status (its registrations are the resource's)."""
+        return None
 
     def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
         """Entries of the device-plugin folder changed (empty: unknown which): a sign of a kubelet restart."""

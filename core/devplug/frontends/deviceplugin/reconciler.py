@@ -152,6 +152,8 @@ class Reconciler:
         return sum(len(q.awaiting()) for q in self._queues())
 
     def _busy(self) -> bool:
+        if not self._resources:
+            return False  # every resource is served through DRA (or none is left): PodResources has nothing for us
         if self.last_success is None and not self._starting():
             return True  # one pass at start even with an empty ledger: a lost or rebuilt one adopts what pods hold
         return any(r.lifecycle is not None and r.holds_any() for r in self._resources)

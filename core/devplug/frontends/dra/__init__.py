@@ -9,4 +9,12 @@ replicas, taints for unavailable devices, the split into slices),
 device table, retried, deleted on request), ``claims`` (reading a
 ResourceClaim's allocation and configuration for this driver and pool, and
 which prepared claims still exist).
+
+The kubelet plugin: ``registration`` (the plugin-watcher registration socket,
+made again when the kubelet loses it), ``service`` (NodePrepareResources and
+NodeUnprepareResources through the core's lifecycle), ``claimcdi`` (a prepared
+claim's CDI spec), ``health`` (the KEP-4680 health stream, with the driver's
+reasons), ``reconcile`` (releases no unprepare asks for: claims deleted while the
+daemon was down, device-plugin leftovers, unfinished releases) and ``frontend``
+(all of it as the resource's :class:`~devplug.engine.frontend.FrontEnd`).
 """

@@ -146,6 +146,10 @@ def _flag(value: str | None) -> bool:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    #: TCP_NODELAY on every connection, as Go's net package sets it on every TCP connection the API server accepts
+    #: (``net/tcpsock.go``, ``newTCPConn``). Without it a keep-alive client's request waits out the delayed ACK of
+    #: the headers written before the body (about 40 ms on Linux): every call would look 40 ms slower than it is.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         return

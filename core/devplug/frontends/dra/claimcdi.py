@@ -1,0 +1,144 @@
+"""One CDI spec file per prepared DRA claim: what each of its requests gives a container, as CDI devices.
+
+A DRA driver hands devices to containers only through CDI: ``NodePrepareResources``
+answers fully qualified CDI device IDs whose spec files the driver wrote
+(``k8s.io/kubelet/pkg/apis/dra/v1``; the container runtime reads the spec dir,
+normally ``/var/run/cdi``). A container may use the whole claim or one of its
+requests (``resources.claims[].request``): the kubelet gives it the CDI IDs of
+the devices of that request. So each request becomes one CDI device:
+
+* the file ``<spec_dir>/dra-<driver>-<claim uid>.json``, kind ``<driver>/claim``,
+  one device per request, ``<claim uid>-<request>``, whose ``containerEdits``
+  hold the environment, device nodes and mounts of that request (the format and
+  the lowest ``cdiVersion`` as :func:`devplug.engine.cdi.build_spec` writes
+  them): what the request's devices describe, and what the driver's ``allocate``
+  answered for the claim (one answer per claim: every request gets it); written
+  atomically before the kubelet gets the answer, deleted when the claim is
+  unprepared;
+* the file name does not start with ``devplug-``, so the start-up clean-up of the
+  resources' own spec files (:func:`devplug.engine.cdi.remove_stale_specs`)
+  leaves prepared claims' files alone across a daemon restart;
+* a copy is kept in the resource's state folder (``keep_dir``): the spec dir is
+  usually a tmpfs (``/var/run``) that a reboot empties while the kubelet still
+  holds the claim prepared (``dra_manager_state``) and starts its containers
+  again; :meth:`ClaimCdiSpecs.restore` writes a missing spec back from its copy
+  (at start for every prepared claim, and when the kubelet prepares it again).
+
+A request with nothing for the container (no env, device node or mount) gets
+no CDI device (CDI refuses a device without edits), a claim with none no file.
+Container annotations cannot be carried by CDI; they are dropped (and logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from devplug.atomic import write_atomic
+from devplug.engine.cdi import SPEC_FILE_MODE, build_spec
+from devplug.types import ContainerAllocation
+
+__all__ = ["ClaimCdiSpecs"]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    write_atomic(path, data, SPEC_FILE_MODE)
+
+
+def _remove(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class ClaimCdiSpecs:
+    """The CDI spec files of one DRA driver's prepared claims."""
+
+    def __init__(self, spec_dir: Path, driver: str, keep_dir: Path) -> None:
+        self.spec_dir = spec_dir
+        self.driver = driver
+        self.keep_dir = keep_dir
+        self.kind = f"{driver}/claim"
+
+    def path(self, claim_uid: str) -> Path:
+        return self.spec_dir / f"dra-{self.driver}-{claim_uid}.json"
+
+    def _kept(self, claim_uid: str) -> Path:
+        return self.keep_dir / f"{claim_uid}.json"
+
+    def device_id(self, claim_uid: str, request: str) -> str:
+        """The fully qualified CDI device ID of a claim's request: ``<driver>/claim=<uid>-<request>``."""
+        return f"{self.kind}={claim_uid}-{request}"
+
+    async def write(self, claim_uid: str, requests: Mapping[str, ContainerAllocation]) -> dict[str, str]:
+        """Write the claim's spec from what each request gives; the CDI device ID of each request that gives the
+        container something. Raises ``OSError`` when the file cannot be written."""
+        described = []
+        for request, allocation in sorted(requests.items()):
+            edits = ContainerAllocation(envs=allocation.envs, mounts=allocation.mounts, devices=allocation.devices)
+            if allocation.annotations:
+                log.debug(
+                    "claim %s: container annotations %s cannot go through CDI; dropped",
+                    claim_uid,
+                    sorted(allocation.annotations),
+                )
+            if edits != ContainerAllocation():
+                described.append((request, edits))
+        if not described:
+            await self.remove(claim_uid)
+            return {}
+        spec = build_spec(self.kind, described, name=lambda request: f"{claim_uid}-{request}")
+        assert spec is not None  # a device described
+        data = (json.dumps(spec, indent=2) + "\n").encode()
+        await asyncio.to_thread(functools.partial(_write, self._kept(claim_uid), data))
+        await asyncio.to_thread(functools.partial(_write, self.path(claim_uid), data))
+        return {request: self.device_id(claim_uid, request) for request, _ in described}
+
+    async def restore(self, claim_uid: str) -> dict[str, str]:
+        """The CDI device IDs of the claim's requests (as :meth:`write` gave them), its spec written back from the
+        kept copy if the spec dir lost it; empty when the claim has no spec. Raises ``OSError`` when it cannot."""
+
+        def restore() -> dict[str, str]:
+            try:
+                data = self._kept(claim_uid).read_bytes()
+            except FileNotFoundError:
+                return {}
+            if not self.path(claim_uid).exists():
+                _write(self.path(claim_uid), data)
+                log.warning("restored the CDI spec %s of a prepared claim (the spec dir lost it)", self.path(claim_uid))
+            prefix = f"{claim_uid}-"
+            names = [str(d["name"]) for d in json.loads(data)["devices"]]
+            return {n[len(prefix) :]: f"{self.kind}={n}" for n in names if n.startswith(prefix)}
+
+        return await asyncio.to_thread(restore)
+
+    async def kept(self) -> list[str]:
+        """The UIDs of the claims whose spec is kept."""
+
+        def listing() -> list[str]:
+            try:
+                return sorted(n[: -len(".json")] for n in os.listdir(self.keep_dir) if n.endswith(".json"))
+            except FileNotFoundError:
+                return []
+
+        return await asyncio.to_thread(listing)
+
+    async def remove(self, claim_uid: str) -> None:
+        """Delete the claim's spec (none: nothing to do); a failure is logged (a stale spec names a claim no
+        container can get any more)."""
+        try:
+            if await asyncio.to_thread(_remove, self.path(claim_uid)):
+                log.debug("removed the CDI spec of claim %s", claim_uid)
+            await asyncio.to_thread(_remove, self._kept(claim_uid))
+        except OSError as exc:
+            log.error("cannot remove the CDI spec %s: %s", self.path(claim_uid), exc)

@@ -1,0 +1,319 @@
+"""One resource served as a DRA kubelet plugin: the :class:`~devplug.engine.frontend.FrontEnd` the core drives.
+
+:class:`DraFrontEnd` puts the DRA parts together for one resource (one DRA
+driver on one node) once the core has started its driver:
+
+* the ResourceSlices of its pool (:class:`~devplug.frontends.dra.slices.SlicePublisher`),
+  published again soon after each registration (the kubelet deletes a driver's
+  slices at its start and when the driver's plugin went away);
+* the DRA services on ``<plugins_dir>/<driver>/dra-<instance>.sock``
+  (:mod:`~devplug.frontends.dra.service`, :mod:`~devplug.frontends.dra.health`);
+* the registration socket (:mod:`~devplug.frontends.dra.registration`), made
+  after the services serve, so the kubelet can call them as soon as it finds it;
+* claim reconciliation (:mod:`~devplug.frontends.dra.reconcile`) through the
+  resource's release queue.
+
+Its tenancy judge: an admission of devices a live record holds is never a reuse
+through DRA (each claim is a tenancy of its own, and prepare answers a claim
+prepared before without an admission). A record of another claim is refused
+(the devices are busy: that claim is still prepared here); a record of no claim
+(left by the device-plugin API before the node moved to DRA) is released first,
+once its pod's containers are gone.
+
+At stop the registration socket goes first (the kubelet deregisters the
+instance), then the services; the slices are deleted only when no other
+instance of the driver serves on the node (a rolling update's new pod publishes
+the same pool, and so does the instance a live reload starts in this daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc.aio
+
+from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
+from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.api.gen.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from devplug.config import KubeletConfig
+from devplug.configdra import DraConfig
+from devplug.engine.devicetable import DeviceTable
+from devplug.engine.ledger import AllocationRecord
+from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine.releasequeue import ReleaseQueue
+from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+from devplug.errors import ConfigError, DeviceBusyError
+from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
+from devplug.frontends.dra.health import HealthService
+from devplug.frontends.dra.reconcile import ClaimReconciler, claim_ref
+from devplug.frontends.dra.registration import (
+    HEALTH_SERVICE,
+    SERVICES,
+    RegistrationServer,
+    listening,
+    registration_socket,
+    remove_dead_sockets,
+    service_socket,
+)
+from devplug.frontends.dra.service import ClaimPreparer, DraPluginV1, DraPluginV1beta1
+from devplug.logsafe import id_list
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+    from devplug.frontends.dra.slices import SlicePublisher
+
+__all__ = ["INSTANCE_ENV", "DraFrontEnd", "instance_name"]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+#: The longest path of a unix socket (``sun_path`` holds 108 bytes, NUL included).
+MAX_SOCKET_PATH = 107
+#: The environment variable naming this instance (the pod's UID, from the downward API), as the Go helper does.
+INSTANCE_ENV = "POD_UID"
+
+
+def instance_name() -> str:
+    """This daemon's instance name: ``$POD_UID`` when set, else a fresh random one."""
+    given = os.environ.get(INSTANCE_ENV, "").strip()
+    return given if given else uuid.uuid4().hex[:12]
+
+
+class DraFrontEnd:
+    """One resource's DRA kubelet plugin (see the module's docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        dra: DraConfig,
+        *,
+        node: str,
+        kubelet: KubeletConfig,
+        cdi_spec_dir: Path,
+        keep_dir: Path,
+        table: DeviceTable,
+        status: ResourceStatus,
+        releases: Callable[[], ReleaseQueue | None],
+        make_client: Callable[[], AsyncClient],
+        resource_cdi_kind: str | None = None,
+        release_interval: float = 1.0,
+        instance: str | None = None,
+        successor: Callable[[], bool] = lambda: False,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.name = name
+        self.driver = dra.driver_name
+        self.node = node
+        self.pool = dra.pool_on(node)
+        self.kubelet = kubelet
+        self.table = table
+        self.status = status
+        self.instance = instance or instance_name()
+        self.socket_path = service_socket(kubelet.plugins_dir, self.driver, self.instance)
+        self.cdi = ClaimCdiSpecs(cdi_spec_dir, self.driver, keep_dir)
+        for path in (
+            self.socket_path,
+            registration_socket(self.kubelet.plugins_registry_dir, self.driver, self.instance),
+        ):
+            if len(str(path).encode()) > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"{self.name}: the DRA socket path {path} is {len(str(path).encode())} bytes long, more than a "
+                    f"unix socket's {MAX_SOCKET_PATH}: shorten [kubelet] plugins_registry_dir / plugins_dir or the "
+                    f"driver name {self.driver!r}"
+                )
+        self._releases = releases
+        self._make_client = make_client
+        self._resource_cdi_kind = resource_cdi_kind
+        self._release_interval = release_interval
+        #: True at stop when another instance of the driver in this daemon takes over (a reload restarting the
+        #: resource): the slices are left to it, which adopts them as they are.
+        self._successor = successor
+        self._on_change = on_change
+        self._client: AsyncClient | None = None
+        self.publisher: SlicePublisher | None = None
+        self.preparer: ClaimPreparer | None = None
+        self.health: HealthService | None = None
+        self.registration: RegistrationServer | None = None
+        self.reconciler: ClaimReconciler | None = None
+        self._server: grpc.aio.Server | None = None
+        self._stopped = asyncio.Event()
+        #: Set once :meth:`serve`'s loops (the publisher's among them) are cancelled and done.
+        self._loops_done = asyncio.Event()
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.socket_path)
+
+    # --- the tenancy judge
+
+    async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
+        """A record of another claim: busy (:class:`DeviceBusyError`); of no claim: released first."""
+        if record.claim_uid is not None:
+            raise DeviceBusyError(
+                f"{self.name}: {id_list(record.all_devices())} held by claim {record.claim} (uid {record.claim_uid}), "
+                "still prepared on this node; nothing was prepared"
+            )
+        return False, (
+            "allocated through the device-plugin API before this resource moved to DRA: released first, once its "
+            "pod's containers are gone"
+        )
+
+    # --- the life
+
+    async def started(self, lifecycle: DeviceLifecycle, ledger_lost: bool) -> None:
+        from devplug.frontends.dra.claims import ClaimReader
+        from devplug.frontends.dra.slices import SlicePublisher
+
+        if ledger_lost:
+            log.info(
+                "[%s] no allocation ledger: a claim the kubelet holds prepared is prepared again when it asks",
+                self.name,
+            )
+        for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):  # a line per request: the slices' state says more
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
+        client = self._make_client()
+        self._client = client
+        self.publisher = SlicePublisher(
+            driver=self.driver, node=self.node, pool=self.pool, table=self.table, client=client
+        )
+        reader = ClaimReader(client, driver=self.driver, pool=self.pool, device_id=self.publisher.device_id)
+        self.preparer = ClaimPreparer(
+            lifecycle,
+            reader.read,
+            self.cdi,
+            driver=self.driver,
+            pool=self.pool,
+            resource_cdi_kind=self._resource_cdi_kind,
+        )
+        self.health = HealthService(self.table, self.pool)
+        self.reconciler = ClaimReconciler(
+            lifecycle, self._releases, reader.presence, self.cdi, interval=self._release_interval
+        )
+        publisher = self.publisher
+        self.registration = RegistrationServer(
+            driver=self.driver,
+            registry_dir=self.kubelet.plugins_registry_dir,
+            endpoint=self.socket_path,
+            instance=self.instance,
+            services=(*SERVICES, HEALTH_SERVICE),
+            status=self.status,
+            on_registered=publisher.resync,
+            on_change=self._on_change,
+        )
+        for record in list(lifecycle.records()):  # a reboot may have emptied the CDI spec dir
+            if record.claim_uid is not None and not record.releasing:
+                try:
+                    await self.cdi.restore(record.claim_uid)
+                except OSError as exc:
+                    log.error("[%s] cannot restore the CDI spec of %s: %s", self.name, claim_ref(record), exc)
+
+    async def _serve_services(self) -> None:
+        assert self.preparer is not None and self.health is not None
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_sockets(self.socket_path.parent, "dra-", ".sock")
+        remove_dead_sockets(self.kubelet.plugins_registry_dir, f"{self.driver}-", "-reg.sock")
+        server = grpc.aio.server()
+        v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(self.preparer), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1beta1(self.preparer), server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        os.chmod(self.socket_path, 0o600)
+        self._server = server
+
+    async def serve(self) -> None:
+        assert self.registration is not None and self.publisher is not None and self.reconciler is not None
+        if self._stopped.is_set():
+            self._loops_done.set()
+            return
+        self.status.state = ResourceState.REGISTERING
+        await self._serve_services()
+        await self.registration.start()
+        log.info(
+            "[%s] serving DRA driver %s (pool %s) on %s, registered through %s",
+            self.name,
+            self.driver,
+            self.pool,
+            self.socket_path,
+            self.registration.socket_path,
+            extra={"driver": self.driver},
+        )
+        tasks = [
+            asyncio.ensure_future(self.publisher.run()),
+            asyncio.ensure_future(self.registration.run()),
+            asyncio.ensure_future(self.reconciler.run()),
+        ]
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (*tasks, stopped):
+                task.cancel()
+            await asyncio.gather(*tasks, stopped, return_exceptions=True)
+            self._loops_done.set()
+        for task in tasks:  # a loop that ended by itself is a bug: say so rather than serve half
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    def _other_instances(self) -> bool:
+        """Whether another instance of the driver serves its registration socket on this node."""
+        ours = registration_socket(self.kubelet.plugins_registry_dir, self.driver, self.instance).name
+        try:
+            names = os.listdir(self.kubelet.plugins_registry_dir)
+        except FileNotFoundError:
+            return False
+        return any(
+            n != ours
+            and n.startswith(f"{self.driver}-")
+            and n.endswith("-reg.sock")
+            and listening(self.kubelet.plugins_registry_dir / n)
+            for n in names
+        )
+
+    async def stop(self, grace: float) -> None:
+        serving = self.registration is not None and self.registration.started  # serve() runs its loops
+        self._stopped.set()
+        if self.registration is not None:
+            await self.registration.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        if self.publisher is not None and not self._successor() and not self._other_instances():
+            if serving:  # its publisher ends before the slices are deleted, or it could write them again
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._loops_done.wait(), max(grace, 1.0))
+            try:
+                await asyncio.wait_for(self.publisher.delete_slices(), max(grace, 1.0))
+            except Exception as exc:
+                log.warning("[%s] ResourceSlices of %s left in place: %s", self.name, self.driver, exc)
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+            self._client = None
+
+    def describe(self) -> dict[str, Any]:
+        """The DRA side of the resource, for status."""
+        out: dict[str, Any] = {"driver": self.driver, "pool": self.pool, "instance": self.instance}
+        if self.registration is not None:
+            out["registration"] = self.registration.state.describe()
+        if self.publisher is not None:
+            state = self.publisher.state
+            out["slices"] = {"generation": state.generation, "slices": state.slices, "error": state.error}
+        if self.preparer is not None:
+            out["claims"] = {
+                "prepared": self.preparer.prepared,
+                "unprepared": self.preparer.unprepared,
+                "refused": self.preparer.refused,
+            }
+        return out

@@ -1,0 +1,165 @@
+"""Claim reconciliation: the DRA front end's releases that no ``NodeUnprepareResources`` will ask for.
+
+The kubelet owes an unprepare for every claim it prepared, across its own
+restarts (``dra_manager_state``). What it does not owe, and what this loop finds:
+
+* **claims gone while the daemon was down** (or while the kubelet forgot them): a
+  prepared claim whose ResourceClaim was deleted, replaced by another of that
+  name, or deallocated (:meth:`~devplug.frontends.dra.claims.ClaimReader.presence`,
+  one get per prepared claim, at start and every ``presence_interval``);
+* **leftovers of the device-plugin API** (a node moved from one API to the other
+  with devices still allocated): records without a claim;
+* **prepares that never completed** (the daemon was killed inside the driver's
+  ``allocate``): pending records no admission works on;
+* **releases left unfinished** (a failure, a kill -9): releasing records, retried
+  with the release queue's backoff;
+* **CDI specs of claims released** here (not through an unprepare): deleted.
+
+Each goes to the resource's release queue
+(:class:`~devplug.engine.releasequeue.ReleaseQueue`), under the same liveness
+rules as the device-plugin front end's releases: the devices are cleaned only once
+every pod the claim was reserved for has no container left
+(:mod:`devplug.engine.tenantexit`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from devplug.engine.ledger import AllocationRecord
+from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine.releasequeue import ReleaseQueue
+from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
+from devplug.frontends.dra.claims import ClaimPresence, ClaimReadError, ClaimRef
+
+__all__ = ["ClaimReconciler", "claim_ref"]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+#: Seconds a pending record may be young before it counts as a prepare that never completed.
+PENDING_GRACE_S = 10.0
+
+#: What asks the API server whether claims still exist (``ClaimReader.presence``).
+PresenceCheck = Callable[[Iterable[ClaimRef]], Any]
+
+
+def claim_ref(record: AllocationRecord) -> ClaimRef | None:
+    """The claim a record was prepared for, as the kubelet names it; None for a record of no claim."""
+    if record.claim_uid is None or record.claim is None:
+        return None
+    namespace, _, name = record.claim.partition("/")
+    return ClaimRef(namespace, name, record.claim_uid)
+
+
+class ClaimReconciler:
+    """One DRA resource's reconciliation loop (see the module's docstring)."""
+
+    def __init__(
+        self,
+        lifecycle: DeviceLifecycle,
+        releases: Callable[[], ReleaseQueue | None],
+        presence: PresenceCheck,
+        cdi: ClaimCdiSpecs,
+        *,
+        interval: float = 1.0,
+        presence_interval: float = 30.0,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.name = lifecycle.resource_name
+        self._releases = releases
+        self._presence = presence
+        self._cdi = cdi
+        self.interval = interval
+        self.presence_interval = presence_interval
+        self._wake = asyncio.Event()
+        self._check_presence = True
+        self._last_presence = 0.0
+        #: Why the last presence check failed (None: it worked), for status.
+        self.presence_error: str | None = None
+        #: Claims found gone, by presence (counted once each).
+        self.gone: dict[str, ClaimPresence] = {}
+
+    def wake(self, presence: bool = False) -> None:
+        """Look again soon (``presence``: ask the API server too)."""
+        self._check_presence |= presence
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled; a pass that fails is logged and the next one comes."""
+        while True:
+            try:
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("[%s] claim reconciliation failed; trying again", self.name)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
+
+    async def reconcile(self) -> None:
+        """One pass (see the module's docstring)."""
+        queue = self._releases()
+        if queue is None:
+            return
+        now = time.time()
+        prepared: list[AllocationRecord] = []
+        for record in list(self.lifecycle.records()):
+            if queue.running(record.id) or self.lifecycle.in_admission(record.id):
+                continue
+            if record.releasing:
+                queue.retry(record)
+            elif record.pending:
+                if now - record.created >= PENDING_GRACE_S:
+                    queue.start(record, "a prepare that never completed (the daemon stopped inside it)")
+            elif record.claim_uid is None:
+                queue.release_when_exited(
+                    record, "allocated through the device-plugin API before this resource moved to DRA", now
+                )
+            elif record.claim_uid in self.gone:  # asked again each pass: the liveness grace may be over now
+                queue.release_when_exited(record, f"{claim_ref(record)} is {self.gone[record.claim_uid].value}", now)
+            else:
+                prepared.append(record)
+        if prepared and (self._check_presence or time.monotonic() - self._last_presence >= self.presence_interval):
+            await self._released_gone(queue, prepared)
+        queue.forget_gone()
+        for uid in [u for u in self.gone if self.lifecycle.for_claim(u) is None]:
+            del self.gone[uid]
+        for uid in await self._cdi.kept():
+            if self.lifecycle.for_claim(uid) is None:
+                await self._cdi.remove(uid)
+
+    async def _released_gone(self, queue: ReleaseQueue, prepared: list[AllocationRecord]) -> None:
+        refs = {ref: record for record in prepared if (ref := claim_ref(record)) is not None}
+        try:
+            presence: dict[ClaimRef, ClaimPresence] = await self._presence(refs)
+        except ClaimReadError as exc:
+            if self.presence_error != str(exc):
+                log.warning("[%s] cannot tell whether prepared claims still exist: %s", self.name, exc)
+            self.presence_error = str(exc)
+            return
+        self.presence_error = None
+        self._check_presence = False
+        self._last_presence = time.monotonic()
+        now = time.time()
+        for ref, answer in presence.items():
+            if not answer.gone:
+                continue
+            record = self.lifecycle.record(refs[ref].id)
+            if record is None or record.releasing or queue.running(record.id):
+                continue
+            if ref.uid not in self.gone:
+                log.warning(
+                    "[%s] %s was prepared here but is %s in the API server: its devices are released once its "
+                    "pods' containers are gone",
+                    self.name,
+                    ref,
+                    answer.value,
+                )
+            self.gone[ref.uid] = answer
+            queue.release_when_exited(record, f"{ref} is {answer.value} and was never unprepared", now)

@@ -1,0 +1,302 @@
+"""Registering a DRA driver with the kubelet's plugin watcher, and registering again when the kubelet loses it.
+
+The kubelet watches ``plugins_registry/`` with inotify; for each new unix
+socket it calls ``pluginregistration.Registration/GetInfo``, validates the
+answer, registers the plugin and calls ``NotifyRegistrationStatus``
+(``pkg/kubelet/pluginmanager``, Kubernetes 1.36; modelled in
+:mod:`devplug.devkubelet.dra.registration`). :class:`RegistrationServer` serves
+that socket for one instance of one driver:
+
+* the socket is ``<plugins_registry>/<driver>-<instance>-reg.sock`` and the
+  service endpoint it names ``<plugins>/<driver>/dra-<instance>.sock``: names
+  unique per instance, as the Go helper's rolling updates use them (the kubelet
+  calls the newest connected instance, PR #129832);
+* ``GetInfo`` answers type ``DRAPlugin``, the driver name, the endpoint and the
+  gRPC services served: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, with the
+  health service, ``v1alpha1.DRAResourceHealth``;
+* ``NotifyRegistrationStatus`` is logged and kept in the resource's status
+  (registered, how often, the kubelet's error when it refused);
+* a kubelet that restarts walks the folder again and registers the socket it
+  finds; one whose ``plugins_registry/`` was wiped (or whose socket someone
+  removed) no longer sees it: the folder is watched and the socket made again
+  whenever it is gone, so the kubelet's watcher sees a new socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from devplug.api.gen.pluginregistration.v1 import api_pb2 as reg_pb
+from devplug.api.gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+from devplug.watch import DirectoryWatcher
+
+__all__ = [
+    "HEALTH_SERVICE",
+    "PLUGIN_TYPE",
+    "SERVICES",
+    "RegistrationServer",
+    "RegistrationState",
+    "listening",
+    "registration_socket",
+    "remove_dead_sockets",
+    "service_socket",
+]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+#: ``PluginInfo.type`` of a DRA driver (``k8s.io/kubelet/pkg/apis/pluginregistration/v1`` ``DRAPlugin``).
+PLUGIN_TYPE = "DRAPlugin"
+#: The DRAPlugin services every instance serves, newest first (kubelets 1.34+ use v1, 1.32/1.33 v1beta1).
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+#: The health service of KEP-4680, listed when served.
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+#: How often the socket's presence is checked when no inotify event comes (a missing folder, polling mode).
+CHECK_INTERVAL_S = 1.0
+
+
+def registration_socket(registry_dir: Path, driver: str, instance: str) -> Path:
+    """``<registry_dir>/<driver>-<instance>-reg.sock``."""
+    return registry_dir / f"{driver}-{instance}-reg.sock"
+
+
+def service_socket(plugins_dir: Path, driver: str, instance: str) -> Path:
+    """``<plugins_dir>/<driver>/dra-<instance>.sock``."""
+    return plugins_dir / driver / f"dra-{instance}.sock"
+
+
+def listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def remove_dead_sockets(folder: Path, prefix: str, suffix: str) -> list[Path]:
+    """Delete the unix sockets ``<prefix>*<suffix>`` in ``folder`` that nobody listens on (left by an instance
+    killed with ``kill -9``; the kubelet would keep such a registration); another live instance's stay."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    for name in sorted(names):
+        if not (name.startswith(prefix) and name.endswith(suffix)):
+            continue
+        path = folder / name
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        if listening(path):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+            log.info("removed %s: a socket of an earlier instance nobody serves any more", path)
+    return removed
+
+
+@dataclass
+class RegistrationState:
+    """What the kubelet said about the registration, for ``devplug status``."""
+
+    #: The last ``NotifyRegistrationStatus``: registered or not, and the kubelet's error.
+    registered: bool | None = None
+    error: str = ""
+    #: How many times the kubelet registered the plugin (a kubelet restart registers it again).
+    registrations: int = 0
+    #: How many ``GetInfo`` calls came.
+    get_info_calls: int = 0
+    #: How many times the registration socket was made again after it vanished.
+    recreated: int = 0
+    history: list[tuple[float, bool, str]] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "registered": self.registered,
+            "error": self.error,
+            "registrations": self.registrations,
+            "get_info_calls": self.get_info_calls,
+            "socket_recreated": self.recreated,
+        }
+
+
+class _Registration(reg_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, owner: RegistrationServer) -> None:
+        self._owner = owner
+
+    async def GetInfo(self, request: Any, context: Any) -> Any:
+        return self._owner.info()
+
+    async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        self._owner.notified(bool(request.plugin_registered), str(request.error))
+        return reg_pb.RegistrationStatusResponse()
+
+
+class RegistrationServer:
+    """One instance's registration socket (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        registry_dir: Path,
+        endpoint: Path,
+        instance: str,
+        services: Sequence[str],
+        status: ResourceStatus,
+        on_registered: Callable[[], None] = lambda: None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.driver = driver
+        self.registry_dir = registry_dir
+        self.endpoint = endpoint
+        self.socket_path = registration_socket(registry_dir, driver, instance)
+        self.services = tuple(services)
+        self.status = status
+        self.state = RegistrationState()
+        self._on_registered = on_registered
+        self._on_change = on_change
+        self._server: grpc.aio.Server | None = None
+        self._inode: tuple[int, int] | None = None
+        self._check = asyncio.Event()
+        self._watcher: DirectoryWatcher | None = None
+
+    # --- what the kubelet calls
+
+    def info(self) -> Any:
+        self.state.get_info_calls += 1
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(self.services)
+        )
+
+    def notified(self, registered: bool, error: str) -> None:
+        state = self.state
+        state.registered, state.error = registered, error
+        state.history = [*state.history[-9:], (time.time(), registered, error)]
+        if registered:
+            state.registrations += 1
+            self.status.state = ResourceState.REGISTERED
+            self.status.registrations = state.registrations
+            self.status.registered_at = time.time()
+            self.status.last_error = None
+            log.info(
+                "DRA driver %s registered with the kubelet (%s; registration %d)",
+                self.driver,
+                self.socket_path.name,
+                state.registrations,
+                extra={"driver": self.driver},
+            )
+            self._on_registered()
+        else:
+            self.status.state = ResourceState.REGISTERING
+            self.status.last_error = f"the kubelet refused the DRA driver {self.driver}: {error or '(no reason)'}"
+            log.error("%s", self.status.last_error, extra={"driver": self.driver})
+        self._on_change()
+
+    # --- serving
+
+    @property
+    def started(self) -> bool:
+        """True once :meth:`start` was called."""
+        return self._watcher is not None or self._server is not None
+
+    async def start(self) -> None:
+        """Serve the registration socket (made afresh) and watch that it stays there."""
+        await self._serve()
+        loop = asyncio.get_running_loop()
+
+        def changed(_names: frozenset[str]) -> None:
+            loop.call_soon_threadsafe(self._check.set)
+
+        self._watcher = DirectoryWatcher(self.registry_dir, changed, poll_interval=CHECK_INTERVAL_S)
+        self._watcher.start()
+
+    async def _serve(self) -> None:
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        self._server = server
+        st = self.socket_path.stat()
+        self._inode = (st.st_dev, st.st_ino)
+        if self.status.state is not ResourceState.REGISTERED:
+            self.status.state = ResourceState.REGISTERING
+        self._on_change()
+
+    def _socket_there(self) -> bool:
+        try:
+            st = self.socket_path.lstat()
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return False
+            raise
+        return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._inode
+
+    async def run(self) -> None:
+        """Make the socket again whenever it vanished (and after a failure to serve it), until cancelled."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._check.wait(), CHECK_INTERVAL_S)
+            self._check.clear()
+            if self._server is not None:
+                if self._socket_there():
+                    continue
+                log.warning(
+                    "DRA driver %s: the registration socket %s is gone (the kubelet's plugins_registry wiped?): "
+                    "serving it again",
+                    self.driver,
+                    self.socket_path,
+                    extra={"driver": self.driver},
+                )
+                self.state.recreated += 1
+                self.state.registered = None
+                self.status.state = ResourceState.REGISTERING
+                self.status.kubelet_restarts += 1
+            try:
+                await self._serve()
+            except (OSError, RuntimeError) as exc:
+                self._server = None
+                self.status.last_error = f"cannot serve the registration socket {self.socket_path}: {exc}"
+                log.error("DRA driver %s: %s; trying again", self.driver, self.status.last_error)
+                self._on_change()
+
+    async def stop(self) -> None:
+        """Remove the socket first (the kubelet deregisters the instance), then stop serving it."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        if self._server is not None and self._socket_there():
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None

@@ -1,0 +1,358 @@
+"""``NodePrepareResources`` and ``NodeUnprepareResources``: DRA claims admitted and released through the core.
+
+The kubelet names each claim by namespace, name and UID
+(``k8s.io/kubelet/pkg/apis/dra/v1``, Kubernetes 1.36); :class:`ClaimPreparer`
+does the work, protocol-free, and :class:`DraPluginV1` / :class:`DraPluginV1beta1`
+are the two wire versions of it (the same messages but ``share_id``, v1 only).
+
+**Prepare**, per claim (the claims of one call in parallel, one call at a time
+per claim UID):
+
+* already prepared (the ledger has a live record of the claim,
+  :meth:`~devplug.engine.lifecycle.DeviceLifecycle.for_claim`): the claim is read
+  again and answered with the same devices and CDI IDs (the kubelet repeats
+  calls after its restart and when a pod is re-admitted); the pods it is
+  reserved for are noted (a shared claim is released only when all are gone);
+* else the claim is read (:class:`~devplug.frontends.dra.claims.ClaimReader`):
+  unknown, replaced (another UID), not allocated, no device of this driver and
+  pool, a device this node does not publish: a per-claim error naming it;
+  a device another claim holds, or an admin-access allocation: refused the
+  same way; then the core's admission with the claim
+  (:meth:`~devplug.engine.lifecycle.DeviceLifecycle.allocate` with
+  ``claim=DraClaim``): the devices' locks, the ledger record keyed by the claim
+  UID, the driver's ``allocate`` with the claim's opaque configuration, rollback
+  on failure; an unhealthy device, a busy one, a failing driver: a per-claim
+  error, nothing kept;
+* the claim's CDI spec is written (:mod:`devplug.frontends.dra.claimcdi`), a CDI
+  device per request holding what that request's devices describe and the
+  driver's ``allocate`` answer for the claim, and each device answered with its
+  request, pool, device name and CDI IDs (its request's CDI device, on the
+  request's first device, so a container using the whole claim gets each once;
+  and the resource's own CDI device of it with ``[cdi] enabled``); a spec that
+  cannot be written releases what was prepared.
+
+**Unprepare**, per claim: the claim's record is released through the core
+(:meth:`~devplug.engine.lifecycle.DeviceLifecycle.release`: ``post_stop``, then
+``deallocate``, each written to the ledger before and after the hook, so a
+daemon killed in between finishes it after its restart, the hooks flagged as
+retries), then its CDI spec is deleted. A claim with no record (never prepared
+here, or already unprepared) is a success, as the kubelet expects. A release
+that fails is that claim's error; the record stays releasing (its devices
+withheld) and the kubelet calls again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from devplug.api.gen.dra.v1 import api_pb2 as v1
+from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
+from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
+from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.engine.admission import DraClaim
+from devplug.engine.cdi import cdi_device_name
+from devplug.engine.ledger import AllocationRecord, ClaimTenant
+from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.errors import DevplugError
+from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
+from devplug.frontends.dra.claims import ClaimAllocation, ClaimError, ClaimReadError, ClaimRef, OpaqueConfig
+from devplug.logsafe import id_list
+from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation, merge_allocations
+
+__all__ = ["ClaimPreparer", "ClaimReading", "DraPluginV1", "DraPluginV1beta1", "PreparedDevice"]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+#: What reads a claim (``ClaimReader.read``).
+ClaimReading = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
+
+_SOURCES = {"FromClass": "class", "FromClaim": "claim"}
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as the kubelet is answered."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+class _ClaimRefused(DevplugError):
+    """A claim that cannot be prepared for a reason found here (held by another claim, admin access)."""
+
+
+def _claim_config(config: OpaqueConfig, claim: ClaimRef) -> ClaimConfig:
+    if not isinstance(config.parameters, Mapping):
+        raise _ClaimRefused(
+            f"{claim}: an opaque configuration ({config.source or 'no source'}) holds "
+            f"{type(config.parameters).__name__} parameters; devplug drivers take a JSON object"
+        )
+    return ClaimConfig(config.parameters, config.requests, _SOURCES.get(config.source, "claim"))
+
+
+class ClaimPreparer:
+    """Prepares and unprepares one DRA driver's claims through one resource's lifecycle (see the module)."""
+
+    def __init__(
+        self,
+        lifecycle: DeviceLifecycle,
+        read_claim: ClaimReading,
+        cdi: ClaimCdiSpecs,
+        *,
+        driver: str,
+        pool: str,
+        resource_cdi_kind: str | None = None,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.name = lifecycle.resource_name
+        self._read = read_claim
+        self.cdi = cdi
+        self.driver = driver
+        self.pool = pool
+        #: The resource's own CDI kind when ``[cdi] enabled`` (its devices' CDI IDs come in the allocation).
+        self._resource_kind = resource_cdi_kind
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        #: Counts, for status and metrics.
+        self.prepared = 0
+        self.unprepared = 0
+        self.refused = 0
+
+    def _lock(self, claim_uid: str) -> asyncio.Lock:
+        lock = self._locks.get(claim_uid)
+        if lock is None:
+            lock = self._locks[claim_uid] = asyncio.Lock()
+        return lock
+
+    # --- prepare
+
+    async def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
+        """Each claim's devices, or its error (a string naming the claim)."""
+        wanted = list(dict.fromkeys(claims))
+        answers = await asyncio.gather(*(self._prepare_one(c) for c in wanted))
+        return {c.uid: a for c, a in zip(wanted, answers, strict=True)}
+
+    async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice] | str:
+        async with self._lock(ref.uid):
+            try:
+                return await self._prepare_locked(ref)
+            except DevplugError as exc:
+                self.refused += 1
+                message = str(exc)
+                if not isinstance(exc, ClaimError | _ClaimRefused | ClaimReadError):
+                    message = f"{ref}: {message}"
+                log.warning("[%s] cannot prepare %s", self.name, message)
+                return message
+            except Exception as exc:  # a bug: this claim's error, with a traceback in the log; the others go on
+                self.refused += 1
+                log.exception("[%s] preparing %s failed unexpectedly", self.name, ref)
+                return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
+
+    async def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
+        allocation = await self._read(ref)
+        record = self.lifecycle.for_claim(ref.uid)
+        if record is not None and not record.releasing and not record.pending:
+            return await self._again(ref, allocation, record)
+        if record is not None and record.releasing:
+            raise _ClaimRefused(f"{ref}: being unprepared (its release has not finished); try again later")
+        self._check_free(ref, allocation)
+        claim = Claim(
+            ref.namespace,
+            ref.name,
+            ref.uid,
+            requests=_requests(allocation),
+            config=tuple(_claim_config(c, ref) for c in allocation.configs),
+        )
+        tenant = ClaimTenant(ref.uid, f"{ref.namespace}/{ref.name}", allocation.reserved_for)
+        [answer] = await self.lifecycle.allocate([list(allocation.device_ids)], claim=DraClaim(claim, tenant))
+        try:
+            cdi_ids = await self.cdi.write(ref.uid, self._by_request(allocation, answer))
+        except OSError as exc:
+            record = self.lifecycle.for_claim(ref.uid)
+            if record is not None:
+                await self.lifecycle.release(record.id, f"the CDI spec of {ref} could not be written")
+            raise _ClaimRefused(
+                f"{ref}: cannot write its CDI spec {self.cdi.path(ref.uid)}: {exc.strerror or exc}; "
+                "nothing was prepared"
+            ) from exc
+        self.prepared += 1
+        log.info(
+            "[%s] prepared %s: %s",
+            self.name,
+            ref,
+            id_list(allocation.device_ids),
+            extra={"device": id_list(allocation.device_ids)},
+        )
+        return self._devices(allocation, answer, cdi_ids)
+
+    def _by_request(self, allocation: ClaimAllocation, answer: ContainerAllocation) -> dict[str, ContainerAllocation]:
+        """What each request gives a container: its devices' own descriptions, and the part of the claim's answer
+        that no device describes (the driver's ``allocate`` answer, the core's shared-device entries)."""
+        described: dict[str, ContainerAllocation] = {}
+        for dev in allocation.devices:
+            found = self.lifecycle.table.reported(dev.device_id)
+            if found is not None and found.allocation is not None:
+                described[dev.device_id] = found.allocation
+        parts = described.values()
+        envs = {k: v for p in parts for k, v in p.envs.items()}
+        mounts = {m for p in parts for m in p.mounts}
+        nodes = {d for p in parts for d in p.devices}
+        claim_wide = ContainerAllocation(
+            envs={k: v for k, v in answer.envs.items() if envs.get(k) != v},
+            mounts=tuple(m for m in answer.mounts if m not in mounts),
+            devices=tuple(d for d in answer.devices if d not in nodes),
+        )
+        out: dict[str, ContainerAllocation] = {}
+        for request in dict.fromkeys(d.request for d in allocation.devices):
+            own = [
+                described[d.device_id] for d in allocation.devices if d.request == request and d.device_id in described
+            ]
+            out[request] = merge_allocations([claim_wide, *own])
+        return out
+
+    async def _again(
+        self, ref: ClaimRef, allocation: ClaimAllocation, record: AllocationRecord
+    ) -> list[PreparedDevice]:
+        """A claim prepared earlier: the same answer (its devices must be the record's)."""
+        if sorted(allocation.device_ids) != sorted(record.devices):
+            raise _ClaimRefused(
+                f"{ref}: prepared earlier with {id_list(record.devices)}, but its allocation now names "
+                f"{id_list(allocation.device_ids)}"
+            )
+        pods = tuple(p for p in (record.pod_uid, *record.pod_uids) if p)
+        if allocation.reserved_for and set(allocation.reserved_for) != set(pods):
+            self.lifecycle.note_claim_pods(record.id, allocation.reserved_for)
+            await self.lifecycle.save()
+        try:
+            cdi_ids = await self.cdi.restore(ref.uid)
+        except OSError as exc:
+            raise _ClaimRefused(
+                f"{ref}: prepared, but its CDI spec {self.cdi.path(ref.uid)} cannot be written back: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        cdi_devices = tuple(CDIDevice(n) for n in record.prepared.get("cdi_devices", ()))
+        return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_ids)
+
+    def _check_free(self, ref: ClaimRef, allocation: ClaimAllocation) -> None:
+        """Refuse admin access, and devices a live record of another claim holds."""
+        admin = [d.device_name for d in allocation.devices if d.admin_access]
+        if admin:
+            raise _ClaimRefused(
+                f"{ref}: admin access to {', '.join(admin)} is not supported by devplug (a device is prepared for "
+                "one claim at a time)"
+            )
+        for dev in allocation.devices:
+            for holder in self.lifecycle.ledger.holders(dev.device_id):
+                if holder.claim_uid is not None and holder.claim_uid != ref.uid and not holder.releasing:
+                    raise _ClaimRefused(
+                        f"{ref}: device {dev.device_name} ({dev.device_id}) is held by claim {holder.claim} "
+                        f"(uid {holder.claim_uid}), still prepared on this node"
+                    )
+
+    def _devices(
+        self, allocation: ClaimAllocation, answer: ContainerAllocation, cdi_ids: Mapping[str, str]
+    ) -> list[PreparedDevice]:
+        """The answer's devices: each with its request and CDI IDs (its request's, on the request's first device;
+        the resource's own CDI device of it when the allocation names one)."""
+        named = {c.name for c in answer.cdi_devices}
+        given: set[str] = set()
+        devices = []
+        for dev in allocation.devices:
+            ids: list[str] = []
+            if dev.request in cdi_ids and dev.request not in given:
+                ids.append(cdi_ids[dev.request])
+                given.add(dev.request)
+            if self._resource_kind is not None:
+                own = f"{self._resource_kind}={cdi_device_name(dev.device_id)}"
+                if own in named:
+                    ids.append(own)
+            devices.append(PreparedDevice((dev.request,), self.pool, dev.device_name, tuple(ids), dev.share_id))
+        return devices
+
+    # --- unprepare
+
+    async def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str]:
+        """Each claim's error ("" when unprepared, or never prepared here)."""
+        wanted = list(dict.fromkeys(claims))
+        answers = await asyncio.gather(*(self._unprepare_one(c) for c in wanted))
+        return {c.uid: a for c, a in zip(wanted, answers, strict=True)}
+
+    async def _unprepare_one(self, ref: ClaimRef) -> str:
+        async with self._lock(ref.uid):
+            record = self.lifecycle.for_claim(ref.uid)
+            if record is not None:
+                try:
+                    await self.lifecycle.release(record.id, f"the kubelet unprepared {ref}")
+                except DevplugError as exc:  # the driver's hook, or the ledger that cannot be written
+                    log.error("[%s] unprepare of %s failed: %s", self.name, ref, exc)
+                    return f"{ref}: releasing its devices failed: {exc}; they stay withheld until it succeeds"
+                except Exception as exc:  # a bug: this claim's error, with a traceback in the log
+                    log.exception("[%s] unprepare of %s failed unexpectedly", self.name, ref)
+                    return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
+                self.unprepared += 1
+            await self.cdi.remove(ref.uid)
+            return ""
+
+
+def _requests(allocation: ClaimAllocation) -> dict[str, tuple[str, ...]]:
+    requests: dict[str, list[str]] = {}
+    for dev in allocation.devices:
+        requests.setdefault(dev.request, []).append(dev.device_id)
+    return {k: tuple(v) for k, v in requests.items()}
+
+
+# --- the wire
+
+
+def _refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
+
+
+class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
+
+    _pb: Any = v1
+    _share_id = True
+
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        self.preparer = preparer
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        answers = await self.preparer.prepare(_refs(request))
+        response = self._pb.NodePrepareResourcesResponse()
+        for uid, answer in answers.items():
+            entry = response.claims[uid]
+            if isinstance(answer, str):
+                entry.error = answer
+                continue
+            for dev in answer:
+                out = entry.devices.add(
+                    request_names=list(dev.requests),
+                    pool_name=dev.pool,
+                    device_name=dev.device_name,
+                    cdi_device_ids=list(dev.cdi_device_ids),
+                )
+                if self._share_id and dev.share_id is not None:
+                    out.share_id = dev.share_id
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        answers = await self.preparer.unprepare(_refs(request))
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in answers.items():
+            response.claims[uid].error = error
+        return response
+
+
+class DraPluginV1beta1(DraPluginV1, v1beta1_grpc.DRAPluginServicer):  # type: ignore[misc]
+    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (no ``share_id``)."""
+
+    _pb: Any = v1beta1
+    _share_id = False

@@ -1,0 +1,302 @@
+"""A node serving one resource through DRA, every part real, for driver authors' tests and the conformance checks.
+
+* the API server stand-in (:mod:`devplug.testing.apiserver`) over HTTP on
+  loopback, holding the node, a DeviceClass selecting the driver (with
+  ``extendedResourceName``: the resource name), and the scheduler stand-in
+  (:mod:`devplug.testing.scheduler`) allocating claims to pods;
+* ``devplug run`` as a child process (:class:`~devplug.process.DaemonProcess`)
+  serving the resource with ``api = "dra"``;
+* the dev kubelet's DRA side (:class:`~devplug.devkubelet.DevKubelet` with
+  ``dra=``) on the caller's event loop, talking to the daemon over real unix
+  sockets in a short folder under ``/tmp`` (socket paths hold 107 bytes)::
+
+      with ApiServer() as api:
+          async with dra_node(api, "example.com/fpga", {"driver": "fpga", "options": {...}}, folder) as node:
+              await node.published(2)
+              node.make_claim("c1")
+              pod, [claim] = node.schedule_pod("p1", ["c1"])
+              await node.kubelet.admit_pod(pod)      # NodePrepareResources
+              await node.kubelet.finish_pod("p1")    # NodeUnprepareResources
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devplug.configdra import default_driver_name
+from devplug.devkubelet import ContainerSpec, DevKubelet, DRAConfig, PodClaim, PodSpec, ResourceClaimRef
+from devplug.engine.ledger import read_ledger_records
+from devplug.process import DaemonProcess
+from devplug.resource_names import resource_state_dir
+from devplug.testing.apiserver import ApiServer
+from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.recorder import read_call_log
+from devplug.testing.scheduler import SchedulerStandIn
+
+__all__ = ["NODE", "NS", "TEST_DRA", "DraNode", "dra_node", "short_root", "write_kubeconfig"]
+
+NODE = "node-a"
+NS = "default"
+#: How long a wait for something the daemon or the kubelet does on its own may take.
+WAIT = 30.0
+
+#: The dev kubelet's DRA timings for tests: the kubelet's behaviour, at a pace a test can wait for.
+TEST_DRA = DRAConfig(
+    reconcile_period=0.05,
+    dial_timeout=2.0,
+    get_info_timeout=2.0,
+    notify_timeout=2.0,
+    call_timeout=10.0,
+    wiping_delay=30.0,
+    manager_reconcile_period=None,
+    pod_resync_period=None,
+    pod_sync_backoff=None,
+    health_stream_period=0.1,
+)
+
+
+class WaitTimeout(AssertionError):
+    """Something awaited did not happen in time (the message says what, and the daemon's log)."""
+
+
+async def eventually(predicate: Callable[[], Any], what: str, timeout: float = WAIT, details: Any = None) -> Any:
+    """Poll ``predicate`` on the event loop (the dev kubelet runs between polls) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = f"\n{details()}" if details is not None else ""
+            raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}{extra}")
+        await asyncio.sleep(0.02)
+
+
+def write_kubeconfig(api: ApiServer, path: Path) -> Path:
+    """A kubeconfig of the stand-in (no credentials: it checks none)."""
+    import yaml  # type: ignore[import-untyped]
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "standin", "cluster": {"server": api.url}}],
+        "contexts": [{"name": "standin", "context": {"cluster": "standin"}}],
+        "current-context": "standin",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextlib.contextmanager
+def short_root() -> Iterator[Path]:
+    """A fresh folder under /tmp with a short path (removed afterwards)."""
+    root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class DraNode:
+    """One node (see the module's docstring)."""
+
+    root: Path
+    api: ApiServer
+    kubelet: DevKubelet
+    #: The driver's folder (its options name it; its hook recorder writes there).
+    folder: Path
+    config_path: Path
+    resource: str
+    driver: str
+    device_class: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    daemon: DaemonProcess | None = None
+    scheduler: SchedulerStandIn = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scheduler = SchedulerStandIn(self.api.storage)
+
+    # --- the daemon
+
+    def start_daemon(self) -> DaemonProcess:
+        self.daemon = DaemonProcess(self.config_path, self.root / "daemon.log", env=self.env).start()
+        return self.daemon
+
+    def log(self) -> str:
+        return self.daemon.log_text() if self.daemon is not None else ""
+
+    @property
+    def state_dir(self) -> Path:
+        return resource_state_dir(self.root / "state", self.resource)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The ledger's records as a restarted daemon would load them."""
+        return read_ledger_records(self.state_dir / "ledger.json", self.resource)
+
+    def calls(self, hook: str | None = None, calls_dir: Path | None = None) -> list[dict[str, Any]]:
+        """The driver's recorded hook calls (of ``hook``, or all), from its ``HookRecorder`` folder."""
+        return [c for c in read_call_log(calls_dir or self.folder) if hook is None or c.get("hook") == hook]
+
+    async def registered(self, count: int = 1) -> None:
+        await eventually(
+            lambda: sum(1 for v in self.kubelet.dra_plugins(self.driver) if v.connected) >= count,
+            f"{count} connected instance(s) of {self.driver}",
+            details=self.log,
+        )
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [s for s in self.api.objects("resourceslices") if s["spec"]["driver"] == self.driver]
+
+    async def published(self, devices: int) -> list[dict[str, Any]]:
+        """Wait until the node's slices hold ``devices`` devices; the slices."""
+
+        def count() -> bool:
+            return sum(len(s["spec"].get("devices") or ()) for s in self.slices()) == devices
+
+        await eventually(count, f"{devices} devices published", details=self.log)
+        return self.slices()
+
+    def spec_of(self, claim_uid: str) -> dict[str, Any]:
+        """A prepared claim's CDI spec file, parsed."""
+        data: dict[str, Any] = json.loads((self.root / "cdi" / f"dra-{self.driver}-{claim_uid}.json").read_text())
+        return data
+
+    # --- pods and claims
+
+    def make_claim(self, name: str, count: int = 1, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A claim of ``count`` devices of the class (request ``dev``), with opaque ``config`` for the driver."""
+        spec: dict[str, Any] = {
+            "devices": {
+                "requests": [{"name": "dev", "exactly": {"deviceClassName": self.device_class, "count": count}}]
+            }
+        }
+        if config is not None:
+            spec["devices"]["config"] = [{"requests": ["dev"], "opaque": {"driver": self.driver, "parameters": config}}]
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
+        return self.api.create("resourceclaims", body, NS)
+
+    def schedule_pod(self, name: str, claims: list[str]) -> tuple[PodSpec, list[dict[str, Any]]]:
+        """Create the pod in the API server, let the scheduler allocate its claims and bind it; the pod as the
+        dev kubelet admits it, and the claims as stored."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "containers": [{"name": "app"}],
+                "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+            },
+        }
+        made = self.api.create("pods", pod, NS)
+        stored = self.scheduler.schedule(NS, name, NODE)
+        spec = PodSpec(
+            name,
+            [ContainerSpec("app", claims=list(claims))],
+            namespace=NS,
+            uid=made["metadata"]["uid"],
+            resource_claims=[
+                PodClaim(
+                    c["metadata"]["name"],
+                    ResourceClaimRef(NS, c["metadata"]["name"], c["metadata"]["uid"], (self.driver,)),
+                )
+                for c in stored
+            ],
+        )
+        return spec, stored
+
+    def _pod_claim(self, claim: Mapping[str, Any]) -> PodClaim:
+        meta = claim["metadata"]
+        return PodClaim(meta["name"], ResourceClaimRef(NS, meta["name"], meta["uid"], (self.driver,)))
+
+    @staticmethod
+    def allocated_devices(claim: Mapping[str, Any]) -> list[str]:
+        """The device names a claim's allocation holds."""
+        return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def _config(
+    root: Path,
+    kubeconfig: Path,
+    resource: str,
+    table: Mapping[str, Any],
+    driver: str,
+    *,
+    cdi: Mapping[str, Any] | None,
+    release_interval: float,
+) -> Path:
+    config = dev_config(
+        root,
+        {resource: {**table, "api": "dra", "dra": {"driver_name": driver}}},
+        release_interval=release_interval,
+        cdi={"spec_dir": str(root / "cdi"), **(cdi or {})},
+    )
+    config["kubelet"]["plugins_registry_dir"] = str(root / "plugins_registry")
+    config["kubelet"]["plugins_dir"] = str(root / "plugins")
+    config["node"] = {"name": NODE}
+    config["kubernetes"] = {"kubeconfig": str(kubeconfig)}
+    path = root / "devplug.toml"
+    write_toml(path, config)
+    return path
+
+
+@contextlib.asynccontextmanager
+async def dra_node(
+    api: ApiServer,
+    resource: str,
+    table: Mapping[str, Any],
+    folder: Path,
+    *,
+    driver: str | None = None,
+    env: Mapping[str, str] | None = None,
+    kubelet_dra: DRAConfig = TEST_DRA,
+    start: bool = True,
+    cdi: Mapping[str, Any] | None = None,
+    release_interval: float = 0.2,
+) -> AsyncIterator[DraNode]:
+    """A node serving ``resource`` (its config ``table``: driver and options) through DRA as ``driver`` (default:
+    the resource name turned around), the daemon started and registered unless ``start`` is False; the daemon
+    stopped (it must exit 0) and the kubelet closed afterwards."""
+    driver = driver or default_driver_name(resource)
+    with short_root() as root:
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        class_name = driver.split(".")[0]
+        api.create(
+            "deviceclasses",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": class_name},
+                "spec": {
+                    "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}],
+                    "extendedResourceName": resource,
+                },
+            },
+        )
+        kubeconfig = write_kubeconfig(api, root / "kubeconfig")
+        config_path = _config(root, kubeconfig, resource, table, driver, cdi=cdi, release_interval=release_interval)
+        kubelet = DevKubelet(root / "device-plugins", dra=kubelet_dra, pod_resources_rate=None)
+        await kubelet.start()
+        node = DraNode(root, api, kubelet, folder, config_path, resource, driver, class_name, dict(env or {}))
+        try:
+            if start:
+                node.start_daemon()
+                await node.registered()
+            yield node
+        finally:
+            try:
+                if node.daemon is not None and node.daemon.running():
+                    code = await asyncio.to_thread(node.daemon.stop)
+                    if code != 0:
+                        raise AssertionError(f"the daemon exited {code}:\n{node.log()}")
+            finally:
+                await kubelet.close()

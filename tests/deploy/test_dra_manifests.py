@@ -1,0 +1,112 @@
+"""deploy/dra/mock: the mock overlay served through DRA renders with ``kubectl kustomize``, every object is valid for
+each Kubernetes version that has ``resource.k8s.io/v1`` (1.34 on), and it holds what the DRA front end needs: the
+DeviceClass mapping the resource name (KEP-5004's ``extendedResourceName``), RBAC for exactly the slices, claims and
+node it uses, the account's token, the pod's UID, the kubelet's plugin folders (never their sockets) and the host's
+CDI folder at the paths the config names, and a config devplug accepts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from devplug.configdra import default_driver_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = ROOT / "deploy" / "dra" / "mock"
+#: DRA's v1 API is GA from 1.34; kubernetes-validate's newest schemas are 1.37's.
+VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+
+
+@pytest.fixture(scope="module")
+def objects(kubectl: str) -> list[dict[str, Any]]:
+    done = subprocess.run([kubectl, "kustomize", str(TARGET)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return tomllib.loads(_one(objects, "ConfigMap")["data"]["config.toml"])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_object_is_valid(objects: list[dict[str, Any]], version: str) -> None:
+    for obj in objects:
+        name = f"{obj['kind']} {obj['metadata']['name']}"
+        try:
+            assert kubernetes_validate.validate(obj, version, strict=True) == version, name
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{name} is not valid for Kubernetes {version}: {exc.message}")
+
+
+def test_the_device_class_serves_the_resource_name_through_the_driver(objects: list[dict[str, Any]]) -> None:
+    [(name, table)] = _config(objects)["resources"].items()
+    assert table["api"] == "dra"
+    driver = (table.get("dra") or {}).get("driver_name") or default_driver_name(name)
+    device_class = _one(objects, "DeviceClass")
+    assert device_class["spec"]["extendedResourceName"] == name
+    assert device_class["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]
+
+
+def test_rbac_is_exactly_what_the_dra_front_end_uses(objects: list[dict[str, Any]]) -> None:
+    rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in _one(objects, "ClusterRole")["rules"]}
+    assert rules == {
+        ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+        ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+        ("", "nodes"): {"get"},
+    }
+    binding = _one(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devplug", "namespace": "devplug"}]
+    assert binding["roleRef"]["name"] == _one(objects, "ClusterRole")["metadata"]["name"]
+    assert [o["kind"] for o in objects if o["kind"] in ("Role", "RoleBinding")] == []
+
+
+def test_the_pod_has_the_token_its_uid_and_the_kubelets_plugin_folders(objects: list[dict[str, Any]]) -> None:
+    daemonset = _one(objects, "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is True
+    [container] = spec["containers"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_UID"] == "metadata.uid" and env["NODE_NAME"] == "spec.nodeName"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    config = _config(objects)
+    for folder in (
+        config["kubelet"]["plugins_registry_dir"],
+        config["kubelet"]["plugins_dir"],
+        config.get("cdi", {}).get("spec_dir", "/var/run/cdi"),
+    ):
+        assert folder in mounts and not mounts[folder].get("readOnly"), folder
+        host = volumes[mounts[folder]["name"]]["hostPath"]
+        assert host["path"] == folder, "the kubelet dials the path the plugin gives: the same inside and out"
+        assert host.get("type") in ("Directory", "DirectoryOrCreate") and not folder.endswith(".sock")
+
+
+def test_devplug_accepts_the_config(objects: list[dict[str, Any]], tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(_one(objects, "ConfigMap")["data"]["config.toml"])
+    done = subprocess.run(
+        [sys.executable, "-m", "devplug", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "NODE_NAME": "node-1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{path}: ok" in done.stdout
