@@ -6,6 +6,17 @@ the core's interface to front ends); then it hands that to its front end
 (:meth:`FrontEnd.started`), runs it (:meth:`FrontEnd.serve`) and stops it
 (:meth:`FrontEnd.stop`). The front end also judges tenancies for the core's
 admission (:class:`~devplug.engine.admission.TenancyJudge`).
+
+A front end also takes part in a handover between two daemon instances on
+one node (:mod:`devplug.daemon.handover`), through five calls on the old
+instance's front end: :meth:`FrontEnd.hold_calls` when the new instance asks,
+:meth:`FrontEnd.calls_idle` before the old one flushes its ledger,
+:meth:`FrontEnd.handover_facts` for the record, then either
+:meth:`FrontEnd.release_calls` (the handover failed: serve on) or
+:meth:`FrontEnd.hand_over` with the new instance's :attr:`FrontEnd.endpoint`
+for the same resource (it serves now: answer through it, stop, never register
+again). The new instance's front end needs nothing special: it starts as
+after a restart, on an endpoint of its own.
 """
 
 from __future__ import annotations
@@ -38,4 +49,31 @@ class FrontEnd(TenancyJudge, Protocol):
 
     async def stop(self, grace: float) -> None:
         """Stop taking calls, give calls in flight ``grace`` seconds, and remove the endpoint."""
+        ...
+
+    # --- handover (the old instance's side)
+
+    def hold_calls(self) -> None:
+        """A newer instance asked to take over: calls that would start new work (an allocation, a prepare, a
+        container start) wait from now on, never refused; calls already running go on."""
+        ...
+
+    async def calls_idle(self) -> None:
+        """Return once no call runs in this instance (the held ones wait)."""
+        ...
+
+    def release_calls(self) -> None:
+        """The handover failed or timed out: run the held calls here, and go on serving as before."""
+        ...
+
+    def handover_facts(self) -> dict[str, object]:
+        """What is handed over, for the handover's record (``devplug status``, logs): the endpoint, the
+        registrations made, how many calls were held and the longest wait. JSON values only."""
+        ...
+
+    async def hand_over(self, successor: str, grace: float) -> None:
+        """The newer instance serves this resource at ``successor`` (its :attr:`endpoint`): answer the held
+        and any later calls through it, mark this instance superseded so it never registers again (whatever
+        happens to its stream or socket), then stop serving within ``grace`` seconds without touching what
+        the successor registered or published."""
         ...

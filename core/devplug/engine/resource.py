@@ -100,6 +100,8 @@ class Resource:
         self._published = PublishedStatus(on_change)
         self._frontend = make_frontend(self._table, self._status)
         self._stopping = False
+        self._paused = False  # a handover asked: no new work starts (see pause)
+        self._handed_over = False  # a newer instance owns this resource's state: write nothing more
         self._host: DriverHost | None = None
         #: The core's interface to front ends, once the driver has started.
         self.lifecycle: DeviceLifecycle | None = None
@@ -125,8 +127,9 @@ class Resource:
 
     @property
     def stopping(self) -> bool:
-        """True once :meth:`wind_down` or :meth:`stop` was called: no new release starts in this instance."""
-        return self._stopping
+        """True once :meth:`wind_down` or :meth:`stop` was called, or while :meth:`pause` holds: no new release
+        starts in this instance."""
+        return self._stopping or self._paused
 
     @property
     def hooks(self) -> DriverHooks | None:
@@ -241,7 +244,7 @@ class Resource:
             lifecycle,
             interval=self._release.interval,
             max_retry_interval=self._release.max_retry_interval,
-            stopping=lambda: self._stopping,
+            stopping=lambda: self.stopping,
         )
         log.info(
             "[%s] driver %s started with %d devices (hooks: %s)",
@@ -308,6 +311,60 @@ class Resource:
         """Nothing is allocated any more (or the driver never started, so nothing can be released)."""
         return self.lifecycle is None or not self.holds_any()
 
+    # --- handover (devplug.daemon.handover): the old instance's side
+
+    def pause(self) -> None:
+        """A newer instance asked to take over: calls that start new work wait at the front end, and no new
+        release starts; what runs goes on (:meth:`quiet` waits for it)."""
+        self._paused = True
+        self._frontend.hold_calls()
+        self._on_change()
+
+    def resume(self) -> None:
+        """The handover failed: serve the held calls here and release again."""
+        self._paused = False
+        self._frontend.release_calls()
+        self._on_change()
+
+    def quiet(self) -> bool:
+        """No driver hook and no release runs (calls held at the front end do not count)."""
+        return not self.hooks_running() and not self.releasing()
+
+    async def calls_idle(self) -> None:
+        """Return once no front-end call runs here."""
+        await self._frontend.calls_idle()
+
+    async def flush(self) -> None:
+        """Fold the ledger's journal into its snapshot, synced: the successor reads one whole file."""
+        if self.lifecycle is not None:
+            await self._ledger.compact()
+
+    def handover_facts(self) -> dict[str, Any]:
+        """What this resource hands over: allocations held, its CDI spec, and the front end's facts."""
+        facts: dict[str, Any] = {"held_allocations": len(self._ledger), **self._frontend.handover_facts()}
+        if self._cdi is not None:
+            facts["cdi_spec"] = str(self._cdi.path)
+        return facts
+
+    async def stop_driver(self) -> None:
+        """Stop the driver (the successor starts its own next); the front end keeps its sockets."""
+        if self._host is not None:
+            host, self._host = self._host, None
+            await host.stop()
+
+    async def hand_over(self, successor: str, grace: float) -> None:
+        """The successor serves at ``successor``: the front end answers through it and stops; nothing of the
+        state dir is written any more (the successor owns the ledger, the CDI spec and the status)."""
+        self._stopping = True
+        self._handed_over = True
+        await self._frontend.hand_over(successor, grace)
+        if self.releases is not None:
+            self.releases.close()
+        await self.stop_driver()
+        self._ledger.close()
+        self._runner.close()
+        self._status.state = ResourceState.STOPPED
+
     # --- shutdown
 
     def wind_down(self) -> None:
@@ -316,7 +373,10 @@ class Resource:
         self._stopping = True
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting, finish in-flight calls, stop the driver, remove the socket."""
+        """Stop accepting, finish in-flight calls, stop the driver, remove the socket (nothing after a handover:
+        :meth:`hand_over` stopped it, and the state is the successor's)."""
+        if self._handed_over:
+            return
         self._stopping = True
         await self._frontend.stop(grace)
         if self.releases is not None:

@@ -23,11 +23,13 @@ def dev_config(
     shutdown_timeout: float | None = None,
     metrics: Mapping[str, Any] | None = None,
     cdi: Mapping[str, Any] | None = None,
+    handover: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A config whose kubelet folders and state dir all live under ``root`` (the dev kubelet's layout).
 
-    ``release`` adds keys to the ``[release]`` table (``previous_tenant_wait``, ...); ``metrics`` and ``cdi`` are
-    the ``[metrics]`` and ``[cdi]`` tables, when given. ``liveness`` is the ``[liveness]`` table: give the dev
+    ``release`` adds keys to the ``[release]`` table (``previous_tenant_wait``, ...); ``metrics``, ``cdi`` and
+    ``handover`` are the ``[metrics]``, ``[cdi]`` and ``[handover]`` tables, when given. ``liveness`` is the
+    ``[liveness]`` table: give the dev
     kubelet's (:meth:`~devplug.devkubelet.DevKubelet.liveness_config`) when it runs containers in cgroups; by
     default there are none to read (:func:`~devplug.devkubelet.daemonconfig.no_containers_liveness`). Failing
     releases back off to at most ``max_retry_interval`` seconds (short, so tests of recovery need not wait a minute).
@@ -56,5 +58,7 @@ def dev_config(
         config["metrics"] = dict(metrics)
     if cdi is not None:
         config["cdi"] = dict(cdi)
+    if handover is not None:
+        config["handover"] = dict(handover)
     config["resources"] = {name: dict(table) for name, table in resources.items()}
     return config

@@ -55,6 +55,8 @@ class PluginServer:
         self.status = status
         self._on_change = on_change
         self.stopping = False
+        #: Set once a newer instance took the node over: this one never registers again.
+        self.superseded_by: str | None = None
         self._restart = asyncio.Event()
         self._restart_reason = ""
         self._kubelet_appeared = asyncio.Event()
@@ -218,6 +220,11 @@ class PluginServer:
         """Serve on a fresh socket and register again (the kubelet restarted or dropped the resource)."""
         if self.stopping:
             return
+        if self.superseded_by is not None:
+            log.info(
+                "[%s] not registering again (%s): %s serves the resource now", self.name, reason, self.superseded_by
+            )
+            return
         if self.status.state is ResourceState.REGISTERED and not self._restart.is_set():
             self.status.kubelet_restarts += 1  # a registration lost: later signs of the same outage count no more
         self._restart_reason = reason
@@ -262,6 +269,13 @@ class PluginServer:
             self.trigger_reregister("the kubelet ended the ListAndWatch stream")
         else:
             log.debug("[%s] ListAndWatch stream %d of another client ended; not a kubelet restart", self.name, stream)
+
+    # --- handover
+
+    def supersede(self, successor: str) -> None:
+        """A newer instance (serving at ``successor``) took over: never register again, whatever happens to
+        this instance's registration (the kubelet ending its stream, the socket removed)."""
+        self.superseded_by = successor
 
     # --- shutdown
 

@@ -1,0 +1,241 @@
+"""Two daemon instances hand a node over (issue 30): real ``devplug run`` processes on one state dir, the dev kubelet.
+
+The new instance asks through the state dir, the old one holds new calls,
+flushes its ledger, lets the lock go and, once the new one serves, answers
+what it held through it and exits 0 without registering again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
+from devplug.process import DaemonProcess
+from devplug.resource_names import instance_tag, socket_file_name
+from devplug.testing.plugin import cgroup_layout_for
+
+if TYPE_CHECKING:
+    from devplug.testing.plugin import RunningDaemon
+    from tests.lifecycle.conftest import Lab
+
+RESOURCE = "example.com/mock"
+HANDOVER = {"enabled": True, "timeout": 10.0}
+
+
+def successor(lab: Lab, old: RunningDaemon, instance: str, env: dict[str, str] | None = None) -> DaemonProcess:
+    """A second ``devplug run`` on the old one's config (its state dir), as instance ``instance``."""
+    log = old.root / f"daemon-{instance}.log"
+    return DaemonProcess(old.config_path, log, env={**old.env, "DEVPLUG_INSTANCE": instance, **(env or {})})
+
+
+def socket_of(old: RunningDaemon, instance: str) -> str:
+    plugin_dir = Path(old.config["kubelet"]["device_plugin_dir"])
+    return socket_file_name(RESOURCE, len(str(plugin_dir)), instance_tag(instance))
+
+
+def old_instance(old: RunningDaemon) -> str:
+    """The old instance's id, from the last handover's record (``pid-<pid>-<random>`` without ``DEVPLUG_INSTANCE``)."""
+    data = json.loads((old.state_dir / "handover-last.json").read_text())
+    found: str = data["from"]
+    assert found.startswith(f"pid-{old.process.pid}-")
+    return found
+
+
+def status(old: RunningDaemon) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((old.state_dir / "status.json").read_text())
+    return data
+
+
+def test_a_new_instance_takes_the_node_over_and_the_old_one_leaves(lab: Lab) -> None:
+    old = lab.start(handover=HANDOVER)
+    first = lab.admit("before", 1)
+    registrations = lab.kubelet.registrations(RESOURCE)
+    new = successor(lab, old, "instance-b").start()
+    try:
+        assert old.process.wait(20.0) == 0, old.log_text()
+        lab.wait(lambda: lab.kubelet.registrations(RESOURCE) > registrations, what="the new instance registered")
+        view = lab.view()
+        assert view.endpoint == socket_of(old, "instance-b")
+        assert view.registered and len([d for d in view.devices if d.healthy]) == 4
+        second = lab.admit("after", 2)  # served by the new instance, which owns the ledger now
+        assert not set(first) & set(second)
+        held = {d for r in lab.ledger() for d in r["devices"]}
+        assert set(first) | set(second) <= held
+        lab.wait(lambda: status(old).get("pid") == new.pid, what="the new instance's status")
+        took = status(old)["handover"]["took_over"]
+        assert (took["from"], took["to"]) == (old_instance(old), "instance-b")
+        lab.wait(lambda: status(old)["handover"]["took_over"]["state"] == "done", what="the handover done")
+        assert status(old)["handover"]["took_over"]["resources"][RESOURCE]["held_allocations"] == 1
+        assert "handed over to instance-b" in old.log_text()
+        assert "took the node over from" in new.log_text()
+    finally:
+        assert new.stop() == 0, new.log_text()
+
+
+# --- rolling upgrades under churn -------------------------------------------------------------------------------
+
+UPGRADES = 3
+#: At most this many pods admitted in one rolling test, and this many seconds of churn after the last upgrade.
+PODS_MAX = 300
+DEVICES = 4
+
+
+@pytest.fixture
+def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[DevKubeletThread]:
+    """The suite's dev kubelet, keying endpoints as the test's parameter says (default: by socket path)."""
+    layout = cgroup_layout_for(request.node)
+    kubelet = DevKubeletThread(
+        devplug_root / "device-plugins",
+        pod_resources_socket=devplug_root / "pod-resources" / "kubelet.sock",
+        cgroups=layout,
+        endpoints_by=getattr(request, "param", "socket-path"),
+    )
+    try:
+        kubelet.start()
+        yield kubelet
+    finally:
+        kubelet.close()
+
+
+class Churn:
+    """Admits and removes one-container pods until stopped or ``PODS_MAX`` were admitted; never asks more devices
+    than are free, so every refusal is the daemon's (or the kubelet's view of it), never a full node's."""
+
+    def __init__(self, lab: Lab, rng: random.Random) -> None:
+        self.lab = lab
+        self.rng = rng
+        self.running: dict[str, int] = {}
+        self.admitted = 0
+        self.refused: list[tuple[float, str]] = []
+        self.failed_starts: list[tuple[float, str]] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set() and self.admitted < PODS_MAX:
+                free = DEVICES - sum(self.running.values())
+                if self.running and (free == 0 or self.rng.random() < 0.45):
+                    name = self.rng.choice(sorted(self.running))
+                    del self.running[name]
+                    self.lab.kubelet.remove_pod(name)
+                    continue
+                name, count = f"churn{self.admitted}", self.rng.randint(1, min(2, free))
+                self.admitted += 1
+                try:
+                    self.lab.kubelet.admit_pod(PodSpec(name, [ContainerSpec("app", {RESOURCE: count})]))
+                except ContainerStartError as exc:  # admitted, holding its devices, but its container did not start
+                    self.failed_starts.append((time.time(), str(exc)))
+                except KubeletError as exc:
+                    self.refused.append((time.time(), str(exc)))
+                    continue
+                self.running[name] = count
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def drain(self) -> None:
+        for name in sorted(self.running):
+            self.lab.kubelet.remove_pod(name)
+        self.running.clear()
+
+
+def releases_balanced(lab: Lab) -> bool:
+    """Every device allocated through the driver was deallocated once after each allocation, never twice."""
+    for device in (f"mock{i}" for i in range(DEVICES)):
+        hooks = [c["hook"] for c in lab.calls(device=device) if c["hook"] in ("allocate", "deallocate")]
+        if hooks.count("allocate") != hooks.count("deallocate"):
+            return False
+    return True
+
+
+def check_alternating(lab: Lab) -> None:
+    for device in (f"mock{i}" for i in range(DEVICES)):
+        hooks = [c["hook"] for c in lab.calls(device=device) if c["hook"] in ("allocate", "deallocate")]
+        for before, after in itertools.pairwise(hooks):
+            assert (before, after) != ("deallocate", "deallocate"), f"{device} released twice: {hooks}"
+            assert (before, after) != ("allocate", "allocate"), f"{device} allocated twice unreleased: {hooks}"
+
+
+def healthy_gaps(lab: Lab) -> list[float]:
+    """Seconds from each stream end (every device marked unhealthy) to the next device list with healthy devices."""
+    gaps, ended = [], None
+    for event in lab.kubelet.events:
+        if event.resource != RESOURCE:
+            continue
+        if event.kind == "stream-ended" and ended is None:
+            ended = event.time
+        elif event.kind == "list-and-watch" and ended is not None and not event.detail.endswith(", 0 healthy"):
+            gaps.append(event.time - ended)
+            ended = None
+    assert ended is None, "a stream ended and no healthy device list followed: capacity did not come back"
+    return gaps
+
+
+@pytest.mark.parametrize("dev_kubelet", ["socket-path", "resource-name"], indirect=True)
+def test_rolling_upgrades_under_pod_churn(lab: Lab, dev_kubelet: DevKubeletThread) -> None:
+    seed = int(os.environ.get("DEVPLUG_HANDOVER_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"rolling upgrade seed {seed} (replay: DEVPLUG_HANDOVER_SEED={seed})")
+    keying = dev_kubelet.kubelet.endpoints_by
+    old = lab.start({RESOURCE: lab.resource_table(count=DEVICES)}, handover=HANDOVER)
+    churn = Churn(lab, random.Random(seed))
+    worker = threading.Thread(target=churn.run, name="churn")
+    worker.start()
+    current, processes = old.process, []
+    try:
+        for hop in range(UPGRADES):
+            lab.wait(lambda n=churn.admitted: churn.admitted > n + 3 or churn.error is not None, what="pods churning")
+            nxt = successor(lab, old, f"rolling-{hop}").start()
+            processes.append(nxt)
+            assert current.wait(30.0) == 0, current.log_text()
+            current = nxt
+        lab.wait(lambda n=churn.admitted: churn.admitted > n + 5 or churn.error is not None, what="churn after")
+    finally:
+        churn.stop.set()
+        worker.join(60)
+    assert churn.error is None, churn.error
+    churn.drain()
+    try:
+        lab.wait(lambda: releases_balanced(lab), timeout=30.0, what="every allocation released once")
+    except BaseException:
+        left = {r["pod"] for r in lab.ledger()}
+        print(f"left in the ledger: {left}; refused: {churn.refused}; failed starts: {churn.failed_starts}")
+        for process in [old.process, *processes]:
+            lines = [
+                line
+                for line in process.log_text().splitlines()
+                if any(f"{p} " in line or f"{p})" in line for p in left)
+            ]
+            print(f"--- {process.log_path.name} ---\n" + "\n".join(lines))
+        raise
+    check_alternating(lab)
+    lab.wait(lambda: lab.ledger() == [], what="an empty ledger")
+    listed = [e for e in lab.kubelet.events if e.resource == RESOURCE and e.kind == "list-and-watch"]
+    assert all(not e.detail.startswith("0 device(s)") for e in listed), "capacity went to zero"
+    assert lab.kubelet.events_of("resource-dropped", RESOURCE) == []
+    gaps = healthy_gaps(lab)
+    print(
+        f"{keying}: {churn.admitted} pods, {len(churn.refused)} refused, {len(churn.failed_starts)} failed starts, "
+        f"{UPGRADES} upgrades, "
+        f"allocatable-zero gaps (s): {[round(g, 4) for g in gaps]}"
+    )
+    if keying == "socket-path":
+        assert churn.refused == []
+        assert churn.failed_starts == []
+        assert gaps == []  # no stream end ever made the devices unhealthy
+        assert lab.kubelet.registrations(RESOURCE) == 1 + UPGRADES
+    else:  # each old instance's end zeroed the new registration, which registered once more
+        assert len(gaps) == UPGRADES
+        assert lab.kubelet.registrations(RESOURCE) == 1 + 2 * UPGRADES
+        for when, why in churn.refused:
+            print(f"refused at {when:.3f}: {why}")
+    assert current.stop() == 0, current.log_text()
