@@ -11,6 +11,8 @@ import itertools
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from devplug.daemon.handover import STOP_AT_ENV
 from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
 from devplug.process import DaemonProcess
 from devplug.resource_names import instance_tag, socket_file_name
@@ -51,6 +54,12 @@ def old_instance(old: RunningDaemon) -> str:
     return found
 
 
+def old_instance_of(data: dict[str, Any]) -> str:
+    """The instance a status file was written by."""
+    found: str = data["handover"]["instance"]
+    return found
+
+
 def status(old: RunningDaemon) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((old.state_dir / "status.json").read_text())
     return data
@@ -76,6 +85,14 @@ def test_a_new_instance_takes_the_node_over_and_the_old_one_leaves(lab: Lab) -> 
         assert (took["from"], took["to"]) == (old_instance(old), "instance-b")
         lab.wait(lambda: status(old)["handover"]["took_over"]["state"] == "done", what="the handover done")
         assert status(old)["handover"]["took_over"]["resources"][RESOURCE]["held_allocations"] == 1
+        shown = subprocess.run(
+            [sys.executable, "-m", "devplug", "status", "--state-dir", str(old.state_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        assert f"took the node over: {old_instance(old)} -> instance-b, done in " in shown, shown
+        assert f"{RESOURCE}: 1 allocation(s) held" in shown, shown
         assert "handed over to instance-b" in old.log_text()
         assert "took the node over from" in new.log_text()
     finally:
@@ -239,3 +256,76 @@ def test_rolling_upgrades_under_pod_churn(lab: Lab, dev_kubelet: DevKubeletThrea
         for when, why in churn.refused:
             print(f"refused at {when:.3f}: {why}")
     assert current.stop() == 0, current.log_text()
+
+
+# --- kill -9 at each step ---------------------------------------------------------------------------------------
+
+#: (which instance dies, right after which step); see devplug.daemon.handover.STOP_AT_ENV.
+KILL_POINTS = [
+    ("old", "holding"),
+    ("old", "granted"),
+    ("old", "drivers-stopped"),
+    ("new", "request"),
+    ("new", "taken"),
+    ("new", "serving"),
+]
+KILL_HANDOVER = {"enabled": True, "timeout": 4.0}
+
+
+def stopped(process: DaemonProcess) -> bool:
+    """Whether the process stopped itself at its handover step (state T in /proc/<pid>/stat)."""
+    text = Path(f"/proc/{process.pid}/stat").read_text()
+    return text[text.rfind(")") + 2 :].split()[0] == "T"
+
+
+def pods_in_ledger(lab: Lab) -> set[str]:
+    return {r["pod"] for r in lab.ledger() if r["pod"]}
+
+
+@pytest.mark.parametrize(("victim", "step"), KILL_POINTS, ids=[f"{v}-at-{s}" for v, s in KILL_POINTS])
+def test_kill_9_at_each_step_of_a_handover_loses_nothing(lab: Lab, victim: str, step: str) -> None:
+    old = lab.start(handover=KILL_HANDOVER)
+    if victim == "old":  # the same daemon again, stopping itself at the step
+        old.process.stop()
+        old.process.env[STOP_AT_ENV] = step
+        lab.restart_process()
+    held = [lab.admit("a", 1), lab.admit("b", 1)]
+    lab.wait(lambda: pods_in_ledger(lab) == {"default/a", "default/b"}, what="both pods in the ledger")
+    registrations = lab.kubelet.registrations(RESOURCE)
+    new = successor(lab, old, "kill-b", env={STOP_AT_ENV: step} if victim == "new" else None).start()
+    dying = old.process if victim == "old" else new
+    lab.wait(lambda: stopped(dying), what=f"the {victim} instance stopped at {step}")
+    dying.kill()
+    survivor = new if victim == "old" else old.process
+    try:
+        if victim == "new" and step == "request":  # before the commit: the old instance serves on
+            lab.wait(lambda: status(old).get("handover", {}).get("handing_over", {}).get("state") == "failed")
+            assert survivor.running()
+            assert lab.view().endpoint == socket_of(old, old_instance_of(status(old)))
+        else:
+            if victim == "new":  # after the commit: the old one leaves, and the new one's restart serves
+                assert old.process.wait(20.0) == 0, old.log_text()
+                new.env.pop(STOP_AT_ENV)
+                new.start()
+                survivor = new
+            lab.wait(
+                lambda: (
+                    lab.view().endpoint == socket_of(old, "kill-b")
+                    and lab.view().registered
+                    and all(d.healthy for d in lab.view().devices)
+                ),
+                timeout=20.0,
+                what="the new instance serving its device list",
+            )
+            assert lab.kubelet.registrations(RESOURCE) > registrations
+        assert pods_in_ledger(lab) == {"default/a", "default/b"}  # nothing lost
+        third = lab.admit("c", 1)
+        assert not set(third) & {d for devices in held for d in devices}
+        for pod in ("a", "b", "c"):
+            lab.kubelet.remove_pod(pod)
+        lab.wait(lambda: releases_balanced(lab), timeout=20.0, what="every allocation released once")
+        check_alternating(lab)
+        lab.wait(lambda: lab.ledger() == [], what="an empty ledger")
+    finally:
+        print(f"--- surviving instance ---\n{survivor.log_text()[-4000:]}")
+    assert survivor.stop() == 0, survivor.log_text()
