@@ -26,6 +26,10 @@ lock, failing with a :class:`HandoverError` that says why when the old one
 refuses or stays silent past the timeout (the old one then serves on); once it
 holds the lock it starts as after a restart and announces its endpoints.
 
+The old instance's part is bounded: ``2 x [handover] timeout`` until the new
+one serves, then twice ``grace`` (5 s) to answer the held calls and stop
+(:func:`handover_bound`).
+
 A ``kill -9`` loses nothing at any step: before the commit the old instance
 still owns everything it flushed or journalled (its death frees the lock and
 the new instance starts from its files), after it the new one does (its
@@ -49,7 +53,16 @@ from devplug.daemon.lock import StateLock
 from devplug.errors import AlreadyRunningError, StateError
 from devplug.watch import DirectoryWatcher
 
-__all__ = ["STOP_AT_ENV", "HandoverError", "HandoverRecord", "Predecessor", "StateDirEvents", "step", "take_over"]
+__all__ = [
+    "STOP_AT_ENV",
+    "HandoverError",
+    "HandoverRecord",
+    "Predecessor",
+    "StateDirEvents",
+    "handover_bound",
+    "step",
+    "take_over",
+]
 
 log = logging.getLogger("devplug.engine")
 
@@ -70,6 +83,11 @@ def step(name: str) -> None:
     log.debug("handover step: %s", name)
     if os.environ.get(STOP_AT_ENV) == name:
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def handover_bound(timeout: float, grace: float = 5.0) -> float:
+    """The longest the old instance's part of a handover takes, in seconds (``[handover] timeout`` given)."""
+    return 2 * timeout + 2 * grace
 
 
 class HandoverError(StateError):
@@ -292,9 +310,9 @@ class Predecessor:
         endpoints = serving.get("endpoints", {}) if serving is not None else {}
         if serving is None:
             log.error("the new instance %s took the state lock but did not serve within %g s", to, self.timeout)
-        for resource in resources:
-            successor = endpoints.get(resource.name, "") if isinstance(endpoints, dict) else ""
-            await resource.hand_over(str(successor), self.grace)
+        if not isinstance(endpoints, dict):
+            endpoints = {}
+        await asyncio.gather(*(r.hand_over(str(endpoints.get(r.name, "")), self.grace) for r in resources))
         self._finish(record, "done" if serving is not None else "taken-not-serving")
         self.files.write(
             "done", {"from": self.instance.id, "to": to, "took_s": record.took_s, "resources": record.resources}

@@ -274,6 +274,10 @@ class Daemon:
             await self._stop.wait()
             for task in handover_tasks:
                 task.cancel()
+            if not self.lock.held:  # stopped amid a handover, the lock let go: the state is not ours to write
+                for resource in self.resources:
+                    resource.disown()
+                self.status_file.suspended = True
             abandoned = await self._bounded_shutdown(reconciling)
             for problem in abandoned:
                 log.error("abandoned at shutdown: %s", problem)

@@ -365,6 +365,11 @@ class Resource:
         self._runner.close()
         self._status.state = ResourceState.STOPPED
 
+    def disown(self) -> None:
+        """This instance let the state lock go (a handover under way when it was told to stop): write nothing of
+        the state dir from now on; :meth:`stop` does nothing (the process ends, its sockets with it)."""
+        self._handed_over = True
+
     # --- shutdown
 
     def wind_down(self) -> None:
