@@ -34,6 +34,9 @@ class Settings:
     preferred_size: int = 8
     idle_resources: int = 3
     idle_devices: int = 100
+    handovers: int = 5  # rolling-update handovers measured, one after another
+    handover_devices: int = 1_000  # the mock resource whose Allocates are timed across the handovers
+    handover_steady_calls: int = 300  # Allocates before the first handover: the floor's sample
 
 
 FULL = Settings(
@@ -57,6 +60,9 @@ FULL = Settings(
 
 QUICK = Settings(
     quick=True,
+    handovers=1,
+    handover_devices=100,
+    handover_steady_calls=50,
     held_allocations=100,
     allocate_calls=40,
     block=20,

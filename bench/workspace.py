@@ -111,6 +111,7 @@ class Workspace:
         replicas: Mapping[str, int] | None = None,
         threaded_hooks: Collection[str] = (),
         liveness: Mapping[str, Any] | None = None,
+        handover: Mapping[str, Any] | None = None,
     ) -> Node:
         """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes);
         ``replicas``: the resources whose devices are shared, and by how many containers.
@@ -127,7 +128,12 @@ class Workspace:
             if replicas and resource in replicas:
                 resources[resource]["replicas"] = replicas[resource]
         config = dev_config(
-            root, resources, release_interval=release_interval, grace_period=grace_period, liveness=liveness
+            root,
+            resources,
+            release_interval=release_interval,
+            grace_period=grace_period,
+            liveness=liveness,
+            handover=handover,
         )
         config_path = write_toml(root / "devplug.toml", config)
         process = DaemonProcess(config_path, root / "daemon.log", log_level=log_level)

@@ -25,6 +25,7 @@ from devplug.daemon.handover import STOP_AT_ENV
 from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
 from devplug.process import DaemonProcess
 from devplug.resource_names import instance_tag, socket_file_name
+from devplug.testing.configs import write_toml
 from devplug.testing.plugin import cgroup_layout_for
 
 if TYPE_CHECKING:
@@ -329,3 +330,17 @@ def test_kill_9_at_each_step_of_a_handover_loses_nothing(lab: Lab, victim: str, 
     finally:
         print(f"--- surviving instance ---\n{survivor.log_text()[-4000:]}")
     assert survivor.stop() == 0, survivor.log_text()
+
+
+def test_a_handover_nobody_answers_times_out_and_the_running_daemon_serves_on(lab: Lab) -> None:
+    old = lab.start()  # handover off: like a devplug from before handovers, it never answers a request
+    config = {**old.config, "handover": {"enabled": True, "timeout": 1.0}}
+    path = write_toml(old.root / "newer.toml", config)
+    new = DaemonProcess(path, old.root / "daemon-newer.log", env={"DEVPLUG_INSTANCE": "newer"}).start()
+    assert new.wait(30.0) == 3, new.log_text()
+    assert "no handover: the running instance did not hand over within 1 s ([handover] timeout)" in new.log_text()
+    assert "the running instance goes on serving, this one exits" in new.log_text()
+    assert not (old.state_dir / "handover-request.json").exists()
+    assert old.process.running()
+    assert lab.admit("still-served", 1)
+    assert lab.view().endpoint == socket_file_name(RESOURCE, len(str(old.config["kubelet"]["device_plugin_dir"])))

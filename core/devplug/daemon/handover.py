@@ -313,6 +313,7 @@ class Predecessor:
         if not isinstance(endpoints, dict):
             endpoints = {}
         await asyncio.gather(*(r.hand_over(str(endpoints.get(r.name, "")), self.grace) for r in resources))
+        record.resources = {r.name: r.handover_facts() for r in resources}  # the held calls' waits included now
         self._finish(record, "done" if serving is not None else "taken-not-serving")
         self.files.write(
             "done", {"from": self.instance.id, "to": to, "took_s": record.took_s, "resources": record.resources}

@@ -396,6 +396,8 @@ class Daemon:
             )
         record.finished_at = time.time()
         record.state = "done" if done is not None else "done-without-word"
+        if done is not None and isinstance(done.get("resources"), dict):
+            record.resources = done["resources"]  # the old instance's final word: with the calls it held
         if done is not None:
             self.handover_files.add_superseded(record.from_instance, self.instance.id)
         self.handover_files.write_last(record.describe())

@@ -32,9 +32,9 @@ class CallGate:
         self._open = asyncio.Event()
         self._open.set()
         self._successor: Path | None = None
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._running = 0  # calls past the gate (run here or forwarded)
+        self._waiting = 0  # calls held at the gate
+        self._changed = asyncio.Event()
         #: How many calls waited at the gate, and the longest wait (seconds), since the gate was made.
         self.held_calls = 0
         self.longest_wait = 0.0
@@ -46,9 +46,9 @@ class CallGate:
 
     @property
     def in_flight(self) -> int:
-        """Calls running now, here or forwarded (the kubelet's connection to this instance must outlive them:
-        the kubelet closes it when this instance's stream ends, cancelling whatever still runs on it)."""
-        return self._in_flight
+        """Calls running (here or forwarded) or held: the kubelet's connection to this instance must outlive them,
+        as the kubelet closes it when this instance's stream ends, cancelling whatever still runs on it."""
+        return self._running + self._waiting
 
     def hold(self) -> None:
         """Calls arriving from now on wait (calls already running go on)."""
@@ -70,21 +70,32 @@ class CallGate:
             loop = asyncio.get_running_loop()
             started = loop.time()
             self.held_calls += 1
-            await self._open.wait()
+            self._waiting += 1
+            try:
+                await self._open.wait()
+            finally:
+                self._waiting -= 1
             self.longest_wait = max(self.longest_wait, loop.time() - started)
-        self._in_flight += 1
-        self._idle.clear()
+        self._running += 1
         return self._successor
 
     def leave(self) -> None:
         """A call that :meth:`enter` let through (run here or forwarded) returned."""
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            self._idle.set()
+        self._running -= 1
+        self._changed.set()
+
+    async def wait_running_done(self) -> None:
+        """Return once no call runs past the gate (held ones may still wait)."""
+        await self._wait(lambda: self._running == 0)
 
     async def wait_idle(self) -> None:
-        """Return once no call runs (here or forwarded)."""
-        await self._idle.wait()
+        """Return once no call runs or waits (held calls must have been let through and answered)."""
+        await self._wait(lambda: self.in_flight == 0)
+
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._changed.clear()
+            await self._changed.wait()
 
 
 async def forward_call(

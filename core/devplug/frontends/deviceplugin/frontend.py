@@ -152,7 +152,7 @@ class DevicePluginFrontEnd:
 
     async def calls_idle(self) -> None:
         """Return once no call runs here (held ones wait at the gate)."""
-        await self.gate.wait_idle()
+        await self.gate.wait_running_done()
 
     def handover_facts(self) -> dict[str, object]:
         """What this front end hands over: its socket and registrations, and the calls held meanwhile."""
