@@ -126,45 +126,59 @@ def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[
 
 
 class Churn:
-    """Admits and removes one-container pods until stopped or ``PODS_MAX`` were admitted; never asks more devices
-    than are free, so every refusal is the daemon's (or the kubelet's view of it), never a full node's."""
+    """Admits and removes one-container pods until stopped or ``PODS_MAX`` were admitted. It asks only for devices
+    that are free, and after each removal waits until the daemon released the pod's devices (released devices are
+    advertised unhealthy meanwhile), so every refusal is one the handover caused, never a full node's."""
 
     def __init__(self, lab: Lab, rng: random.Random) -> None:
         self.lab = lab
         self.rng = rng
-        self.running: dict[str, int] = {}
+        self.running: dict[str, tuple[str, ...]] = {}
         self.admitted = 0
         self.refused: list[tuple[float, str]] = []
         self.failed_starts: list[tuple[float, str]] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
+    def _released(self, devices: tuple[str, ...]) -> bool:
+        held = {d for r in self.lab.ledger() for d in (*r["devices"], *r["pending"])}
+        view = self.lab.kubelet.resource(RESOURCE)
+        healthy = {d.id for d in view.devices if d.healthy} if view is not None else set()
+        return not held & set(devices) and set(devices) <= healthy
+
+    def _remove(self, name: str) -> None:
+        devices = self.running.pop(name)
+        self.lab.kubelet.remove_pod(name)
+        self.lab.wait(lambda: self._released(devices), 20.0, f"{name}'s devices {devices} released")
+
     def run(self) -> None:
         try:
             while not self.stop.is_set() and self.admitted < PODS_MAX:
-                free = DEVICES - sum(self.running.values())
+                free = DEVICES - sum(len(d) for d in self.running.values())
                 if self.running and (free == 0 or self.rng.random() < 0.45):
-                    name = self.rng.choice(sorted(self.running))
-                    del self.running[name]
-                    self.lab.kubelet.remove_pod(name)
+                    self._remove(self.rng.choice(sorted(self.running)))
                     continue
                 name, count = f"churn{self.admitted}", self.rng.randint(1, min(2, free))
                 self.admitted += 1
                 try:
-                    self.lab.kubelet.admit_pod(PodSpec(name, [ContainerSpec("app", {RESOURCE: count})]))
+                    pod = self.lab.kubelet.admit_pod(PodSpec(name, [ContainerSpec("app", {RESOURCE: count})]))
                 except ContainerStartError as exc:  # admitted, holding its devices, but its container did not start
                     self.failed_starts.append((time.time(), str(exc)))
+                    self.running[name] = self._held_by(name)
+                    continue
                 except KubeletError as exc:
                     self.refused.append((time.time(), str(exc)))
                     continue
-                self.running[name] = count
+                self.running[name] = pod.container("app").devices[RESOURCE]
         except BaseException as exc:  # surfaced by the test
             self.error = exc
 
+    def _held_by(self, name: str) -> tuple[str, ...]:
+        return tuple(d for d, (pod, _) in self.lab.kubelet.attributed(RESOURCE).items() if pod == f"default/{name}")
+
     def drain(self) -> None:
         for name in sorted(self.running):
-            self.lab.kubelet.remove_pod(name)
-        self.running.clear()
+            self._remove(name)
 
 
 def releases_balanced(lab: Lab) -> bool:
@@ -240,6 +254,10 @@ def test_rolling_upgrades_under_pod_churn(lab: Lab, dev_kubelet: DevKubeletThrea
     listed = [e for e in lab.kubelet.events if e.resource == RESOURCE and e.kind == "list-and-watch"]
     assert all(not e.detail.startswith("0 device(s)") for e in listed), "capacity went to zero"
     assert lab.kubelet.events_of("resource-dropped", RESOURCE) == []
+    endpoints = [e.detail.split(",")[0].removeprefix("endpoint ") for e in lab.kubelet.events_of("register", RESOURCE)]
+    for i, endpoint in enumerate(endpoints[1:], 1):  # once superseded, an instance never registers again
+        assert endpoint == endpoints[i - 1] or endpoint not in endpoints[:i], endpoints
+    assert len(set(endpoints)) == 1 + UPGRADES
     gaps = healthy_gaps(lab)
     print(
         f"{keying}: {churn.admitted} pods, {len(churn.refused)} refused, {len(churn.failed_starts)} failed starts, "
