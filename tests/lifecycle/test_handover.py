@@ -362,3 +362,24 @@ def test_a_handover_nobody_answers_times_out_and_the_running_daemon_serves_on(la
     assert old.process.running()
     assert lab.admit("still-served", 1)
     assert lab.view().endpoint == socket_file_name(RESOURCE, len(str(old.config["kubelet"]["device_plugin_dir"])))
+
+
+def test_the_cdi_spec_is_handed_over_whole(lab: Lab) -> None:
+    spec_dir = lab.root / "cdi"
+    old = lab.start(handover=HANDOVER, cdi={"enabled": True, "spec_dir": str(spec_dir)})
+    (spec,) = spec_dir.iterdir()
+    before = json.loads(spec.read_text())
+    assert len(before["devices"]) == 4
+    held = lab.admit("cdi-pod", 1)
+    new = successor(lab, old, "cdi-b").start()
+    try:
+        assert old.process.wait(20.0) == 0, old.log_text()
+        lab.wait(lambda: status(old).get("pid") == new.pid, what="the new instance's status")
+        assert [p.name for p in spec_dir.iterdir()] == [spec.name]
+        assert json.loads(spec.read_text()) == before  # rewritten by the new instance as it was, never removed
+        status_facts = status(old)["handover"]["took_over"]["resources"][RESOURCE]
+        assert status_facts["cdi_spec"] == str(spec)
+        (after,) = lab.admit("cdi-after", 1)
+        assert after not in held
+    finally:
+        assert new.stop() == 0, new.log_text()

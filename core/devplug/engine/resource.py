@@ -24,7 +24,7 @@ from typing import Any
 from devplug.config import CdiConfig, ReleaseConfig, ResourceConfig
 from devplug.drivers import DriverHooks
 from devplug.engine.asynctools import Backoff
-from devplug.engine.cdi import AllocationAnswers, CdiSpecs
+from devplug.engine.cdi import AllocationAnswers, CdiNameCollisionError, CdiSpecs
 from devplug.engine.devicetable import DeviceCodec, DeviceTable
 from devplug.engine.driverhost import DriverHost, PublishedStatus
 from devplug.engine.frontend import FrontEnd
@@ -102,6 +102,7 @@ class Resource:
         self._stopping = False
         self._paused = False  # a handover asked: no new work starts (see pause)
         self._handed_over = False  # a newer instance owns this resource's state: write nothing more
+        self._cdi_resync: asyncio.Future[None] | None = None  # the CDI spec rewritten after a failed handover
         self._host: DriverHost | None = None
         #: The core's interface to front ends, once the driver has started.
         self.lifecycle: DeviceLifecycle | None = None
@@ -318,13 +319,26 @@ class Resource:
         release starts; what runs goes on (:meth:`quiet` waits for it)."""
         self._paused = True
         self._frontend.hold_calls()
+        if self._cdi is not None:  # from the lock's release on, the spec file is the successor's
+            self._cdi.held = True
         self._on_change()
 
     def resume(self) -> None:
         """The handover failed: serve the held calls here and release again."""
         self._paused = False
         self._frontend.release_calls()
+        if self._cdi is not None:
+            self._cdi.held = False
+            self._cdi_resync = asyncio.ensure_future(self._resync_cdi())
         self._on_change()
+
+    async def _resync_cdi(self) -> None:
+        """Write the CDI spec as the devices are now (changes during a failed handover were held back)."""
+        assert self._cdi is not None
+        try:
+            await self._cdi.sync()
+        except (OSError, CdiNameCollisionError) as exc:
+            log.error("[%s] cannot write the CDI spec %s: %s", self.name, self._cdi.path, exc)
 
     def quiet(self) -> bool:
         """No driver hook and no release runs (calls held at the front end do not count)."""
