@@ -383,3 +383,19 @@ def test_the_cdi_spec_is_handed_over_whole(lab: Lab) -> None:
         assert after not in held
     finally:
         assert new.stop() == 0, new.log_text()
+
+
+def test_an_instance_that_handed_over_never_asks_the_node_back(lab: Lab) -> None:
+    old = lab.start(handover=HANDOVER)
+    first = successor(lab, old, "first").start()
+    assert old.process.wait(20.0) == 0, old.log_text()
+    second = successor(lab, old, "second").start()
+    try:
+        assert first.wait(20.0) == 0, first.log_text()
+        first.start()  # its container restarted before the pod was deleted
+        assert first.wait(20.0) == 3, first.log_text()
+        assert "instance first already handed this node over to second" in first.log_text()
+        assert second.running()
+        assert lab.view().endpoint == socket_of(old, "second")
+    finally:
+        assert second.stop() == 0, second.log_text()

@@ -70,6 +70,8 @@ T = TypeVar("T")
 
 #: Seconds between re-checks while waiting, on top of the inotify wake-ups (a lost event costs at most this).
 RECHECK_S = 1.0
+#: The same while a daemon only waits for a request (an idle daemon must not wake every second).
+IDLE_RECHECK_S = 30.0
 #: How often the old instance looks whether hooks and releases still run (hooks have no completion event).
 QUIET_POLL_S = 0.02
 #: Fault injection for tests of ``kill -9`` at each step: the process stops itself (SIGSTOP) right after the step
@@ -145,8 +147,9 @@ class StateDirEvents:
             self._watcher.close()
             self._watcher = None
 
-    async def wait(self, check: Callable[[], T | None], deadline: float) -> T | None:
-        """``check()``'s first truthy answer, re-checked at every change; None once ``deadline`` (loop time) passed."""
+    async def wait(self, check: Callable[[], T | None], deadline: float, recheck: float = RECHECK_S) -> T | None:
+        """``check()``'s first truthy answer, re-checked at every change and every ``recheck`` seconds; None once
+        ``deadline`` (loop time) passed."""
         loop = asyncio.get_running_loop()
         while True:
             self._changed.clear()
@@ -157,7 +160,7 @@ class StateDirEvents:
             if remaining <= 0:
                 return None
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(remaining, RECHECK_S))
+                await asyncio.wait_for(self._changed.wait(), min(remaining, recheck))
 
 
 class HandingOver(Protocol):
@@ -230,7 +233,7 @@ class Predecessor:
         """Answer requests until one handover is done (returns: this instance leaves), each failure logged."""
         loop = asyncio.get_running_loop()
         while True:
-            request = await self.events.wait(self._request, loop.time() + 3600.0)
+            request = await self.events.wait(self._request, loop.time() + 3600.0, recheck=IDLE_RECHECK_S)
             if request is None:
                 continue
             to = str(request["to"])
