@@ -231,6 +231,11 @@ def test_rolling_upgrades_under_pod_churn(lab: Lab, dev_kubelet: DevKubeletThrea
             assert current.wait(30.0) == 0, current.log_text()
             current = nxt
         lab.wait(lambda n=churn.admitted: churn.admitted > n + 5 or churn.error is not None, what="churn after")
+    except BaseException:
+        for process in [old.process, *processes]:
+            print(f"--- {process.log_path.name} ---\n{process.log_text()[-3000:]}")
+        print("--- kubelet events ---\n" + "\n".join(str(e) for e in lab.kubelet.events[-30:]))
+        raise
     finally:
         churn.stop.set()
         worker.join(60)

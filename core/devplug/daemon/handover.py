@@ -200,7 +200,9 @@ class Predecessor:
         suspend_status: Callable[[bool], None],
         on_change: Callable[[], None],
         grace: float = 5.0,
+        refuse: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """``refuse()`` says why no handover may begin now (a reload applying), or None."""
         self.instance = instance
         self.files = files
         self.events = events
@@ -211,11 +213,17 @@ class Predecessor:
         self._suspend_status = suspend_status
         self._on_change = on_change
         self.grace = grace
+        self._refuse = refuse
         #: The handover under way or the last one answered.
         self.record: HandoverRecord | None = None
         #: How many handovers this instance answered, by outcome ("done", "failed").
         self.outcomes: dict[str, int] = {}
         self._seen: set[tuple[str, object]] = set()  # requests answered (a failed one stays until its writer exits)
+
+    @property
+    def busy(self) -> bool:
+        """A handover is under way (nothing else may start or stop resources meanwhile)."""
+        return self.record is not None and self.record.state in ("handing-over", "taken")
 
     def _request(self) -> dict[str, Any] | None:
         request = self.files.read("request")
@@ -262,6 +270,9 @@ class Predecessor:
         record = self.record = HandoverRecord(self.instance.id, to, requested_at, state="handing-over")
         deadline = loop.time() + self.timeout
         resources = list(self._resources())
+        refusal = self._refuse()
+        if refusal is not None:
+            return await self._fail(record, f"{refusal}; ask again once it is done", paused=[])
         log.info("instance %s asks to take over; holding new calls and releases", to)
         for resource in resources:
             resource.pause()

@@ -169,6 +169,9 @@ class Daemon:
         """Re-read the config file (SIGHUP); reloads run one after another, never during shutdown."""
         if self._loop is None or self._stop.is_set():
             return
+        if self.predecessor is not None and self.predecessor.busy:
+            log.warning("reload ignored: the node is being handed over to a newer instance")
+            return
         self.reloads.request()
 
     # --- status
@@ -346,6 +349,7 @@ class Daemon:
             self._suspend_status,
             self.status_file.changed,
             grace=min(5.0, self.config.shutdown.timeout),
+            refuse=self.reloads.busy,
         )
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._answer_handovers(self.predecessor))]
         if self.took_over is not None:
@@ -381,7 +385,9 @@ class Daemon:
         assert self._handover_events is not None
         timeout = self.config.handover.timeout
         deadline = loop.time() + timeout
-        while not all(f.status.registrations > 0 for f in self._frontends.values()) and loop.time() < deadline:
+        # Registered and streaming: the old instance stops once told, and on kubelets keying endpoints by resource
+        # name its stream's end then cuts ours, which only an open stream of ours notices (to register again).
+        while not all(f.serving for f in self._frontends.values()) and loop.time() < deadline:
             await asyncio.sleep(0.02)  # registration reports no event of its own here; it takes milliseconds
         endpoints = {r.name: f.endpoint for r, f in self._frontends.items()}
         self.handover_files.write("serving", {"to": self.instance.id, "endpoints": endpoints})

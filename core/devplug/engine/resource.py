@@ -200,6 +200,8 @@ class Resource:
                     exc_info=None if expected else exc,
                 )
                 await asyncio.sleep(delay)
+                while self._paused and not self._stopping:  # a handover: no driver starts in this instance now
+                    await asyncio.sleep(delay)
         if self._stopping or self._host is None:
             return
         await asyncio.gather(self._frontend.serve(), self._host.run(), *([self._cdi.follow()] if self._cdi else []))

@@ -142,6 +142,11 @@ class DevicePluginFrontEnd:
 
     # --- handover (see devplug.engine.frontend.FrontEnd)
 
+    @property
+    def serving(self) -> bool:
+        """Registered, and the kubelet's stream open (a handover's new instance says it serves only then)."""
+        return self.server is not None and self.server.kubelet_streaming
+
     def hold_calls(self) -> None:
         """Calls that would start new work wait (never refused) until :meth:`release_calls` or :meth:`hand_over`."""
         self.gate.hold()

@@ -270,6 +270,13 @@ class PluginServer:
         else:
             log.debug("[%s] ListAndWatch stream %d of another client ended; not a kubelet restart", self.name, stream)
 
+    @property
+    def kubelet_streaming(self) -> bool:
+        """Registered, and the kubelet's ListAndWatch stream of that registration is open: from now on the
+        kubelet ending it (say, because an older instance's stream ended, on kubelets before PR #135437) is
+        seen, and answered by registering again."""
+        return self._kubelet_stream is not None and self.status.state is ResourceState.REGISTERED
+
     # --- handover
 
     def supersede(self, successor: str) -> None:
