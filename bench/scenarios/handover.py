@@ -62,13 +62,24 @@ class _AllocateLoop:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     continue
                 self.calls.append((start, time.time()))
-                try:  # the KEP's Deallocate gives the device back, so the supply never runs out
-                    client.deallocate([device])
-                except Exception as exc:
-                    self.errors.append(f"Deallocate: {type(exc).__name__}: {exc}")
+                self._give_back(clients, device)
         finally:
             for client in clients.values():
                 client.close()
+
+    def _give_back(self, clients: dict[Path, PluginClient], device: str) -> None:
+        """The KEP's Deallocate of ``device`` at the current endpoint, so the supply never runs out. Not what a
+        kubelet calls: tried again (at most 3 times) when the instance it reached left meanwhile."""
+        for attempt in range(3):
+            socket = self._socket()
+            client = clients.get(socket) or clients.setdefault(socket, PluginClient(socket))
+            try:
+                client.deallocate([device])
+                return
+            except Exception as exc:
+                if attempt == 2:
+                    self.errors.append(f"Deallocate: {type(exc).__name__}: {exc}")
+                time.sleep(0.05)
 
 
 def _note_exit(process: DaemonProcess, exited: list[float]) -> None:

@@ -15,8 +15,8 @@ instance's front end: :meth:`FrontEnd.hold_calls` when the new instance asks,
 :meth:`FrontEnd.release_calls` (the handover failed: serve on) or
 :meth:`FrontEnd.hand_over` with the new instance's :attr:`FrontEnd.endpoint`
 for the same resource (it serves now: answer through it, stop, never register
-again). The new instance's front end needs nothing special: it starts as
-after a restart, on an endpoint of its own.
+again). The new instance's front end starts as after a restart, on an
+endpoint of its own, and says when it is :attr:`FrontEnd.serving`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ class FrontEnd(TenancyJudge, Protocol):
 
     async def stop(self, grace: float) -> None:
         """Stop taking calls, give calls in flight ``grace`` seconds, and remove the endpoint."""
+        ...
+
+    # --- handover
+
+    @property
+    def serving(self) -> bool:
+        """The new instance's side: registered with the kubelet and the kubelet connected (for the device-plugin
+        API its ListAndWatch stream open). The new instance tells the old one its endpoints only once every front
+        end serves, so the old one never stops before the kubelet reaches the new one."""
         ...
 
     # --- handover (the old instance's side)
