@@ -19,14 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.daemon.handover import STOP_AT_ENV
 from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
 from devplug.process import DaemonProcess
 from devplug.resource_names import instance_tag, socket_file_name
 from devplug.testing.configs import write_toml
 from devplug.testing.plugin import cgroup_layout_for
+from devplug_mock import read_calls
 
 if TYPE_CHECKING:
     from devplug.testing.plugin import RunningDaemon
@@ -361,7 +364,10 @@ def test_a_handover_nobody_answers_times_out_and_the_running_daemon_serves_on(la
     path = write_toml(old.root / "newer.toml", config)
     new = DaemonProcess(path, old.root / "daemon-newer.log", env={"DEVPLUG_INSTANCE": "newer"}).start()
     assert new.wait(30.0) == 3, new.log_text()
-    assert "no handover: the running instance did not hand over within 1 s ([handover] timeout)" in new.log_text()
+    assert (
+        "no handover: the running instance did not hand over within 1 s ([handover] timeout) and 2 s more for its "
+        "answer" in new.log_text()
+    )
     assert "the running instance goes on serving, this one exits" in new.log_text()
     assert not (old.state_dir / "handover-request.json").exists()
     assert old.process.running()
@@ -404,3 +410,51 @@ def test_an_instance_that_handed_over_never_asks_the_node_back(lab: Lab) -> None
         assert lab.view().endpoint == socket_of(old, "second")
     finally:
         assert second.stop() == 0, second.log_text()
+
+
+def allocate_at(socket: Path, device: str) -> dp.AllocateResponse:
+    """An Allocate of one device on ``socket``, as the kubelet sends it (no deadline)."""
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        call = channel.unary_unary(
+            "/v1beta1.DevicePlugin/Allocate",
+            request_serializer=dp.AllocateRequest.SerializeToString,
+            response_deserializer=dp.AllocateResponse.FromString,
+        )
+        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[device])])
+        reply: dp.AllocateResponse = call(request, timeout=60.0)
+        return reply
+
+
+def test_a_hook_outlasting_the_timeout_fails_the_handover_and_the_held_calls_run_here(lab: Lab) -> None:
+    old = lab.start(handover={"enabled": True, "timeout": 1.0})
+    socket = Path(old.config["kubelet"]["device_plugin_dir"]) / lab.view().endpoint
+    lab.write_device("mock0", "delay=allocate:4")
+    answers: dict[str, Any] = {}
+
+    def allocate(device: str) -> None:
+        try:
+            answers[device] = allocate_at(socket, device)
+        except grpc.RpcError as exc:
+            answers[device] = exc
+
+    slow = threading.Thread(target=allocate, args=("mock0",))
+    slow.start()
+    lab.wait(
+        lambda: any(c["hook"] == "allocate" for c in read_calls(lab.mock_dir(), started=True)),
+        what="the slow allocate running",
+    )
+    new = successor(lab, old, "impatient").start()
+    lab.wait(lambda: "asks to take over; holding new calls" in old.log_text(), what="the old instance holding calls")
+    held = threading.Thread(target=allocate, args=("mock1",))  # arrives while calls are held: waits, then runs here
+    held.start()
+    assert new.wait(30.0) == 3, new.log_text()
+    assert "refused: hooks or releases of example.com/mock still ran after 1 s" in new.log_text()
+    slow.join(30)
+    held.join(30)
+    assert isinstance(answers["mock0"], dp.AllocateResponse), answers
+    assert isinstance(answers["mock1"], dp.AllocateResponse), answers  # not refused: held, then served here
+    assert old.process.running()
+    assert {d for r in lab.ledger() for d in r["devices"]} == {"mock0", "mock1"}
+    lab.wait(lambda: status(old)["handover"]["handing_over"]["state"] == "failed", what="the failed handover shown")
+    lab.write_device("mock0")
+    assert lab.admit("after", 1)  # the old instance serves on

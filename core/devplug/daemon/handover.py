@@ -70,6 +70,8 @@ T = TypeVar("T")
 
 #: Seconds between re-checks while waiting, on top of the inotify wake-ups (a lost event costs at most this).
 RECHECK_S = 1.0
+#: Seconds the new instance waits beyond ``[handover] timeout``, so that an old instance giving up says why first.
+ANSWER_MARGIN_S = 2.0
 #: The same while a daemon only waits for a request (an idle daemon must not wake every second).
 IDLE_RECHECK_S = 30.0
 #: How often the old instance looks whether hooks and releases still run (hooks have no completion event).
@@ -362,12 +364,17 @@ async def take_over(
             "back (its pod is being replaced)"
         )
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + timeout + ANSWER_MARGIN_S  # the old instance's own deadline passes first: its reason
     requested_at = time.time()
     files.remove("failed", "granted", "taken", "drivers-stopped", "serving", "done")
     files.write(
         "request",
-        {"to": instance.id, "pid": instance.pid, "requested_at": requested_at, "deadline": requested_at + timeout},
+        {
+            "to": instance.id,
+            "pid": instance.pid,
+            "requested_at": requested_at,
+            "deadline": requested_at + timeout + ANSWER_MARGIN_S,
+        },
     )
     log.info("the state dir is in use (%s); asking it to hand over (at most %g s)", busy, timeout)
     step("request")
@@ -382,7 +389,10 @@ async def take_over(
     if outcome != "locked":
         lock.release()  # the file kept open between tries
         files.remove("request")
-        why = outcome or f"the running instance did not hand over within {timeout:g} s ([handover] timeout)"
+        why = outcome or (
+            f"the running instance did not hand over within {timeout:g} s ([handover] timeout) "
+            f"and {ANSWER_MARGIN_S:g} s more for its answer"
+        )
         raise HandoverError(f"no handover: {why}; the running instance goes on serving, this one exits")
     granted = files.read_for("granted", instance.id)
     source = str(granted.get("from", "?")) if granted is not None else "a previous instance that exited"
