@@ -203,8 +203,10 @@ class Predecessor:
         on_change: Callable[[], None],
         grace: float = 5.0,
         refuse: Callable[[], str | None] = lambda: None,
+        on_outcome: Callable[[str, float | None], None] = lambda outcome, took_s: None,
     ) -> None:
-        """``refuse()`` says why no handover may begin now (a reload applying), or None."""
+        """``refuse()`` says why no handover may begin now (a reload applying), or None; ``on_outcome(outcome,
+        took_s)`` hears how each handover ended ("done", "failed", "taken-not-serving")."""
         self.instance = instance
         self.files = files
         self.events = events
@@ -216,6 +218,7 @@ class Predecessor:
         self._on_change = on_change
         self.grace = grace
         self._refuse = refuse
+        self._on_outcome = on_outcome
         #: The handover under way or the last one answered.
         self.record: HandoverRecord | None = None
         #: How many handovers this instance answered, by outcome ("done", "failed").
@@ -248,14 +251,28 @@ class Predecessor:
                 continue
             to = str(request["to"])
             self._seen.add((to, request.get("requested_at")))
-            if await self._hand_over(to, float(request.get("requested_at", time.time()))):
-                return
+            try:
+                if await self._hand_over(to, float(request.get("requested_at", time.time()))):
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a file that cannot be written, say: serve on if the node is still ours
+                log.exception("handover to %s failed unexpectedly", to)
+                if not self.lock.held and not self.lock.try_acquire():
+                    self.lock.release()  # the file kept open by the try
+                    raise  # the new instance holds the lock: the node is its own, this instance leaves
+                self._suspend_status(False)
+                for resource in self._resources():
+                    resource.resume()
+                if self.record is not None and self.record.state != "failed":
+                    self._finish(self.record, "failed", f"{type(exc).__name__}: {exc}")
 
     def _finish(self, record: HandoverRecord, state: str, reason: str | None = None) -> None:
         record.state = state
         record.reason = reason
         record.finished_at = time.time()
         self.outcomes[state] = self.outcomes.get(state, 0) + 1
+        self._on_outcome(state, record.took_s)
         self._on_change()
 
     async def _fail(self, record: HandoverRecord, reason: str, *, paused: Sequence[HandingOver]) -> bool:

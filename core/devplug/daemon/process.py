@@ -350,6 +350,7 @@ class Daemon:
             self.status_file.changed,
             grace=min(5.0, self.config.shutdown.timeout),
             refuse=self.reloads.busy,
+            on_outcome=self._count_handover,
         )
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._answer_handovers(self.predecessor))]
         if self.took_over is not None:
@@ -365,19 +366,14 @@ class Daemon:
             await predecessor.serve()
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("answering a handover failed; serving on")
-            return
-        finally:
-            if self.metrics is not None:
-                for outcome, count in predecessor.outcomes.items():
-                    for _ in range(count):
-                        self.metrics.handover(
-                            "from", outcome, predecessor.record.took_s if predecessor.record else None
-                        )
-                predecessor.outcomes.clear()
+        except Exception:  # it failed after the new instance took the lock: the node is no longer this one's
+            log.exception("the handover failed after the new instance took the state lock; leaving")
         self._handed_over = True
         self._stop.set()
+
+    def _count_handover(self, outcome: str, took_s: float | None) -> None:
+        if self.metrics is not None:
+            self.metrics.handover("from", outcome, took_s)
 
     async def _finish_takeover(self, record: HandoverRecord) -> None:
         """Once every resource registered, tell the old instance where they are served; wait for it to leave."""
