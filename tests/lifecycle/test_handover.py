@@ -11,10 +11,12 @@ import itertools
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,8 +71,27 @@ def status(old: RunningDaemon) -> dict[str, Any]:
     return data
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> str:
+    """``/metrics`` on ``port``; "" while nothing listens there (between the old instance's exit and the new one's
+    server)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text: str = reply.read().decode()
+            return text
+    except OSError:
+        return ""
+
+
 def test_a_new_instance_takes_the_node_over_and_the_old_one_leaves(lab: Lab) -> None:
-    old = lab.start(handover=HANDOVER)
+    port = free_port()
+    old = lab.start(handover=HANDOVER, metrics={"enabled": True, "port": port})
     first = lab.admit("before", 1)
     registrations = lab.kubelet.registrations(RESOURCE)
     new = successor(lab, old, "instance-b").start()
@@ -97,6 +118,9 @@ def test_a_new_instance_takes_the_node_over_and_the_old_one_leaves(lab: Lab) -> 
         ).stdout
         assert f"took the node over: {old_instance(old)} -> instance-b, done in " in shown, shown
         assert f"{RESOURCE}: 1 allocation(s) held" in shown, shown
+        # the new instance serves the metrics on the same address once the old one left (a host's network)
+        lab.wait(lambda: 'devplug_handovers_total{outcome="done",role="to"} 1.0' in scrape(port), what="the count")
+        assert 'role="from"' not in scrape(port)  # this instance took over; it handed nothing over
         assert "handed over to instance-b" in old.log_text()
         assert "took the node over from" in new.log_text()
     finally:

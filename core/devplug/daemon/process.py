@@ -45,7 +45,7 @@ from devplug.engine.resourcestatus import ResourceStatus
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.tenantexit import ExitEvidence
-from devplug.errors import AlreadyRunningError
+from devplug.errors import AlreadyRunningError, ConfigError
 from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
@@ -254,7 +254,7 @@ class Daemon:
             self.plugin_folder.prepare()
             self.exits.liveness.start()
             remove_stale_cdi_specs(self.config)
-            if self._metrics_endpoint is not None:
+            if self._metrics_endpoint is not None and self.took_over is None:  # else once the old one left
                 self._metrics_endpoint.start(loop)
             self.plugin_folder.watch(loop)
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -404,6 +404,11 @@ class Daemon:
             self.handover_files.add_superseded(record.from_instance, self.instance.id)
         self.handover_files.write_last(record.describe())
         self.handover_files.clear()
+        if self._metrics_endpoint is not None:  # the old instance's server had its address (on the host's network)
+            try:
+                self._metrics_endpoint.start(loop)
+            except ConfigError as exc:
+                log.error("%s", exc)
         if self.metrics is not None:
             self.metrics.handover("to", "done", record.took_s)
         log.info(
