@@ -110,6 +110,7 @@ def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[s
             waiter.start()
             waiter.join(90)
             if not exited or current.process is None or current.process.returncode != 0:
+                successor.kill()  # never left running: the workspace stops only node.process
                 raise RuntimeError(f"the old daemon did not hand over and exit 0:\n{current.log_text()[-4000:]}")
             windows.append((started, exited[0]))
             node.process = current = successor  # the workspace stops it at the end

@@ -41,10 +41,24 @@ RESOURCE = "example.com/mock"
 HANDOVER = {"enabled": True, "timeout": 10.0}
 
 
+#: Every daemon a test of this module started itself (the ``devplug_daemon`` fixture stops its own).
+_SPAWNED: list[DaemonProcess] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_left_behind() -> Iterator[None]:
+    """Kill what a test started and left running (a failed test never reached its own stop)."""
+    yield
+    while _SPAWNED:
+        _SPAWNED.pop().kill()
+
+
 def successor(lab: Lab, old: RunningDaemon, instance: str, env: dict[str, str] | None = None) -> DaemonProcess:
     """A second ``devplug run`` on the old one's config (its state dir), as instance ``instance``."""
     log = old.root / f"daemon-{instance}.log"
-    return DaemonProcess(old.config_path, log, env={**old.env, "DEVPLUG_INSTANCE": instance, **(env or {})})
+    process = DaemonProcess(old.config_path, log, env={**old.env, "DEVPLUG_INSTANCE": instance, **(env or {})})
+    _SPAWNED.append(process)
+    return process
 
 
 def socket_of(old: RunningDaemon, instance: str) -> str:
@@ -386,7 +400,9 @@ def test_a_handover_nobody_answers_times_out_and_the_running_daemon_serves_on(la
     old = lab.start()  # handover off: like a devplug from before handovers, it never answers a request
     config = {**old.config, "handover": {"enabled": True, "timeout": 1.0}}
     path = write_toml(old.root / "newer.toml", config)
-    new = DaemonProcess(path, old.root / "daemon-newer.log", env={"DEVPLUG_INSTANCE": "newer"}).start()
+    new = DaemonProcess(path, old.root / "daemon-newer.log", env={"DEVPLUG_INSTANCE": "newer"})
+    _SPAWNED.append(new)
+    new.start()
     assert new.wait(30.0) == 3, new.log_text()
     assert (
         "no handover: the running instance did not hand over within 1 s ([handover] timeout) and 2 s more for its "
