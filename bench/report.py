@@ -98,6 +98,8 @@ GOAL_KEYS: tuple[Key, ...] = (
         "<= quiet + 5",
         lambda r: float(r["flood_rss_mb"]) <= float(r["flood_rss_mb_quiet"]) + 5,
     ),
+    Key("handover_ms", "rolling update: new daemon's start to the old one's exit, p50 (ms)"),
+    Key("handover_allocate_wait_max_ms", "rolling update: longest Allocate during a handover (ms)"),
 )
 
 #: Floors and diagnostics measured in the same run, shown under the goals.
@@ -133,6 +135,10 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("exit_release_p50_ms_v2", "container exit to deallocate done, cgroup v2 (inotify), p50 (ms)"),
     Key("exit_release_p50_ms_v1", "container exit to deallocate done, cgroup v1 (50 ms poll), p50 (ms)"),
     Key("exit_release_p99_ms_v1", "container exit to deallocate done, cgroup v1 (50 ms poll), p99 (ms)"),
+    Key("handover_max_ms", "rolling update: new daemon's start to the old one's exit, worst (ms)"),
+    Key("handover_allocate_steady_p99_ms", "floor: the same client's Allocate before the handovers, p99 (ms)"),
+    Key("handover_allocate_wait_ratio", "longest Allocate during a handover / that floor"),
+    Key("handovers", "handovers measured"),
     Key("reregister_restarts", "kubelet restarts measured"),
     Key("reregister_failures", "restarts after which a resource never registered again (10 s)"),
     Key("startup_to_registered_min_ms", "start to registered, best run (ms)"),

@@ -17,7 +17,7 @@ from bench.floors import FloorProcess, grpc_floor, unix_floor
 from bench.kubelet import MiniKubelet
 from bench.machine import machine_info
 from bench.payloads import device_ids, mock_allocate_response
-from bench.scenarios import allocate, exitrelease, law, lifecycle, metricsflood, preferred, release
+from bench.scenarios import allocate, exitrelease, handover, law, lifecycle, metricsflood, preferred, release
 from bench.settings import Settings
 from bench.workspace import Node, Workspace
 from devplug.devkubelet import CgroupLayout, CgroupsUnavailableError, DevKubeletThread
@@ -231,6 +231,17 @@ def _metrics_flood(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) ->
             out.update(metricsflood.measure(s, reg.client, pid, port, node.process.log_path))
 
 
+def _handover(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    resource = "bench.dev/ho"
+    node = ws.node("h", {resource: (s.handover_devices, 0)}, grace_period=3600, handover={"enabled": True})
+    with _dev_kubelet(node) as kubelet, _running(node):
+        node.start()
+        kubelet.wait_registered(resource, timeout=60)
+        lifecycle.wait_streams(kubelet, [resource])
+        with _phase(f"rolling-update handover ({s.handovers}x, Allocates running)", log):
+            out.update(handover.measure(s, node, kubelet))
+
+
 def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench.scenarios import shared  # devplug-shared is a driver of this checkout, installed by make
 
@@ -265,6 +276,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _release(ws, settings, out, log)
         _exit(ws, settings, out, log)
         _metrics_flood(ws, settings, out, log)
+        _handover(ws, settings, out, log)
     _shared(settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

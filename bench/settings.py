@@ -38,6 +38,9 @@ class Settings:
     flood_calls: int = 1_000  # Allocate calls measured without and with the flood
     flood_devices: int = 100
     flood_probes: int = 10  # probes answered during the flood (one after each tenth of its calls)
+    handovers: int = 5  # rolling-update handovers measured, one after another
+    handover_devices: int = 1_000  # the mock resource whose Allocates are timed across the handovers
+    handover_steady_calls: int = 300  # Allocates before the first handover: the floor's sample
 
 
 FULL = Settings(
@@ -61,6 +64,9 @@ FULL = Settings(
 
 QUICK = Settings(
     quick=True,
+    handovers=1,
+    handover_devices=100,
+    handover_steady_calls=50,
     held_allocations=100,
     allocate_calls=40,
     block=20,

@@ -112,6 +112,7 @@ class Workspace:
         threaded_hooks: Collection[str] = (),
         liveness: Mapping[str, Any] | None = None,
         metrics: Mapping[str, Any] | None = None,
+        handover: Mapping[str, Any] | None = None,
     ) -> Node:
         """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes);
         ``replicas``: the resources whose devices are shared, and by how many containers.
@@ -134,6 +135,7 @@ class Workspace:
             grace_period=grace_period,
             liveness=liveness,
             metrics=metrics,
+            handover=handover,
         )
         config_path = write_toml(root / "devplug.toml", config)
         process = DaemonProcess(config_path, root / "daemon.log", log_level=log_level)

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
@@ -34,6 +34,7 @@ from devplug.errors import DevplugError, DriverLoadError
 
 if TYPE_CHECKING:
     from devplug.config import Config, ResourceConfig
+    from devplug.devkubelet.endpoints import EndpointKeying
 
 EXIT_DEMO_FAILED = 1
 #: ``devplug kubelet admit|remove|restart|show``: the dev kubelet refused the request or it failed.
@@ -257,6 +258,13 @@ def _requests(values: tuple[str, ...], what: str) -> dict[str, int]:
     show_default=True,
     help="Name the cgroups as the kubelet's --cgroup-driver does.",
 )
+@click.option(
+    "--endpoints-by",
+    type=click.Choice(["socket-path", "resource-name"]),
+    default="socket-path",
+    show_default=True,
+    help="Key device-plugin endpoints as kubelets with PR #135437 (1.36+) do, or by resource name as older ones.",
+)
 @_CONTROL_OPTION
 @click.pass_context
 def kubelet(
@@ -266,6 +274,7 @@ def kubelet(
     pod_resources_socket: Path | None,
     cgroups: str,
     cgroup_driver: str,
+    endpoints_by: str,
     control_socket: Path | None,
 ) -> None:
     """Run the dev kubelet in the foreground (a stand-in for the kubelet's device manager), or talk to one.
@@ -277,7 +286,7 @@ def kubelet(
     """
     if ctx.invoked_subcommand is not None:
         given = [name for name in ("directory", "pod_resources_socket", "control_socket") if ctx.params[name]]
-        if given or kep or cgroups != "auto" or cgroup_driver != "cgroupfs":
+        if given or kep or cgroups != "auto" or cgroup_driver != "cgroupfs" or endpoints_by != "socket-path":
             raise click.UsageError(
                 f"give the options after the subcommand: devplug kubelet {ctx.invoked_subcommand} --dir DIR ..."
             )
@@ -300,6 +309,7 @@ def kubelet(
             cgroups=layout,
             control_socket=control_socket,
             until=stop,
+            endpoints_by=cast("EndpointKeying", endpoints_by),
         )
 
     try:

@@ -25,6 +25,11 @@
     [shutdown]
     timeout = 20.0        # seconds SIGTERM may take; hooks still running then are abandoned
 
+    [handover]            # upgrades without downtime (docs/operator/upgrades.md)
+    enabled = false       # a second instance on this state dir takes over instead of refusing to start;
+                          # socket names carry the instance (DEVPLUG_INSTANCE, e.g. the pod UID)
+    timeout = 30.0        # seconds a handover may take before the old instance goes on serving
+
     [metrics]
     enabled = false       # the Prometheus endpoint and the probes (needs devplug[metrics])
     address = "127.0.0.1"
@@ -96,6 +101,7 @@ __all__ = [
     "CdiConfig",
     "Config",
     "DraConfig",
+    "HandoverConfig",
     "KubernetesConfig",
     "NodeConfig",
     "MetricsConfig",
@@ -177,6 +183,16 @@ class ShutdownConfig:
 
 
 @dataclass(frozen=True)
+class HandoverConfig:
+    """Handing the node over from a running instance to a new one on the same state dir (a rolling update)."""
+
+    enabled: bool = False
+    #: Seconds from the new instance's request until it must hold the state lock and serve; past it the old
+    #: instance goes on serving and the new one exits.
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """The Prometheus endpoint (``/metrics``) and the probes (``/healthz``, ``/readyz``): off by default."""
 
@@ -235,6 +251,7 @@ class Config:
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     resources: tuple[ResourceConfig, ...] = ()
+    handover: HandoverConfig = field(default_factory=HandoverConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     cdi: CdiConfig = field(default_factory=CdiConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
@@ -282,6 +299,7 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
     "release.max_retry_interval": (0.01, 86400.0, False),
     "liveness.unknown_grace": (0.0, 86400.0, False),
     "shutdown.timeout": (0.1, 3600.0, False),
+    "handover.timeout": (0.5, 600.0, False),
     "health_interval": (0.01, 86400.0, True),
     "hook_timeout": (0.01, 86400.0, False),
 }
@@ -319,6 +337,7 @@ _TOP = {
     "release": None,
     "liveness": None,
     "shutdown": None,
+    "handover": None,
     "metrics": None,
     "cdi": None,
     "resources": None,
@@ -329,6 +348,7 @@ _STATE = {"dir": None}
 _RELEASE = {"interval": None, "grace_period": None, "previous_tenant_wait": None, "max_retry_interval": None}
 _LIVENESS = {"cgroup_mount": None, "cgroup_root": None, "cgroup_driver": None, "unknown_grace": None, "required": None}
 _SHUTDOWN = {"timeout": None}
+_HANDOVER = {"enabled": None, "timeout": None}
 _METRICS = {"enabled": None, "address": None, "port": None}
 _CDI = {"enabled": None, "spec_dir": None, "fallback": None}
 
@@ -494,6 +514,16 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
             "shutdown.timeout",
         )
     )
+    handover_t = _table(data, "handover", source)
+    _check_keys(handover_t, _HANDOVER, source, "handover")
+    handover = HandoverConfig(
+        enabled=_bool(handover_t.get("enabled", False), _where(source, "handover", "enabled")),
+        timeout=_seconds(
+            handover_t.get("timeout", HandoverConfig().timeout),
+            _where(source, "handover", "timeout"),
+            "handover.timeout",
+        ),
+    )
     resources_t = _table(data, "resources", source)
     if not resources_t:
         raise ConfigError(
@@ -506,6 +536,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     _check_renames(resources, source)
     node = parse_node(data, source)
     _check_dra(resources, node, source)
+    _check_handover(resources, handover, source)
     profiles = ProfileSet(
         parse_profiles(data, source), {k: v for k, v in data.items() if k != "profiles"}, base, source
     )
@@ -523,12 +554,27 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         liveness=liveness,
         shutdown=shutdown,
         resources=resources,
+        handover=handover,
         metrics=metrics,
         cdi=cdi,
         node=node,
         kubernetes=parse_kubernetes(data, source, base),
         profiles=profiles,
     )
+
+
+def _check_handover(resources: tuple[ResourceConfig, ...], handover: HandoverConfig, source: str) -> None:
+    """A handover between instances is built for the device-plugin front end only: refused with a DRA resource."""
+    if not handover.enabled:
+        return
+    for rc in resources:
+        if rc.dra is not None:
+            raise ConfigError(
+                f"{_where(source, 'resources', rc.configured_name or rc.name, 'api')}: a DRA resource cannot be "
+                f"handed over between two devplug instances yet (only the device-plugin API can); set "
+                f"[handover] enabled = false on nodes serving {rc.name} through DRA, and roll devplug out there "
+                "with maxSurge 0 (deploy/components/no-surge)"
+            )
 
 
 def _check_dra(resources: tuple[ResourceConfig, ...], node: NodeConfig, source: str) -> None:

@@ -6,7 +6,13 @@ import re
 import zlib
 from pathlib import Path
 
-__all__ = ["invalid_resource_name_reason", "legacy_state_folder_names", "resource_state_dir", "socket_file_name"]
+__all__ = [
+    "instance_tag",
+    "invalid_resource_name_reason",
+    "legacy_state_folder_names",
+    "resource_state_dir",
+    "socket_file_name",
+]
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
@@ -44,19 +50,28 @@ def invalid_resource_name_reason(name: str) -> str | None:
     return None
 
 
-def socket_file_name(resource_name: str, directory_len: int = 0) -> str:
+def socket_file_name(resource_name: str, directory_len: int = 0, instance: str | None = None) -> str:
     """The bare file name of the plugin socket serving ``resource_name``.
 
     ``devplug-<domain>_<name>.sock`` (a domain never holds ``_``, so names stay
     unique); shortened with a hash when the full path would pass the 107-byte
-    limit of a unix socket path.
+    limit of a unix socket path. With ``instance`` (a daemon instance's tag,
+    :func:`instance_tag`) the name ends ``-<tag>.sock``: two instances of the
+    daemon on one node (a rolling update) then serve on different paths, as
+    kubelets that key endpoints by socket path need (Kubernetes PR #135437).
     """
-    safe = "devplug-" + resource_name.replace("/", "_") + ".sock"
+    suffix = f"-{instance}.sock" if instance else ".sock"
+    safe = "devplug-" + resource_name.replace("/", "_") + suffix
     if directory_len + 1 + len(safe.encode()) <= MAX_SOCKET_PATH:
         return safe
     data = resource_name.encode()
     digest = f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"  # stable; no hashlib (OpenSSL) in the daemon
-    return f"devplug-{digest}.sock"
+    return f"devplug-{digest}{suffix}"
+
+
+def instance_tag(instance: str) -> str:
+    """A short tag (8 hex digits) for a daemon instance's identity (a pod UID, say), for its socket names."""
+    return f"{zlib.crc32(instance.encode()):08x}"
 
 
 def resource_state_dir(state_dir: Path, resource_name: str) -> Path:

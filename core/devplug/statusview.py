@@ -53,6 +53,35 @@ def _profile_lines(profiles: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _handover_lines(section: dict[str, Any]) -> list[str]:
+    """The instance and its handovers (issue 30): from which instance to which, how long, what was handed over."""
+    if not section.get("enabled"):
+        return []
+    lines = [f"instance {section.get('instance')} (handover enabled)"]
+    for key, label in (
+        ("took_over", "took the node over"),
+        ("handing_over", "handing over"),
+        ("last", "last handover"),
+    ):
+        record = section.get(key)
+        if not isinstance(record, dict):
+            continue
+        took = record.get("took_s")
+        lines.append(
+            f"  {label}: {record.get('from')} -> {record.get('to')}, {record.get('state')}"
+            + (f" in {took:.3f}s" if isinstance(took, (int, float)) else "")
+            + (f" ({_ago(record.get('finished_at'))})" if record.get("finished_at") else "")
+            + (f": {record.get('reason')}" if record.get("reason") else "")
+        )
+        for name, facts in (record.get("resources") or {}).items():
+            if isinstance(facts, dict):
+                lines.append(
+                    f"    {name}: {facts.get('held_allocations', '?')} allocation(s) held, "
+                    f"{facts.get('held_calls', 0)} call(s) held (longest {facts.get('longest_wait_s', 0)}s)"
+                )
+    return lines
+
+
 def format_status(data: dict[str, Any]) -> str:
     """The status file's content as lines for a terminal (control characters in it escaped)."""
     state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
@@ -75,6 +104,7 @@ def format_status(data: dict[str, Any]) -> str:
             lines.append(f"  last reload {_ago(reload.get('last_at'))}: REFUSED: {reload.get('last_error')}")
         if reload.get("trigger") and reload.get("last_result"):
             lines.append(f"    asked for by: {reload['trigger']}")
+    lines.extend(_handover_lines(data.get("handover") or {}))
     release = data.get("release") or {}
     if release:
         err = release.get("last_error")

@@ -127,3 +127,13 @@ def test_a_dra_resource_without_lightkube_installed_is_refused_naming_the_extra(
     )
     (rc,) = _config({"example.com/fpga": {}}).resources  # the device-plugin API needs no lightkube
     assert rc.api == "device-plugin"
+
+
+def test_a_dra_resource_with_handover_enabled_is_refused_naming_it() -> None:
+    """Handing a node over between instances is built for the device-plugin API only (issue 30's DRA side)."""
+    with pytest.raises(ConfigError) as refused:
+        _config({"example.com/fpga": {"api": "dra"}}, node={"name": "node-a"}, handover={"enabled": True})
+    message = str(refused.value)
+    assert message.startswith('c.toml: resources."example.com/fpga".api: a DRA resource cannot be handed over'), message
+    assert "[handover] enabled = false" in message
+    assert _config({"example.com/fpga": {"api": "dra"}}, node={"name": "node-a"}).handover.enabled is False

@@ -4,8 +4,8 @@ another kubelet root), every object it renders is valid for each Kubernetes vers
 guide (docs/operator/deploy.md) promises: folders of the kubelet mounted (never its sockets), the state dir on the
 host, of the host's /sys and /dev only the trees each driver reads or writes (derived here from its config), nodes
 chosen by a label with device taints tolerated, the runtime's seccomp filter, the namespace's Pod Security level, API
-access only for the Lease backend, no two daemons on a node, probes on the daemon's HTTP server, requests sized from
-``make bench``, and a config devplug itself accepts."""
+access only for the Lease backend, updates that hand the node over, probes on the daemon's HTTP server, requests sized
+from ``make bench``, and a config devplug itself accepts."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml  # type: ignore[import-untyped]
+
+from devplug.daemon.handover import handover_bound
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -325,10 +327,28 @@ def test_seccomp_and_the_namespaces_pod_security_level(kubectl: str, overlay: st
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_two_daemons_never_overlap_on_a_node(kubectl: str, overlay: str) -> None:
-    daemonset = _one(_render(kubectl, overlay), "DaemonSet")
+def test_an_update_hands_the_node_over_and_never_leaves_it_without_a_daemon(kubectl: str, overlay: str) -> None:
+    objects = _render(kubectl, overlay)
+    daemonset, config = _one(objects, "DaemonSet"), _config(objects)
+    strategy = daemonset["spec"]["updateStrategy"]
+    if daemonset["spec"]["template"]["spec"].get("hostNetwork"):
+        # the daemon's port is the node's: a second pod could not be scheduled beside the first
+        assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    else:
+        assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert config["handover"]["enabled"] is True  # the new pod asks the old one to hand over, not refused
+    env = {e["name"]: e for e in _container(daemonset)["env"]}
+    assert env["DEVPLUG_INSTANCE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    grace = daemonset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert handover_bound(config["handover"]["timeout"]) < grace, "a handover under way must end before the kill"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_for_older_kubelets_no_surge_stops_the_old_pod_first(kubectl: str, overlay: str) -> None:
+    daemonset = _one(_render(kubectl, overlay, ("no-surge",)), "DaemonSet")
     strategy = daemonset["spec"]["updateStrategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert daemonset["spec"]["template"] == _one(_render(kubectl, overlay), "DaemonSet")["spec"]["template"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

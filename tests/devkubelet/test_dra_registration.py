@@ -51,7 +51,7 @@ def test_a_plugin_is_registered_and_told_so(plugin_dir: Path) -> None:
                 assert (entry.socket, entry.type, entry.name) == (plugin.registration_socket, "DRAPlugin", DRIVER)
                 # recorded once NotifyRegistrationStatus has returned, which may be after the plugin saw the call
                 await kubelet.wait_for(
-                    lambda k: k.events_of("plugin-registered", DRIVER), 5.0, what="the plugin-registered event"
+                    lambda k: bool(k.events_of("plugin-registered", DRIVER)), 5.0, what="the plugin-registered event"
                 )
             finally:
                 await plugin.stop()

@@ -9,7 +9,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from devplug.devkubelet import ContainerSpec, DeviceInfo, PluginOptions, PodSpec
+from devplug.devkubelet import ContainerSpec, DeviceInfo, DevKubelet, KubeletError, PluginOptions, PodSpec
+from devplug.devkubelet.endpoints import EndpointKeying, OlderStreamEnd, older_stream_end
 from tests.devkubelet.fakeplugin import Behaviour, Dev, FakePlugin, devs, gpu, plugin_on, running_kubelet
 
 
@@ -137,7 +138,7 @@ def test_capacity_and_allocatable_follow_list_and_watch(plugin_dir: Path) -> Non
     asyncio.run(body())
 
 
-def test_a_duplicate_registration_replaces_the_old_one(plugin_dir: Path) -> None:
+def test_a_newer_instance_takes_the_resource_and_the_older_one_keeps_streaming(plugin_dir: Path) -> None:
     async def body() -> None:
         async with running_kubelet(plugin_dir) as kubelet:
             old = await plugin_on(kubelet, devs("a", "b"), endpoint="old.sock")
@@ -147,19 +148,60 @@ def test_a_duplicate_registration_replaces_the_old_one(plugin_dir: Path) -> None
             assert view.endpoint == "new.sock"
             assert view.capacity == 3
             assert kubelet.registrations("example.com/gpu") == 2
-            # the old client was closed: its stream ended, and that did not touch the new one's devices
-            await old.wait_calls("ListAndWatch-ended")
-            old.update(devs("a"))
-            assert gpu(kubelet).allocatable == 3
-            assert kubelet.events_of("stream-ended") == []
+            assert old.requests("ListAndWatch-ended") == []  # registerClient keeps the older client
             admitted = await kubelet.admit_pod(_one("p", 1))
             assert admitted.containers[0].devices["example.com/gpu"] == ("x",)
-            assert old.requests("Allocate") == []
+            assert old.requests("Allocate") == []  # the endpoint is the newest registration's
             assert len(new.requests("Allocate")) == 1
+            old.update(devs("a"))  # an older stream still feeds the resource, by name
+            await kubelet.wait_for(lambda k: gpu(k).capacity == 1)
+            new.update(devs("x", "y", "z"))
+            await kubelet.wait_for(lambda k: gpu(k).capacity == 3)
             await old.stop()
             await new.stop()
 
     asyncio.run(body())
+
+
+def test_keyed_by_socket_path_the_older_instance_ending_leaves_the_newer_one_alone(plugin_dir: Path) -> None:
+    async def body() -> None:
+        async with running_kubelet(plugin_dir, endpoints_by="socket-path") as kubelet:
+            old = await plugin_on(kubelet, devs("a", "b"), endpoint="old.sock")
+            new = await plugin_on(kubelet, devs("x", "y", "z"), endpoint="new.sock")
+            old.end_streams()  # the old instance exits
+            await kubelet.wait_for(lambda k: bool(k.events_of("instance-disconnected")))
+            view = gpu(kubelet)
+            assert (view.capacity, view.allocatable, view.registered) == (3, 3, True)
+            assert kubelet.events_of("stream-ended") == []
+            assert new.requests("ListAndWatch-ended") == []
+            admitted = await kubelet.admit_pod(_one("p", 2))
+            assert admitted.containers[0].devices["example.com/gpu"] == ("x", "y")
+            await old.stop()
+            await new.stop()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("keying", "older", "current", "effect"),
+    [
+        ("socket-path", "old.sock", "new.sock", OlderStreamEnd.ONLY_ITSELF),
+        ("socket-path", "same.sock", "same.sock", OlderStreamEnd.CURRENT_BY_SOCKET),  # the PR fixes unique names only
+        ("resource-name", "old.sock", "new.sock", OlderStreamEnd.CURRENT_BY_NAME),
+        ("resource-name", "same.sock", "same.sock", OlderStreamEnd.CURRENT_BY_NAME),
+        ("resource-name", "old.sock", None, OlderStreamEnd.ONLY_ITSELF),  # nothing current to disconnect
+    ],
+)
+def test_what_an_older_stream_end_disconnects(
+    keying: EndpointKeying, older: str, current: str | None, effect: OlderStreamEnd
+) -> None:
+    # (Two live servers on one socket path cannot be staged here: gRPC's shared subchannels would dial the first.)
+    assert older_stream_end(keying, older, current) is effect
+
+
+def test_an_unknown_endpoint_keying_is_refused(plugin_dir: Path) -> None:
+    with pytest.raises(KubeletError, match="endpoints_by must be one of socket-path, resource-name, not 'by-magic'"):
+        DevKubelet(plugin_dir, endpoints_by="by-magic")  # type: ignore[arg-type]
 
 
 def test_stream_end_marks_every_device_unhealthy_and_never_reconnects(plugin_dir: Path) -> None:
@@ -199,9 +241,9 @@ def _one(name: str, count: int) -> PodSpec:
     return PodSpec(name, [ContainerSpec("main", {"example.com/gpu": count})])
 
 
-def test_rolling_update_pitfall_old_stream_end_zeroes_the_new_registration(plugin_dir: Path) -> None:
+def test_keyed_by_resource_name_the_old_stream_end_zeroes_the_new_registration(plugin_dir: Path) -> None:
     async def body() -> None:
-        async with running_kubelet(plugin_dir, rolling_update_pitfall=True) as kubelet:
+        async with running_kubelet(plugin_dir, endpoints_by="resource-name") as kubelet:
             old = await plugin_on(kubelet, devs("a", "b"), endpoint="old.sock")
             new = await plugin_on(kubelet, devs("x", "y", "z"), endpoint="new.sock")
             assert old.requests("ListAndWatch-ended") == []  # the old registration keeps streaming

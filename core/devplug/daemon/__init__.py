@@ -7,6 +7,10 @@ Modules, by job:
   front ends, run, signals, the bounded shutdown, hooks abandoned;
   ``run_daemon``), ``lock`` (the state folder's lock) and ``lockholder``
   (proving which live process holds it);
+* handover between two instances on one node (a rolling update):
+  ``handover`` (the old instance's side, ``Predecessor``, and the new one's,
+  ``take_over``, arbitrated by the state lock) and ``handoverfiles`` (the
+  messages they leave each other in the state dir, the instance's identity);
 * reload and drain: ``reload`` (what a new config changes, and applying it:
   added resources start, changed ones restart, removed ones drain and are torn
   down);

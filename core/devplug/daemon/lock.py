@@ -45,9 +45,38 @@ class StateLock:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "devplug.lock"
         self._fd: int | None = None
+        self._waiting_fd: int | None = None  # open while try_acquire waits for the lock
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`AlreadyRunningError` naming the process that holds it."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace")
+            os.close(fd)
+            raise AlreadyRunningError(
+                f"another devplug daemon holds {self.path}: {_describe(holder)}; "
+                "stop it first (two daemons would fight over the same resources)"
+            ) from None
+        self._own(fd)
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free, else False; the file stays open between tries (closing it would
+        signal a close to whoever watches the lock file, the waiting side of a handover included)."""
+        if self._fd is not None:
+            return True
+        if self._waiting_fd is None:
+            self._waiting_fd = self._open()
+        try:
+            fcntl.flock(self._waiting_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fd, self._waiting_fd = self._waiting_fd, None
+        self._own(fd)
+        return True
+
+    def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,21 +95,24 @@ class StateLock:
             raise StateError(
                 f"{self.path}: the daemon lock {what}, not a file of the daemon's user (uid {os.geteuid()}); remove it"
             )
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace")
-            os.close(fd)
-            raise AlreadyRunningError(
-                f"another devplug daemon holds {self.path}: {_describe(holder)}; "
-                "stop it first (two daemons would fight over the same resources)"
-            ) from None
+        return fd
+
+    def _own(self, fd: int) -> None:
         os.ftruncate(fd, 0)
         pid = os.getpid()
         os.pwrite(fd, f"{pid} {process_start_ticks(pid)}\n".encode(), 0)
         self._fd = fd
 
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock."""
+        return self._fd is not None
+
     def release(self) -> None:
+        """Let the lock go (the kernel does it too when the process dies)."""
+        if self._waiting_fd is not None:
+            os.close(self._waiting_fd)
+            self._waiting_fd = None
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, 0)

@@ -322,6 +322,19 @@ class Metrics:
             buckets=LEDGER_BUCKETS,
             registry=r,
         )
+        self.handovers = Counter(
+            "devplug_handovers",
+            "Handovers between two instances on this state dir: role from (handed over) or to (took over), "
+            "outcome done or failed.",
+            ["role", "outcome"],
+            registry=r,
+        )
+        self.handover_seconds = Gauge(
+            "devplug_handover_last_duration_seconds",
+            "Seconds the last handover took, from the new instance's request to the old one's done.",
+            ["role"],
+            registry=r,
+        )
         build = Gauge(
             "devplug_build_info",
             "1, labelled with devplug's version, the hook contract it offers and Python's version.",
@@ -330,6 +343,12 @@ class Metrics:
         )
         build.labels(devplug.__version__, HOOK_CONTRACT, platform.python_version()).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds, ...
+
+    def handover(self, role: str, outcome: str, seconds: float | None) -> None:
+        """Count a handover this instance took part in (``role``: "from" or "to")."""
+        self.handovers.labels(role, outcome).inc()
+        if seconds is not None:
+            self.handover_seconds.labels(role).set(seconds)
 
     def observer(self, resource: str, driver: str) -> PrometheusObserver:
         """The observer a resource calls (its label children made now, once)."""

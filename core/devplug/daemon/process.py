@@ -38,11 +38,14 @@ from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig
 from devplug.configdra import API_DRA
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
+from devplug.daemon.handover import HandoverRecord, Predecessor, StateDirEvents, take_over
+from devplug.daemon.handover import step as handover_step
+from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import StateLock
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile
 from devplug.engine.devicetable import DeviceTable
-from devplug.engine.frontend import FrontEnd
+from devplug.engine.frontend import FrontEnd, HandoverFrontEnd
 from devplug.engine.liveness import ContainerLiveness
 from devplug.engine.observer import NULL_OBSERVER
 from devplug.engine.resource import Resource
@@ -50,12 +53,12 @@ from devplug.engine.resourcestatus import ResourceStatus
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.tenantexit import ExitEvidence
-from devplug.errors import ConfigError
+from devplug.errors import AlreadyRunningError, ConfigError
 from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
 from devplug.frontends.deviceplugin.reconciler import Reconciler
-from devplug.resource_names import resource_state_dir
+from devplug.resource_names import instance_tag, resource_state_dir
 
 if TYPE_CHECKING:
     from devplug.daemon.metrics import Metrics
@@ -87,6 +90,15 @@ class Daemon:
         self.profiles = profiles
         self.state_dir = config.state.dir
         self.lock = StateLock(self.state_dir)
+        #: This daemon instance (``DEVPLUG_INSTANCE``, the pod UID in a DaemonSet), for handovers.
+        self.instance = Instance.current()
+        self.handover_files = HandoverFiles(self.state_dir)
+        self._handover_events: StateDirEvents | None = None
+        #: The handover this instance took the node over by (None: it started on a free state dir).
+        self.took_over: HandoverRecord | None = None
+        #: The handover this instance answers or answered as the old instance, once started.
+        self.predecessor: Predecessor | None = None
+        self._handed_over = False
         self._writer = SerialThread("state-writer")
         self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
         #: Whether pods' containers still run (their cgroups), the release evidence beside the kubelet's view.
@@ -143,7 +155,8 @@ class Daemon:
             if rc.api == API_DRA:
                 made.append(self._dra_frontend(rc, table, status, lambda: resources[0].releases if resources else None))
             else:
-                made.append(DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, status, changed))
+                tag = instance_tag(self.instance.id) if self.config.handover.enabled else None
+                made.append(DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, status, changed, tag))
             return made[0]
 
         resource = Resource(
@@ -218,6 +231,9 @@ class Daemon:
         """Re-read the config file (SIGHUP); reloads run one after another, never during shutdown."""
         if self._loop is None or self._stop.is_set():
             return
+        if self.predecessor is not None and self.predecessor.busy:
+            log.warning("reload ignored: the node is being handed over to a newer instance")
+            return
         self.reloads.request()
 
     # --- status
@@ -227,10 +243,24 @@ class Daemon:
             "release": self.reconciler.describe(),
             "reload": self.reloads.record.describe(),
             "profiles": self._profiles_status(),
+            "handover": self._describe_handover(),
         }
 
     def _profiles_status(self) -> dict[str, Any] | None:
         return self.profiles.describe(self.config) if self.profiles is not None else None
+
+    def _describe_handover(self) -> dict[str, Any]:
+        """The instance, and the handovers it took part in (the last one from the state dir after a restart)."""
+        section: dict[str, Any] = {"instance": self.instance.id, "enabled": self.config.handover.enabled}
+        if self.took_over is not None:
+            section["took_over"] = self.took_over.describe()
+        if self.predecessor is not None and self.predecessor.record is not None:
+            section["handing_over"] = self.predecessor.record.describe()
+        if "took_over" not in section and self.config.handover.enabled:
+            last = self.handover_files.read_last()
+            if last is not None:
+                section["last"] = last
+        return section
 
     # --- what a reload changes (see devplug.daemon.reload.ReloadTarget)
 
@@ -299,13 +329,13 @@ class Daemon:
             self._stop.set()
         prepare_state_dir(self.state_dir)
         check_replaceable(self.state_dir / STATUS_FILE, "the status file")
-        self.lock.acquire()
+        await self._take_lock(loop)
         abandoned: list[str] = []
         try:
             self.plugin_folder.prepare()
             self.exits.liveness.start()
             remove_stale_cdi_specs(self.config)
-            if self._metrics_endpoint is not None:
+            if self._metrics_endpoint is not None and self.took_over is None:  # else once the old one left
                 self._metrics_endpoint.start(loop)
             self.plugin_folder.watch(loop)
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -319,6 +349,7 @@ class Daemon:
             if self.profiles is not None:
                 self.profiles.begin(lambda: self.config, self.reloads.request)
             reconciling = asyncio.ensure_future(self.reconciler.run())
+            handover_tasks = self._start_handover_tasks()
             for delay in TRIM_AFTER_S:
                 loop.call_later(delay, _trim_heap)
             log.info(
@@ -327,11 +358,19 @@ class Daemon:
                 ", ".join(r.name for r in self.resources),
             )
             await self._stop.wait()
+            for task in handover_tasks:
+                task.cancel()
+            if not self.lock.held:  # stopped amid a handover, the lock let go: the state is not ours to write
+                for resource in self.resources:
+                    resource.disown()
+                self.status_file.suspended = True
             abandoned = await self._bounded_shutdown(reconciling)
             for problem in abandoned:
                 log.error("abandoned at shutdown: %s", problem)
             await self.status_file.write_final()
         finally:
+            if self._handover_events is not None:
+                self._handover_events.close()
             self.plugin_folder.close()
             self.exits.liveness.close()
             if self._metrics_endpoint is not None:
@@ -342,8 +381,128 @@ class Daemon:
             self._writer.close()  # every write was awaited, or given up on by write_final
             self.status_file.close()
             self.lock.release()
-            log.info("stopped" if not abandoned else "stopped, abandoning what did not finish")
+            if self._handed_over:
+                log.info(
+                    "stopped: the node is %s's now",
+                    self.predecessor.record.to_instance if self.predecessor and self.predecessor.record else "?",
+                )
+            else:
+                log.info("stopped" if not abandoned else "stopped, abandoning what did not finish")
         return abandoned
+
+    # --- handover (devplug.daemon.handover)
+
+    async def _take_lock(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take the state lock; with ``[handover] enabled`` and another instance holding it, ask it to hand over
+        (:class:`~devplug.daemon.handover.HandoverError` when it does not)."""
+        if self.config.handover.enabled:
+            self._handover_events = StateDirEvents(self.handover_files)
+            self._handover_events.start(loop)
+        try:
+            self.lock.acquire()
+        except AlreadyRunningError as busy:
+            if self._handover_events is None:
+                raise
+            try:
+                self.took_over = await take_over(
+                    self.instance,
+                    self.handover_files,
+                    self._handover_events,
+                    self.lock,
+                    self.config.handover.timeout,
+                    busy,
+                )
+            except BaseException:
+                self._handover_events.close()
+                if self.metrics is not None:
+                    self.metrics.handover("to", "failed", None)
+                raise
+
+    def _start_handover_tasks(self) -> list[asyncio.Future[None]]:
+        if self._handover_events is None:
+            return []
+        self.predecessor = Predecessor(
+            self.instance,
+            self.handover_files,
+            self._handover_events,
+            self.lock,
+            self.config.handover.timeout,
+            lambda: list(self.resources),
+            self.status_file.write,
+            self._suspend_status,
+            self.status_file.changed,
+            grace=min(5.0, self.config.shutdown.timeout),
+            refuse=self.reloads.busy,
+            on_outcome=self._count_handover,
+        )
+        tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._answer_handovers(self.predecessor))]
+        if self.took_over is not None:
+            tasks.append(asyncio.ensure_future(self._finish_takeover(self.took_over)))
+        return tasks
+
+    def _suspend_status(self, suspended: bool) -> None:
+        self.status_file.suspended = suspended
+
+    async def _answer_handovers(self, predecessor: Predecessor) -> None:
+        """Answer a newer instance's request; once handed over, this instance leaves (as after SIGTERM)."""
+        try:
+            await predecessor.serve()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # it failed after the new instance took the lock: the node is no longer this one's
+            log.exception("the handover failed after the new instance took the state lock; leaving")
+        self._handed_over = True
+        self._stop.set()
+
+    def _count_handover(self, outcome: str, took_s: float | None) -> None:
+        if self.metrics is not None:
+            self.metrics.handover("from", outcome, took_s)
+
+    async def _finish_takeover(self, record: HandoverRecord) -> None:
+        """Once every resource registered, tell the old instance where they are served; wait for it to leave."""
+        loop = asyncio.get_running_loop()
+        assert self._handover_events is not None
+        timeout = self.config.handover.timeout
+        deadline = loop.time() + timeout
+        # Registered and streaming: the old instance stops once told, and on kubelets keying endpoints by resource
+        # name its stream's end then cuts ours, which only an open stream of ours notices (to register again).
+        while not all(isinstance(f, HandoverFrontEnd) and f.serving for f in self._frontends.values()):
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.02)  # registration reports no event of its own here; it takes milliseconds
+        endpoints = {r.name: f.endpoint for r, f in self._frontends.items()}
+        self.handover_files.write("serving", {"to": self.instance.id, "endpoints": endpoints})
+        handover_step("serving")
+        record.state = "serving"
+        self.status_file.changed()
+        if record.from_instance == "a previous instance that exited":
+            done = None
+        else:
+            done = await self._handover_events.wait(
+                lambda: self.handover_files.read_for("done", self.instance.id), loop.time() + timeout
+            )
+        record.finished_at = time.time()
+        record.state = "done" if done is not None else "done-without-word"
+        if done is not None and isinstance(done.get("resources"), dict):
+            record.resources = done["resources"]  # the old instance's final word: with the calls it held
+        if done is not None:
+            self.handover_files.add_superseded(record.from_instance, self.instance.id)
+        self.handover_files.write_last(record.describe())
+        self.handover_files.clear()
+        if self._metrics_endpoint is not None:  # the old instance's server had its address (on the host's network)
+            try:
+                self._metrics_endpoint.start(loop)
+            except ConfigError as exc:
+                log.error("%s", exc)
+        if self.metrics is not None:
+            self.metrics.handover("to", "done", record.took_s)
+        log.info(
+            "took the node over from %s in %.3f s (%s)",
+            record.from_instance,
+            record.took_s or 0.0,
+            "; ".join(f"{name}: {facts}" for name, facts in record.resources.items()) or "nothing held",
+        )
+        self.status_file.changed()
 
     async def _bounded_shutdown(self, reconciling: asyncio.Future[None]) -> list[str]:
         """Shut down within ``[shutdown] timeout``; what did not finish in time (described)."""

@@ -217,6 +217,15 @@ class Reloader:
         self._lock: asyncio.Lock | None = None
         self._tasks = BackgroundTasks()
 
+    def busy(self) -> str | None:
+        """Why resources are being started or torn down now (a reload applying, removed resources draining), or
+        None: a handover must not begin meanwhile."""
+        if self._lock is not None and self._lock.locked():
+            return "a reload is being applied"
+        if self._draining:
+            return f"removed resources still drain: {', '.join(sorted(self._draining))}"
+        return None
+
     def request(self, trigger: str = SIGHUP) -> None:
         """Reload in the background (SIGHUP, or ``trigger``: what asked); reloads run one after another."""
         self._tasks.spawn(self.reload(trigger))

@@ -102,6 +102,8 @@ class StatusFile:
         self._writer = SerialThread("status-writer")
         self._tasks = BackgroundTasks()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: While True nothing is written: the state dir's lock was handed to a newer instance, whose file it is.
+        self.suspended = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Changes are written from now on, on ``loop`` (before, :meth:`changed` does nothing)."""
@@ -120,8 +122,10 @@ class StatusFile:
         self.changed()
 
     async def write(self, stopped: bool = False) -> None:
-        """Build and write the status now (after the writes queued before)."""
+        """Build and write the status now (after the writes queued before); nothing while :attr:`suspended`."""
         self._pending = False
+        if self.suspended:
+            return
         async with self._building:  # one build at a time (it lets other work run): files in build order
             status = await self._builder.build(self._resources())
             status["stopped"] = stopped

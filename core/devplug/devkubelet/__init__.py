@@ -44,6 +44,9 @@ never more kindly. Each module names the kubelet source it follows:
   off by default), GetAllocatableResources, rate limit;
 * :mod:`~devplug.devkubelet.kubelet` -- start-up cleanup, checkpoint restore,
   restarts, registrations and streams;
+* :mod:`~devplug.devkubelet.endpoints` -- two instances of one plugin (a
+  rolling update): endpoints keyed by socket path (Kubernetes PR #135437) or
+  by resource name (before it), ``DevKubelet(endpoints_by=...)``;
 * :mod:`~devplug.devkubelet.dra` -- with ``dra=DRAConfig()``, the kubelet's
   Dynamic Resource Allocation side as of Kubernetes 1.36: the plugin watcher
   on ``plugins_registry/``, the DRA plugin manager (newest connected instance

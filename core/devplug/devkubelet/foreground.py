@@ -17,6 +17,7 @@ from typing import Any
 from devplug.devkubelet.cgroups import CgroupLayout
 from devplug.devkubelet.control import ControlServer, default_control_socket
 from devplug.devkubelet.daemonconfig import daemon_settings, no_containers_liveness
+from devplug.devkubelet.endpoints import EndpointKeying
 from devplug.devkubelet.kubelet import DevKubelet
 
 __all__ = ["liveness_for", "run_foreground"]
@@ -43,6 +44,7 @@ async def run_foreground(
     cgroups: CgroupLayout | None = None,
     control_socket: Path | None = None,
     until: asyncio.Event | None = None,
+    endpoints_by: EndpointKeying = "socket-path",
 ) -> None:
     """Serve a dev kubelet and its control socket until ``until`` is set or the task is cancelled, logging every
     event (``devplug.devkubelet``), then kill its containers and remove their cgroups.
@@ -51,7 +53,11 @@ async def run_foreground(
     socket is ``control_socket`` or ``DIR/../devkubelet.sock``.
     """
     kubelet = DevKubelet(
-        device_plugin_dir, kep_mode=kep_mode, pod_resources_socket=pod_resources_socket, cgroups=cgroups
+        device_plugin_dir,
+        kep_mode=kep_mode,
+        pod_resources_socket=pod_resources_socket,
+        cgroups=cgroups,
+        endpoints_by=endpoints_by,
     )
     kubelet.add_listener(lambda event: _log.info("%s", event))
     liveness = liveness_for(device_plugin_dir, cgroups)

@@ -28,7 +28,12 @@ What this module itself follows (Kubernetes v1.32.10):
   resource whose endpoint stayed stopped past the grace period and rewrites
   the checkpoint;
 * ``PluginConnected``: the options come from GetDevicePluginOptions, never
-  from ``RegisterRequest.options``.
+  from ``RegisterRequest.options``;
+* a second instance of a plugin (``registerClient``/``runClient`` of
+  ``plugin/v1beta1/handler.go``): the older client stays connected and keeps
+  feeding the resource; what its end disconnects depends on how endpoints
+  are keyed, per socket path (Kubernetes PR #135437) or per resource name
+  (before it): :mod:`~devplug.devkubelet.endpoints`, picked by ``endpoints_by``.
 
 With ``dra=DRAConfig(...)`` it also runs the kubelet's DRA side
 (:mod:`devplug.devkubelet.dra`) in the root directory above the device-plugin
@@ -59,6 +64,7 @@ from devplug.devkubelet.devicemanager import DeviceManager, Endpoint
 from devplug.devkubelet.dra.model import ClaimState, DeviceHealth, DRAPluginView, ResourceStatus
 from devplug.devkubelet.dra.node import DRAConfig, DRAKubelet
 from devplug.devkubelet.dra.podclaims import PodClaims
+from devplug.devkubelet.endpoints import ENDPOINT_KEYINGS, EndpointKeying, OlderStreamEnd, older_stream_end
 from devplug.devkubelet.lifecycle import PodLifecycle
 from devplug.devkubelet.model import (
     AdmittedPod,
@@ -134,11 +140,14 @@ class DevKubelet:
       restart during which the pod manager is still empty;
     * ``drop_after``: drop a resource whose endpoint stayed stopped that many
       seconds (the kubelet waits 5 minutes); None (the default) never drops;
-    * ``rolling_update_pitfall``: reproduce the kubelet's handling of a
-      duplicate registration exactly: the old registration is not closed, its
-      stream keeps feeding the resource, and when it ends the kubelet
-      disconnects the resource's *current* registration. By default the old
-      client is closed at once and its end is ignored (newest wins cleanly);
+    * ``endpoints_by``: how the device manager keys plugin endpoints, which
+      decides what a second instance of one plugin (a rolling update with
+      ``maxSurge``) does to the first (see :mod:`~devplug.devkubelet.endpoints`):
+      ``"socket-path"`` (the default; kubelets with Kubernetes PR #135437,
+      merged 2025-11-25) or ``"resource-name"`` (every kubelet before it,
+      v1.32.10 included). In both, a newer registration does not close the
+      older one, whose stream keeps feeding the resource's device list;
+      they differ in what the older stream's end does;
     * ``cgroups``: run every container as a real process in a real cgroup of
       this :class:`~devplug.devkubelet.cgroups.CgroupLayout` (root needed;
       see :mod:`~devplug.devkubelet.containers`). The layout's root cgroup
@@ -170,7 +179,7 @@ class DevKubelet:
         write_checkpoint: bool = True,
         pod_list_delay: float = 0.0,
         drop_after: float | None = None,
-        rolling_update_pitfall: bool = False,
+        endpoints_by: EndpointKeying = "socket-path",
         cgroups: CgroupLayout | None = None,
         dev_root: Path = Path("/dev"),
         dra: DRAConfig | None = None,
@@ -199,7 +208,10 @@ class DevKubelet:
         self._dial_timeout = register_dial_timeout
         self._pod_resources_rate = pod_resources_rate
         self._drop_after = drop_after
-        self._rolling_update_pitfall = rolling_update_pitfall
+        if endpoints_by not in ENDPOINT_KEYINGS:
+            raise KubeletError(f"endpoints_by must be one of {', '.join(ENDPOINT_KEYINGS)}, not {endpoints_by!r}")
+        #: How the device manager keys plugin endpoints ("socket-path" or "resource-name").
+        self.endpoints_by: EndpointKeying = endpoints_by
         self._resources: dict[str, Resource] = {}
         self._registrations: dict[str, int] = {}
         self._listeners: list[Callable[[KubeletEvent], None]] = []
@@ -989,11 +1001,8 @@ class DevKubelet:
         if old is not None:
             detail += f", replaces endpoint {old.endpoint}"
         self._record("register", name, detail)
-        if old is not None:
-            if self._rolling_update_pitfall:
-                res.superseded.append(old)
-            else:
-                await old.close()
+        if old is not None:  # not closed: its stream goes on (registerClient keeps the older client)
+            res.superseded.append(old)
         client.watch(
             on_opened=lambda: self._stream_opened(res, client),
             on_list=lambda devices: self._stream_list(res, client, devices),
@@ -1025,14 +1034,27 @@ class DevKubelet:
             _log.warning("%s", exc)
 
     def _stream_ended(self, res: Resource, client: PluginClient, reason: str) -> None:
+        """``runClient`` after ``Run`` returned: disconnect the client the handler finds for this one."""
         if client in res.superseded:
-            # the kubelet looks its client up by resource name: an old stream's end disconnects the new one
             res.superseded.remove(client)
             self._spawn(client.close())
             current = res.client
-            if current is None:
+            effect = older_stream_end(self.endpoints_by, client.endpoint, current.endpoint if current else None)
+            if current is None or effect is OlderStreamEnd.ONLY_ITSELF:
+                self._record(
+                    "instance-disconnected",
+                    res.name,
+                    f"the older registration at {client.endpoint} ended ({reason}); the current one at "
+                    f"{res.endpoint} is untouched (endpoints keyed by {self.endpoints_by})",
+                )
                 return
-            reason = f"an older registration's stream ended ({reason}), so the current one was disconnected"
+            if effect is OlderStreamEnd.CURRENT_BY_NAME:
+                reason = f"an older registration's stream ended ({reason}), so the current one was disconnected"
+            else:
+                reason = (
+                    f"an older registration on the same socket {client.endpoint} ended ({reason}), so the current "
+                    "one was disconnected"
+                )
             client = current
         elif res.client is not client:
             return

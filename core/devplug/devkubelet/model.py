@@ -55,6 +55,7 @@ EVENT_KINDS = frozenset(
         "checkpoint-read",
         "restart",
         "stream-ended",
+        "instance-disconnected",
         "resource-dropped",
         # the DRA side (devplug.devkubelet.dra)
         "plugin-registered",

@@ -27,7 +27,7 @@ class Resource:
     def __init__(self, name: str) -> None:
         self.name = name
         self.client: PluginClient | None = None  # None: the endpoint is stopped (or was never connected)
-        self.superseded: list[PluginClient] = []  # older registrations still streaming (rolling_update_pitfall)
+        self.superseded: list[PluginClient] = []  # older registrations still streaming (see devkubelet.endpoints)
         self.endpoint = ""
         self.options: PluginOptions | None = PluginOptions()  # None: restored from the checkpoint (opts nil)
         self.devices: tuple[DeviceInfo, ...] = ()

@@ -260,6 +260,9 @@ class CdiSpecs:
         name: Callable[[str], str] = cdi_device_name,
     ) -> None:
         self.resource_name = resource_name
+        #: While True nothing is written: a handover is under way and the file may be the successor's already
+        #: (see :meth:`~devplug.engine.resource.Resource.pause`).
+        self.held = False
         #: A device ID's CDI name (:func:`cdi_device_name`; a test may pass another).
         self._name = name
         self.kind = kind
@@ -292,7 +295,7 @@ class CdiSpecs:
             described = self._described()
             if described == self._written:
                 return
-            if self._removed:
+            if self._removed or self.held:
                 return
             spec = build_spec(self.kind, described.items(), self._name)  # CdiNameCollisionError: file kept
             data = None if spec is None else (json.dumps(spec, indent=2) + "\n").encode()

@@ -24,10 +24,10 @@ from typing import Any
 from devplug.config import CdiConfig, ReleaseConfig, ResourceConfig
 from devplug.drivers import DriverHooks
 from devplug.engine.asynctools import Backoff
-from devplug.engine.cdi import AllocationAnswers, CdiSpecs
+from devplug.engine.cdi import AllocationAnswers, CdiNameCollisionError, CdiSpecs
 from devplug.engine.devicetable import DeviceCodec, DeviceTable
 from devplug.engine.driverhost import DriverHost, PublishedStatus
-from devplug.engine.frontend import FrontEnd
+from devplug.engine.frontend import FrontEnd, HandoverFrontEnd
 from devplug.engine.hookrunner import HookRunner, RunningHook
 from devplug.engine.ledger import Ledger
 from devplug.engine.lifecycle import DeviceLifecycle
@@ -45,7 +45,7 @@ from devplug.engine.resourcereport import (
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.tenantexit import ExitEvidence
-from devplug.errors import DriverError, StateError
+from devplug.errors import DevplugError, DriverError, StateError
 from devplug.resource_names import resource_state_dir
 
 __all__ = ["FrontEndFactory", "Resource", "ResourceState"]
@@ -100,6 +100,9 @@ class Resource:
         self._published = PublishedStatus(on_change)
         self._frontend = make_frontend(self._table, self._status)
         self._stopping = False
+        self._paused = False  # a handover asked: no new work starts (see pause)
+        self._handed_over = False  # a newer instance owns this resource's state: write nothing more
+        self._cdi_resync: asyncio.Future[None] | None = None  # the CDI spec rewritten after a failed handover
         self._host: DriverHost | None = None
         #: The core's interface to front ends, once the driver has started.
         self.lifecycle: DeviceLifecycle | None = None
@@ -125,8 +128,9 @@ class Resource:
 
     @property
     def stopping(self) -> bool:
-        """True once :meth:`wind_down` or :meth:`stop` was called: no new release starts in this instance."""
-        return self._stopping
+        """True once :meth:`wind_down` or :meth:`stop` was called, or while :meth:`pause` holds: no new release
+        starts in this instance."""
+        return self._stopping or self._paused
 
     @property
     def hooks(self) -> DriverHooks | None:
@@ -197,6 +201,8 @@ class Resource:
                     exc_info=None if expected else exc,
                 )
                 await asyncio.sleep(delay)
+                while self._paused and not self._stopping:  # a handover: no driver starts in this instance now
+                    await asyncio.sleep(delay)
         if self._stopping or self._host is None:
             return
         await asyncio.gather(self._frontend.serve(), self._host.run(), *([self._cdi.follow()] if self._cdi else []))
@@ -242,7 +248,7 @@ class Resource:
             lifecycle,
             interval=self._release.interval,
             max_retry_interval=self._release.max_retry_interval,
-            stopping=lambda: self._stopping,
+            stopping=lambda: self.stopping,
         )
         log.info(
             "[%s] driver %s started with %d devices (hooks: %s)",
@@ -309,6 +315,84 @@ class Resource:
         """Nothing is allocated any more (or the driver never started, so nothing can be released)."""
         return self.lifecycle is None or not self.holds_any()
 
+    # --- handover (devplug.daemon.handover): the old instance's side
+
+    def _handover_frontend(self) -> HandoverFrontEnd:
+        """The front end, which must be able to hand over (the config refuses a handover with any other)."""
+        if not isinstance(self._frontend, HandoverFrontEnd):
+            raise DevplugError(f"[{self.name}] its front end cannot be handed over to another instance")
+        return self._frontend
+
+    def pause(self) -> None:
+        """A newer instance asked to take over: calls that start new work wait at the front end, and no new
+        release starts; what runs goes on (:meth:`quiet` waits for it)."""
+        self._paused = True
+        self._handover_frontend().hold_calls()
+        if self._cdi is not None:  # from the lock's release on, the spec file is the successor's
+            self._cdi.held = True
+        self._on_change()
+
+    def resume(self) -> None:
+        """The handover failed: serve the held calls here and release again."""
+        self._paused = False
+        self._handover_frontend().release_calls()
+        if self._cdi is not None:
+            self._cdi.held = False
+            self._cdi_resync = asyncio.ensure_future(self._resync_cdi())
+        self._on_change()
+
+    async def _resync_cdi(self) -> None:
+        """Write the CDI spec as the devices are now (changes during a failed handover were held back)."""
+        assert self._cdi is not None
+        try:
+            await self._cdi.sync()
+        except (OSError, CdiNameCollisionError) as exc:
+            log.error("[%s] cannot write the CDI spec %s: %s", self.name, self._cdi.path, exc)
+
+    def quiet(self) -> bool:
+        """No driver hook and no release runs (calls held at the front end do not count)."""
+        return not self.hooks_running() and not self.releasing()
+
+    async def calls_idle(self) -> None:
+        """Return once no front-end call runs here."""
+        await self._handover_frontend().calls_idle()
+
+    async def flush(self) -> None:
+        """Fold the ledger's journal into its snapshot, synced: the successor reads one whole file."""
+        if self.lifecycle is not None:
+            await self._ledger.compact()
+
+    def handover_facts(self) -> dict[str, Any]:
+        """What this resource hands over: allocations held, its CDI spec, and the front end's facts."""
+        facts: dict[str, Any] = {"held_allocations": len(self._ledger), **self._handover_frontend().handover_facts()}
+        if self._cdi is not None:
+            facts["cdi_spec"] = str(self._cdi.path)
+        return facts
+
+    async def stop_driver(self) -> None:
+        """Stop the driver (the successor starts its own next); the front end keeps its sockets."""
+        if self._host is not None:
+            host, self._host = self._host, None
+            await host.stop()
+
+    async def hand_over(self, successor: str, grace: float) -> None:
+        """The successor serves at ``successor``: the front end answers through it and stops; nothing of the
+        state dir is written any more (the successor owns the ledger, the CDI spec and the status)."""
+        self._stopping = True
+        self._handed_over = True
+        await self._handover_frontend().hand_over(successor, grace)
+        if self.releases is not None:
+            self.releases.close()
+        await self.stop_driver()
+        self._ledger.close()
+        self._runner.close()
+        self._status.state = ResourceState.STOPPED
+
+    def disown(self) -> None:
+        """This instance let the state lock go (a handover under way when it was told to stop): write nothing of
+        the state dir from now on; :meth:`stop` does nothing (the process ends, its sockets with it)."""
+        self._handed_over = True
+
     # --- shutdown
 
     def wind_down(self) -> None:
@@ -317,7 +401,10 @@ class Resource:
         self._stopping = True
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting, finish in-flight calls, stop the driver, remove the socket."""
+        """Stop accepting, finish in-flight calls, stop the driver, remove the socket (nothing after a handover:
+        :meth:`hand_over` stopped it, and the state is the successor's)."""
+        if self._handed_over:
+            return
         self._stopping = True
         await self._frontend.stop(grace)
         if self.releases is not None:

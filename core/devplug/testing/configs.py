@@ -26,15 +26,17 @@ def dev_config(
     node: Mapping[str, Any] | None = None,
     kubernetes: Mapping[str, Any] | None = None,
     profiles: Mapping[str, Any] | None = None,
+    handover: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A config whose kubelet folders and state dir all live under ``root`` (the dev kubelet's layout).
 
     ``release`` adds keys to the ``[release]`` table (``previous_tenant_wait``, ...); ``metrics`` and ``cdi`` are
-    the ``[metrics]`` and ``[cdi]`` tables, when given, as are ``node``, ``kubernetes`` and ``profiles`` (the
-    ``[node]``, ``[kubernetes]`` and ``[profiles]`` tables). ``liveness`` is the ``[liveness]`` table: give the dev
-    kubelet's (:meth:`~devplug.devkubelet.DevKubelet.liveness_config`) when it runs containers in cgroups; by
-    default there are none to read (:func:`~devplug.devkubelet.daemonconfig.no_containers_liveness`). Failing
-    releases back off to at most ``max_retry_interval`` seconds (short, so tests of recovery need not wait a minute).
+    the ``[metrics]`` and ``[cdi]`` tables, when given, as are ``node``, ``kubernetes``, ``profiles`` and
+    ``handover`` (the ``[node]``, ``[kubernetes]``, ``[profiles]`` and ``[handover]`` tables). ``liveness`` is the
+    ``[liveness]`` table: give the dev kubelet's (:meth:`~devplug.devkubelet.DevKubelet.liveness_config`) when it
+    runs containers in cgroups; by default there are none to read
+    (:func:`~devplug.devkubelet.daemonconfig.no_containers_liveness`). Failing releases back off to at most
+    ``max_retry_interval`` seconds (short, so tests of recovery need not wait a minute).
     """
     config: dict[str, Any] = {
         "kubelet": {
@@ -60,7 +62,7 @@ def dev_config(
         config["metrics"] = dict(metrics)
     if cdi is not None:
         config["cdi"] = dict(cdi)
-    for key, table in (("node", node), ("kubernetes", kubernetes)):
+    for key, table in (("node", node), ("kubernetes", kubernetes), ("handover", handover)):
         if table is not None:
             config[key] = dict(table)
     config["resources"] = {name: dict(table) for name, table in resources.items()}

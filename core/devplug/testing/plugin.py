@@ -377,7 +377,8 @@ def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterato
       ``[release] grace_period`` and ``[shutdown] timeout`` (short defaults, so releases are quick);
       ``max_retry_interval`` caps a failing release's backoff (2 s), ``release`` adds other ``[release]`` keys;
     * ``liveness`` -- the ``[liveness]`` table (default: the dev kubelet's, where its containers' cgroups are);
-    * ``metrics``, ``cdi`` -- the config's ``[metrics]`` and ``[cdi]`` tables (e.g. ``{"enabled": True, "port": p}``);
+    * ``metrics``, ``cdi``, ``handover`` -- the config's ``[metrics]``, ``[cdi]`` and ``[handover]`` tables (e.g.
+      ``{"enabled": True, "port": p}``);
     * ``health_interval``, ``hook_timeout`` -- set on every resource table that does not set its own;
     * ``test_drivers`` -- ``{name: "module:Class"}``, drivers the daemon may use without being installed,
       their modules found in ``python_path`` (see :func:`devplug.testing.entrypoints.entry_point_env`);

@@ -3,9 +3,12 @@ the core's :class:`~devplug.engine.resource.Resource` drives."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from devplug.api.convert import encode_device_entry, encode_list_and_watch, options_to_pb
@@ -16,6 +19,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.resourcestatus import ResourceStatus
+from devplug.frontends.deviceplugin.callgate import CallGate
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView
 from devplug.frontends.deviceplugin.pluginserver import PluginServer
 from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver
@@ -59,17 +63,22 @@ class DevicePluginFrontEnd:
         checkpoint: CheckpointView,
         status: ResourceStatus,
         on_change: Callable[[], None] = lambda: None,
+        instance: str | None = None,
     ) -> None:
+        """``instance``: the daemon instance's tag (:func:`~devplug.resource_names.instance_tag`), which makes
+        the socket name unique per instance (handover); None keeps the name fixed per resource."""
         self.name = name
         self.kubelet = kubelet
         self.table = table
         self.checkpoint = checkpoint
         self.status = status
         self._on_change = on_change
-        self.socket_name = socket_file_name(name, len(str(kubelet.device_plugin_dir)))
+        self.socket_name = socket_file_name(name, len(str(kubelet.device_plugin_dir)), instance)
         self.socket_path = kubelet.device_plugin_dir / self.socket_name
         self.server: PluginServer | None = None
         self._judge: CheckpointTenancy | None = None
+        #: Where calls run during a handover (here, held, or forwarded to the successor).
+        self.gate = CallGate()
 
     @property
     def endpoint(self) -> str:
@@ -88,7 +97,7 @@ class DevicePluginFrontEnd:
         options = kubelet_options(lifecycle.capabilities)
 
         def make_service(observer: StreamObserver) -> DevicePluginService:
-            return DevicePluginService(lifecycle, self.table, options, observer)
+            return DevicePluginService(lifecycle, self.table, options, observer, self.gate)
 
         self.server = PluginServer(
             self.name, self.kubelet, self.socket_name, options, make_service, self.status, self._on_change
@@ -135,6 +144,46 @@ class DevicePluginFrontEnd:
     def describe(self) -> dict[str, Any] | None:
         """Nothing beyond the resource's own status (its registrations are the resource's)."""
         return None
+
+    # --- handover (see devplug.engine.frontend.FrontEnd)
+
+    @property
+    def serving(self) -> bool:
+        """Registered, and the kubelet's stream open (a handover's new instance says it serves only then)."""
+        return self.server is not None and self.server.kubelet_streaming
+
+    def hold_calls(self) -> None:
+        """Calls that would start new work wait (never refused) until :meth:`release_calls` or :meth:`hand_over`."""
+        self.gate.hold()
+
+    def release_calls(self) -> None:
+        """The handover failed: the waiting calls run here, and this instance goes on serving."""
+        self.gate.release()
+
+    async def calls_idle(self) -> None:
+        """Return once no call runs here (held ones wait at the gate)."""
+        await self.gate.wait_running_done()
+
+    def handover_facts(self) -> dict[str, object]:
+        """What this front end hands over: its socket and registrations, and the calls held meanwhile."""
+        return {
+            "endpoint": self.endpoint,
+            "registrations": self.status.registrations,
+            "held_calls": self.gate.held_calls,
+            "longest_wait_s": round(self.gate.longest_wait, 4),
+        }
+
+    async def hand_over(self, successor: str, grace: float) -> None:
+        """The successor serves at ``successor`` (its socket path): send it the waiting and later calls, never
+        register again, and stop serving; the successor's socket and registration stay untouched."""
+        if self.server is not None:
+            self.server.supersede(successor)
+        self.gate.forward_to(Path(successor))
+        # The kubelet closes its connection to this instance when this instance's stream ends, cancelling what
+        # still runs on it: the forwarded calls are answered first.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.gate.wait_idle(), grace)
+        await self.stop(grace)
 
     def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
         """Entries of the device-plugin folder changed (empty: unknown which): a sign of a kubelet restart."""

@@ -55,6 +55,8 @@ class PluginServer:
         self.status = status
         self._on_change = on_change
         self.stopping = False
+        #: Set once a newer instance took the node over: this one never registers again.
+        self.superseded_by: str | None = None
         self._restart = asyncio.Event()
         self._restart_reason = ""
         self._kubelet_appeared = asyncio.Event()
@@ -220,6 +222,11 @@ class PluginServer:
         """Serve on a fresh socket and register again (the kubelet restarted or dropped the resource)."""
         if self.stopping:
             return
+        if self.superseded_by is not None:
+            log.info(
+                "[%s] not registering again (%s): %s serves the resource now", self.name, reason, self.superseded_by
+            )
+            return
         if self.status.state is ResourceState.REGISTERED and not self._restart.is_set():
             self.status.kubelet_restarts += 1  # a registration lost: later signs of the same outage count no more
         self._restart_reason = reason
@@ -264,6 +271,20 @@ class PluginServer:
             self.trigger_reregister("the kubelet ended the ListAndWatch stream")
         else:
             log.debug("[%s] ListAndWatch stream %d of another client ended; not a kubelet restart", self.name, stream)
+
+    @property
+    def kubelet_streaming(self) -> bool:
+        """Registered, and the kubelet's ListAndWatch stream of that registration is open: from now on the
+        kubelet ending it (say, because an older instance's stream ended, on kubelets before PR #135437) is
+        seen, and answered by registering again."""
+        return self._kubelet_stream is not None and self.status.state is ResourceState.REGISTERED
+
+    # --- handover
+
+    def supersede(self, successor: str) -> None:
+        """A newer instance (serving at ``successor``) took over: never register again, whatever happens to
+        this instance's registration (the kubelet ending its stream, the socket removed)."""
+        self.superseded_by = successor
 
     # --- shutdown
 

@@ -37,6 +37,7 @@ from devplug.errors import (
     RequestError,
     StateWriteError,
 )
+from devplug.frontends.deviceplugin.callgate import CallGate, forward_call
 from devplug.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
@@ -67,6 +68,15 @@ def _identity(data: bytes) -> bytes:
 
 _stream_numbers = itertools.count(1)
 
+#: The wire name of each gated RPC, by the method serving it.
+_RPC_NAMES = {
+    "get_preferred_allocation": "GetPreferredAllocation",
+    "allocate": "Allocate",
+    "pre_start_container": "PreStartContainer",
+    "post_stop_container": "PostStopContainer",
+    "deallocate": "Deallocate",
+}
+
 
 def check_request_ids(resource_name: str, *groups: Iterable[str], known: Container[str] = ()) -> None:
     """Refuse (:class:`RequestError`) IDs the kubelet could never send: it only sends IDs a plugin advertised.
@@ -91,8 +101,11 @@ class DevicePluginService:
         table: DeviceTable,
         options: dp.DevicePluginOptions,
         observer: StreamObserver,
+        gate: CallGate | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        #: Whether calls run here, wait, or go to a successor instance (a handover); open when not given.
+        self.gate = gate or CallGate()
         self.table = table
         self.options = options
         self.observer = observer
@@ -120,27 +133,27 @@ class DevicePluginService:
                     response_serializer=_identity,
                 ),
                 "GetPreferredAllocation": unary(
-                    self._guard(self.get_preferred_allocation),
+                    self._guard(self.get_preferred_allocation, dp.PreferredAllocationResponse.FromString),
                     request_deserializer=dp.PreferredAllocationRequest.FromString,
                     response_serializer=dp.PreferredAllocationResponse.SerializeToString,
                 ),
                 "Allocate": unary(
-                    self._guard(self.allocate),
+                    self._guard(self.allocate, _identity),
                     request_deserializer=dp.AllocateRequest.FromString,
                     response_serializer=_identity,  # encoded by encode_allocate_response
                 ),
                 "PreStartContainer": unary(
-                    self._guard(self.pre_start_container),
+                    self._guard(self.pre_start_container, dp.PreStartContainerResponse.FromString),
                     request_deserializer=dp.PreStartContainerRequest.FromString,
                     response_serializer=dp.PreStartContainerResponse.SerializeToString,
                 ),
                 "PostStopContainer": unary(
-                    self._guard(self.post_stop_container),
+                    self._guard(self.post_stop_container, dp.PostStopContainerResponse.FromString),
                     request_deserializer=dp.PostStopContainerRequest.FromString,
                     response_serializer=dp.PostStopContainerResponse.SerializeToString,
                 ),
                 "Deallocate": unary(
-                    self._guard(self.deallocate),
+                    self._guard(self.deallocate, dp.DeallocateResponse.FromString),
                     request_deserializer=dp.DeallocateRequest.FromString,
                     response_serializer=dp.DeallocateResponse.SerializeToString,
                 ),
@@ -148,9 +161,13 @@ class DevicePluginService:
         )
 
     def _guard(
-        self, method: Callable[[Req], Awaitable[Resp]]
+        self, method: Callable[[Req], Awaitable[Resp]], decode: Callable[[bytes], Any] | None = None
     ) -> Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
+        """``method`` with the engine's errors as gRPC codes; with ``decode`` (its reply's parser) the call also
+        passes the gate: it may wait, or go to the successor instance (:mod:`.callgate`)."""
         name = method.__name__
+        if decode is not None:
+            return self._gated(self._guard(method), _RPC_NAMES[name], decode)
 
         async def call(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
             try:
@@ -177,6 +194,30 @@ class DevicePluginService:
             raise AssertionError("unreachable: context.abort raises")
 
         call.__name__ = name
+        return call
+
+    def _gated(
+        self,
+        guarded: Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]],
+        rpc: str,
+        decode: Callable[[bytes], Any],
+    ) -> Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
+        async def call(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
+            successor = await self.gate.enter()
+            try:
+                if successor is None:
+                    return await guarded(request, context)
+                reply, code, details = await forward_call(successor, rpc, request, decode)
+            finally:
+                self.gate.leave()
+            if code is not None:
+                log.warning("[%s] %s forwarded to %s failed: %s", self.lifecycle.resource_name, rpc, successor, details)
+                await context.abort(code, details)
+            log.info("[%s] %s answered by the successor instance at %s", self.lifecycle.resource_name, rpc, successor)
+            answer: Resp = reply
+            return answer
+
+        call.__name__ = guarded.__name__
         return call
 
     # --- RPCs

@@ -1,0 +1,114 @@
+"""Where one resource's DevicePlugin calls run during a handover: here, held, or at the successor instance.
+
+While a new instance takes the node over (:mod:`devplug.daemon.handover`),
+the old one holds every call that would start new work (Allocate,
+GetPreferredAllocation, PreStartContainer and the KEP calls): they wait,
+rather than fail, so the kubelet refuses no pod. If the handover fails the
+held calls run here after all (:meth:`CallGate.release`); once the successor
+serves, they and every later call go to its socket
+(:meth:`CallGate.forward_to`), answered by the instance that owns the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+__all__ = ["CallGate", "forward_call"]
+
+#: Seconds a forwarded call may take (the kubelet's own Allocate has no deadline; PreStartContainer has 30 s).
+FORWARD_TIMEOUT_S = 120.0
+
+
+class CallGate:
+    """Open (calls run here), held (calls wait), or forwarding (calls go to the successor's socket)."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._successor: Path | None = None
+        self._running = 0  # calls past the gate (run here or forwarded)
+        self._waiting = 0  # calls held at the gate
+        self._changed = asyncio.Event()
+        #: How many calls waited at the gate, and the longest wait (seconds), since the gate was made.
+        self.held_calls = 0
+        self.longest_wait = 0.0
+
+    @property
+    def successor(self) -> Path | None:
+        """The successor's socket once calls are forwarded, else None."""
+        return self._successor
+
+    @property
+    def in_flight(self) -> int:
+        """Calls running (here or forwarded) or held: the kubelet's connection to this instance must outlive them,
+        as the kubelet closes it when this instance's stream ends, cancelling whatever still runs on it."""
+        return self._running + self._waiting
+
+    def hold(self) -> None:
+        """Calls arriving from now on wait (calls already running go on)."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """Calls run here again (the handover failed); the waiting ones start."""
+        self._successor = None
+        self._open.set()
+
+    def forward_to(self, socket: Path) -> None:
+        """Every waiting and later call goes to ``socket``, the successor instance's."""
+        self._successor = socket
+        self._open.set()
+
+    async def enter(self) -> Path | None:
+        """Wait while held; then the successor's socket to forward to, or None to run here; :meth:`leave` after."""
+        if not self._open.is_set():
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            self.held_calls += 1
+            self._waiting += 1
+            try:
+                await self._open.wait()
+            finally:
+                self._waiting -= 1
+            self.longest_wait = max(self.longest_wait, loop.time() - started)
+        self._running += 1
+        return self._successor
+
+    def leave(self) -> None:
+        """A call that :meth:`enter` let through (run here or forwarded) returned."""
+        self._running -= 1
+        self._changed.set()
+
+    async def wait_running_done(self) -> None:
+        """Return once no call runs past the gate (held ones may still wait)."""
+        await self._wait(lambda: self._running == 0)
+
+    async def wait_idle(self) -> None:
+        """Return once no call runs or waits (held calls must have been let through and answered)."""
+        await self._wait(lambda: self.in_flight == 0)
+
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._changed.clear()
+            await self._changed.wait()
+
+
+async def forward_call(
+    socket: Path, method: str, request: Any, decode: Callable[[bytes], Any]
+) -> tuple[Any, grpc.StatusCode | None, str]:
+    """Call ``/v1beta1.DevicePlugin/<method>`` on ``socket``; (reply, None, "") or (None, code, details)."""
+    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+        call = channel.unary_unary(
+            f"/v1beta1.DevicePlugin/{method}",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=decode,
+        )
+        try:
+            return await call(request, timeout=FORWARD_TIMEOUT_S), None, ""
+        except grpc.aio.AioRpcError as exc:
+            return None, exc.code(), exc.details() or ""
