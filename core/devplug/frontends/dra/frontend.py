@@ -309,9 +309,21 @@ class DraFrontEnd:
             out["registration"] = self.registration.state.describe()
         if self.publisher is not None:
             state = self.publisher.state
-            out["slices"] = {"generation": state.generation, "slices": state.slices, "error": state.error}
+            out["slices"] = {
+                "generation": state.generation,
+                "slices": state.slices,
+                "in_sync": state.in_sync,
+                "synced_at": state.synced_at,
+                "failures": state.failures,
+                "error": state.error,
+            }
         if self.preparer is not None:
             out["claims"] = {
+                "held": sum(
+                    1
+                    for r in self.preparer.lifecycle.records()
+                    if r.claim_uid is not None and not r.releasing and not r.pending
+                ),
                 "prepared": self.preparer.prepared,
                 "unprepared": self.preparer.unprepared,
                 "refused": self.preparer.refused,
