@@ -38,6 +38,9 @@ class Settings:
     flood_calls: int = 1_000  # Allocate calls measured without and with the flood
     flood_devices: int = 100
     flood_probes: int = 10  # probes answered during the flood (one after each tenth of its calls)
+    dra_rounds: int = 500  # DRA prepare + unprepare rounds measured (one claim each), beside the floor's
+    dra_warmup: int = 50  # unmeasured rounds before them
+    dra_health_rounds: int = 25  # a device turned unhealthy and healthy again, this many times
 
 
 FULL = Settings(
@@ -81,4 +84,7 @@ QUICK = Settings(
     flood_calls=40,
     flood_devices=20,
     flood_probes=2,
+    dra_rounds=20,
+    dra_warmup=5,
+    dra_health_rounds=3,
 )
