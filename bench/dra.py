@@ -1,7 +1,8 @@
 """DRA prepare and unprepare round trips: devplug's DRA front end against a bare grpcio DRAPlugin floor, same run.
 
 ``python -m bench.dra`` (``--quick`` for a tiny run; ``--json`` for the figures
-as JSON). devplug's side is the real thing: ``devplug run`` serving the mock
+as JSON); ``make bench`` (``python -m bench``) runs it too and reports its
+figures as the ``dra_*`` keys (:func:`results_keys`). devplug's side is the real thing: ``devplug run`` serving the mock
 driver through DRA (a child process), the API server stand-in over HTTP on
 loopback (each prepare reads its claim from it, as on a node), claims allocated
 as the scheduler writes them, each call a ``v1.DRAPlugin`` call over the
@@ -338,6 +339,43 @@ async def _health_series(node: Any, root: Path, rounds: int) -> dict[str, Any]:
     return figures
 
 
+def measure(rounds: int, warmup: int, health_rounds: int) -> dict[str, Any]:
+    """The figures (as ``--json`` prints them) of ``rounds`` prepare and unprepare rounds after ``warmup`` ones, and
+    ``health_rounds`` health flips, in a fresh folder under /tmp (socket paths hold 107 bytes)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="devplug-bench-dra-", dir="/tmp") as tmp:
+        return asyncio.run(_measure(rounds, warmup, Path(tmp), health_rounds))
+
+
+def results_keys(figures: dict[str, Any]) -> dict[str, float]:
+    """The figures as ``make bench``'s results.json keys (``dra_*``; see bench/report.py)."""
+    out: dict[str, float] = {}
+    for op in ("prepare", "unprepare"):
+        f, floor = figures[op], figures[f"floor_{op}"]
+        out.update(
+            {
+                f"dra_{op}_p50_ms": f["p50"],
+                f"dra_{op}_p99_ms": f["p99"],
+                f"dra_{op}_ratio_p50": f["ratio_p50"],
+                f"dra_{op}_ratio_p99": f["ratio_p99"],
+                f"dra_{op}_floor_p50_ms": floor["p50"],
+                f"dra_{op}_floor_p99_ms": floor["p99"],
+            }
+        )
+    health, floor, sliced = figures["health"], figures["floor_health"], figures["slice"]
+    out.update(
+        dra_health_to_kubelet_p50_ms=health["p50"],
+        dra_health_to_kubelet_p99_ms=health["p99"],
+        dra_health_floor_p50_ms=floor["p50"],
+        dra_health_floor_p99_ms=floor["p99"],
+        dra_health_to_slice_p50_ms=sliced["p50"],
+        dra_health_to_slice_p99_ms=sliced["p99"],
+        dra_rounds=figures["prepare"]["n"],
+    )
+    return out
+
+
 def _table(figures: dict[str, Any], rounds: int) -> str:
     lines = [
         f"DRA calls, one claim each, {rounds} rounds, interleaved with a bare grpcio DRAPlugin floor",
@@ -374,12 +412,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.health_floor is not None:
         _health_floor_main(args.health_floor)
         return
-    rounds, warmup = (20, 5) if args.quick else (args.rounds, 50)
-    health_rounds = 3 if args.quick else 25
-    import tempfile
+    from bench.settings import FULL, QUICK
 
-    with tempfile.TemporaryDirectory(prefix="devplug-bench-dra-", dir="/tmp") as tmp:
-        figures = asyncio.run(_measure(rounds, warmup, Path(tmp), health_rounds))
+    s = QUICK if args.quick else FULL
+    rounds = s.dra_rounds if args.quick else args.rounds
+    figures = measure(rounds, s.dra_warmup, s.dra_health_rounds)
     print(json.dumps(figures, indent=1) if args.json else _table(figures, rounds))
 
 

@@ -100,6 +100,17 @@ GOAL_KEYS: tuple[Key, ...] = (
     ),
     Key("handover_ms", "rolling update: new daemon's start to the old one's exit, p50 (ms)"),
     Key("handover_allocate_wait_max_ms", "rolling update: longest Allocate during a handover (ms)"),
+    # issue 28: DRA, one claim per call, interleaved with a bare grpcio DRAPlugin floor (no goal set: shown only)
+    Key("dra_prepare_p50_ms", "DRA NodePrepareResources, one claim, p50 (ms)"),
+    Key("dra_prepare_p99_ms", "DRA NodePrepareResources, one claim, p99 (ms)"),
+    Key("dra_prepare_ratio_p50", "devplug / floor, prepare p50"),
+    Key("dra_prepare_ratio_p99", "devplug / floor, prepare p99"),
+    Key("dra_unprepare_p50_ms", "DRA NodeUnprepareResources, one claim, p50 (ms)"),
+    Key("dra_unprepare_p99_ms", "DRA NodeUnprepareResources, one claim, p99 (ms)"),
+    Key("dra_unprepare_ratio_p50", "devplug / floor, unprepare p50"),
+    Key("dra_unprepare_ratio_p99", "devplug / floor, unprepare p99"),
+    Key("dra_health_to_kubelet_p99_ms", "DRA device health change to the kubelet's health stream, p99 (ms)"),
+    Key("dra_health_to_slice_p99_ms", "DRA device health change to its updated ResourceSlice, p99 (ms)"),
 )
 
 #: Floors and diagnostics measured in the same run, shown under the goals.
@@ -172,6 +183,18 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("flood_rss_growth_mb_reopening", "daemon RSS growth with reopening slow clients (MiB)"),
     Key("flood_probe_ms_reopening", "slowest /healthz answer with reopening slow clients (ms)"),
     Key("flood_closed_per_s_reopening", "slow connections the server closed per second, reopening flood"),
+    Key("dra_prepare_floor_p50_ms", "bare grpcio DRAPlugin floor, prepare, p50 (ms)"),
+    Key("dra_prepare_floor_p99_ms", "bare grpcio DRAPlugin floor, prepare, p99 (ms)"),
+    Key("dra_unprepare_floor_p50_ms", "bare grpcio DRAPlugin floor, unprepare, p50 (ms)"),
+    Key("dra_unprepare_floor_p99_ms", "bare grpcio DRAPlugin floor, unprepare, p99 (ms)"),
+    Key("dra_health_to_kubelet_p50_ms", "DRA health change to the kubelet's health stream, p50 (ms)"),
+    Key(
+        "dra_health_floor_p50_ms",
+        "bare health plugin (inotify to NodeWatchResources), p50 (ms; a plain implementation, not a lower bound)",
+    ),
+    Key("dra_health_floor_p99_ms", "bare health plugin, p99 (ms)"),
+    Key("dra_health_to_slice_p50_ms", "DRA health change to its ResourceSlice, p50 (ms; includes a 0.2 s debounce)"),
+    Key("dra_rounds", "DRA prepare/unprepare rounds measured"),
 )
 
 

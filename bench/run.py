@@ -1,4 +1,5 @@
-"""The whole run: the speed nodes (benchmark kubelet), the lifecycle node and the release node (dev kubelet)."""
+"""The whole run: the speed nodes (benchmark kubelet), the lifecycle node and the release node (dev kubelet), and a
+node serving through DRA (bench.dra)."""
 
 from __future__ import annotations
 
@@ -242,6 +243,13 @@ def _handover(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None
             out.update(handover.measure(s, node, kubelet))
 
 
+def _dra(s: Settings, out: dict[str, Any], log: Log) -> None:
+    from bench import dra  # its own API server stand-in, dev kubelet and folder under /tmp (short socket paths)
+
+    with _phase(f"DRA prepare/unprepare ({s.dra_rounds} rounds) and health changes ({s.dra_health_rounds})", log):
+        out.update(dra.results_keys(dra.measure(s.dra_rounds, s.dra_warmup, s.dra_health_rounds)))
+
+
 def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench.scenarios import shared  # devplug-shared is a driver of this checkout, installed by make
 
@@ -277,6 +285,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _exit(ws, settings, out, log)
         _metrics_flood(ws, settings, out, log)
         _handover(ws, settings, out, log)
+    _dra(settings, out, log)
     _shared(settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -41,6 +41,9 @@ class Settings:
     handovers: int = 5  # rolling-update handovers measured, one after another
     handover_devices: int = 1_000  # the mock resource whose Allocates are timed across the handovers
     handover_steady_calls: int = 300  # Allocates before the first handover: the floor's sample
+    dra_rounds: int = 500  # DRA prepare + unprepare rounds measured (one claim each), beside the floor's
+    dra_warmup: int = 50  # unmeasured rounds before them
+    dra_health_rounds: int = 25  # a device turned unhealthy and healthy again, this many times
 
 
 FULL = Settings(
@@ -87,4 +90,7 @@ QUICK = Settings(
     flood_calls=40,
     flood_devices=20,
     flood_probes=2,
+    dra_rounds=20,
+    dra_warmup=5,
+    dra_health_rounds=3,
 )

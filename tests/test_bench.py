@@ -53,9 +53,11 @@ def test_quick_bench_writes_every_key(tmp_path: Path) -> None:
     keys = _goal_keys()
     # issue 5's 19, plus the p50 ratio, the held-1000 ratio and the preferred ratio of issue 11, and issue 23's
     # container exit to release (measured where the dev kubelet can run containers in cgroup v2: as root), and
-    # issue 24's Allocate p99 ratio, threads and RSS beside 1,300 slow clients of the metrics port, and issue 30's
-    # handover: the new daemon's start to the old one's exit, the longest Allocate meanwhile
-    assert len(keys) == 28
+    # issue 24's Allocate p99 ratio, threads and RSS beside 1,300 slow clients of the metrics port, issue 30's
+    # handover (the new daemon's start to the old one's exit, the longest Allocate meanwhile) and issue 28's DRA
+    # prepare and unprepare p50/p99 and their ratios to the floor, and a health change to the kubelet's health
+    # stream and to the updated ResourceSlice (p99)
+    assert len(keys) == 38
     if os.geteuid() != 0:
         keys.remove("exit_release_p99_ms_v2")
     for key in keys:

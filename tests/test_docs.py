@@ -61,6 +61,11 @@ def test_every_metric_is_in_the_metrics_table() -> None:
     metrics = Metrics()
     metrics.observer("example.com/a", "mock")
     metrics.handover("to", "done", 0.5)  # the handover series exist once one happened
+    dra = metrics.observer("example.com/b", "mock")  # a resource served through DRA: every DRA series
+    dra.claim_prepared(0.001)
+    dra.claim_prepare_failed("claim_not_found", 0.001)
+    dra.claim_unprepare_failed("release_failed", 0.001)
+    dra.claim_gone("deleted")
     figures = [
         ResourceFigures(
             "example.com/a",
@@ -71,7 +76,22 @@ def test_every_metric_is_in_the_metrics_table() -> None:
             kubelet_restarts=0,
             shared=[("gpu0", 4, 1, 1)],
             unhealthy_reasons=[("gpu1", "fan stopped")],
-        )
+        ),
+        ResourceFigures(
+            "example.com/b",
+            1,
+            0,
+            registered=True,
+            registrations=1,
+            kubelet_restarts=0,
+            frontend={
+                "driver": "b.example.com",
+                "pool": "node-a",
+                "registration": {"registered": True, "socket_recreated": 0},
+                "slices": {"generation": 1, "slices": 1, "in_sync": True, "synced_at": 1.0, "failures": 0},
+                "claims": {"held": 0},
+            },
+        ),
     ]
     node = NodeFigures(profiles=("big",), node_watched=True)  # the profile metrics, which need profiles
     metrics.registry.register(EngineCollector(lambda: figures, lambda: node))
@@ -79,7 +99,7 @@ def test_every_metric_is_in_the_metrics_table() -> None:
     process = [f for f in families if f.name.startswith("process_")]  # prometheus-client's, documented as a group
     assert process and "| `process_*` |" in METRICS
     families = [f for f in families if f not in process]
-    assert len(families) == 29  # 27, and the two handover metrics
+    assert len(families) == 44  # 27, the two handover metrics and the DRA front end's 15 (devplug.daemon.drametrics)
     rows = {line.split("|")[1].strip(): line for line in METRICS.splitlines() if line.startswith("| `devplug_")}
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name
@@ -90,6 +110,18 @@ def test_every_metric_is_in_the_metrics_table() -> None:
         labels = {label for sample in family.samples for label in sample.labels if label != "le"}
         assert {c.strip().strip("`") for c in cells[3].split(",")} - {""} == labels, name
     assert not rows, f"docs/operator/metrics.md lists metrics that do not exist: {sorted(rows)}"
+
+
+def test_every_dra_prepare_failure_reason_is_explained() -> None:
+    from devplug.frontends.dra.service import PREPARE_FAILURE_REASONS, UNPREPARE_FAILURE_REASONS
+
+    lines = METRICS.splitlines()
+    start = lines.index("| `reason` | the claim could not be prepared because |") + 2  # past the header's rule
+    rows = lines[start : next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))]
+    table = {reason.strip().strip("`") for row in rows for reason in row.split("|")[1].split(",")}
+    assert set(PREPARE_FAILURE_REASONS) == table
+    for reason in UNPREPARE_FAILURE_REASONS:
+        assert f"`{reason}`" in METRICS, reason
 
 
 def test_readme_starts_with_the_two_commands() -> None:

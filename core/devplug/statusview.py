@@ -82,6 +82,40 @@ def _handover_lines(section: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _dra_lines(frontend: dict[str, Any] | None) -> list[str]:
+    """A resource served through DRA: its driver and pool, the kubelet's word on the registration, the slices, and
+    each claim prepared here."""
+    if not frontend or "driver" not in frontend:
+        return []
+    lines = [f"  DRA driver {frontend['driver']}, pool {frontend.get('pool')}, instance {frontend.get('instance')}"]
+    reg = frontend.get("registration")
+    if reg:
+        said = {None: "not yet", True: "registered", False: "REFUSED"}[reg.get("registered")]
+        error = f": {reg['error']}" if reg.get("error") else ""
+        lines.append(f"    kubelet plugin watcher: {said}{error} (registrations {reg.get('registrations', 0)})")
+    sl = frontend.get("slices")
+    if sl:
+        state = "in sync" if sl.get("in_sync") else f"NOT IN SYNC ({sl.get('failures', 0)} failures in a row)"
+        error = f": {sl['error']}" if sl.get("error") else ""
+        lines.append(
+            f"    ResourceSlices: {sl.get('slices', 0)}, generation {sl.get('generation', 0)}, {state}{error} "
+            f"(last sync {_ago(sl.get('synced_at'))})"
+        )
+    claims = frontend.get("claims")
+    if claims:
+        lines.append(
+            f"    claims: {claims.get('held', 0)} prepared now; since start {claims.get('prepared', 0)} prepared, "
+            f"{claims.get('unprepared', 0)} unprepared, {claims.get('refused', 0)} refused"
+        )
+        for claim in claims.get("list") or []:
+            pods = ", ".join(claim.get("pods") or []) or "-"
+            lines.append(
+                f"      {claim.get('claim')} (uid {claim.get('uid')}): {', '.join(claim.get('devices') or [])}; "
+                f"pods {pods}"
+            )
+    return lines
+
+
 def format_status(data: dict[str, Any]) -> str:
     """The status file's content as lines for a terminal (control characters in it escaped)."""
     state = "running" if data.get("running") else "NOT RUNNING (last status shown)"
@@ -143,6 +177,7 @@ def format_status(data: dict[str, Any]) -> str:
         )
         if res.get("degraded"):
             lines.append(f"  DEGRADED: {res['degraded']}")
+        lines.extend(_dra_lines(res.get("frontend")))
         if res.get("last_error"):
             lines.append(f"  last error: {res['last_error']}")
         lines.append(

@@ -66,8 +66,12 @@ def test_every_optional_component_is_tested() -> None:
         str(p.parent.relative_to(DEPLOY / "components")) for p in DEPLOY.glob("components/**/kustomization.yaml")
     )
     used = set()
-    for overlay in OVERLAYS:
-        kustomization = yaml.safe_load((DEPLOY / "overlays" / overlay / "kustomization.yaml").read_text())
+    # the overlays' components, and those of their DRA variants (tests/deploy/test_dra_manifests.py)
+    for path in [
+        *(DEPLOY / "overlays" / o / "kustomization.yaml" for o in OVERLAYS),
+        *DEPLOY.glob("dra/*/kustomization.yaml"),
+    ]:
+        kustomization = yaml.safe_load(path.read_text())
         used |= {Path(c).relative_to("../../components").as_posix() for c in kustomization.get("components", [])}
     assert sorted(set(found) - used) == sorted(OPTIONAL_COMPONENTS)
 

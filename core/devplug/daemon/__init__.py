@@ -19,7 +19,8 @@ Modules, by job:
   (its shape, checked when read);
 * the optional servers: ``metricsendpoint`` (the metrics and probes served
   from the resources' figures), ``metrics`` (the Prometheus metrics and their
-  endpoints) and ``httpserve`` (the bounded HTTP server under them), imported
-  only when ``[metrics] enabled``; ``cdicleanup`` (CDI spec files no resource
+  endpoints), ``drametrics`` (those of resources served through DRA) and
+  ``httpserve`` (the bounded HTTP server under them), imported only when
+  ``[metrics] enabled``; ``cdicleanup`` (CDI spec files no resource
   serves any more).
 """

@@ -8,7 +8,8 @@ Two kinds of figures. Events are counted as they happen, by the
 once and cached, so no label string is built on the Allocate path). What the
 engine already keeps (devices by health, registration state and count, kubelet
 restarts seen) is read at scrape time, on the event loop, by
-:class:`EngineCollector`.
+:class:`EngineCollector`. A resource served through DRA adds its claims', its
+registration's and its ResourceSlices' metrics (:mod:`devplug.daemon.drametrics`).
 
 The HTTP server (:mod:`devplug.daemon.httpserve`: bounded connections, timeouts
 for slow requests and idle connections, capped headers) runs in threads of its
@@ -40,6 +41,7 @@ from prometheus_client.registry import Collector
 
 import devplug
 from devplug.contract import HOOK_CONTRACT
+from devplug.daemon.drametrics import DraCounters, DraResourceCounters, dra_families
 from devplug.daemon.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
 from devplug.engine.observer import ResourceObserver
 from devplug.engine.resourcereport import ResourceFigures
@@ -105,6 +107,13 @@ class PrometheusObserver(ResourceObserver):
         self._releases = metrics.releases.labels(resource)
         self._release_seconds = metrics.release_seconds.labels(resource)
         self._ledger = {kind: metrics.ledger_seconds.labels(resource, kind) for kind in ("journal", "snapshot")}
+        self._dra_counters: DraResourceCounters | None = None  # made on a DRA resource's first claim
+
+    @property
+    def _dra(self) -> DraResourceCounters:
+        if self._dra_counters is None:
+            self._dra_counters = self._metrics.dra.of(self._resource)
+        return self._dra_counters
 
     def _hook(self, hook: str) -> tuple[Any, Any, Any]:
         children = self._hooks.get(hook)
@@ -137,6 +146,21 @@ class PrometheusObserver(ResourceObserver):
             child = self._ledger[kind] = self._metrics.ledger_seconds.labels(self._resource, kind)
         child.observe(seconds)
 
+    def claim_prepared(self, seconds: float) -> None:
+        self._dra.prepared(seconds)
+
+    def claim_prepare_failed(self, reason: str, seconds: float) -> None:
+        self._dra.prepared(seconds, failure=reason)
+
+    def claim_unprepared(self, seconds: float) -> None:
+        self._dra.unprepared(seconds)
+
+    def claim_unprepare_failed(self, reason: str, seconds: float) -> None:
+        self._dra.unprepared(seconds, failure=reason)
+
+    def claim_gone(self, cause: str) -> None:
+        self._dra.gone(cause)
+
 
 class EngineCollector(Collector):
     """The figures the engine keeps, read through ``read`` and ``node`` (which run on the event loop) at every
@@ -149,7 +173,8 @@ class EngineCollector(Collector):
         self._node = node
 
     def collect(self) -> Iterable[Metric]:
-        return [*self._resources(self._read()), *self._node_metrics(self._node())]
+        resources = self._read()
+        return [*self._resources(resources), *dra_families(resources), *self._node_metrics(self._node())]
 
     @staticmethod
     def _node_metrics(node: NodeFigures) -> list[Metric]:
@@ -342,6 +367,7 @@ class Metrics:
             registry=r,
         )
         build.labels(devplug.__version__, HOOK_CONTRACT, platform.python_version()).set(1)
+        self.dra = DraCounters(r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds, ...
 
     def handover(self, role: str, outcome: str, seconds: float | None) -> None:

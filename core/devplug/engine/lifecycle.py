@@ -75,6 +75,8 @@ class DeviceLifecycle:
         self.table = table
         self.ledger = ledger
         self.exits = exits
+        #: Where the resource's events are counted (a front end counts its own there too).
+        self.observer = observer
         self._driver = driver
         self.guard = DeviceGuard(
             resource_name, table, ledger, driver.runner, on_change=on_change, on_freed=on_allocated

@@ -3,7 +3,9 @@
 The engine calls these methods at a handful of event points: a driver hook
 called, failed or timed out (:mod:`devplug.engine.hookrunner`), containers
 allocated and allocations released (:mod:`devplug.engine.lifecycle`), a ledger
-write done (:mod:`devplug.engine.ledger`). Each call does O(1) work. The base
+write done (:mod:`devplug.engine.ledger`), and for a resource served through DRA
+a claim prepared, unprepared or refused and a prepared claim found gone
+(:mod:`devplug.frontends.dra`). Each call does O(1) work. The base
 class does nothing, and :data:`NULL_OBSERVER` is what every part gets while
 metrics are off: one method call that returns at once, and no import of
 ``prometheus_client`` (see :mod:`devplug.daemon.metrics` for the one that counts).
@@ -36,6 +38,22 @@ class ResourceObserver:
     def ledger_written(self, kind: str, seconds: float) -> None:
         """The ledger was written: ``kind`` is ``"journal"`` (an append, fdatasync'ed when asked) or
         ``"snapshot"`` (a compaction)."""
+
+    def claim_prepared(self, seconds: float) -> None:
+        """A DRA claim was prepared (or a prepared one answered again) in ``seconds``."""
+
+    def claim_prepare_failed(self, reason: str, seconds: float) -> None:
+        """A DRA claim could not be prepared, for ``reason`` (one of a fixed set of kinds, never the message)."""
+
+    def claim_unprepared(self, seconds: float) -> None:
+        """A DRA claim was unprepared (or had nothing to unprepare here) in ``seconds``."""
+
+    def claim_unprepare_failed(self, reason: str, seconds: float) -> None:
+        """A DRA claim's unprepare failed, for ``reason`` (one of a fixed set of kinds)."""
+
+    def claim_gone(self, cause: str) -> None:
+        """A prepared DRA claim was found ``cause`` (deleted, replaced, deallocated) in the API server, with no
+        unprepare coming: reconciliation releases it (once per claim)."""
 
 
 #: The observer of every resource while metrics are off.

@@ -85,6 +85,9 @@ class ResourceFigures:
     failing_releases: int = 0
     #: Each device the driver reports unhealthy, with the reason it gives (empty when it gives none).
     unhealthy_reasons: Sequence[tuple[str, str]] = ()
+    #: What the front end says of itself (:meth:`~devplug.engine.frontend.FrontEnd.describe`: a DRA front end's
+    #: registration, slices and claims), or None.
+    frontend: Mapping[str, Any] | None = None
 
 
 def figures(src: ReportSources) -> ResourceFigures:
@@ -108,6 +111,7 @@ def figures(src: ReportSources) -> ResourceFigures:
             for dev_id in sorted(table.unhealthy_ids())
             if (device := table.reported(dev_id)) is not None
         ],
+        frontend=src.frontend,
     )
 
 

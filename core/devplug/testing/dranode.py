@@ -233,12 +233,14 @@ def _config(
     *,
     cdi: Mapping[str, Any] | None,
     release_interval: float,
+    metrics_port: int | None = None,
 ) -> Path:
     config = dev_config(
         root,
         {resource: {**table, "api": "dra", "dra": {"driver_name": driver}}},
         release_interval=release_interval,
         cdi={"spec_dir": str(root / "cdi"), **(cdi or {})},
+        metrics=None if metrics_port is None else {"enabled": True, "port": metrics_port},
     )
     config["kubelet"]["plugins_registry_dir"] = str(root / "plugins_registry")
     config["kubelet"]["plugins_dir"] = str(root / "plugins")
@@ -262,10 +264,12 @@ async def dra_node(
     start: bool = True,
     cdi: Mapping[str, Any] | None = None,
     release_interval: float = 0.2,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[DraNode]:
     """A node serving ``resource`` (its config ``table``: driver and options) through DRA as ``driver`` (default:
     the resource name turned around), the daemon started and registered unless ``start`` is False; the daemon
-    stopped (it must exit 0) and the kubelet closed afterwards."""
+    stopped (it must exit 0) and the kubelet closed afterwards. ``metrics_port``: serve the metrics on that port of
+    127.0.0.1 (``[metrics] enabled``)."""
     driver = driver or default_driver_name(resource)
     with short_root() as root:
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -283,7 +287,16 @@ async def dra_node(
             },
         )
         kubeconfig = write_kubeconfig(api, root / "kubeconfig")
-        config_path = _config(root, kubeconfig, resource, table, driver, cdi=cdi, release_interval=release_interval)
+        config_path = _config(
+            root,
+            kubeconfig,
+            resource,
+            table,
+            driver,
+            cdi=cdi,
+            release_interval=release_interval,
+            metrics_port=metrics_port,
+        )
         kubelet = DevKubelet(root / "device-plugins", dra=kubelet_dra, pod_resources_rate=None)
         await kubelet.start()
         node = DraNode(root, api, kubelet, folder, config_path, resource, driver, class_name, dict(env or {}))

@@ -37,6 +37,7 @@ async def dra_node(
     kubelet_dra: DRAConfig = TEST_DRA,
     start: bool = True,
     cdi: Mapping[str, Any] | None = None,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[DraNode]:
     """A node whose mock devices are ``devices`` (file name -> content; default three healthy ones)."""
     with short_root() as scratch:
@@ -46,6 +47,14 @@ async def dra_node(
             (folder / name).write_text(content)
         table = {"driver": "mock", "options": {"directory": str(folder)}}
         async with node_with(
-            api, RESOURCE, table, folder, driver=DRIVER, kubelet_dra=kubelet_dra, start=start, cdi=cdi
+            api,
+            RESOURCE,
+            table,
+            folder,
+            driver=DRIVER,
+            kubelet_dra=kubelet_dra,
+            start=start,
+            cdi=cdi,
+            metrics_port=metrics_port,
         ) as node:
             yield node

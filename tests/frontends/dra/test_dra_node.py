@@ -13,6 +13,7 @@ import pytest
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, ContainerSpec, PodPhase, PodSpec
 from devplug.devkubelet.dra.model import HealthStatus
+from devplug.statusview import format_status
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
 from tests.frontends.dra.dranode import DRIVER, NS, RESOURCE, dra_node, eventually
@@ -67,6 +68,17 @@ def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> No
             assert (frontend["driver"], frontend["pool"]) == (DRIVER, NODE)
             assert frontend["registration"]["registered"] is True and frontend["registration"]["error"] == ""
             assert frontend["slices"]["error"] is None and frontend["slices"]["slices"] == 1
+            assert frontend["slices"]["in_sync"] is True and frontend["slices"]["failures"] == 0
+            assert frontend["claims"]["held"] == 1
+            assert frontend["claims"]["list"] == [
+                {"claim": f"{NS}/c1", "uid": uid, "devices": [device], "pods": [pod.uid]}
+            ]
+            shown_text = format_status(read_status(lab.root / "state"))
+            assert f"DRA driver {DRIVER}, pool {NODE}" in shown_text
+            assert "kubelet plugin watcher: registered" in shown_text
+            assert "ResourceSlices: 1, generation" in shown_text and "in sync" in shown_text
+            assert "claims: 1 prepared now; since start 1 prepared, 0 unprepared, 0 refused" in shown_text
+            assert f"{NS}/c1 (uid {uid}): {device}; pods {pod.uid}" in shown_text
 
             # a second pod shares the claim: prepared once, released when the last pod is done
             pod2, _ = lab.schedule_pod("p2", ["c1"])

@@ -76,6 +76,8 @@ log = logging.getLogger("devplug.frontends.dra")
 
 #: The longest path of a unix socket (``sun_path`` holds 108 bytes, NUL included).
 MAX_SOCKET_PATH = 107
+#: The most prepared claims ``devplug status`` lists (the count is always there).
+MAX_CLAIMS_LISTED = 256
 #: The environment variable naming this instance (the pod's UID, from the downward API), as the Go helper does.
 INSTANCE_ENV = "POD_UID"
 
@@ -309,11 +311,34 @@ class DraFrontEnd:
             out["registration"] = self.registration.state.describe()
         if self.publisher is not None:
             state = self.publisher.state
-            out["slices"] = {"generation": state.generation, "slices": state.slices, "error": state.error}
+            out["slices"] = {
+                "generation": state.generation,
+                "slices": state.slices,
+                "in_sync": state.in_sync,
+                "synced_at": state.synced_at,
+                "failures": state.failures,
+                "error": state.error,
+            }
         if self.preparer is not None:
+            held = [
+                r
+                for r in self.preparer.lifecycle.records()
+                if r.claim_uid is not None and not r.releasing and not r.pending
+            ]
             out["claims"] = {
+                "held": len(held),
                 "prepared": self.preparer.prepared,
                 "unprepared": self.preparer.unprepared,
                 "refused": self.preparer.refused,
+                # each claim prepared here (a node holds its pods' claims: few), for devplug status
+                "list": [
+                    {
+                        "claim": r.claim,
+                        "uid": r.claim_uid,
+                        "devices": list(r.devices),
+                        "pods": [p for p in (r.pod_uid, *r.pod_uids) if p],
+                    }
+                    for r in sorted(held, key=lambda r: r.claim or "")[:MAX_CLAIMS_LISTED]
+                ],
             }
         return out

@@ -154,6 +154,7 @@ class ClaimReconciler:
             if record is None or record.releasing or queue.running(record.id):
                 continue
             if ref.uid not in self.gone:
+                self.lifecycle.observer.claim_gone(answer.value)
                 log.warning(
                     "[%s] %s was prepared here but is %s in the API server: its devices are released once its "
                     "pods' containers are gone",

@@ -39,12 +39,17 @@ retries), then its CDI spec is deleted. A claim with no record (never prepared
 here, or already unprepared) is a success, as the kubelet expects. A release
 that fails is that claim's error; the record stays releasing (its devices
 withheld) and the kubelet calls again.
+
+Each claim's outcome is told to the resource's observer (the metrics): its
+time, and for a failure its kind (:func:`prepare_failure_reason`, one of
+:data:`PREPARE_FAILURE_REASONS`; never the message, nor the claim).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -58,13 +63,34 @@ from devplug.engine.admission import DraClaim
 from devplug.engine.cdi import cdi_device_name
 from devplug.engine.ledger import AllocationRecord, ClaimTenant
 from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.errors import DevplugError
+from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
-from devplug.frontends.dra.claims import ClaimAllocation, ClaimError, ClaimReadError, ClaimRef, OpaqueConfig
+from devplug.frontends.dra.claims import (
+    ClaimAllocation,
+    ClaimDeviceUnknownError,
+    ClaimError,
+    ClaimNotAllocatedError,
+    ClaimNotFoundError,
+    ClaimPoolMismatchError,
+    ClaimReadError,
+    ClaimRef,
+    ClaimReplacedError,
+    NoDeviceOfOursError,
+    OpaqueConfig,
+)
 from devplug.logsafe import id_list
 from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation, merge_allocations
 
-__all__ = ["ClaimPreparer", "ClaimReading", "DraPluginV1", "DraPluginV1beta1", "PreparedDevice"]
+__all__ = [
+    "PREPARE_FAILURE_REASONS",
+    "UNPREPARE_FAILURE_REASONS",
+    "ClaimPreparer",
+    "ClaimReading",
+    "DraPluginV1",
+    "DraPluginV1beta1",
+    "PreparedDevice",
+    "prepare_failure_reason",
+]
 
 log = logging.getLogger("devplug.frontends.dra")
 
@@ -86,14 +112,66 @@ class PreparedDevice:
 
 
 class _ClaimRefused(DevplugError):
-    """A claim that cannot be prepared for a reason found here (held by another claim, admin access)."""
+    """A claim that cannot be prepared for a reason found here (held by another claim, admin access); ``reason``
+    is its kind, for the metrics."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+#: Why a claim could not be prepared, by the error's type (the first that matches; order matters: subclasses first).
+_REASONS_BY_ERROR: tuple[tuple[type[BaseException], str], ...] = (
+    (ClaimNotFoundError, "claim_not_found"),
+    (ClaimReplacedError, "claim_replaced"),
+    (ClaimNotAllocatedError, "claim_not_allocated"),
+    (NoDeviceOfOursError, "no_device_of_driver"),
+    (ClaimDeviceUnknownError, "device_not_published"),
+    (ClaimPoolMismatchError, "devices_of_another_pool"),
+    (ClaimError, "claim_invalid"),
+    (ClaimReadError, "api_server_unavailable"),
+    (DeviceBusyError, "device_busy"),
+    (HookTimeoutError, "driver_timeout"),
+    (DriverError, "driver_failed"),
+    (StateError, "ledger_unwritable"),
+    (RequestError, "device_not_servable"),
+)
+#: The reasons a claim is refused here (:class:`_ClaimRefused`).
+_REFUSALS = (
+    "device_held_by_other_claim",
+    "admin_access",
+    "config_not_an_object",
+    "being_unprepared",
+    "allocation_changed",
+    "cdi_spec_unwritable",
+)
+#: Every kind of prepare failure, as the metrics label them: a fixed set, so their series stay few.
+PREPARE_FAILURE_REASONS = (
+    *(reason for _, reason in _REASONS_BY_ERROR),
+    *_REFUSALS,
+    "refused",
+    "internal_error",
+)
+#: Every kind of unprepare failure: the release (a driver hook, the ledger) failed, or devplug did (a bug).
+UNPREPARE_FAILURE_REASONS = ("release_failed", "internal_error")
+
+
+def prepare_failure_reason(exc: BaseException) -> str:
+    """The kind of a claim's prepare failure (one of :data:`PREPARE_FAILURE_REASONS`)."""
+    if isinstance(exc, _ClaimRefused):
+        return exc.reason
+    for error, reason in _REASONS_BY_ERROR:
+        if isinstance(exc, error):
+            return reason
+    return "refused" if isinstance(exc, DevplugError) else "internal_error"
 
 
 def _claim_config(config: OpaqueConfig, claim: ClaimRef) -> ClaimConfig:
     if not isinstance(config.parameters, Mapping):
         raise _ClaimRefused(
             f"{claim}: an opaque configuration ({config.source or 'no source'}) holds "
-            f"{type(config.parameters).__name__} parameters; devplug drivers take a JSON object"
+            f"{type(config.parameters).__name__} parameters; devplug drivers take a JSON object",
+            "config_not_an_object",
         )
     return ClaimConfig(config.parameters, config.requests, _SOURCES.get(config.source, "claim"))
 
@@ -120,6 +198,7 @@ class ClaimPreparer:
         #: The resource's own CDI kind when ``[cdi] enabled`` (its devices' CDI IDs come in the allocation).
         self._resource_kind = resource_cdi_kind
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.observer = lifecycle.observer
         #: Counts, for status and metrics.
         self.prepared = 0
         self.unprepared = 0
@@ -140,11 +219,13 @@ class ClaimPreparer:
         return {c.uid: a for c, a in zip(wanted, answers, strict=True)}
 
     async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice] | str:
+        start = time.monotonic()
         async with self._lock(ref.uid):
             try:
-                return await self._prepare_locked(ref)
+                devices = await self._prepare_locked(ref)
             except DevplugError as exc:
                 self.refused += 1
+                self.observer.claim_prepare_failed(prepare_failure_reason(exc), time.monotonic() - start)
                 message = str(exc)
                 if not isinstance(exc, ClaimError | _ClaimRefused | ClaimReadError):
                     message = f"{ref}: {message}"
@@ -152,8 +233,11 @@ class ClaimPreparer:
                 return message
             except Exception as exc:  # a bug: this claim's error, with a traceback in the log; the others go on
                 self.refused += 1
+                self.observer.claim_prepare_failed("internal_error", time.monotonic() - start)
                 log.exception("[%s] preparing %s failed unexpectedly", self.name, ref)
                 return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
+            self.observer.claim_prepared(time.monotonic() - start)
+            return devices
 
     async def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
         allocation = await self._read(ref)
@@ -161,7 +245,9 @@ class ClaimPreparer:
         if record is not None and not record.releasing and not record.pending:
             return await self._again(ref, allocation, record)
         if record is not None and record.releasing:
-            raise _ClaimRefused(f"{ref}: being unprepared (its release has not finished); try again later")
+            raise _ClaimRefused(
+                f"{ref}: being unprepared (its release has not finished); try again later", "being_unprepared"
+            )
         self._check_free(ref, allocation)
         claim = Claim(
             ref.namespace,
@@ -180,7 +266,8 @@ class ClaimPreparer:
                 await self.lifecycle.release(record.id, f"the CDI spec of {ref} could not be written")
             raise _ClaimRefused(
                 f"{ref}: cannot write its CDI spec {self.cdi.path(ref.uid)}: {exc.strerror or exc}; "
-                "nothing was prepared"
+                "nothing was prepared",
+                "cdi_spec_unwritable",
             ) from exc
         self.prepared += 1
         log.info(
@@ -224,7 +311,8 @@ class ClaimPreparer:
         if sorted(allocation.device_ids) != sorted(record.devices):
             raise _ClaimRefused(
                 f"{ref}: prepared earlier with {id_list(record.devices)}, but its allocation now names "
-                f"{id_list(allocation.device_ids)}"
+                f"{id_list(allocation.device_ids)}",
+                "allocation_changed",
             )
         pods = tuple(p for p in (record.pod_uid, *record.pod_uids) if p)
         if allocation.reserved_for and set(allocation.reserved_for) != set(pods):
@@ -235,7 +323,8 @@ class ClaimPreparer:
         except OSError as exc:
             raise _ClaimRefused(
                 f"{ref}: prepared, but its CDI spec {self.cdi.path(ref.uid)} cannot be written back: "
-                f"{exc.strerror or exc}"
+                f"{exc.strerror or exc}",
+                "cdi_spec_unwritable",
             ) from exc
         cdi_devices = tuple(CDIDevice(n) for n in record.prepared.get("cdi_devices", ()))
         return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_ids)
@@ -246,14 +335,16 @@ class ClaimPreparer:
         if admin:
             raise _ClaimRefused(
                 f"{ref}: admin access to {', '.join(admin)} is not supported by devplug (a device is prepared for "
-                "one claim at a time)"
+                "one claim at a time)",
+                "admin_access",
             )
         for dev in allocation.devices:
             for holder in self.lifecycle.ledger.holders(dev.device_id):
                 if holder.claim_uid is not None and holder.claim_uid != ref.uid and not holder.releasing:
                     raise _ClaimRefused(
                         f"{ref}: device {dev.device_name} ({dev.device_id}) is held by claim {holder.claim} "
-                        f"(uid {holder.claim_uid}), still prepared on this node"
+                        f"(uid {holder.claim_uid}), still prepared on this node",
+                        "device_held_by_other_claim",
                     )
 
     def _devices(
@@ -285,19 +376,23 @@ class ClaimPreparer:
         return {c.uid: a for c, a in zip(wanted, answers, strict=True)}
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
+        start = time.monotonic()
         async with self._lock(ref.uid):
             record = self.lifecycle.for_claim(ref.uid)
             if record is not None:
                 try:
                     await self.lifecycle.release(record.id, f"the kubelet unprepared {ref}")
                 except DevplugError as exc:  # the driver's hook, or the ledger that cannot be written
+                    self.observer.claim_unprepare_failed("release_failed", time.monotonic() - start)
                     log.error("[%s] unprepare of %s failed: %s", self.name, ref, exc)
                     return f"{ref}: releasing its devices failed: {exc}; they stay withheld until it succeeds"
                 except Exception as exc:  # a bug: this claim's error, with a traceback in the log
+                    self.observer.claim_unprepare_failed("internal_error", time.monotonic() - start)
                     log.exception("[%s] unprepare of %s failed unexpectedly", self.name, ref)
                     return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
                 self.unprepared += 1
             await self.cdi.remove(ref.uid)
+            self.observer.claim_unprepared(time.monotonic() - start)
             return ""
 
 
