@@ -1,6 +1,7 @@
 """devplug-shared against the kit's driver contract checks: one node, two statically discovered devices of one
 slot each, claims coordinated through the ``local`` store (a SQLite file in the test's folder), and again through
-a real etcd (the suite's ``etcd_server``, a key prefix of the test's own).
+a real etcd (the suite's ``etcd_server``, a key prefix of the test's own) and through the Lease API model
+(:class:`devplug.testing.leaseapi.LeaseApiServer`, one per test).
 
 The daemon under test loads ``shared-slow-store`` (:mod:`shared_on_slow_store`, a test double declared through
 ``test_drivers``): the real driver, its store calls for the slots named in ``<folder>/slow-store`` waiting while
@@ -12,7 +13,7 @@ stand-in.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +21,7 @@ import pytest
 
 from devplug import ContainerAllocation
 from devplug.testing.conformance import DriverConformance
+from devplug.testing.leaseapi import LeaseApiServer
 
 HERE = Path(__file__).resolve().parent
 NODE = "node-a"
@@ -79,3 +81,18 @@ class TestSharedConformanceOnEtcd(TestSharedConformance):
 
     def coordination(self, folder: Path) -> dict[str, Any]:
         return {"backend": "etcd", "endpoints": [self.etcd_url], "prefix": self.prefix}
+
+
+class TestSharedConformanceOnKubernetes(TestSharedConformance):
+    """The same checks with each slot's claim a ``coordination.k8s.io/v1`` Lease on the API server model."""
+
+    api_url: str = ""
+
+    @pytest.fixture(autouse=True)
+    def _api(self) -> Iterator[None]:
+        with LeaseApiServer() as api:
+            self.api_url = api.url
+            yield
+
+    def coordination(self, folder: Path) -> dict[str, Any]:
+        return {"backend": "kubernetes", "server": self.api_url, "namespace": "conformance"}
