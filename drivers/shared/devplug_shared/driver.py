@@ -360,9 +360,10 @@ class SharedDriver:
                 if not self._opened:
                     self._open_store()
                 elif (time.time() - (self._last_renewal or 0.0)) >= ttl / 3:
-                    if self._renew(backend, held):
+                    renewed = self._renew(backend, held)
+                    if renewed:
                         self._last_renewal = time.time()
-                    else:
+                    elif renewed is not None:
                         self._log.error("shared: node %s lost its lease; claiming its pods' slots again", self.node)
                         self._opened = False
                         self._open_store()
@@ -374,11 +375,19 @@ class SharedDriver:
         finally:
             self._write_status()
 
-    def _renew(self, backend: Backend, held: HeldSlots) -> bool:
-        """Renew the lease and the claims on the held slots no claim or release is working on (a release under
-        way may have deleted its claim already, which is no lost lease); False when the lease was lost."""
-        with self._slots.hold_free(sorted_slots(held.snapshot())) as idle:
-            return backend.keepalive(idle)
+    def _renew(self, backend: Backend, held: HeldSlots) -> bool | None:
+        """Renew the lease and the claims on the held slots no claim or release is working on: True when renewed,
+        False when the lease was lost, None when a claim or release began meanwhile on a slot renewed (a release
+        may have deleted its claim, which is no lost lease; the next step renews again).
+
+        No slot is held across the store call: a renewal that hangs on one slot's claim (a Lease per slot on the
+        ``kubernetes`` backend) keeps no other slot's release waiting.
+        """
+        idle = [s for s in sorted_slots(held.snapshot()) if s not in self._slots.busy()]
+        if backend.keepalive(idle):
+            return True
+        moved = self._slots.busy() | (set(idle) - held.snapshot())
+        return None if moved & set(idle) else False
 
     # --- observability
 
