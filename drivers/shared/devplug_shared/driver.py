@@ -13,7 +13,10 @@ keeps each slot's health true for this node:
 the store; ``allocate`` claims the request's slots atomically (all or
 nothing) and fails naming the slot and its holder when one was taken in
 between; ``deallocate`` (at least once, also with ``retry=True``) deletes this
-node's claims at once. A keeper thread renews the node's lease, re-reads the
+node's claims at once. Claims and releases of one slot run one at a time
+(:class:`devplug.kit.DeviceLocks`), those of different slots side by side, so
+a store call that hangs for one slot holds up that slot only; ``held.json``
+changes are written whole under the record store's lock. A keeper thread renews the node's lease, re-reads the
 holders every ``refresh_interval`` and writes ``shared-status.json`` (the
 kit's rescan loop; the slots' holders and lease are its state, the slots this
 node holds the kit's record store).
@@ -37,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, hookimpl
-from devplug.kit import DriverRuntime, RescanLoop
+from devplug.kit import DeviceLocks, DriverRuntime, RescanLoop
 from devplug_shared.backends import Backend, build_backend, parse_coordination
 from devplug_shared.discovery import DiscoveredDevice, DiscoveryHandler, build_handler
 from devplug_shared.options import SharedOptions, resolve_node_name
@@ -72,7 +75,10 @@ class SharedDriver:
         self._backend: Backend | None = None
         self._held: HeldSlots | None = None
         self._lock = threading.RLock()  # the view below
-        self._ops = threading.Lock()  # claims and releases, one at a time
+        #: The slots a claim or release (or the keeper's re-claim) is working on: work on one slot waits for the
+        #: work on it before, never for other slots (one slot's slow store call holds up only that slot).
+        self._slots = DeviceLocks()
+        self._lease = threading.Lock()  # opening the store, renewing the lease: the keeper's turn, and a first claim's
         self._discovered: dict[str, DiscoveredDevice] = {}
         self._holders: dict[str, Claim] = {}
         self._opened = False
@@ -224,9 +230,11 @@ class SharedDriver:
         """Claim the slots in the store (all or nothing); the container learns its slots and device addresses."""
         _, backend, held = self._need()
         ids = list(dict.fromkeys(device_ids))
-        with self._ops:
+        with self._slots.hold(ids):
             if not self._opened:
-                self._open_store()
+                with self._lease:
+                    if not self._opened:
+                        self._open_store()
             added = held.add(ids)  # before the claim: a crash in between leaves no claim unknown here
             try:
                 backend.claim(ids)
@@ -267,7 +275,7 @@ class SharedDriver:
         """Delete this node's claims on the slots at once (idempotent: a retry finds them gone)."""
         _, backend, held = self._need()
         ids = list(device_ids)
-        with self._ops:
+        with self._slots.hold(ids):
             backend.release(ids)  # StoreUnavailableError: the engine retries; the claim stays meanwhile
             held.discard(ids)
         with self._lock:
@@ -292,23 +300,34 @@ class SharedDriver:
         self._store_up()
 
     def _readopt(self, backend: Backend, held: HeldSlots) -> None:
-        mine = held.snapshot()
-        for slot in sorted_slots(mine):
-            try:
-                backend.claim([slot])
-            except SlotTakenError as exc:
-                holder = exc.claim.holder if exc.claim is not None else "another node"
-                message = f"slot {slot} is held by node {holder} while a pod on node {self.node} holds it"
-                with self._lock:
-                    self._conflicts[slot] = message
-                self._log.error("shared: CONFLICT: %s (this node's lease expired during a store outage)", message)
+        """Claim again each slot ``held.json`` lists, and delete this node's claims on the others.
+
+        A slot a claim or release is working on is left to it (its own store
+        call settles the slot's claim); the others are each held while their
+        claim is made or deleted, so no claim or release of theirs runs between
+        reading ``held.json`` and the store call.
+        """
+        for slot in sorted_slots(held.snapshot()):
+            with self._slots.hold_free([slot]) as free:
+                if not free or slot not in held.snapshot():
+                    continue
+                try:
+                    backend.claim([slot])
+                except SlotTakenError as exc:
+                    holder = exc.claim.holder if exc.claim is not None else "another node"
+                    message = f"slot {slot} is held by node {holder} while a pod on node {self.node} holds it"
+                    with self._lock:
+                        self._conflicts[slot] = message
+                    self._log.error("shared: CONFLICT: %s (this node's lease expired during a store outage)", message)
         holders = dict(backend.holders())
-        stray = [s for s, c in holders.items() if c.holder == self.node and s not in held.snapshot()]
-        if stray:
-            self._log.info("shared: deleting claim(s) no pod here holds: %s", ", ".join(stray))
-            backend.release(stray)
-            for slot in stray:
-                holders.pop(slot, None)
+        mine = [s for s, c in holders.items() if c.holder == self.node and s not in held.snapshot()]
+        with self._slots.hold_free(mine) as free:
+            stray = [s for s in free if s not in held.snapshot()]
+            if stray:
+                self._log.info("shared: deleting claim(s) no pod here holds: %s", ", ".join(stray))
+                backend.release(stray)
+                for slot in stray:
+                    holders.pop(slot, None)
         self._set_holders(holders)
 
     def _set_holders(self, holders: Mapping[str, Claim]) -> None:
@@ -337,13 +356,14 @@ class SharedDriver:
         _, backend, held = self._need()
         ttl = float(getattr(getattr(backend, "options", None), "lease_ttl", 10.0))
         try:
-            with self._ops:
+            with self._lease:
                 if not self._opened:
                     self._open_store()
                 elif (time.time() - (self._last_renewal or 0.0)) >= ttl / 3:
-                    if backend.keepalive(sorted(held.snapshot())):
+                    renewed = self._renew(backend, held)
+                    if renewed:
                         self._last_renewal = time.time()
-                    else:
+                    elif renewed is not None:
                         self._log.error("shared: node %s lost its lease; claiming its pods' slots again", self.node)
                         self._opened = False
                         self._open_store()
@@ -354,6 +374,20 @@ class SharedDriver:
             self._store_down(exc)
         finally:
             self._write_status()
+
+    def _renew(self, backend: Backend, held: HeldSlots) -> bool | None:
+        """Renew the lease and the claims on the held slots no claim or release is working on: True when renewed,
+        False when the lease was lost, None when a claim or release began meanwhile on a slot renewed (a release
+        may have deleted its claim, which is no lost lease; the next step renews again).
+
+        No slot is held across the store call: a renewal that hangs on one slot's claim (a Lease per slot on the
+        ``kubernetes`` backend) keeps no other slot's release waiting.
+        """
+        idle = [s for s in sorted_slots(held.snapshot()) if s not in self._slots.busy()]
+        if backend.keepalive(idle):
+            return True
+        moved = self._slots.busy() | (set(idle) - held.snapshot())
+        return None if moved & set(idle) else False
 
     # --- observability
 
