@@ -6,7 +6,8 @@ Modules, by job:
 * the process: ``process`` (``Daemon``: assembling the resources and their
   front ends, run, signals, the bounded shutdown, hooks abandoned;
   ``run_daemon``), ``lock`` (the state folder's lock) and ``lockholder``
-  (proving which live process holds it);
+  (proving which live process holds it), ``draassembly`` (a DRA resource's
+  front end, imported only when the config has one);
 * handover between two instances on one node (a rolling update):
   ``handover`` (the old instance's side, ``Predecessor``, and the new one's,
   ``take_over``, arbitrated by the state lock) and ``handoverfiles`` (the

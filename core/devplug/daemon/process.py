@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib.util
 import logging
 import signal
 import time
@@ -38,6 +37,7 @@ from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig
 from devplug.configdra import API_DRA
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
+from devplug.daemon.draassembly import check_dra_client, dra_frontend
 from devplug.daemon.handover import HandoverRecord, Predecessor, StateDirEvents, take_over
 from devplug.daemon.handover import step as handover_step
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
@@ -85,7 +85,7 @@ class Daemon:
     """
 
     def __init__(self, config: Config, profiles: NodeProfiles | None = None) -> None:
-        _check_dra_client(config)
+        check_dra_client(config)
         self.config = config
         self.profiles = profiles
         self.state_dir = config.state.dir
@@ -180,27 +180,13 @@ class Daemon:
     def _dra_frontend(
         self, rc: ResourceConfig, table: DeviceTable, status: ResourceStatus, releases: Callable[[], Any]
     ) -> FrontEnd:
-        """The DRA front end of ``rc`` (imported here: a daemon without DRA never loads it, nor lightkube)."""
-        from devplug.frontends.dra.frontend import DraFrontEnd
-        from devplug.frontends.dra.kubeclient import make_client
-        from devplug.frontends.dra.slices import field_manager_of
-
-        config = self.config
-        assert rc.dra is not None  # the config gives every DRA resource its table
-        kubeconfig, manager = config.kubernetes.kubeconfig, field_manager_of(rc.dra.driver_name)
-        return DraFrontEnd(
-            rc.name,
-            rc.dra,
-            node=config.node.name,
-            kubelet=config.kubelet,
-            cdi_spec_dir=config.cdi.spec_dir,
+        return dra_frontend(
+            self.config,
+            rc,
+            table,
+            status,
+            releases,
             keep_dir=resource_state_dir(self.state_dir, rc.name) / "dra-claims",
-            table=table,
-            status=status,
-            releases=releases,
-            make_client=lambda: make_client(kubeconfig, field_manager=manager),
-            resource_cdi_kind=rc.cdi_kind if config.cdi.enabled else None,
-            release_interval=config.release.interval,
             successor=lambda: self._successor_of(rc.dra.driver_name if rc.dra is not None else ""),
             on_change=self.status_file.changed,
         )
@@ -542,17 +528,6 @@ class Daemon:
     def _abandoned_hooks(self) -> list[str]:
         """The driver hooks that have not returned (stuck, or abandoned earlier after their hook_timeout)."""
         return [hook.describe() for r in self.resources for hook in r.hooks_running()]
-
-
-def _check_dra_client(config: Config) -> None:
-    """A resource served through DRA needs lightkube (the DRA front end's Kubernetes client): refuse the config,
-    naming the resources, when it is not installed."""
-    dra = [rc.name for rc in config.resources if rc.api == API_DRA]
-    if dra and importlib.util.find_spec("lightkube") is None:
-        raise ConfigError(
-            f'{config.path or "<config>"}: resource(s) {", ".join(dra)} are served through DRA (api = "dra"), '
-            "which needs the Kubernetes client lightkube: install it with pip install 'devplug[kubernetes]'"
-        )
 
 
 def _trim_heap() -> None:
