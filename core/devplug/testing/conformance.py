@@ -459,7 +459,8 @@ class DriverConformance:
         from devplug.testing.apiserver import ApiServer
         from devplug.testing.dranode import dra_node
 
-        env = entry_point_env(folder / "test-drivers", self.test_drivers, self.python_path)
+        _, drivers, path = self.served_driver(folder)  # the recording stand-in too, as the device-plugin checks
+        env = entry_point_env(folder / "test-drivers", drivers, path)
         with ApiServer() as api:
             async with dra_node(
                 api, self.resource, self.resource_table(folder), self.calls_dir(folder), env=env

@@ -21,6 +21,7 @@ BLANK_AFU = "0b1a4c0000000000000000000000b1a4"
 
 
 class TestFpgaConformance(DriverConformance):
+    apis = ("device-plugin", "dra")
     driver = "fpga"
     resource = "example.com/fpga"
     records_itself = False

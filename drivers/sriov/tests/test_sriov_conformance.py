@@ -21,6 +21,7 @@ PF = "0000:02:00.0"  # sriov_on_model.PF (test modules cannot import each other)
 
 
 class TestSriovConformance(DriverConformance):
+    apis = ("device-plugin", "dra")
     driver = "sriov-model"
     test_drivers: ClassVar[Mapping[str, str]] = {"sriov-model": "sriov_on_model:SriovOnModel"}
     python_path = (HERE,)

@@ -19,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 
 
 class TestVfioConformance(DriverConformance):
+    apis = ("device-plugin", "dra")
     driver = "vfio-model"
     test_drivers: ClassVar[Mapping[str, str]] = {"vfio-model": "vfio_on_model:VfioOnModel"}
     python_path = (HERE,)

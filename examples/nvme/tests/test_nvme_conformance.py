@@ -16,6 +16,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent  # where nvme_example.py is
 
 
 class TestNvmeConformance(DriverConformance):
+    apis = ("device-plugin", "dra")
     driver = "nvme-example"
     resource = "example.com/nvme"
     test_drivers: ClassVar[Mapping[str, str]] = {"nvme-example": "nvme_example:NvmeDriver"}
