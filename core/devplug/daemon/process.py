@@ -444,6 +444,23 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.handover("from", outcome, took_s)
 
+    async def _serve_metrics_once_free(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Serve the metrics on the address the old instance had: it says it is done before its server is closed
+        and the process gone, so a bind may fail for a moment; try again (doubling waits from 20 ms, up to 1 s)
+        until ``deadline``, then say why there are no metrics."""
+        assert self._metrics_endpoint is not None
+        wait = 0.02
+        while True:
+            try:
+                self._metrics_endpoint.start(loop)
+                return
+            except ConfigError as exc:
+                if loop.time() + wait > deadline or self._stop.is_set():
+                    log.error("%s", exc)
+                    return
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, 1.0)
+
     async def _finish_takeover(self, record: HandoverRecord) -> None:
         """Once every resource registered, tell the old instance where they are served; wait for it to leave."""
         loop = asyncio.get_running_loop()
@@ -476,10 +493,7 @@ class Daemon:
         self.handover_files.write_last(record.describe())
         self.handover_files.clear()
         if self._metrics_endpoint is not None:  # the old instance's server had its address (on the host's network)
-            try:
-                self._metrics_endpoint.start(loop)
-            except ConfigError as exc:
-                log.error("%s", exc)
+            await self._serve_metrics_once_free(loop, loop.time() + timeout)
         if self.metrics is not None:
             self.metrics.handover("to", "done", record.took_s)
         log.info(
