@@ -230,7 +230,7 @@ def test_network_vfs_on_igb_are_reset_between_pods_and_a_refused_reset_shows_in_
             for name in (net, down):
                 kubelet.wait_registered(name, timeout=kit.WAIT)
         else:
-            daemon = request.getfixturevalue("devplug_daemon")(resources, metrics=metrics)
+            daemon = request.getfixturevalue("devplug_daemon")(resources, metrics=metrics, timeout=kit.VM_WAIT)
             state_dir = daemon.state_dir
         for name, devices in ((net, vfs[:2]), (down, vfs[2:])):
             _wait_free(kubelet, tuple(devices), name)
@@ -244,9 +244,11 @@ def test_network_vfs_on_igb_are_reset_between_pods_and_a_refused_reset_shows_in_
 
         kubelet.remove_pod("first")
         kubelet.remove_pod("second")
+        bound = kit.WAIT if nic.name == "model" else kit.VM_WAIT
         kit.eventually(
             lambda: [nic.links.vf_state(pf, i) for i in range(2)] == [kit.NEW_VF, kit.NEW_VF],
             f"{net}: both VFs reset to igb's defaults",
+            bound,
         )
         _wait_free(kubelet, tuple(vfs[:2]), net)
 
@@ -254,7 +256,7 @@ def test_network_vfs_on_igb_are_reset_between_pods_and_a_refused_reset_shows_in_
             res = _status(state_dir).get(down, {})
             return bool(res.get("release_failures")) and bool((res.get("driver_status") or {}).get("reset_failures"))
 
-        kit.eventually(refused, f"{down}: the refused reset in the daemon's status")
+        kit.eventually(refused, f"{down}: the refused reset in the daemon's status", bound)
         status = _status(state_dir)
         res = status[down]
         (entry,) = res["devices"]
