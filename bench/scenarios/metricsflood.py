@@ -173,49 +173,36 @@ def _flood(port: int, count: int, reopen: bool) -> Iterator[SlowClientProcess]:
         clients.check()
 
 
-def _quiet(settings: Settings, client: PluginClient, pid: int, port: int) -> dict[str, float]:
-    series = devplug_series("quiet", client, settings, lambda: None, pool=device_ids(settings.flood_devices))
+def _figures(settings: Settings, client: PluginClient, pid: int, port: int, suffix: str) -> dict[str, float]:
+    """One Allocate series with a probe after each tenth of it, then the daemon's threads and RSS."""
+    series = devplug_series("flood", client, settings, lambda: None, pool=device_ids(settings.flood_devices))
     series.warm_up(settings.warmup)
     probes: list[float] = []
     for _ in range(settings.flood_probes):
         series.run(settings.flood_calls // settings.flood_probes)
         probes.append(probe_ms(port))
     return {
-        "flood_allocate_p50_ms_quiet": ms(percentile(series.samples, 50)),
-        "flood_allocate_p99_ms_quiet": ms(percentile(series.samples, 99)),
-        "flood_threads_quiet": float(_threads(pid)),
-        "flood_rss_mb_quiet": rss_parts_mb(pid)["VmRSS"],
-        "flood_probe_ms_quiet": max(probes),
+        f"flood_allocate_p50_ms{suffix}": ms(percentile(series.samples, 50)),
+        f"flood_allocate_p99_ms{suffix}": ms(percentile(series.samples, 99)),
+        f"flood_threads{suffix}": float(_threads(pid)),
+        f"flood_rss_mb{suffix}": rss_parts_mb(pid)["VmRSS"],
+        f"flood_probe_ms{suffix}": max(probes),
     }
 
 
 def _flooded(settings: Settings, client: PluginClient, pid: int, port: int, reopen: bool) -> dict[str, float]:
     suffix = "_reopening" if reopen else ""
     with _flood(port, settings.flood_connections, reopen) as clients:
-        series = devplug_series("flood", client, settings, lambda: None, pool=device_ids(settings.flood_devices))
-        series.warm_up(settings.warmup)
-        probes: list[float] = []
         started = time.monotonic()
-        for _ in range(settings.flood_probes):
-            series.run(settings.flood_calls // settings.flood_probes)
-            probes.append(probe_ms(port))
-        took = time.monotonic() - started
-        threads, rss = _threads(pid), rss_parts_mb(pid)["VmRSS"]
-        closed = clients.closed
-    return {
-        f"flood_allocate_p50_ms{suffix}": ms(percentile(series.samples, 50)),
-        f"flood_allocate_p99_ms{suffix}": ms(percentile(series.samples, 99)),
-        f"flood_threads{suffix}": float(threads),
-        f"flood_rss_mb{suffix}": rss,
-        f"flood_probe_ms{suffix}": max(probes),
-        f"flood_closed_per_s{suffix}": closed / took,
-    }
+        out = _figures(settings, client, pid, port, suffix)
+        out[f"flood_closed_per_s{suffix}"] = clients.closed / (time.monotonic() - started)
+    return out
 
 
 def measure(settings: Settings, client: PluginClient, pid: int, port: int, log_path: Path) -> dict[str, float]:
     """The figures above, for a daemon (``pid``) serving Allocate on ``client`` and its metrics on ``port``."""
     out = {"flood_connections": float(settings.flood_connections)}
-    out.update(_quiet(settings, client, pid, port))
+    out.update(_figures(settings, client, pid, port, "_quiet"))
     out.update(_flooded(settings, client, pid, port, reopen=False))
     out.update(_flooded(settings, client, pid, port, reopen=True))
     out["flood_tracebacks"] = float(log_path.read_text(errors="replace").count("Traceback"))
