@@ -536,7 +536,6 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
     _check_renames(resources, source)
     node = parse_node(data, source)
     _check_dra(resources, node, source)
-    _check_handover(resources, handover, source)
     profiles = ProfileSet(
         parse_profiles(data, source), {k: v for k, v in data.items() if k != "profiles"}, base, source
     )
@@ -561,20 +560,6 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", base: Path |
         kubernetes=parse_kubernetes(data, source, base),
         profiles=profiles,
     )
-
-
-def _check_handover(resources: tuple[ResourceConfig, ...], handover: HandoverConfig, source: str) -> None:
-    """A handover between instances is built for the device-plugin front end only: refused with a DRA resource."""
-    if not handover.enabled:
-        return
-    for rc in resources:
-        if rc.dra is not None:
-            raise ConfigError(
-                f"{_where(source, 'resources', rc.configured_name or rc.name, 'api')}: a DRA resource cannot be "
-                f"handed over between two devplug instances yet (only the device-plugin API can); set "
-                f"[handover] enabled = false on nodes serving {rc.name} through DRA, and roll devplug out there "
-                "with maxSurge 0 (deploy/components/no-surge)"
-            )
 
 
 def _check_dra(resources: tuple[ResourceConfig, ...], node: NodeConfig, source: str) -> None:

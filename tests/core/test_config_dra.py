@@ -129,11 +129,8 @@ def test_a_dra_resource_without_lightkube_installed_is_refused_naming_the_extra(
     assert rc.api == "device-plugin"
 
 
-def test_a_dra_resource_with_handover_enabled_is_refused_naming_it() -> None:
-    """Handing a node over between instances is built for the device-plugin API only (issue 30's DRA side)."""
-    with pytest.raises(ConfigError) as refused:
-        _config({"example.com/fpga": {"api": "dra"}}, node={"name": "node-a"}, handover={"enabled": True})
-    message = str(refused.value)
-    assert message.startswith('c.toml: resources."example.com/fpga".api: a DRA resource cannot be handed over'), message
-    assert "[handover] enabled = false" in message
+def test_a_dra_resource_may_be_handed_over_between_instances() -> None:
+    """Both front ends take part in handovers (issue 30): ``[handover] enabled`` is accepted with a DRA resource."""
+    config = _config({"example.com/fpga": {"api": "dra"}}, node={"name": "node-a"}, handover={"enabled": True})
+    assert config.handover.enabled is True
     assert _config({"example.com/fpga": {"api": "dra"}}, node={"name": "node-a"}).handover.enabled is False

@@ -93,16 +93,22 @@ def test_the_config_is_the_overlays_but_for_the_api_and_the_plugin_folders(
         assert table.pop("api") == "dra"
     assert dra["kubelet"].pop("plugins_registry_dir") == "/var/lib/kubelet/plugins_registry"
     assert dra["kubelet"].pop("plugins_dir") == "/var/lib/kubelet/plugins"
-    # a DRA resource cannot be handed over between instances yet (devplug check-config refuses it): no [handover]
-    device_plugin.pop("handover", None)
-    assert "handover" not in dra
+    assert dra["handover"]["enabled"] is True  # DRA nodes are handed over between instances too
     assert dra == device_plugin
 
 
-def test_a_dra_variant_never_runs_two_pods_on_a_node(objects: list[dict[str, Any]]) -> None:
-    """Without a handover the new pod could not take the state dir from the old one: the old pod goes first."""
-    strategy = _one(objects, "DaemonSet")["spec"]["updateStrategy"]
-    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}, strategy
+def test_a_dra_variant_starts_the_new_pod_beside_the_old_one_but_on_the_nodes_network(
+    objects: list[dict[str, Any]], variant: str
+) -> None:
+    """The new pod takes the node over from the old one (a handover; DRA kubelets, 1.34 and later, call the newest
+    instance of a driver). The sriov variant's pod has the node's network, so its port: the old pod goes first."""
+    daemonset = _one(objects, "DaemonSet")
+    strategy = daemonset["spec"]["updateStrategy"]
+    if variant == "sriov":
+        assert daemonset["spec"]["template"]["spec"]["hostNetwork"] is True
+        assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}, strategy
+    else:
+        assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}, strategy
 
 
 def test_rbac_is_exactly_what_the_dra_front_end_uses(objects: list[dict[str, Any]]) -> None:

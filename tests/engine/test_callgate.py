@@ -1,4 +1,4 @@
-"""The device-plugin front end's call gate during a handover: held calls wait (never fail), then run here or go to
+"""The front ends' call gate during a handover: held calls wait (never fail), then run here or go to
 the successor, and the gate knows what is still in flight (issue 30)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from devplug.frontends.deviceplugin.callgate import CallGate
+from devplug.frontends.callgate import CallGate
 
 
 def test_held_calls_wait_and_run_here_when_the_handover_fails() -> None:

@@ -45,7 +45,7 @@ from devplug.daemon.lock import StateLock
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile
 from devplug.engine.devicetable import DeviceTable
-from devplug.engine.frontend import FrontEnd, HandoverFrontEnd
+from devplug.engine.frontend import FrontEnd
 from devplug.engine.liveness import ContainerLiveness
 from devplug.engine.observer import NULL_OBSERVER
 from devplug.engine.resource import Resource
@@ -469,11 +469,11 @@ class Daemon:
         deadline = loop.time() + timeout
         # Registered and streaming: the old instance stops once told, and on kubelets keying endpoints by resource
         # name its stream's end then cuts ours, which only an open stream of ours notices (to register again).
-        while not all(isinstance(f, HandoverFrontEnd) and f.serving for f in self._frontends.values()):
+        while not all(r.serving for r in self.resources):
             if loop.time() >= deadline:
                 break
             await asyncio.sleep(0.02)  # registration reports no event of its own here; it takes milliseconds
-        endpoints = {r.name: f.endpoint for r, f in self._frontends.items()}
+        endpoints = {r.name: r.endpoint for r in self.resources}
         self.handover_files.write("serving", {"to": self.instance.id, "endpoints": endpoints})
         handover_step("serving")
         record.state = "serving"

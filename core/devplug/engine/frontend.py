@@ -58,14 +58,14 @@ class FrontEnd(TenancyJudge, Protocol):
 
 @runtime_checkable
 class HandoverFrontEnd(FrontEnd, Protocol):
-    """A front end that can take part in a handover between two instances (the device-plugin one; not DRA's yet,
-    which the config refuses with ``[handover] enabled``)."""
+    """A front end that can take part in a handover between two instances (the device-plugin one and DRA's)."""
 
     @property
     def serving(self) -> bool:
         """The new instance's side: registered with the kubelet and the kubelet connected (for the device-plugin
-        API its ListAndWatch stream open). The new instance tells the old one its endpoints only once every front
-        end serves, so the old one never stops before the kubelet reaches the new one."""
+        API its ListAndWatch stream open; for DRA the kubelet's registration accepted). The new instance tells the
+        old one its endpoints only once every front end serves, so the old one never stops before the kubelet
+        reaches the new one."""
         ...
 
     # --- handover (the old instance's side)

@@ -127,6 +127,12 @@ class Resource:
         return self._frontend.endpoint
 
     @property
+    def serving(self) -> bool:
+        """Whether the front end serves the kubelet now (:attr:`~devplug.engine.frontend.HandoverFrontEnd.serving`):
+        a handover's new instance tells the old one where it serves only once every resource does."""
+        return isinstance(self._frontend, HandoverFrontEnd) and self._frontend.serving
+
+    @property
     def stopping(self) -> bool:
         """True once :meth:`wind_down` or :meth:`stop` was called, or while :meth:`pause` holds: no new release
         starts in this instance."""

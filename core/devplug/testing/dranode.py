@@ -234,6 +234,7 @@ def _config(
     cdi: Mapping[str, Any] | None,
     release_interval: float,
     metrics_port: int | None = None,
+    handover: Mapping[str, Any] | None = None,
 ) -> Path:
     config = dev_config(
         root,
@@ -246,6 +247,8 @@ def _config(
     config["kubelet"]["plugins_dir"] = str(root / "plugins")
     config["node"] = {"name": NODE}
     config["kubernetes"] = {"kubeconfig": str(kubeconfig)}
+    if handover is not None:
+        config["handover"] = dict(handover)
     path = root / "devplug.toml"
     write_toml(path, config)
     return path
@@ -265,11 +268,13 @@ async def dra_node(
     cdi: Mapping[str, Any] | None = None,
     release_interval: float = 0.2,
     metrics_port: int | None = None,
+    handover: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[DraNode]:
     """A node serving ``resource`` (its config ``table``: driver and options) through DRA as ``driver`` (default:
     the resource name turned around), the daemon started and registered unless ``start`` is False; the daemon
     stopped (it must exit 0) and the kubelet closed afterwards. ``metrics_port``: serve the metrics on that port of
-    127.0.0.1 (``[metrics] enabled``)."""
+    127.0.0.1 (``[metrics] enabled``); ``handover``: the config's ``[handover]`` table (a second ``devplug run`` on
+    :attr:`DraNode.config_path` then takes the node over from the first)."""
     driver = driver or default_driver_name(resource)
     with short_root() as root:
         api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -296,6 +301,7 @@ async def dra_node(
             cdi=cdi,
             release_interval=release_interval,
             metrics_port=metrics_port,
+            handover=handover,
         )
         kubelet = DevKubelet(root / "device-plugins", dra=kubelet_dra, pod_resources_rate=None)
         await kubelet.start()

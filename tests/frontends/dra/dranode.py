@@ -38,6 +38,7 @@ async def dra_node(
     start: bool = True,
     cdi: Mapping[str, Any] | None = None,
     metrics_port: int | None = None,
+    handover: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[DraNode]:
     """A node whose mock devices are ``devices`` (file name -> content; default three healthy ones)."""
     with short_root() as scratch:
@@ -56,5 +57,6 @@ async def dra_node(
             start=start,
             cdi=cdi,
             metrics_port=metrics_port,
+            handover=handover,
         ) as node:
             yield node

@@ -512,3 +512,27 @@ def test_a_failing_watch_is_started_again_and_publishing_goes_on(api: ApiServer,
         await eventually(lambda: slices(api), "the deleted slice written again through the restarted watch")
 
     scenario(api, kubeconfig, table, body, resync_interval=3600)
+
+
+def test_a_held_publisher_writes_nothing_until_released_and_then_publishes_what_changed(
+    api: ApiServer, kubeconfig: Path
+) -> None:
+    """A handover holds the old instance's publisher (the slices become the new instance's); a failed handover
+    releases it, and it publishes the changes it held back."""
+    api.create("nodes", node())
+    table = table_of(Device("fpga0"), Device("fpga1"))
+
+    async def body(publisher: SlicePublisher) -> None:
+        await published(publisher, table)
+        publisher.hold()
+        await asyncio.wait_for(publisher.idle(), 5.0)
+        before = writes(api)
+        table.set_health({"fpga1": HealthReport(Health.UNHEALTHY, "PCIe link down")})
+        publisher.resync()
+        await asyncio.sleep(0.3)  # longer than the debounce: a publisher not held would have written by now
+        assert writes(api) == before and "taints" not in devices(api)["fpga1"]
+        publisher.release()
+        await published(publisher, table, "the held change published")
+        assert devices(api)["fpga1"]["taints"][0]["value"] == "unhealthy"
+
+    scenario(api, kubeconfig, table, body)

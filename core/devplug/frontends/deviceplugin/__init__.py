@@ -10,6 +10,6 @@ checkpoint), ``checkpointview`` (the kubelet's checkpoint as evidence),
 ``podresources_client`` and ``reconciler`` (release detection through
 PodResources and the checkpoint, for kubelets that never call Deallocate),
 ``pluginfolder`` (the device-plugin folder, watched for the signs of a kubelet
-restart every resource's front end is told of), ``callgate`` (calls held while
-a newer instance takes over, then forwarded to it).
+restart every resource's front end is told of). Calls held while a newer
+instance takes over, then forwarded to it: :mod:`devplug.frontends.callgate`.
 """

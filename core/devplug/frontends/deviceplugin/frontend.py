@@ -19,7 +19,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.resourcestatus import ResourceStatus
-from devplug.frontends.deviceplugin.callgate import CallGate
+from devplug.frontends.callgate import CallGate
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView
 from devplug.frontends.deviceplugin.pluginserver import PluginServer
 from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver

@@ -37,7 +37,7 @@ from devplug.errors import (
     RequestError,
     StateWriteError,
 )
-from devplug.frontends.deviceplugin.callgate import CallGate, forward_call
+from devplug.frontends.callgate import CallGate, forward_unary
 from devplug.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
@@ -164,7 +164,7 @@ class DevicePluginService:
         self, method: Callable[[Req], Awaitable[Resp]], decode: Callable[[bytes], Any] | None = None
     ) -> Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
         """``method`` with the engine's errors as gRPC codes; with ``decode`` (its reply's parser) the call also
-        passes the gate: it may wait, or go to the successor instance (:mod:`.callgate`)."""
+        passes the gate: it may wait, or go to the successor instance (:mod:`devplug.frontends.callgate`)."""
         name = method.__name__
         if decode is not None:
             return self._gated(self._guard(method), _RPC_NAMES[name], decode)
@@ -207,7 +207,7 @@ class DevicePluginService:
             try:
                 if successor is None:
                     return await guarded(request, context)
-                reply, code, details = await forward_call(successor, rpc, request, decode)
+                reply, code, details = await forward_unary(successor, f"/v1beta1.DevicePlugin/{rpc}", request, decode)
             finally:
                 self.gate.leave()
             if code is not None:

@@ -24,6 +24,16 @@ At stop the registration socket goes first (the kubelet deregisters the
 instance), then the services; the slices are deleted only when no other
 instance of the driver serves on the node (a rolling update's new pod publishes
 the same pool, and so does the instance a live reload starts in this daemon).
+
+A handover to a newer daemon instance (:class:`~devplug.engine.frontend.HandoverFrontEnd`,
+:mod:`devplug.daemon.handover`): asked, the front end holds new prepares and
+unprepares at its :class:`~devplug.frontends.callgate.CallGate`, and the slice
+publisher and the claim reconciler write nothing more (the slices, the claims'
+CDI specs and the releases become the successor's, which adopts them as they
+are). The successor registers its own sockets (the kubelet calls the newest
+instance, PR #129832); once it serves, the held and later calls go to its
+service socket, and this instance removes its registration socket and stops,
+never deleting the slices nor registering again.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.releasequeue import ReleaseQueue
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.errors import ConfigError, DeviceBusyError
+from devplug.frontends.callgate import CallGate
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.health import HealthService
 from devplug.frontends.dra.reconcile import ClaimReconciler, claim_ref
@@ -148,6 +159,10 @@ class DraFrontEnd:
         self._stopped = asyncio.Event()
         #: Set once :meth:`serve`'s loops (the publisher's among them) are cancelled and done.
         self._loops_done = asyncio.Event()
+        #: Where prepares and unprepares run during a handover (here, held, or at the successor instance).
+        self.gate = CallGate()
+        #: Set once this instance handed the node over to a newer one (:meth:`hand_over`): it leaves the slices.
+        self.handed_over = False
 
     @property
     def endpoint(self) -> str:
@@ -222,8 +237,8 @@ class DraFrontEnd:
         remove_dead_sockets(self.socket_path.parent, "dra-", ".sock")
         remove_dead_sockets(self.kubelet.plugins_registry_dir, f"{self.driver}-", "-reg.sock")
         server = grpc.aio.server()
-        v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(self.preparer), server)
-        v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1beta1(self.preparer), server)
+        v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(self.preparer, self.gate), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1beta1(self.preparer, self.gate), server)
         health_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
@@ -291,7 +306,8 @@ class DraFrontEnd:
             self._server = None
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-        if self.publisher is not None and not self._successor() and not self._other_instances():
+        last = not self.handed_over and not self._successor() and not self._other_instances()
+        if self.publisher is not None and last:
             if serving:  # its publisher ends before the slices are deleted, or it could write them again
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._loops_done.wait(), max(grace, 1.0))
@@ -303,6 +319,64 @@ class DraFrontEnd:
             with contextlib.suppress(Exception):
                 await self._client.close()
             self._client = None
+
+    # --- handover (see devplug.engine.frontend.HandoverFrontEnd)
+
+    @property
+    def serving(self) -> bool:
+        """Registered: the kubelet accepted this instance's registration (it calls the newest instance)."""
+        return self.registration is not None and bool(self.registration.state.registered) and self._server is not None
+
+    def hold_calls(self) -> None:
+        """Prepares and unprepares wait (never refused), and the slices and the claims' releases are left alone,
+        until :meth:`release_calls` or :meth:`hand_over`."""
+        self.gate.hold()
+        if self.publisher is not None:
+            self.publisher.hold()
+        if self.reconciler is not None:
+            self.reconciler.hold()
+
+    def release_calls(self) -> None:
+        """The handover failed: the waiting calls run here, and the slices and releases are this instance's again."""
+        self.gate.release()
+        if self.publisher is not None:
+            self.publisher.release()
+        if self.reconciler is not None:
+            self.reconciler.release()
+
+    async def calls_idle(self) -> None:
+        """Return once no call, slice write or reconciliation pass runs here (held calls wait at the gate)."""
+        await self.gate.wait_running_done()
+        if self.publisher is not None:
+            await self.publisher.idle()
+        if self.reconciler is not None:
+            await self.reconciler.idle()
+
+    def handover_facts(self) -> dict[str, object]:
+        """What this front end hands over: its sockets and registrations, the slices' generation, the claims
+        prepared, and the calls held meanwhile."""
+        registration = self.registration
+        held = [] if self.preparer is None else [r for r in self.preparer.lifecycle.records() if r.claim_uid]
+        return {
+            "endpoint": self.endpoint,
+            "registration_socket": str(registration.socket_path) if registration is not None else None,
+            "registrations": registration.state.registrations if registration is not None else 0,
+            "slices_generation": self.publisher.state.generation if self.publisher is not None else None,
+            "claims": len(held),
+            "held_calls": self.gate.held_calls,
+            "longest_wait_s": round(self.gate.longest_wait, 4),
+        }
+
+    async def hand_over(self, successor: str, grace: float) -> None:
+        """The successor serves at ``successor`` (its service socket): send it the waiting and later calls, then
+        remove this instance's registration socket (the kubelet drops this instance only) and stop, leaving the
+        slices and the claims' CDI specs to the successor."""
+        self.handed_over = True
+        if successor:  # else none serves: the held calls end with this instance's server (the kubelet retries)
+            self.gate.forward_to(Path(successor))
+            with contextlib.suppress(asyncio.TimeoutError):  # the forwarded calls are answered before this stops
+                await asyncio.wait_for(self.gate.wait_idle(), grace)
+        await self.stop(grace)
 
     def describe(self) -> dict[str, Any]:
         """The DRA side of the resource, for status."""

@@ -83,6 +83,24 @@ class ClaimReconciler:
         self.presence_error: str | None = None
         #: Claims found gone, by presence (counted once each).
         self.gone: dict[str, ClaimPresence] = {}
+        self._open = asyncio.Event()  # cleared while a handover holds the reconciler (see hold)
+        self._open.set()
+        self._quiet = asyncio.Event()  # cleared while a pass runs
+        self._quiet.set()
+
+    def hold(self) -> None:
+        """A newer instance takes the node over: start no pass (the claims' CDI specs and releases become its
+        own); a pass under way finishes (:meth:`idle` waits for it)."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """The handover failed: pass again."""
+        self._open.set()
+        self.wake()
+
+    async def idle(self) -> None:
+        """Return once no pass runs (after :meth:`hold`, none starts)."""
+        await self._quiet.wait()
 
     def wake(self, presence: bool = False) -> None:
         """Look again soon (``presence``: ask the API server too)."""
@@ -92,12 +110,16 @@ class ClaimReconciler:
     async def run(self) -> None:
         """Pass after pass until cancelled; a pass that fails is logged and the next one comes."""
         while True:
+            await self._open.wait()
+            self._quiet.clear()
             try:
                 await self.reconcile()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("[%s] claim reconciliation failed; trying again", self.name)
+            finally:
+                self._quiet.set()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
             self._wake.clear()

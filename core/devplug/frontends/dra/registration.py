@@ -183,6 +183,7 @@ class RegistrationServer:
         self._inode: tuple[int, int] | None = None
         self._check = asyncio.Event()
         self._watcher: DirectoryWatcher | None = None
+        self._closing = False  # set by stop: the socket is never served again
 
     # --- what the kubelet calls
 
@@ -267,6 +268,8 @@ class RegistrationServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._check.wait(), CHECK_INTERVAL_S)
             self._check.clear()
+            if self._closing:  # stopping (or handed over to a newer instance): never serve the socket again
+                continue
             if self._server is not None:
                 if self._socket_there():
                     continue
@@ -290,7 +293,8 @@ class RegistrationServer:
                 self._on_change()
 
     async def stop(self) -> None:
-        """Remove the socket first (the kubelet deregisters the instance), then stop serving it."""
+        """Remove the socket first (the kubelet deregisters the instance), then stop serving it; never again."""
+        self._closing = True
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None

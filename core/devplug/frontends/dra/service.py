@@ -64,6 +64,7 @@ from devplug.engine.cdi import cdi_device_name
 from devplug.engine.ledger import AllocationRecord, ClaimTenant
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
+from devplug.frontends.callgate import CallGate, forward_unary
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import (
     ClaimAllocation,
@@ -411,15 +412,43 @@ def _refs(request: Any) -> list[ClaimRef]:
 
 
 class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
-    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``.
+
+    Each call passes the resource's :class:`~devplug.frontends.callgate.CallGate`:
+    during a handover it waits, then runs here (the handover failed) or goes to
+    the successor instance's socket on the same service (it owns the ledger now).
+    """
 
     _pb: Any = v1
     _share_id = True
 
-    def __init__(self, preparer: ClaimPreparer) -> None:
+    def __init__(self, preparer: ClaimPreparer, gate: CallGate | None = None) -> None:
         self.preparer = preparer
+        self.gate = gate or CallGate()
+        self._service = self._pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
+
+    async def _gated(self, method: str, request: Any, context: Any, here: Callable[[Any], Awaitable[Any]]) -> Any:
+        successor = await self.gate.enter()
+        try:
+            if successor is None:
+                return await here(request)
+            decode = getattr(self._pb, f"{method}Response").FromString
+            reply, code, details = await forward_unary(successor, f"/{self._service}/{method}", request, decode)
+        finally:
+            self.gate.leave()
+        if code is not None:
+            log.warning("[%s] %s forwarded to %s failed: %s", self.preparer.name, method, successor, details)
+            await context.abort(code, details)
+        log.info("[%s] %s answered by the successor instance at %s", self.preparer.name, method, successor)
+        return reply
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return await self._gated("NodePrepareResources", request, context, self._prepare)
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return await self._gated("NodeUnprepareResources", request, context, self._unprepare)
+
+    async def _prepare(self, request: Any) -> Any:
         answers = await self.preparer.prepare(_refs(request))
         response = self._pb.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
@@ -438,7 +467,7 @@ class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
                     out.share_id = dev.share_id
         return response
 
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+    async def _unprepare(self, request: Any) -> Any:
         answers = await self.preparer.unprepare(_refs(request))
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():

@@ -165,6 +165,10 @@ class SlicePublisher:
         #: The slices as this publisher last wrote or adopted them: name -> resourceVersion.
         self._written: dict[str, str | None] = {}
         self._task: asyncio.Task[None] | None = None
+        self._open = asyncio.Event()  # cleared while a handover holds the publisher (see hold)
+        self._open.set()
+        self._quiet = asyncio.Event()  # cleared while a sync talks to the API server
+        self._quiet.set()
         self.state = PublisherState()
 
     # --- what other parts ask
@@ -184,6 +188,20 @@ class SlicePublisher:
     def resync(self) -> None:
         """List the node's slices and write them again if they differ, soon (after the kubelet may have wiped them)."""
         self._resync.set()
+
+    def hold(self) -> None:
+        """A newer instance takes the node over: write nothing from now on (the slices become its own, which it
+        adopts as they are); a sync under way finishes (:meth:`idle` waits for it)."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """The handover failed: publish again, first comparing with what the API server holds."""
+        self._open.set()
+        self.resync()
+
+    async def idle(self) -> None:
+        """Return once no sync talks to the API server (after :meth:`hold`, none starts)."""
+        await self._quiet.wait()
 
     # --- the loop
 
@@ -241,6 +259,9 @@ class SlicePublisher:
     async def _publish(self) -> None:
         check = True  # the first pass compares with what the API server holds
         while True:
+            if not self._open.is_set():  # held by a handover: what the API server holds may change meanwhile
+                await self._open.wait()
+                check = True
             version = self.table.version
             delay: float | None = None
             try:
@@ -370,6 +391,13 @@ class SlicePublisher:
 
     async def _sync(self, pool: Pool, version: int) -> bool:
         """Make the API server hold ``pool``; False when it dropped the taints (build again without them)."""
+        self._quiet.clear()
+        try:
+            return await self._sync_now(pool, version)
+        finally:
+            self._quiet.set()
+
+    async def _sync_now(self, pool: Pool, version: int) -> bool:
         existing = await self._list()
         if self._unchanged(pool, existing):
             self._synced(pool, version)

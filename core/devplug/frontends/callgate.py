@@ -1,12 +1,14 @@
-"""Where one resource's DevicePlugin calls run during a handover: here, held, or at the successor instance.
+"""Where one resource's kubelet calls run during a handover: here, held, or at the successor instance.
 
-While a new instance takes the node over (:mod:`devplug.daemon.handover`),
-the old one holds every call that would start new work (Allocate,
-GetPreferredAllocation, PreStartContainer and the KEP calls): they wait,
-rather than fail, so the kubelet refuses no pod. If the handover fails the
-held calls run here after all (:meth:`CallGate.release`); once the successor
-serves, they and every later call go to its socket
-(:meth:`CallGate.forward_to`), answered by the instance that owns the ledger.
+Shared by the front ends (each wire API forwards its own calls). While a new
+instance takes the node over (:mod:`devplug.daemon.handover`), the old one
+holds every call that would start new work (the device-plugin API's Allocate,
+GetPreferredAllocation, PreStartContainer and the KEP calls; DRA's
+NodePrepareResources and NodeUnprepareResources): they wait, rather than fail,
+so the kubelet refuses no pod. If the handover fails the held calls run here
+after all (:meth:`CallGate.release`); once the successor serves, they and every
+later call go to its socket (:meth:`CallGate.forward_to`, :func:`forward_unary`),
+answered by the instance that owns the ledger.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-__all__ = ["CallGate", "forward_call"]
+__all__ = ["FORWARD_TIMEOUT_S", "CallGate", "forward_unary"]
 
-#: Seconds a forwarded call may take (the kubelet's own Allocate has no deadline; PreStartContainer has 30 s).
+#: Seconds a forwarded call may take (the kubelet's own Allocate has no deadline; PreStartContainer has 30 s, DRA's
+#: calls 45 s).
 FORWARD_TIMEOUT_S = 120.0
 
 
@@ -98,13 +101,14 @@ class CallGate:
             await self._changed.wait()
 
 
-async def forward_call(
+async def forward_unary(
     socket: Path, method: str, request: Any, decode: Callable[[bytes], Any]
 ) -> tuple[Any, grpc.StatusCode | None, str]:
-    """Call ``/v1beta1.DevicePlugin/<method>`` on ``socket``; (reply, None, "") or (None, code, details)."""
+    """Call the unary ``method`` (its full path, ``/<package>.<Service>/<Method>``) on ``socket`` with ``request``
+    (a protobuf message), ``decode`` parsing the reply; (reply, None, "") or (None, code, details)."""
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         call = channel.unary_unary(
-            f"/v1beta1.DevicePlugin/{method}",
+            method,
             request_serializer=lambda message: message.SerializeToString(),
             response_deserializer=decode,
         )
