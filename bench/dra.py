@@ -175,7 +175,7 @@ def _health_floor_main(root: Path) -> None:
     asyncio.run(serve())
 
 
-class _Stub:
+class DraStub:
     """A sync v1.DRAPlugin client on a unix socket."""
 
     def __init__(self, sock: Path) -> None:
@@ -204,7 +204,7 @@ class _Stub:
         self.channel.close()
 
 
-def _claims(node: Any, count: int) -> list[tuple[str, str]]:
+def allocated_claims(node: Any, count: int) -> list[tuple[str, str]]:
     """``count`` claims, each allocated one mock device as the scheduler writes it (round robin)."""
     from devplug.testing.dranode import NODE, NS
 
@@ -242,7 +242,7 @@ async def _measure(rounds: int, warmup: int, root: Path, health_rounds: int) -> 
             table = {"driver": "mock", "options": {"directory": str(folder)}}
             async with dra_node(api, "example.com/mock", table, folder, driver="mock.example.com") as node:
                 await node.published(DEVICES)
-                claims = _claims(node, rounds + warmup)
+                claims = allocated_claims(node, rounds + warmup)
                 [sock] = sorted((node.root / "plugins" / node.driver).glob("dra-*.sock"))
                 while not floor_sock.exists():
                     if floor.poll() is not None:
@@ -257,7 +257,7 @@ async def _measure(rounds: int, warmup: int, root: Path, health_rounds: int) -> 
 
 
 def _series(sock: Path, floor_sock: Path, claims: list[tuple[str, str]], warmup: int, ns: str) -> dict[str, Any]:
-    devplug, floor = _Stub(sock), _Stub(floor_sock)
+    devplug, floor = DraStub(sock), DraStub(floor_sock)
     samples: dict[str, list[int]] = {"prepare": [], "unprepare": [], "floor_prepare": [], "floor_unprepare": []}
     try:
         for i, (name, uid) in enumerate(claims):

@@ -111,6 +111,8 @@ GOAL_KEYS: tuple[Key, ...] = (
     Key("dra_unprepare_ratio_p99", "devplug / floor, unprepare p99"),
     Key("dra_health_to_kubelet_p99_ms", "DRA device health change to the kubelet's health stream, p99 (ms)"),
     Key("dra_health_to_slice_p99_ms", "DRA device health change to its updated ResourceSlice, p99 (ms)"),
+    Key("dra_handover_ms", "DRA rolling update: new daemon's start to the old one's exit, p50 (ms)"),
+    Key("dra_handover_prepare_wait_max_ms", "DRA rolling update: longest NodePrepareResources during a handover (ms)"),
 )
 
 #: Floors and diagnostics measured in the same run, shown under the goals.
@@ -150,6 +152,10 @@ CONTEXT_KEYS: tuple[Key, ...] = (
     Key("handover_allocate_steady_p99_ms", "floor: the same client's Allocate before the handovers, p99 (ms)"),
     Key("handover_allocate_wait_ratio", "longest Allocate during a handover / that floor"),
     Key("handovers", "handovers measured"),
+    Key("dra_handover_max_ms", "DRA rolling update: new daemon's start to the old one's exit, worst (ms)"),
+    Key("dra_handover_prepare_steady_p99_ms", "floor: the same client's prepare before the handovers, p99 (ms)"),
+    Key("dra_handover_prepare_wait_ratio", "longest prepare during a DRA handover / that floor"),
+    Key("dra_handovers", "DRA handovers measured"),
     Key("reregister_restarts", "kubelet restarts measured"),
     Key("reregister_failures", "restarts after which a resource never registered again (10 s)"),
     Key("startup_to_registered_min_ms", "start to registered, best run (ms)"),

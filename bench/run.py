@@ -250,6 +250,13 @@ def _dra(s: Settings, out: dict[str, Any], log: Log) -> None:
         out.update(dra.results_keys(dra.measure(s.dra_rounds, s.dra_warmup, s.dra_health_rounds)))
 
 
+def _dra_handover(s: Settings, out: dict[str, Any], log: Log) -> None:
+    from bench import drahandover  # its own API server stand-in, dev kubelet and folder under /tmp
+
+    with _phase(f"DRA rolling-update handover ({s.handovers}x, prepares running)", log):
+        out.update(drahandover.measure(s.handovers, s.handover_steady_calls))
+
+
 def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench.scenarios import shared  # devplug-shared is a driver of this checkout, installed by make
 
@@ -286,6 +293,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _metrics_flood(ws, settings, out, log)
         _handover(ws, settings, out, log)
     _dra(settings, out, log)
+    _dra_handover(settings, out, log)
     _shared(settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
