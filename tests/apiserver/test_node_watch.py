@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from devplug.kubeclient import make_client
 from devplug.profiles import nodewatch
-from devplug.profiles.kubeclient import ApiUnavailable, make_async_client
+from devplug.profiles.nodeprofiles import FIELD_MANAGER, node_client
 from devplug.profiles.nodewatch import NodeWatch
 from devplug.testing.apiserver import ApiServer
 
@@ -68,7 +69,7 @@ def test_the_watch_follows_labels_through_410_failures_and_stream_ends(
     seen: list[Mapping[str, str]] = []
 
     async def scenario() -> None:
-        client = make_async_client(kubeconfig_for(api, tmp_path / "kubeconfig"))
+        client = make_client(kubeconfig_for(api, tmp_path / "kubeconfig"), field_manager=FIELD_MANAGER)
         watch = NodeWatch(client, NODE, seen.append)
         assert await watch.read() == {"devplug.io/profile": "a"}
         first_rv = watch.resource_version
@@ -122,7 +123,7 @@ def test_an_expired_watch_reads_the_node_again(api: ApiServer, tmp_path: Path, f
     seen: list[Mapping[str, str]] = []
 
     async def scenario() -> None:
-        client = make_async_client(kubeconfig_for(api, tmp_path / "kubeconfig"))
+        client = make_client(kubeconfig_for(api, tmp_path / "kubeconfig"), field_manager=FIELD_MANAGER)
         watch = NodeWatch(client, NODE, seen.append)
         await watch.read()
         old = watch.resource_version
@@ -149,7 +150,7 @@ def test_a_missing_node_or_an_unreachable_server_is_retried_with_backoff(
     seen: list[Mapping[str, str]] = []
 
     async def scenario() -> None:
-        client = make_async_client(kubeconfig_for(api, tmp_path / "kubeconfig"))
+        client = make_client(kubeconfig_for(api, tmp_path / "kubeconfig"), field_manager=FIELD_MANAGER)
         watch = NodeWatch(client, NODE, seen.append)
         task = asyncio.ensure_future(watch.run())
         try:
@@ -174,6 +175,9 @@ def test_a_missing_node_or_an_unreachable_server_is_retried_with_backoff(
 
 def test_no_credentials_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(ApiUnavailable) as missing:
-        make_async_client(tmp_path / "nope")
-    assert str(missing.value).startswith(f"no credentials from [kubernetes] kubeconfig {tmp_path / 'nope'}: ")
+    client, why = node_client(tmp_path / "nope")
+    assert client is None
+    assert why == f"no API server credentials: kubeconfig {tmp_path / 'nope'}: no such file"
+    client, why = node_client(None)  # in-cluster, but not in a pod
+    assert client is None and why is not None
+    assert why.startswith("no API server credentials: no kubeconfig is configured and this is not a pod: ")

@@ -215,8 +215,8 @@ def test_without_api_access_the_base_config_runs_and_says_so(lab: Lab) -> None:
     assert lab.view(RESOURCE).capacity == 4
     shown = _profiles(lab)
     assert shown["api"] == "unavailable" and shown["labels_read"] is False and shown["active"] == []
-    assert shown["api_detail"].startswith("no credentials from the pod's service account: ")
-    assert "profiles: no access to the node's labels (no credentials from the pod's service account" in lab.log()
+    assert shown["api_detail"].startswith("no API server credentials: no kubeconfig is configured and this is not")
+    assert "profiles: no access to the node's labels (no API server credentials: no kubeconfig" in lab.log()
     assert "serving the base config" in lab.log()
 
 

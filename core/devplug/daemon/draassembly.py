@@ -43,8 +43,8 @@ def dra_frontend(
     """The DRA front end of ``rc``: ``keep_dir`` keeps its claims' CDI specs, ``successor`` says whether another
     resource of the driver follows when it stops (a reload), ``on_change`` is told of status changes."""
     from devplug.frontends.dra.frontend import DraFrontEnd
-    from devplug.frontends.dra.kubeclient import make_client
     from devplug.frontends.dra.slices import field_manager_of
+    from devplug.kubeclient import make_client
 
     assert rc.dra is not None  # the config gives every DRA resource its table
     kubeconfig, manager = config.kubernetes.kubeconfig, field_manager_of(rc.dra.driver_name)

@@ -16,23 +16,38 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from devplug.config import Config
 from devplug.configdra import NODE_NAME_ENV
 from devplug.errors import ConfigError
 from devplug.profiles.compose import compose
-from devplug.profiles.kubeclient import ApiUnavailable, make_async_client
 from devplug.profiles.model import PROFILE_LABEL
 from devplug.profiles.nodewatch import NodeWatch
 from devplug.profiles.select import Selection, select
 
-__all__ = ["INITIAL_READ_S", "NodeProfiles"]
+__all__ = ["INITIAL_READ_S", "NodeProfiles", "node_client"]
 
 log = logging.getLogger("devplug.profiles")
 
 #: How long the daemon's start waits for the first read of its Node before starting on the base config.
 INITIAL_READ_S = 5.0
+#: The field manager of the profiles' client (it only reads; the API server wants one for any write).
+FIELD_MANAGER = "devplug-profiles"
+
+
+def node_client(kubeconfig: Path | None) -> tuple[Any, str | None]:
+    """A client of the API server (:func:`devplug.kubeclient.make_client`) and None, or None and why there is none
+    (no client library, no credentials)."""
+    try:
+        from devplug.kubeclient import KubeClientConfigError, make_client
+
+        return make_client(kubeconfig, field_manager=FIELD_MANAGER), None
+    except ImportError as exc:
+        return None, f"the Kubernetes client library is not installed ({exc.name}); pip install 'devplug[kubernetes]'"
+    except KubeClientConfigError as exc:
+        return None, f"no API server credentials: {exc}"
 
 
 class NodeProfiles:
@@ -69,10 +84,7 @@ class NodeProfiles:
                 f"the node's name is unknown: set [node] name, or {NODE_NAME_ENV} from the downward API's spec.nodeName"
             )
         else:
-            try:
-                self._client = make_async_client(self._kubeconfig)
-            except ApiUnavailable as exc:
-                self.unavailable = str(exc)
+            self._client, self.unavailable = node_client(self._kubeconfig)
         if self.unavailable is not None:
             log.warning("profiles: no access to the node's labels (%s): serving the base config", self.unavailable)
             return config

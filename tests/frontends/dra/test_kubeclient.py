@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devplug.frontends.dra.kubeclient import (
+from devplug.kubeclient import (
     KubeClientConfigError,
     cluster_config,
     describe_api_error,

@@ -14,9 +14,9 @@ import pytest
 
 from devplug.engine.devicetable import DeviceTable
 from devplug.frontends.dra.devicenames import device_name
-from devplug.frontends.dra.kubeclient import make_client
 from devplug.frontends.dra.slicecontent import TAINT_KEY, DeviceDescription, Version
 from devplug.frontends.dra.slices import SlicePublisher
+from devplug.kubeclient import make_client
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.scheduler import SchedulerStandIn
 from devplug.types import Device, Health, HealthReport, Topology

@@ -1,7 +1,5 @@
 """The DRA front end: the kubelet's Dynamic Resource Allocation API (``resource.k8s.io/v1``) over the core.
 
-``kubeclient`` (an async lightkube client from the pod's service account or a
-kubeconfig; lightkube is imported only when the DRA front end is used),
 ``devicenames`` (devplug device IDs as ResourceSlice device names, both ways),
 ``slicecontent`` (the device table as a pool of ResourceSlices: attributes,
 replicas, taints for unavailable devices, the split into slices),

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from devplug.errors import DevplugError, RequestError
-from devplug.frontends.dra.kubeclient import describe_api_error
+from devplug.kubeclient import describe_api_error
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -62,7 +62,6 @@ from devplug.engine.asynctools import Backoff
 from devplug.engine.devicetable import DeviceTable
 from devplug.errors import DevplugError
 from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap
-from devplug.frontends.dra.kubeclient import describe_api_error
 from devplug.frontends.dra.slicecontent import (
     DIGEST_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -71,6 +70,7 @@ from devplug.frontends.dra.slicecontent import (
     SliceContentError,
     build_pool,
 )
+from devplug.kubeclient import describe_api_error
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

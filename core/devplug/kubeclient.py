@@ -1,9 +1,11 @@
-"""The DRA front end's Kubernetes client: an async lightkube client from the pod's service account or a kubeconfig.
+"""devplug's Kubernetes client: an async lightkube client from the pod's service account or a kubeconfig.
 
+One way to the API server for everything that talks to it: the DRA front end
+(ResourceSlices, ResourceClaims) and the per-node profiles (the daemon's Node).
 lightkube (async, server-side apply, typed ``resource.k8s.io/v1`` models) is
-imported only when a client is made: the device-plugin front end never needs it,
-so a daemon without DRA runs without it installed (the DRA front end's modules
-import it inside their functions, and only for typing at module level).
+imported only when a client is made: a daemon that needs neither runs without it
+installed (``pip install 'devplug[kubernetes]'`` brings it), and the modules that
+use it import it inside their functions, and only for typing at module level.
 
 Credentials, in this order:
 
