@@ -324,7 +324,7 @@ class Resource:
     # --- handover (devplug.daemon.handover): the old instance's side
 
     def _handover_frontend(self) -> HandoverFrontEnd:
-        """The front end, which must be able to hand over (the config refuses a handover with any other)."""
+        """The front end, which must be able to hand over (both shipped front ends can)."""
         if not isinstance(self._frontend, HandoverFrontEnd):
             raise DevplugError(f"[{self.name}] its front end cannot be handed over to another instance")
         return self._frontend
