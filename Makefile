@@ -66,8 +66,8 @@ dist: $(STAMP)
 # An OCI image of the daemon without a Docker engine, devplug:VERSION: a Debian root filesystem (debootstrap) with
 # the wheels of `make dist` installed (every extra for users, every driver), packed by umoci into build/image/oci
 # and build/image/devplug-VERSION.oci.tar, then smoke-tested with podman: `devplug check-config` on every config
-# deploy/ renders, and the daemon of the mock overlay registering with a dev kubelet through the DaemonSet's mounts
-# (tools/image/smoke.py). Needs root; tools/image/setup.sh installs Debian's debootstrap, umoci and podman. Not
+# deploy/ renders, and the daemon of the mock overlay registering with a dev kubelet through the DaemonSet's mounts,
+# then handing the node over to a second pod of the image (tools/image/smoke.py). Needs root; tools/image/setup.sh installs Debian's debootstrap, umoci and podman. Not
 # part of `make test`.
 image: dist
 	PYTHON=$(BIN)/python bash tools/image/build.sh $(DIST) build/image

@@ -27,6 +27,7 @@ Needs root, podman and kubectl; run with a Python that has devplug installed (it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -52,6 +53,10 @@ SRIOV_ON_ANOTHER_MACHINE = "pfs: 'ens1f0' names no SR-IOV physical function on t
 MOCK_RESOURCE = "example.com/mock"
 MOCK_DEVICES = 4
 NODE_NAME = "smoke-node"
+#: The pod's UID the downward API gives (``DEVPLUG_INSTANCE``, ``POD_UID``): the instance's name in a handover.
+POD_UID = "5a0e0000-0000-4000-8000-000000000001"
+#: The UID of the rolling update's new pod.
+NEXT_POD_UID = "5a0e0000-0000-4000-8000-000000000002"
 #: The host's cgroup tree (container liveness): on the stand-in node, a cgroup v2 root with the kubelet's
 #: ``kubepods`` cgroup and no pod in it, so a daemon whose config requires liveness finds it and is ready.
 CGROUP_TREE = "/sys/fs/cgroup"
@@ -96,8 +101,9 @@ class Podman:
 # --- deploy/ as kubectl renders it ---------------------------------------------------------------------------------
 
 
-def render(overlay: str, components: Sequence[str], scratch: Path) -> list[dict[str, Any]]:
-    """``kubectl kustomize`` of an overlay with components (through a kustomization of this run's own)."""
+def render(variant: str, components: Sequence[str], scratch: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of a variant of ``deploy/`` (``overlays/<driver>``, ``dra/<driver>``) with components
+    (through a kustomization of this run's own)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         raise SmokeFailure("kubectl is not on PATH: it renders deploy/ as an operator's kubectl apply -k would")
@@ -106,13 +112,13 @@ def render(overlay: str, components: Sequence[str], scratch: Path) -> list[dict[
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [f"{relative}/overlays/{overlay}"],
+        "resources": [f"{relative}/{variant}"],
         "components": [f"{relative}/components/{c}" for c in components],
     }
     (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise SmokeFailure(f"kubectl kustomize {overlay} with {list(components)}: {done.stderr}")
+        raise SmokeFailure(f"kubectl kustomize {variant} with {list(components)}: {done.stderr}")
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
@@ -134,8 +140,11 @@ class PodRun:
     config_path: str
 
 
-def pod_run(objects: Sequence[dict[str, Any]], node: Path, config_dir: Path, *, kernel_trees: bool) -> PodRun:
-    """Translate the rendered DaemonSet's container: mounts, security context, limits, env, command."""
+def pod_run(
+    objects: Sequence[dict[str, Any]], node: Path, config_dir: Path, *, kernel_trees: bool, pod_uid: str = POD_UID
+) -> PodRun:
+    """Translate the rendered DaemonSet's container: mounts, security context, limits, env (the downward API's
+    node name and ``pod_uid``), command."""
     daemonset = one(objects, "DaemonSet")
     spec = daemonset["spec"]["template"]["spec"]
     (container,) = spec["containers"]
@@ -193,8 +202,11 @@ def pod_run(objects: Sequence[dict[str, Any]], node: Path, config_dir: Path, *, 
         options += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
     for env in container.get("env", []):
         value = env.get("value")
-        if value is None and env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+        field = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if value is None and field == "spec.nodeName":
             value = NODE_NAME
+        if value is None and field == "metadata.uid":
+            value = pod_uid
         if value is None:
             raise SmokeFailure(f"env {env['name']}: a source the smoke test does not translate")
         options += ["--env", f"{env['name']}={value}"]
@@ -215,7 +227,7 @@ def podman_run_argv(run: PodRun, reference: str, args: Sequence[str]) -> list[st
 def check_load(podman: Podman, archive: Path, reference: str, scratch: Path) -> None:
     loaded = podman.run("load", "--input", str(archive)).stdout
     say(loaded.strip())
-    image = one(render("mock", [], scratch), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+    image = one(render("overlays/mock", [], scratch), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
     if image != reference:
         raise SmokeFailure(f"the DaemonSet runs {image!r}, but the image built is {reference!r}")
     found = podman.run("image", "inspect", "--format", "{{.RepoTags}}", image).stdout.strip()
@@ -240,14 +252,22 @@ def check_version_and_drivers(podman: Podman, reference: str, version: str) -> N
 
 
 def check_configs(podman: Podman, reference: str, scratch: Path) -> int:
-    overlays = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+    """``devplug check-config`` in the image on the config of every variant of ``deploy/`` (each overlay and each
+    DRA variant, alone and with the CDI component), through the DaemonSet's own mounts and environment."""
+    variants = [
+        f"{kind}/{p.name}"
+        for kind in ("overlays", "dra")
+        for p in sorted((DEPLOY / kind).iterdir())
+        if (p / "kustomization.yaml").is_file()
+    ]
     checked = 0
-    for overlay in overlays:
+    for variant in variants:
+        overlay = variant.rpartition("/")[2]
         for components in ([], ["cdi"]):
-            label = overlay + "".join(f" + {c}" for c in components)
+            label = variant.removeprefix("overlays/") + "".join(f" + {c}" for c in components)
             case = Path(tempfile.mkdtemp(prefix=f"check-{overlay}-", dir=scratch))
             node = case / "node"
-            objects = render(overlay, components, scratch)
+            objects = render(variant, components, scratch)
             for volume in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]:
                 host = volume.get("hostPath")
                 if host and host.get("type") == "Directory" and not host["path"].startswith(KERNEL_TREES):
@@ -309,6 +329,24 @@ def dev_kubelet(device_plugin_dir: Path, pod_resources_socket: Path) -> Iterator
         kubelet.close()
 
 
+@contextlib.contextmanager
+def _short_link(target: Path) -> Iterator[Path]:
+    """A symbolic link to ``target`` (made) at the shortest free ``/tmp/dp<N>``, removed afterwards."""
+    target.mkdir(parents=True, exist_ok=True)
+    for n in range(10_000):
+        link = Path(f"/tmp/dp{n}")
+        try:
+            link.symlink_to(target)
+        except FileExistsError:
+            continue
+        try:
+            yield link
+        finally:
+            link.unlink()
+        return
+    raise SmokeFailure("no free /tmp/dp<N> name for the stand-in node's short link")
+
+
 def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequence[str], index: int) -> None:
     from devplug.devkubelet import ContainerSpec, PodSpec
 
@@ -316,14 +354,20 @@ def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequ
     # Short names: the kubelet dials the plugin's socket by its host path, which a unix address limits to 107 bytes.
     case = scratch / f"d{index}"
     node = case / "n"
-    objects = render("mock", components, scratch)
+    objects = render("overlays/mock", components, scratch)
     volumes = {v["name"]: v for v in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
     plugin_dir = node / volumes["device-plugins"]["hostPath"]["path"].lstrip("/")
     pod_resources = node / volumes["pod-resources"]["hostPath"]["path"].lstrip("/") / "kubelet.sock"
     started = time.monotonic()
-    with dev_kubelet(plugin_dir, pod_resources) as kubelet:
+    # The dev kubelet reaches the node's folders through a short link, so the socket paths it dials are as short as a
+    # kubelet's at / (the kubelet-root components' longest is 97 bytes, within a unix address's 107).
+    with (
+        _short_link(node) as short,
+        dev_kubelet(short / plugin_dir.relative_to(node), short / pod_resources.relative_to(node)) as kubelet,
+    ):
         run = pod_run(objects, node, case / "config", kernel_trees=True)
         name = f"devplug-smoke-{os.getpid()}-{index}"
+        containers = [name]
         podman.run("run", "--detach", "--name", name, *podman_run_argv(run, reference, run.args))
         try:
             kubelet.wait_registered(MOCK_RESOURCE, timeout=60)
@@ -366,6 +410,10 @@ def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequ
             if status != 200 or registered not in metrics:
                 raise SmokeFailure(f"{label}: /metrics answered {status} without {registered}")
             say(f"{label}: /healthz, /readyz and /metrics answer on port {port}")
+            if index == 0:  # a rolling update: the DaemonSet's new pod beside the old one, on the same node
+                containers.append(f"{name}-next")
+                check_rolling_update(podman, reference, objects, node, case, kubelet, containers, label)
+                name = containers[-1]
             sockets = sorted(p.name for p in plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock")
             podman.run("stop", "--time", "30", name, timeout=60)
             exit_code = int(podman.run("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
@@ -374,11 +422,67 @@ def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequ
                 raise SmokeFailure(f"{label}: on SIGTERM the daemon exited {exit_code}, sockets left: {left}")
             say(f"{label}: SIGTERM: exit 0, its socket {', '.join(sockets)} removed")
         except BaseException:
-            logs = podman.run("logs", name, check=False)
-            print(f"--- the daemon's log ({label}) ---\n{logs.stdout}{logs.stderr}", file=sys.stderr)
+            for each in containers:
+                logs = podman.run("logs", each, check=False)
+                print(f"--- the daemon's log ({label}, {each}) ---\n{logs.stdout}{logs.stderr}", file=sys.stderr)
             raise
         finally:
-            podman.run("rm", "--force", name, check=False, timeout=60)
+            for each in containers:
+                podman.run("rm", "--force", each, check=False, timeout=60)
+
+
+def check_rolling_update(
+    podman: Podman,
+    reference: str,
+    objects: Sequence[dict[str, Any]],
+    node: Path,
+    case: Path,
+    kubelet: Any,
+    containers: list[str],
+    label: str,
+) -> None:
+    """The DaemonSet's rolling update (``maxSurge: 1``): a second pod of the image (another UID) on the node while
+    the first runs; the first hands the node over and exits 0, and the second serves the resource on its own socket
+    with the first pod's allocation in its ledger."""
+    old, new = containers[-2], containers[-1]
+    before = kubelet.resource(MOCK_RESOURCE)
+    assert before is not None
+    run = pod_run(objects, node, case / "config-next", kernel_trees=True, pod_uid=NEXT_POD_UID)
+    started = time.monotonic()
+    podman.run("run", "--detach", "--name", new, *podman_run_argv(run, reference, run.args))
+    code = podman.run("wait", old, timeout=120).stdout.strip()
+    if code != "0":
+        raise SmokeFailure(f"{label}: the old pod's daemon exited {code} instead of handing the node over")
+
+    def serving() -> bool:
+        view = kubelet.resource(MOCK_RESOURCE)
+        return (
+            view is not None
+            and view.endpoint != before.endpoint
+            and view.registered
+            and sum(d.healthy for d in view.devices) == MOCK_DEVICES
+        )
+
+    _poll("the new pod's daemon serving the node", serving, 60)
+    view = kubelet.resource(MOCK_RESOURCE)
+    assert view is not None
+    say(
+        f"{label}: rolling update: the old pod exited 0 and the new one serves on {view.endpoint} "
+        f"({time.monotonic() - started:.1f} s from its start)"
+    )
+    volumes = {v["name"]: v for v in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    state_dir = node / volumes["state"]["hostPath"]["path"].lstrip("/")
+
+    def recorded() -> dict[str, Any] | None:
+        status = json.loads((state_dir / "status.json").read_text())
+        found: dict[str, Any] = status.get("handover", {}).get("took_over", {})
+        return found if found.get("state") == "done" else None
+
+    took_over = _poll("the handover recorded in the new daemon's status", recorded, 30)
+    held = took_over.get("resources", {}).get(MOCK_RESOURCE, {}).get("held_allocations")
+    if took_over.get("from") != POD_UID or took_over.get("to") != NEXT_POD_UID or held != 1:
+        raise SmokeFailure(f"{label}: the new daemon's status does not show the handover of 1 allocation: {took_over}")
+    say(f"{label}: the new daemon's status: took the node over from {POD_UID}, 1 allocation handed over")
 
 
 def _ok(probe: tuple[int, str]) -> tuple[int, str] | None:
@@ -406,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         finally:
             podman.run("rmi", "--all", "--force", check=False, timeout=120)
-    say(f"ok: {checked} configs checked, 2 daemon runs, in {time.monotonic() - started:.0f} s")
+    say(f"ok: {checked} configs checked, 2 daemon runs and a rolling update, in {time.monotonic() - started:.0f} s")
     return 0
 
 
