@@ -40,7 +40,7 @@ from devplug.resource_names import resource_state_dir
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.recorder import read_call_log
-from devplug.testing.scheduler import SchedulerStandIn
+from devplug.testing.scheduler import SchedulerStandIn, SchedulingError
 
 __all__ = ["NODE", "NS", "TEST_DRA", "DraNode", "dra_node", "short_root", "write_kubeconfig"]
 
@@ -187,7 +187,30 @@ class DraNode:
 
     def schedule_pod(self, name: str, claims: list[str]) -> tuple[PodSpec, list[dict[str, Any]]]:
         """Create the pod in the API server, let the scheduler allocate its claims and bind it; the pod as the
-        dev kubelet admits it, and the claims as stored."""
+        dev kubelet admits it, and the claims as stored (:class:`SchedulingError` when they cannot be allocated)."""
+        made = self._create_pod(name, claims)
+        return self._pod_spec(name, claims, made, self.scheduler.schedule(NS, name, NODE))
+
+    async def schedule_pod_eventually(
+        self, name: str, claims: list[str], timeout: float = WAIT
+    ) -> tuple[PodSpec, list[dict[str, Any]]]:
+        """:meth:`schedule_pod`, tried again whenever the node's ResourceSlices change while the claims cannot be
+        allocated (as kube-scheduler's DRA plugin retries an unschedulable pod on a ResourceSlice event: a device
+        tainted a moment ago, a released device published free a moment later), for at most ``timeout`` seconds;
+        the last :class:`SchedulingError` after that."""
+        made = self._create_pod(name, claims)
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.slices()
+            try:
+                return self._pod_spec(name, claims, made, self.scheduler.schedule(NS, name, NODE))
+            except SchedulingError:
+                if time.monotonic() >= deadline:
+                    raise
+            while self.slices() == seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+
+    def _create_pod(self, name: str, claims: list[str]) -> dict[str, Any]:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -197,8 +220,11 @@ class DraNode:
                 "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
             },
         }
-        made = self.api.create("pods", pod, NS)
-        stored = self.scheduler.schedule(NS, name, NODE)
+        return self.api.create("pods", pod, NS)
+
+    def _pod_spec(
+        self, name: str, claims: list[str], made: Mapping[str, Any], stored: list[dict[str, Any]]
+    ) -> tuple[PodSpec, list[dict[str, Any]]]:
         spec = PodSpec(
             name,
             [ContainerSpec("app", claims=list(claims))],

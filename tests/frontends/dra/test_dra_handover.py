@@ -140,8 +140,8 @@ class ClaimChurn:
             name, count = f"churn{self.admitted}", self.rng.randint(1, min(2, free))
             self.admitted += 1
             self.lab.make_claim(name, count)
-            try:
-                pod, _ = self.lab.schedule_pod(name, [name])
+            try:  # a release's taint may be published just after the release ended: the scheduler waits it out
+                pod, _ = await self.lab.schedule_pod_eventually(name, [name], 30.0)
             except SchedulingError as exc:
                 raise AssertionError(f"{exc}; running {self.running}; {self._published()}") from exc
             self.running[name] = count
@@ -189,7 +189,7 @@ def test_rolling_upgrades_of_a_dra_node_under_claim_churn(api: ApiServer) -> Non
                 await churn.drain()
             except BaseException:
                 for process in processes:
-                    print(f"--- {process.log_path.name} ---\n{process.log_text()[-3000:]}")
+                    print(f"--- {process.log_path.name} ---\n{process.log_text()[-6000:]}")
                 print("--- kubelet events ---\n" + "\n".join(str(e) for e in lab.kubelet.events[-30:]))
                 raise
             finally:
