@@ -327,6 +327,7 @@ def test_kill_9_at_each_step_of_a_dra_handover_loses_nothing(api: ApiServer, vic
                         assert await asyncio.to_thread(old.wait, 20.0) == 0, old.log_text()
                         new.env.pop(STOP_AT_ENV)
                         new.start()
+                        survivor = new
                     old_endpoint = registered_endpoints(lab)[0]
 
                     def new_alone() -> bool:
@@ -346,7 +347,11 @@ def test_kill_9_at_each_step_of_a_dra_handover_loses_nothing(api: ApiServer, vic
                 await eventually(lambda: releases_balanced(lab), "every allocation released once")
                 check_alternating(lab)
                 assert lab.records() == []
+                assert [p.running() for p in (old, new) if p is not survivor] == [False]  # the survivor alone runs
             finally:
+                for process in (old, new):  # never leave a daemon behind, whatever failed
+                    if process is not survivor and process.running():
+                        process.kill()
                 print(f"--- surviving instance ---\n{survivor.log_text()[-4000:]}")
 
     run(scenario, 120)
