@@ -11,6 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from devplug.process import DaemonProcess
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_daemon_outlives_the_tests() -> Iterator[None]:
+    """A daemon a test started and never stopped runs on after it, burning the machine's CPU under every later
+    test: at the end each one left is killed, and the run fails naming them."""
+    yield
+    left = DaemonProcess.left_running()
+    for daemon in left:
+        daemon.kill()
+    assert not left, "daemons left running by the tests: " + ", ".join(
+        f"pid {d.pid} ({d.config_path}, {d.env.get('DEVPLUG_INSTANCE', 'no instance')})" for d in left
+    )
+
 
 @pytest.fixture
 def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, str, str], Path]]:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 __all__ = ["DaemonProcess"]
 
@@ -24,6 +24,15 @@ class DaemonProcess:
     ``env`` is added to this process's environment for the child (for example a
     ``PYTHONPATH`` that makes a test driver's entry point visible).
     """
+
+    #: Every daemon started in this process that may still run (see :meth:`left_running`).
+    _started: ClassVar[list[DaemonProcess]] = []
+
+    @classmethod
+    def left_running(cls) -> list[DaemonProcess]:
+        """The daemons this process started that still run: a test suite checks none outlives it."""
+        cls._started[:] = [d for d in cls._started if d.running()]
+        return list(cls._started)
 
     def __init__(
         self, config_path: Path, log_path: Path, *, log_level: str = "debug", env: Mapping[str, str] | None = None
@@ -59,6 +68,8 @@ class DaemonProcess:
             stderr=self._log,
             env=env,
         )
+        if self not in DaemonProcess.left_running():  # those that ended forgotten; a restart listed once
+            DaemonProcess._started.append(self)
         return self
 
     def running(self) -> bool:
