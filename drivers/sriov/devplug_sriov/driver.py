@@ -136,7 +136,8 @@ class SriovDriver:
 
     @hookimpl
     def start(self, ctx: DriverContext) -> None:
-        """Finish interrupted releases, set the PFs up, take the pool, watch for VFs vanishing or appearing."""
+        """Finish interrupted releases, set the PFs up, take the pool, load the netlink library when the pool's PFs
+        are network ones, watch for VFs vanishing or appearing."""
         with self._lock:
             self.runtime.start(ctx)
             self._records = open_records(ctx.state_dir)
@@ -150,6 +151,9 @@ class SriovDriver:
                 ctx.log.info("set-up: %s", write.describe(self.bus.sys))
             apply(self.sriov, writes)
             self.runtime.advertised.set(self._scan(), push=False)
+            network = any((pf := self._pfs.get(vf.pf)) is not None and pf.netdev for vf in self._pool.values())
+        if network:  # resets go through netlink: its library is loaded now, not by the first release
+            self.links.prepare()
         self.runtime.start_rescans()
 
     @hookimpl

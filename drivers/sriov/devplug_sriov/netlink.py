@@ -109,6 +109,11 @@ class VfRequests(Protocol):
 class VfLinks(VfRequests, Protocol):
     """What the driver does with netlink."""
 
+    def prepare(self) -> None:
+        """Load what requests need, so that no release pays for it (called by ``start`` when there are network
+        PFs); nothing to do for a model."""
+        ...
+
     def link_up(self, ifname: str) -> bool:
         """True when the interface is up and has carrier; :class:`DriverError` when it does not exist."""
         ...
@@ -159,6 +164,12 @@ class NetlinkVfLinks:
     def where(self) -> str:
         """`` in network namespace <name>`` (empty in the daemon's own), for messages."""
         return f" in network namespace {self.netns}" if self.netns else ""
+
+    def prepare(self) -> None:
+        """Load pyroute2 now (the driver's ``start``, when it has network PFs): its import is the costliest part
+        of the first request (0.2 s of CPU on a server, seconds on a slow or busy one), which a release would
+        otherwise pay."""
+        from pyroute2 import IPRoute  # noqa: F401
 
     @contextmanager
     def _requests(self) -> Iterator[_Requests]:
