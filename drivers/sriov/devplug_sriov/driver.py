@@ -384,6 +384,7 @@ class SriovDriver:
         self._recorded()
         failures = []
         for address in addresses:
+            started = time.monotonic()
             record = records[address]
             if not self.bus.exists(address):
                 self.runtime.log.warning("%s vanished before it was released", address)
@@ -401,8 +402,9 @@ class SriovDriver:
                 if str(exc) != record.reason:
                     self.runtime.log.error("%s: out of service: %s", address, exc, extra={"device": address})
                 self.runtime.log.debug(
-                    "%s: failed %d time(s) in a row; retried by the rescan loop in %g s at the earliest",
+                    "%s: failed after %.2f s, %d time(s) in a row; retried by the rescan loop in %g s at the earliest",
                     address,
+                    time.monotonic() - started,
                     self.retries.failures(address),
                     wait,
                     extra={"device": address},
@@ -430,5 +432,10 @@ class SriovDriver:
                     "reset (is the interface in another network namespace? the netns option names it)"
                 )
             return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
+        self.runtime.log.debug("%s: resetting %s VF %d", address, pf.netdev, record.index, extra={"device": address})
+        started = time.monotonic()
         self.links.reset_vf(pf.netdev, record.index, self.settings)
-        self.runtime.log.info("%s: reset (%s VF %d)", address, pf.netdev, record.index)
+        seconds = time.monotonic() - started
+        self.runtime.log.info(
+            "%s: reset (%s VF %d, %.2f s)", address, pf.netdev, record.index, seconds, extra={"device": address}
+        )
