@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import threading
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,6 +65,36 @@ def test_the_timing_knobs_reach_the_config(devplug_daemon: Callable[..., Running
     daemon.kill()
     daemon.restart()  # starts a killed daemon again, and waits until it serves
     assert daemon.process.running()
+
+
+_FAILING_WITH_A_DAEMON = """
+def test_it(devplug_daemon, devplug_root):
+    table = {"driver": "mock", "options": {"directory": str(devplug_root / "mock"), "count": 1}}
+    devplug_daemon({"example.com/mock": table})
+    assert False, "the test's own failure"
+"""
+
+
+def test_a_failing_test_shows_its_daemons_log_and_keeps_the_whole_log_where_asked(tmp_path: Path) -> None:
+    # A test run in the VM leaves nothing behind but its JUnit report and the results share: the failure's text
+    # must say what the daemon did, and DEVPLUG_DAEMON_LOGS must keep the whole log.
+    (tmp_path / "test_inner.py").write_text(_FAILING_WITH_A_DAEMON)
+    logs = tmp_path / "daemon-logs"
+    junit = tmp_path / "junit.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", "/dev/null", "--rootdir", str(tmp_path), "-p", "no:cacheprovider",
+         f"--junitxml={junit}", str(tmp_path / "test_inner.py")],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "DEVPLUG_DAEMON_LOGS": str(logs)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    (kept,) = logs.glob("*-daemon-0.log")
+    whole = kept.read_text()
+    assert "[example.com/mock] registered with the kubelet" in whole, whole
+    failure = next(ET.parse(junit).getroot().iter("failure")).text or ""
+    assert "the test's own failure" in failure
+    assert f"daemon 0's log (all {len(whole.splitlines())} lines; the whole log: {kept})" in failure, failure
+    assert whole.splitlines()[-1] in failure
+    assert "daemon 0's log" in done.stdout  # the terminal shows it too
 
 
 # --- the hook-call recorder -------------------------------------------------------------------

@@ -23,7 +23,9 @@ at fixed addresses the tests rely on:
 The guest mounts the host's ``/`` read-only (9p) under a tmpfs overlay and
 chroots into it, so ``<repo>/.venv/bin/pytest`` runs there with
 ``DEVPLUG_VM_GUEST=1`` in the environment, from the current folder. ``DIR``
-(shared writable) receives ``junit.xml``, ``exit-code`` and ``console.log``.
+(shared writable) receives ``junit.xml``, ``exit-code``, ``console.log`` and, in
+``daemon-logs/``, the whole log of each daemon a failing test started
+(``DEVPLUG_DAEMON_LOGS``, see :mod:`devplug.testing.plugin`).
 The exit status is pytest's, or 100 when the guest never reported one.
 """
 
@@ -44,6 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 VM_DIR = REPO / ".vm"
 QEMU = "qemu-system-x86_64"
 GUEST_RESULTS = "/devplug-vm-results"
+#: The folder of ``DIR`` (``GUEST_RESULTS`` in the guest) that keeps the daemon logs of failing tests.
+DAEMON_LOGS = "daemon-logs"
 NO_RESULT = 100
 #: QEMU's model of the Intel 82576 (``hw/net/igb.c``, QEMU 8.0 and later): an SR-IOV NIC on the kernel's igb.
 IGB = "igb"
@@ -189,12 +193,14 @@ def run(results: Path, pytest_args: list[str], iommu: bool = True, timeout: floa
     results.mkdir(parents=True, exist_ok=True)
     for name in ("junit.xml", "exit-code", "console.log"):
         (results / name).unlink(missing_ok=True)
+    shutil.rmtree(results / DAEMON_LOGS, ignore_errors=True)
     pytest = REPO / ".venv" / "bin" / "pytest"
     args = " ".join(shlex.quote(a) for a in pytest_args)
     (results / "cmd.sh").write_text(
         "cd " + shlex.quote(os.getcwd()) + "\n"
         "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root\n"
         "export DEVPLUG_VM_GUEST=1 PYTHONDONTWRITEBYTECODE=1\n"
+        f"export DEVPLUG_DAEMON_LOGS={GUEST_RESULTS}/{DAEMON_LOGS}\n"
         f"{shlex.quote(str(pytest))} {args} --junitxml={GUEST_RESULTS}/junit.xml\n"
         f"echo $? > {GUEST_RESULTS}/exit-code\n"
     )

@@ -18,6 +18,9 @@
   the shape every shipped driver has.
 * :mod:`devplug.kit.rescan` -- a rescan loop: the machine looked at again every
   period and soon after an event, one scan at a time, failures backed off.
+* :mod:`devplug.kit.retries` -- capped backoff, and a schedule per device for
+  failed work a driver retries itself, so that a device that keeps failing is
+  tried less and less often and costs the others nothing.
 
 Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 """
@@ -30,14 +33,17 @@ from devplug.kit.devicelocks import DeviceLocks
 from devplug.kit.owners import DeviceOwners
 from devplug.kit.records import RecordStore, RecordTable
 from devplug.kit.rescan import RescanLoop
+from devplug.kit.retries import CappedBackoff, DeviceRetries
 from devplug.kit.runtime import DriverRuntime
 
 __all__ = [
     "AdvertisedDevices",
+    "CappedBackoff",
     "CommandError",
     "CommandResult",
     "DeviceLocks",
     "DeviceOwners",
+    "DeviceRetries",
     "DriverRuntime",
     "RecordStore",
     "RecordTable",

@@ -27,7 +27,8 @@ What it guarantees:
   kind) and tried again after ``retry_min`` seconds, doubling after every
   further failure up to ``retry_max`` (by default the period, so a failing
   scan is never retried later than a working one would run, nor in a hot
-  loop). Repeats of the same failure are logged at debug level; the first
+  loop; :class:`devplug.kit.retries.CappedBackoff`, which a driver's retries
+  of failed work on one device use too). Repeats of the same failure are logged at debug level; the first
   scan that works again says so. Nothing a scan raises ends the loop;
 * **stopping**: :meth:`~RescanLoop.stop` wakes the loop and waits for a scan
   in progress to end; no scan starts after it returns.
@@ -43,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devplug.errors import DriverError
+from devplug.kit.retries import CappedBackoff
 
 __all__ = ["MAX_RESCAN_INTERVAL", "RESCAN_RETRY_MIN", "RescanLoop", "check_rescan_interval"]
 
@@ -80,6 +82,7 @@ class RescanLoop:
         self.retry_min = float(retry_min)
         default_max = self.interval if self.interval > 0 else _RETRY_MAX_WITHOUT_PERIOD
         self.retry_max = max(self.retry_min, float(retry_max if retry_max is not None else default_max))
+        self._delays = CappedBackoff(self.retry_min, self.retry_max)
         self._cond = threading.Condition()
         self._triggered = False
         self._stopping = False
@@ -127,7 +130,7 @@ class RescanLoop:
             self._log.warning("%s: a scan still runs after %g s; leaving it to finish", self.name, timeout or 0)
 
     def _backoff(self) -> float:
-        return float(min(self.retry_max, self.retry_min * 2 ** min(self.failures - 1, 60)))
+        return self._delays.delay(self.failures)
 
     def _run(self) -> None:
         due = time.monotonic() + self.interval if self.interval > 0 else float("inf")

@@ -34,7 +34,11 @@ Fixtures:
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
   with ``dev_kubelet`` and sent its first device list, and returns the :class:`RunningDaemon`. Daemons still
-  running at the end of the test get SIGTERM, and must exit 0.
+  running at the end of the test get SIGTERM, and must exit 0. When the test fails, its
+  report carries the last :data:`DAEMON_LOG_TAIL` lines of each daemon's log (a section
+  of the failure's text, so a JUnit report, the VM's, has them too), and with
+  ``DEVPLUG_DAEMON_LOGS=<folder>`` the whole logs are copied there (the VM runner sets
+  it to its results share: the guest's files vanish with the guest).
 
 The daemon finds drivers through their entry points, as in production, so the
 driver must be installed (``pip install -e .``); the factory fails at once,
@@ -55,11 +59,12 @@ when they are first used.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +82,8 @@ if TYPE_CHECKING:
     from devplug.testing.harness import DriverHarness
 
 __all__ = [
+    "DAEMON_LOGS_ENV",
+    "DAEMON_LOG_TAIL",
     "REQUIRE_CGROUPS_ENV",
     "DevplugCgroupsWarning",
     "RunningDaemon",
@@ -87,6 +94,14 @@ __all__ = [
 #: Set to 1 to make a dev kubelet without cgroups a test failure instead of a warning.
 REQUIRE_CGROUPS_ENV = "DEVPLUG_REQUIRE_CGROUPS"
 _MARKER = "devplug_cgroups"
+#: Set to a folder: the whole log of every daemon a failing test started is copied there.
+DAEMON_LOGS_ENV = "DEVPLUG_DAEMON_LOGS"
+#: How many of the last lines of each daemon's log a failing test's report carries.
+DAEMON_LOG_TAIL = 400
+#: The daemons a test started through ``devplug_daemon`` (for its report, should it fail).
+_DAEMONS = pytest.StashKey[list["RunningDaemon"]]()
+#: Set once a test's report carries its daemons' logs (a failed call and a failed teardown show them once).
+_LOGS_SHOWN = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -101,6 +116,46 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     vm = sys.modules.get("devplug.testing.vm")
     for suite in vm.SUITES if vm is not None else ():
         suite.summary(terminalreporter)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test that started daemons (``devplug_daemon``) shows what they did: their logs."""
+    report: pytest.TestReport = yield
+    daemons = item.stash.get(_DAEMONS, [])
+    if report.failed and daemons and not item.stash.get(_LOGS_SHOWN, False):
+        item.stash[_LOGS_SHOWN] = True
+        for number, daemon in enumerate(daemons):
+            _attach_daemon_log(item, report, daemon, number)
+    return report
+
+
+def _attach_daemon_log(item: pytest.Item, report: pytest.TestReport, daemon: RunningDaemon, number: int) -> None:
+    """Add the tail of ``daemon``'s log to the failure ``report``, copying the whole log to
+    ``$DEVPLUG_DAEMON_LOGS`` when that is set."""
+    text = daemon.log_text()
+    lines = text.splitlines()
+    where = str(daemon.process.log_path)
+    folder = os.environ.get(DAEMON_LOGS_ENV)
+    if folder:
+        copy = Path(folder) / (re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-180:] + f"-daemon-{number}.log")
+        try:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(text)
+            where = str(copy)
+        except OSError as exc:
+            where += f" (could not copy it to {copy}: {exc})"
+    shown = lines[-DAEMON_LOG_TAIL:]
+    which = f"the last {len(shown)} of {len(lines)} lines" if len(shown) < len(lines) else f"all {len(lines)} lines"
+    title = f"daemon {number}'s log ({which}; the whole log: {where})"
+    content = "\n".join(shown)
+    addsection = getattr(report.longrepr, "addsection", None)  # a traceback's (pytest's ExceptionRepr)
+    if callable(addsection):
+        addsection(title, content)  # in the failure's text, which a JUnit report (the VM's) keeps
+    else:
+        report.longrepr = f"{report.longrepr or ''}\n{'-' * 20} {title} {'-' * 20}\n{content}"
 
 
 class DevplugCgroupsWarning(pytest.PytestWarning):
@@ -366,7 +421,9 @@ def _check_drivers_installed(resources: Mapping[str, Mapping[str, Any]], extra_p
 
 
 @pytest.fixture
-def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterator[DaemonFactory]:
+def devplug_daemon(
+    devplug_root: Path, dev_kubelet: DevKubeletThread, request: pytest.FixtureRequest
+) -> Iterator[DaemonFactory]:
     """Start ``devplug run`` on a config of the given resources; wait for their registration.
 
     ``devplug_daemon(resources, *, wait=True, timeout=15.0, release_interval=0.2, grace_period=2.0,
@@ -383,8 +440,11 @@ def devplug_daemon(devplug_root: Path, dev_kubelet: DevKubeletThread) -> Iterato
     * ``test_drivers`` -- ``{name: "module:Class"}``, drivers the daemon may use without being installed,
       their modules found in ``python_path`` (see :func:`devplug.testing.entrypoints.entry_point_env`);
     * ``wait`` -- wait until every resource registered and sent its device list (else return at once).
+
+    A failing test's report shows the daemons' logs (see the module docstring).
     """
     started: list[RunningDaemon] = []
+    request.node.stash[_DAEMONS] = started
 
     def start(
         resources: Mapping[str, Mapping[str, Any]],

@@ -142,7 +142,11 @@ def guest_verdict(pyfuncitem: pytest.Function) -> bool | None:
     if verdict.outcome == "skipped":
         pytest.skip(f"skipped in the guest: {verdict.message}")
     if verdict.outcome == "failed":
-        pytest.fail(f"failed against the real kernel (in the VM):\n{verdict.message}", pytrace=False)
+        pytest.fail(
+            f"failed against the real kernel (in the VM; its results, daemon logs included, are in "
+            f"{placeholder.run.results_dir}):\n{verdict.message}",
+            pytrace=False,
+        )
     return True
 
 

@@ -11,10 +11,13 @@ CNI convention) and, in ``vfio-pci`` mode, binds each VF to vfio-pci
 checked) or gives a vfio-bound VF back to its own driver. Every step is
 recorded first (:mod:`devplug_sriov.state`, on the kit's record store). The
 kit's rescan loop looks at the pool again every ``rescan_interval`` seconds
-and retries failed resets. A VF whose reset or restore
-failed stays out of service, unhealthy with the reason (``devplug status``
-shows it on the device and under ``reset_failures`` in the driver status)
-until a retry succeeds.
+and retries failed resets, each VF with capped backoff
+(:class:`devplug.kit.DeviceRetries`: one rescan period after its first
+failure, doubling after each further one, whoever made the attempt, up to a
+minute), so a reset the kernel keeps refusing is not sent again on every
+rescan. A VF whose reset or restore failed stays out of service, unhealthy
+with the reason (``devplug status`` shows it on the device and under
+``reset_failures`` in the driver status) until a retry succeeds.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
-from devplug.kit import DeviceLocks, DriverRuntime, RecordTable
+from devplug.kit import DeviceLocks, DeviceRetries, DriverRuntime, RecordTable
+from devplug.kit.rescan import RESCAN_RETRY_MIN
 from devplug.pci import VFIO_PCI, PciBus
 from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_sriov.netlink import LINK_STATES, NetlinkVfLinks, VfLinks, VfSettings
@@ -79,7 +84,9 @@ class SriovDriver:
 
     ``access`` replaces the host's sysfs (tests pass
     :class:`devplug.testing.pcisysfs.PciSysfsModel`), ``links`` the netlink
-    side (tests pass :class:`devplug_sriov.vfmodel.VfLinkModel`).
+    side (tests pass :class:`devplug_sriov.vfmodel.VfLinkModel`), ``clock``
+    the clock of the retries' backoff (``time.monotonic``; tests pass
+    :class:`devplug.testing.clock.ManualClock`).
     """
 
     #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
@@ -99,7 +106,12 @@ class SriovDriver:
         check_resources(options_by_resource)
 
     def __init__(
-        self, options: SriovOptions, *, access: SysfsAccess | None = None, links: VfLinks | None = None
+        self,
+        options: SriovOptions,
+        *,
+        access: SysfsAccess | None = None,
+        links: VfLinks | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
         self.access: SysfsAccess = access or HostSysfs(options.sysfs_root, options.dev_root)
@@ -116,13 +128,16 @@ class SriovDriver:
         self._pfs: dict[str, PhysFn] = {}
         #: The VFs being released (by a hook, or the rescan loop's retry of a failed reset).
         self._busy = DeviceLocks()
+        #: When the rescan loop may retry each VF whose release failed (every failed attempt counts).
+        self.retries = DeviceRetries(retry_min=max(options.rescan_interval, RESCAN_RETRY_MIN), clock=clock)
         self._published: dict[str, str] | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
     @hookimpl
     def start(self, ctx: DriverContext) -> None:
-        """Finish interrupted releases, set the PFs up, take the pool, watch for VFs vanishing or appearing."""
+        """Finish interrupted releases, set the PFs up, take the pool, load the netlink library when the pool's PFs
+        are network ones, watch for VFs vanishing or appearing."""
         with self._lock:
             self.runtime.start(ctx)
             self._records = open_records(ctx.state_dir)
@@ -136,6 +151,9 @@ class SriovDriver:
                 ctx.log.info("set-up: %s", write.describe(self.bus.sys))
             apply(self.sriov, writes)
             self.runtime.advertised.set(self._scan(), push=False)
+            network = any((pf := self._pfs.get(vf.pf)) is not None and pf.netdev for vf in self._pool.values())
+        if network:  # resets go through netlink: its library is loaded now, not by the first release
+            self.links.prepare()
         self.runtime.start_rescans()
 
     @hookimpl
@@ -246,9 +264,13 @@ class SriovDriver:
         return self.runtime.refresh(push)
 
     def _retried(self) -> list[Device]:
-        """Retry failed resets (of VFs no hook is releasing now); the VFs as they are then."""
+        """Retry the failed resets that are due (of VFs no hook is releasing now); the VFs as they are then.
+
+        Only the VFs retried are held, and no driver-wide lock while they are reset: a hook releasing another VF
+        meanwhile waits for nothing of theirs."""
         failed = [a for a, r in self.records.items() if r.phase == "resetting"]
-        with self._busy.hold_free(failed) as free:
+        self.retries.forget(keep=failed)
+        with self._busy.hold_free(self.retries.due(failed)) as free:
             try:
                 self._release(free)
             except DriverError as exc:
@@ -362,6 +384,7 @@ class SriovDriver:
         self._recorded()
         failures = []
         for address in addresses:
+            started = time.monotonic()
             record = records[address]
             if not self.bus.exists(address):
                 self.runtime.log.warning("%s vanished before it was released", address)
@@ -375,11 +398,21 @@ class SriovDriver:
                     self._recorded()
                 self._reset(address, record)
             except DriverError as exc:
+                wait = self.retries.failed(address)
                 if str(exc) != record.reason:
                     self.runtime.log.error("%s: out of service: %s", address, exc, extra={"device": address})
+                self.runtime.log.debug(
+                    "%s: failed after %.2f s, %d time(s) in a row; retried by the rescan loop in %g s at the earliest",
+                    address,
+                    time.monotonic() - started,
+                    self.retries.failures(address),
+                    wait,
+                    extra={"device": address},
+                )
                 records.replace(address, reason=str(exc))
                 failures.append(str(exc))
                 continue
+            self.retries.succeeded(address)
             if record.reason:
                 self.runtime.log.info("%s: back in service", address, extra={"device": address})
             records.drop(address)
@@ -399,5 +432,10 @@ class SriovDriver:
                     "reset (is the interface in another network namespace? the netns option names it)"
                 )
             return  # not a network function (an NVMe PF, say): there are no netlink settings to reset
+        self.runtime.log.debug("%s: resetting %s VF %d", address, pf.netdev, record.index, extra={"device": address})
+        started = time.monotonic()
         self.links.reset_vf(pf.netdev, record.index, self.settings)
-        self.runtime.log.info("%s: reset (%s VF %d)", address, pf.netdev, record.index)
+        seconds = time.monotonic() - started
+        self.runtime.log.info(
+            "%s: reset (%s VF %d, %.2f s)", address, pf.netdev, record.index, seconds, extra={"device": address}
+        )

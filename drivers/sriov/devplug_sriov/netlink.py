@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +32,7 @@ __all__ = [
     "NetlinkVfLinks",
     "VfLinks",
     "VfRefused",
+    "VfRequests",
     "VfSettings",
     "VfState",
     "describe_errno",
@@ -89,12 +92,8 @@ class VfRefused(DriverError):
         self.errno = code
 
 
-class VfLinks(Protocol):
-    """What the driver does with netlink."""
-
-    def link_up(self, ifname: str) -> bool:
-        """True when the interface is up and has carrier; :class:`DriverError` when it does not exist."""
-        ...
+class VfRequests(Protocol):
+    """The two primitives a reset is made of (:func:`devplug_sriov.reset.reset_vf`)."""
 
     def vf_state(self, pf_ifname: str, vf: int) -> VfState | None:
         """VF ``vf`` as ``pf_ifname`` reports it; ``None`` when it reports nothing for that VF (no such VF, or a
@@ -104,6 +103,19 @@ class VfLinks(Protocol):
     def set_vf(self, pf_ifname: str, vf: int, **attributes: Any) -> None:
         """One ``RTM_SETLINK`` on ``pf_ifname`` carrying the given attributes of VF ``vf`` (``mac``, ``vlan`` with
         ``qos``, ``spoofchk``, ``link_state``, ``trust``); :class:`VfRefused` with the kernel's errno."""
+        ...
+
+
+class VfLinks(VfRequests, Protocol):
+    """What the driver does with netlink."""
+
+    def prepare(self) -> None:
+        """Load what requests need, so that no release pays for it (called by ``start`` when there are network
+        PFs); nothing to do for a model."""
+        ...
+
+    def link_up(self, ifname: str) -> bool:
+        """True when the interface is up and has carrier; :class:`DriverError` when it does not exist."""
         ...
 
     def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
@@ -137,46 +149,93 @@ def _state_from_vfinfo(info: Any) -> tuple[int, VfState]:
 
 
 class NetlinkVfLinks:
-    """:class:`VfLinks` over rtnetlink with pyroute2, in the daemon's network namespace or ``netns``."""
+    """:class:`VfLinks` over rtnetlink with pyroute2, in the daemon's network namespace or ``netns``.
+
+    Each call opens a socket of its own, and a reset one for all its requests
+    (:class:`_Requests`): a reset is a read, up to five writes and a read back,
+    and a socket's set-up (pyroute2's, the interface's index looked up) costs
+    as much as a request or more, on a node whose CPUs are busy most of all.
+    """
 
     def __init__(self, netns: str = "") -> None:
         self.netns = netns
-
-    def _ipr(self) -> Any:
-        from pyroute2 import IPRoute
-
-        return IPRoute(netns=self.netns) if self.netns else IPRoute()
 
     @property
     def where(self) -> str:
         """`` in network namespace <name>`` (empty in the daemon's own), for messages."""
         return f" in network namespace {self.netns}" if self.netns else ""
 
-    def _index(self, ipr: Any, ifname: str) -> int:
-        found = ipr.link_lookup(ifname=ifname)
-        if not found:
-            raise DriverError(f"network interface {ifname} not found{self.where}")
-        return int(found[0])
+    def prepare(self) -> None:
+        """Load pyroute2 now (the driver's ``start``, when it has network PFs): its import is the costliest part
+        of the first request (0.2 s of CPU on a server, seconds on a slow or busy one), which a release would
+        otherwise pay."""
+        from pyroute2 import IPRoute  # noqa: F401
+
+    @contextmanager
+    def _requests(self) -> Iterator[_Requests]:
+        from pyroute2 import IPRoute
+
+        ipr = IPRoute(netns=self.netns) if self.netns else IPRoute()
+        try:
+            yield _Requests(ipr, self.where)
+        finally:
+            ipr.close()
 
     def link_up(self, ifname: str) -> bool:
         """Up (``IFF_UP``) with carrier (``IFF_LOWER_UP``)."""
+        with self._requests() as requests:
+            return requests.link_up(ifname)
+
+    def vf_state(self, pf_ifname: str, vf: int) -> VfState | None:
+        """``RTM_GETLINK`` with ``RTEXT_FILTER_VF``; the entry of ``IFLA_VFINFO_LIST`` for VF ``vf``."""
+        with self._requests() as requests:
+            return requests.vf_state(pf_ifname, vf)
+
+    def set_vf(self, pf_ifname: str, vf: int, **attributes: Any) -> None:
+        """One ``RTM_SETLINK`` with one ``IFLA_VF_INFO`` holding the given attributes."""
+        with self._requests() as requests:
+            requests.set_vf(pf_ifname, vf, **attributes)
+
+    def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
+        """:func:`devplug_sriov.reset.reset_vf` through this namespace's netlink, on one socket."""
+        from devplug_sriov.reset import reset_vf
+
+        with self._requests() as requests:
+            reset_vf(requests, pf_ifname, vf, settings, where=self.where)
+
+
+class _Requests:
+    """Requests on one open rtnetlink socket (pyroute2's ``IPRoute``), each interface's index looked up once."""
+
+    def __init__(self, ipr: Any, where: str) -> None:
+        self.ipr = ipr
+        self.where = where
+        self._indexes: dict[str, int] = {}
+
+    def _index(self, ifname: str) -> int:
+        index = self._indexes.get(ifname)
+        if index is None:
+            found = self.ipr.link_lookup(ifname=ifname)
+            if not found:
+                raise DriverError(f"network interface {ifname} not found{self.where}")
+            index = self._indexes[ifname] = int(found[0])
+        return index
+
+    def link_up(self, ifname: str) -> bool:
         from pyroute2.netlink.exceptions import NetlinkError
 
         try:
-            with self._ipr() as ipr:
-                msg = ipr.link("get", index=self._index(ipr, ifname))[0]
+            msg = self.ipr.link("get", index=self._index(ifname))[0]
         except NetlinkError as exc:
             raise DriverError(f"{ifname}: cannot read the link{self.where}: {describe_errno(exc.code)}") from exc
         flags = int(msg["flags"])
         return bool(flags & _IFF_UP) and bool(flags & _IFF_LOWER_UP)
 
     def vf_state(self, pf_ifname: str, vf: int) -> VfState | None:
-        """``RTM_GETLINK`` with ``RTEXT_FILTER_VF``; the entry of ``IFLA_VFINFO_LIST`` for VF ``vf``."""
         from pyroute2.netlink.exceptions import NetlinkError
 
         try:
-            with self._ipr() as ipr:
-                msg = ipr.link("get", index=self._index(ipr, pf_ifname), ext_mask=_RTEXT_FILTER_VF)[0]
+            msg = self.ipr.link("get", index=self._index(pf_ifname), ext_mask=_RTEXT_FILTER_VF)[0]
         except NetlinkError as exc:
             raise DriverError(
                 f"{pf_ifname}: cannot read its VFs' settings{self.where}: {describe_errno(exc.code)}"
@@ -191,7 +250,6 @@ class NetlinkVfLinks:
         return None
 
     def set_vf(self, pf_ifname: str, vf: int, **attributes: Any) -> None:
-        """One ``RTM_SETLINK`` with one ``IFLA_VF_INFO`` holding the given attributes."""
         from pyroute2.netlink.exceptions import NetlinkError
 
         spec: dict[str, Any] = {"vf": vf}
@@ -207,17 +265,10 @@ class NetlinkVfLinks:
             else:
                 raise ValueError(f"set_vf: unknown VF attribute {name!r}")
         try:
-            with self._ipr() as ipr:
-                ipr.link("set", index=self._index(ipr, pf_ifname), vf=spec)
+            self.ipr.link("set", index=self._index(pf_ifname), vf=spec)
         except NetlinkError as exc:
             code = exc.code or errno.EIO
             shown = ", ".join(f"{k} {v}" for k, v in attributes.items())
             raise VfRefused(
                 f"{pf_ifname} VF {vf}: the kernel refused {shown}{self.where}: {describe_errno(code)}", code
             ) from exc
-
-    def reset_vf(self, pf_ifname: str, vf: int, settings: VfSettings) -> None:
-        """:func:`devplug_sriov.reset.reset_vf` through this namespace's netlink."""
-        from devplug_sriov.reset import reset_vf
-
-        reset_vf(self, pf_ifname, vf, settings, where=self.where)

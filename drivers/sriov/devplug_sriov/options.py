@@ -27,7 +27,8 @@
 * ``netns`` -- the network namespace (``/var/run/netns/<name>``) where the PFs'
   interfaces are, when it is not the daemon's own;
 * ``sysfs_root``, ``dev_root`` -- where the host's sysfs and /dev are mounted;
-* ``rescan_interval`` -- seconds between scans for VFs that vanished or appeared (0: never).
+* ``rescan_interval`` -- seconds between scans for VFs that vanished or appeared, and the first wait before a
+  failed reset is retried, doubling after each failure up to a minute (0: no scans).
 
 At least one of ``pfs``, ``vfs``, ``vf_devices``, ``vf_kernel_drivers`` is required.
 """

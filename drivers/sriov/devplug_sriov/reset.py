@@ -38,7 +38,7 @@ from devplug import DriverError
 from devplug_sriov.netlink import LINK_STATES, VfRefused, VfSettings, VfState, describe_errno
 
 if TYPE_CHECKING:
-    from devplug_sriov.netlink import VfLinks
+    from devplug_sriov.netlink import VfRequests
 
 __all__ = ["ATTRIBUTES", "AttributeFailure", "VfResetError", "reset_vf"]
 
@@ -150,8 +150,9 @@ def _wanted(attribute: str, settings: VfSettings) -> str:
     return wanted[attribute](settings)
 
 
-def reset_vf(links: VfLinks, pf: str, vf: int, settings: VfSettings, where: str = "") -> None:
-    """Reset VF ``vf`` of ``pf`` to ``settings`` through ``links`` (see the module docstring).
+def reset_vf(links: VfRequests, pf: str, vf: int, settings: VfSettings, where: str = "") -> None:
+    """Reset VF ``vf`` of ``pf`` to ``settings`` through ``links`` (see the module docstring): a
+    :class:`~devplug_sriov.netlink.VfLinks`, or the requests of one open socket.
 
     :class:`VfResetError` when any promised attribute is not as wanted
     afterwards; the :class:`DriverError` of ``links`` when the PF's interface

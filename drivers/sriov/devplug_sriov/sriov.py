@@ -82,8 +82,10 @@ class SriovBus:
     def physfn(self, address: str) -> PhysFn | None:
         """The SR-IOV PF at ``address`` (``None``: absent, or not SR-IOV capable)."""
         folder = self._folder(address)
+        if not self.access.exists(folder / "sriov_totalvfs"):
+            return None  # checked first: most functions are not PFs, and each rescan looks at every one
         dev = self.bus.read(address)
-        if dev is None or not self.access.exists(folder / "sriov_totalvfs"):
+        if dev is None:
             return None
         try:
             total = int(self.access.read_text(folder / "sriov_totalvfs"))

@@ -213,6 +213,9 @@ class VfLinkModel:
                 return None
             return pf.vfs.get(vf, NEW_VF)
 
+    def prepare(self) -> None:
+        """Nothing to load (the model is this module)."""
+
     def link_up(self, ifname: str) -> bool:
         with self._lock:
             return self._pf(ifname).up

@@ -32,7 +32,9 @@ from typing import Any, Protocol
 
 import pytest
 
+from devplug.kit.retries import DEVICE_RETRY_MAX
 from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.testing.clock import ManualClock
 from devplug.testing.harness import DriverHarness
 from devplug.testing.pcisysfs import (
     PciSysfsModel,
@@ -253,9 +255,21 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def make_harness(driver_harness: Callable[..., DriverHarness]) -> Callable[..., DriverHarness]:
+def clock() -> ManualClock:
+    """The clock of the drivers ``make_harness`` makes (their retries' backoff): it moves only when a test moves
+    it, so a test says when a failed reset is due again (:data:`RETRY_DUE`) instead of sleeping."""
+    return ManualClock()
+
+
+#: Seconds after which any failed reset is due again: the longest wait of the driver's backoff.
+RETRY_DUE = DEVICE_RETRY_MAX
+
+
+@pytest.fixture
+def make_harness(driver_harness: Callable[..., DriverHarness], clock: ManualClock) -> Callable[..., DriverHarness]:
     """``make_harness(sysfs, links=..., resource=..., state_dir=..., **options)``: the kit's ``driver_harness``
-    on an sriov driver (on a netlink model unless ``links`` is given) whose whole lists are pushed."""
+    on an sriov driver (on a netlink model unless ``links`` is given) whose whole lists are pushed, its retries
+    on the test's ``clock``."""
 
     def make(
         sysfs: SysfsAccess,
@@ -265,7 +279,9 @@ def make_harness(driver_harness: Callable[..., DriverHarness]) -> Callable[..., 
         **options: Any,
     ) -> DriverHarness:
         options.setdefault("rescan_interval", 0)
-        driver = SriovDriver(SriovOptions(**options), access=sysfs, links=links if links is not None else VfLinkModel())
+        driver = SriovDriver(
+            SriovOptions(**options), access=sysfs, links=links if links is not None else VfLinkModel(), clock=clock
+        )
         return driver_harness(driver, resource, state_dir, push_kinds=("replace",))
 
     return make

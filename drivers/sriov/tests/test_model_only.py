@@ -7,6 +7,7 @@ import errno
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from devplug import ConfigError, DeviceSpec, DriverError, Health, Topology
 from devplug.config import parse_config
+from devplug.testing.clock import ManualClock
 from devplug.testing.configs import write_toml
 from devplug.testing.pcisysfs import PciSysfsModel
 from devplug_sriov import STATE_FILE, SriovDriver, SriovOptions
@@ -89,7 +91,7 @@ def test_reset_defaults_come_from_the_options(model: PciSysfsModel, links: VfLin
 
 
 def test_a_vf_that_cannot_be_reset_stays_unhealthy_with_the_reason(
-    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any, clock: ManualClock, kit: ModuleType
 ) -> None:
     h = make_harness(model, links, pfs=["ens1f0"], num_vfs=2).start()
     table = h.hooks.list_devices()
@@ -103,7 +105,8 @@ def test_a_vf_that_cannot_be_reset_stays_unhealthy_with_the_reason(
     assert h.hooks.check_health(table) == {nic_vf(0): Health.UNHEALTHY}
     assert [d.health for d in h.hooks.list_devices()] == [Health.UNHEALTHY, Health.HEALTHY]
     assert "Operation not supported" in _state(h)[nic_vf(0)]["reason"]
-    links.refuse.clear()  # fixed: the next rescan's retry succeeds
+    links.refuse.clear()  # fixed: the next rescan's retry, once it is due, succeeds
+    clock.advance(kit.RETRY_DUE)
     assert {d.id: d.health for d in h.driver.refresh()}[nic_vf(0)] is Health.HEALTHY
     assert links.resets == [("ens1f0", 0)]
     assert _state(h) == {}
@@ -171,7 +174,7 @@ def test_the_old_one_request_reset_fails_on_igb_and_leaves_the_vf_trusted(links:
 
 
 def test_a_vf_whose_trust_cannot_be_cleared_stays_out_of_service_saying_so(
-    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any, clock: ManualClock, kit: ModuleType
 ) -> None:
     _igb_nic(model, links)
     h = make_harness(model, links, pfs=["ens3f0"], num_vfs=2).start()
@@ -194,12 +197,129 @@ def test_a_vf_whose_trust_cannot_be_cleared_stays_out_of_service_saying_so(
     assert (pushed[IGB_VF0].health, pushed[IGB_VF0].reason) == (Health.UNHEALTHY, message)
     assert h.sink.published == {"reset_failures": {IGB_VF0: message}}
     assert _state(h)[IGB_VF0]["reason"] == message
+    links.requests.clear()
+    clock.advance(kit.RETRY_DUE)
     assert {d.id: d.health for d in h.driver.refresh()}[IGB_VF0] is Health.UNHEALTHY  # retried, refused again
+    assert links.requests == [("ens3f0", 0, ("trust",))]
 
     del links.fail[("ens3f0", 0, "trust")]  # the driver recovers: the next rescan's retry clears it
+    clock.advance(kit.RETRY_DUE)
     assert {d.id: (d.health, d.reason) for d in h.driver.refresh()}[IGB_VF0] == (Health.HEALTHY, "")
     assert links.vf_state("ens3f0", 0) == NEW_VF
     assert h.sink.published == {"reset_failures": {}}
+
+
+def test_a_reset_the_kernel_refuses_is_retried_with_capped_backoff_not_on_every_rescan(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any, clock: ManualClock
+) -> None:
+    # Issue 31: igb refuses any link state (it has no ndo_set_vf_link_state), so a resource resetting VFs to
+    # "disable" fails for good; the rescan loop sent that reset again on every rescan (0.2 s in the e2e test), each
+    # attempt netlink round trips through the PF. Each VF now waits one period (here the kit's 0.5 s minimum)
+    # after its first failure, doubling after each further one, up to a minute.
+    _igb_nic(model, links)
+    h = make_harness(model, links, pfs=["ens3f0"], num_vfs=2, link_state="disable").start()
+    h.hooks.allocate([IGB_VF0])
+    with pytest.raises(DriverError, match="link state: auto, wanted disable"):
+        h.release([IGB_VF0])
+
+    def attempts() -> int:  # each attempt sends the one setting that differs: the link state
+        assert {r for r in links.requests if r[:2] == ("ens3f0", 0)} <= {("ens3f0", 0, ("link_state",))}
+        return sum(1 for r in links.requests if r[:2] == ("ens3f0", 0))
+
+    for wait in [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]:
+        before = attempts()
+        for _ in range(3):  # rescans before the wait is over send nothing
+            assert {d.id: d.health for d in h.driver.refresh()}[IGB_VF0] is Health.UNHEALTHY
+            clock.advance(wait / 4)
+        assert attempts() == before, f"retried before its {wait} s wait was over"
+        clock.advance(wait / 4)
+        h.driver.refresh()
+        assert attempts() == before + 1, f"not retried once its {wait} s wait was over"
+
+    failures = h.driver.retries.failures(IGB_VF0)
+    with pytest.raises(DriverError):  # the engine's own retry of the release counts as an attempt too
+        h.hooks.deallocate([IGB_VF0], True)
+    assert h.driver.retries.failures(IGB_VF0) == failures + 1
+    before = attempts()
+    clock.advance(59.0)
+    h.driver.refresh()
+    assert attempts() == before  # the loop does not add its attempt right after the engine's
+
+    h.hooks.allocate([IGB_VF1])  # another VF of the resource is not held up by the failing one
+    links.set_vf("ens3f0", 1, trust=True)
+    with pytest.raises(DriverError, match=r"ens3f0 VF 1: .*link state: auto, wanted disable"):
+        h.release([IGB_VF1])  # tried at once, though VF 0 is backing off
+    assert links.vf_state("ens3f0", 1) == NEW_VF
+
+
+def test_a_retry_in_progress_holds_nothing_the_release_of_another_vf_needs(
+    model: PciSysfsModel, make_harness: Any, clock: ManualClock, kit: ModuleType
+) -> None:
+    class Stalling(VfLinkModel):
+        """VF 0's trust request, sent from any thread but the test's, waits until the test lets it go."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside = threading.Event()
+            self.go = threading.Event()
+
+        def set_vf(self, pf_ifname: str, vf: int, **attributes: Any) -> None:
+            if vf == 0 and "trust" in attributes and threading.current_thread() is not threading.main_thread():
+                self.inside.set()
+                self.go.wait(kit.WAIT)
+            super().set_vf(pf_ifname, vf, **attributes)
+
+    links = Stalling()
+    _igb_nic(model, links)
+    h = make_harness(model, links, pfs=["ens3f0"], num_vfs=2).start()
+    table = h.hooks.list_devices()
+    h.hooks.allocate([IGB_VF0, IGB_VF1])
+    for index in range(2):
+        links.set_vf("ens3f0", index, trust=True)
+    links.fail[("ens3f0", 0, "trust")] = errno.EIO
+    with pytest.raises(DriverError, match=r"VF 0: .*TRUSTED"):
+        h.release([IGB_VF0])
+    del links.fail[("ens3f0", 0, "trust")]
+
+    clock.advance(kit.RETRY_DUE)
+    retry = threading.Thread(target=h.driver.refresh, name="rescan")  # as the rescan loop: retries VF 0
+    retry.start()
+    try:
+        assert links.inside.wait(kit.WAIT), "the retry of VF 0 never reached netlink"
+        other = threading.Thread(target=h.release, args=([IGB_VF1],), name="hook")
+        other.start()
+        other.join(kit.WAIT)  # a bound: it waits for nothing of VF 0's retry, so it ends at once
+        assert not other.is_alive(), "the release of VF 1 waited for the retry of VF 0"
+        assert links.vf_state("ens3f0", 1) == NEW_VF
+        assert h.hooks.check_health(table) == {IGB_VF0: Health.UNHEALTHY}  # the scan is not held up either
+    finally:
+        links.go.set()
+        retry.join(kit.WAIT)
+    assert not retry.is_alive()
+    assert links.vf_state("ens3f0", 0) == NEW_VF  # and the retry, let go, succeeded
+    assert _state(h) == {}
+
+
+def test_start_loads_the_netlink_library_when_the_pool_has_network_pfs_and_only_then(
+    model: PciSysfsModel, make_harness: Any, kit: ModuleType, tmp_path: Path
+) -> None:
+    # Issue 31: the first release paid pyroute2's import (14 s of a 19 s reset in the TCG guest, 0.2 s of CPU on a
+    # server); a resource on NVMe PFs has no settings to reset and never imports it.
+    class Counted(VfLinkModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prepared = 0
+
+        def prepare(self) -> None:
+            self.prepared += 1
+
+    network = Counted()
+    network.add_pf("ens1f0", 8)
+    make_harness(model, network, pfs=["ens1f0"], num_vfs=1).start()
+    assert network.prepared == 1
+    storage = Counted()
+    make_harness(kit.build_model(tmp_path / "nvme"), storage, pfs=[kit.PF], num_vfs=1).start()
+    assert storage.prepared == 0
 
 
 def test_a_setting_the_driver_takes_but_does_not_apply_is_caught_by_the_check(

@@ -46,6 +46,28 @@ def test_a_reset_the_kernel_refuses_names_the_pf_the_vf_and_why(netns: Any) -> N
     assert "Operation not supported" in message
 
 
+def test_a_reset_makes_all_its_requests_on_one_socket(netns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reset is a read, up to five writes and a read back; a socket's set-up cost as much as a request, and each
+    # request had its own (issue 31: a VF's reset took seconds in the TCG guest, its CPU busy).
+    import pyroute2
+
+    opened: list[str] = []
+
+    class Counted(pyroute2.IPRoute):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            opened.append(kwargs.get("netns", ""))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pyroute2, "IPRoute", Counted)
+    links = NetlinkVfLinks(netns.name)
+    with pytest.raises(DriverError, match="Operation not supported") as info:  # a veth: every setting refused
+        links.reset_vf("pf0", 0, VfSettings())
+    assert str(info.value).count("refused: [Errno 95]") == 5  # each of the five was sent
+    assert opened == [netns.name]
+    links.vf_state("pf0", 0)
+    assert opened == [netns.name, netns.name]  # a lone request has its own
+
+
 def test_the_driver_with_real_netlink_keeps_an_unresettable_vf_unhealthy(
     netns: Any, kit: ModuleType, make_harness: Any, tmp_path: Path
 ) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from devplug import DeviceSpec, DriverError, Health
+from devplug.testing.clock import ManualClock
 from devplug_sriov import STATE_FILE
 from devplug_sriov.netlink import ZERO_MAC, VfRefused, VfState
 
@@ -149,7 +150,7 @@ def test_vfio_mode_on_igb_gives_the_vf_back_to_igbvf_and_resets_its_settings(
 
 
 def test_a_reset_igb_refuses_keeps_the_vf_out_of_service_until_the_config_changes(
-    nic: Any, kit: ModuleType, make_harness: Any
+    nic: Any, kit: ModuleType, make_harness: Any, clock: ManualClock
 ) -> None:
     sysfs, links = nic.sysfs, nic.links
     pf = nic.pf_netdev
@@ -172,7 +173,9 @@ def test_a_reset_igb_refuses_keeps_the_vf_out_of_service_until_the_config_change
     assert (pushed[vf0].health, pushed[vf0].reason) == (Health.UNHEALTHY, message)
     assert pushed[kit.nic_vf(1)].health is Health.HEALTHY
     assert h.sink.published == {"reset_failures": {vf0: message}}
+    clock.advance(kit.RETRY_DUE)
     assert {d.id: d.health for d in h.driver.refresh()}[vf0] is Health.UNHEALTHY  # the retry is refused again
+    assert h.driver.retries.failures(vf0) == 2
 
     h.hooks.stop()  # the operator drops link_state = "disable"; the restarted driver finishes the release
     again = make_harness(sysfs, links, state_dir=h.ctx.state_dir, pfs=[kit.NIC_PF], num_vfs=2).start()
