@@ -10,6 +10,7 @@ VM, and :mod:`devplug_sriov.vfmodel`).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,6 +45,21 @@ def test_a_reset_the_kernel_refuses_names_the_pf_the_vf_and_why(netns: Any) -> N
     assert message.startswith("pf0 VF 0: the kernel refused to reset its settings")
     assert f"in network namespace {netns.name}" in message
     assert "Operation not supported" in message
+
+
+def test_at_debug_level_the_log_has_the_drivers_lines_not_pyroute2s(
+    netns: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pyroute2 logs about ten debug lines per request (a daemon run with ``--log-level debug``): they are left out,
+    its warnings kept."""
+    logging.getLogger("pyroute2").setLevel(logging.NOTSET)  # as in a fresh daemon
+    with caplog.at_level(logging.DEBUG):
+        links = NetlinkVfLinks(netns.name)
+        links.prepare()
+        for _ in range(3):
+            links.link_up("pf0")
+    assert [r for r in caplog.records if r.name.startswith("pyroute2") and r.levelno < logging.INFO] == []
+    assert logging.getLogger("pyroute2").getEffectiveLevel() == logging.INFO
 
 
 def test_a_reset_makes_all_its_requests_on_one_socket(netns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
