@@ -14,14 +14,17 @@ answered by the instance that owns the ledger.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 
-__all__ = ["FORWARD_TIMEOUT_S", "CallGate", "forward_unary"]
+__all__ = ["FORWARD_TIMEOUT_S", "CallGate", "forward_unary", "gated_call"]
+
+log = logging.getLogger("devplug.frontends")
 
 #: Seconds a forwarded call may take (the kubelet's own Allocate has no deadline; PreStartContainer has 30 s, DRA's
 #: calls 45 s).
@@ -116,3 +119,30 @@ async def forward_unary(
             return await call(request, timeout=FORWARD_TIMEOUT_S), None, ""
         except grpc.aio.AioRpcError as exc:
             return None, exc.code(), exc.details() or ""
+
+
+async def gated_call(
+    gate: CallGate,
+    resource: str,
+    method: str,
+    request: Any,
+    context: Any,
+    here: Callable[[], Awaitable[Any]],
+    decode: Callable[[bytes], Any],
+) -> Any:
+    """One unary call of a front end's service through ``gate``: it waits while held, then runs ``here()`` or goes
+    to the successor's socket as ``method`` (its full path, ``/<package>.<Service>/<Method>``; ``decode`` parses
+    the reply); a forwarded call that fails aborts ``context`` with the successor's code and details."""
+    successor = await gate.enter()
+    try:
+        if successor is None:
+            return await here()
+        reply, code, details = await forward_unary(successor, method, request, decode)
+    finally:
+        gate.leave()
+    name = method.rpartition("/")[2]
+    if code is not None:
+        log.warning("[%s] %s forwarded to %s failed: %s", resource, name, successor, details)
+        await context.abort(code, details)
+    log.info("[%s] %s answered by the successor instance at %s", resource, name, successor)
+    return reply

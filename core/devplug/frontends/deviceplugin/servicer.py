@@ -37,7 +37,7 @@ from devplug.errors import (
     RequestError,
     StateWriteError,
 )
-from devplug.frontends.callgate import CallGate, forward_unary
+from devplug.frontends.callgate import CallGate, gated_call
 from devplug.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
@@ -203,18 +203,15 @@ class DevicePluginService:
         decode: Callable[[bytes], Any],
     ) -> Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
         async def call(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
-            successor = await self.gate.enter()
-            try:
-                if successor is None:
-                    return await guarded(request, context)
-                reply, code, details = await forward_unary(successor, f"/v1beta1.DevicePlugin/{rpc}", request, decode)
-            finally:
-                self.gate.leave()
-            if code is not None:
-                log.warning("[%s] %s forwarded to %s failed: %s", self.lifecycle.resource_name, rpc, successor, details)
-                await context.abort(code, details)
-            log.info("[%s] %s answered by the successor instance at %s", self.lifecycle.resource_name, rpc, successor)
-            answer: Resp = reply
+            answer: Resp = await gated_call(
+                self.gate,
+                self.lifecycle.resource_name,
+                f"/v1beta1.DevicePlugin/{rpc}",
+                request,
+                context,
+                lambda: guarded(request, context),
+                decode,
+            )
             return answer
 
         call.__name__ = guarded.__name__

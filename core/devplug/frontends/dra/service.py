@@ -64,7 +64,7 @@ from devplug.engine.cdi import cdi_device_name
 from devplug.engine.ledger import AllocationRecord, ClaimTenant
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
-from devplug.frontends.callgate import CallGate, forward_unary
+from devplug.frontends.callgate import CallGate, gated_call
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import (
     ClaimAllocation,
@@ -428,19 +428,10 @@ class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
         self._service = self._pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
 
     async def _gated(self, method: str, request: Any, context: Any, here: Callable[[Any], Awaitable[Any]]) -> Any:
-        successor = await self.gate.enter()
-        try:
-            if successor is None:
-                return await here(request)
-            decode = getattr(self._pb, f"{method}Response").FromString
-            reply, code, details = await forward_unary(successor, f"/{self._service}/{method}", request, decode)
-        finally:
-            self.gate.leave()
-        if code is not None:
-            log.warning("[%s] %s forwarded to %s failed: %s", self.preparer.name, method, successor, details)
-            await context.abort(code, details)
-        log.info("[%s] %s answered by the successor instance at %s", self.preparer.name, method, successor)
-        return reply
+        decode = getattr(self._pb, f"{method}Response").FromString
+        return await gated_call(
+            self.gate, self.preparer.name, f"/{self._service}/{method}", request, context, lambda: here(request), decode
+        )
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         return await self._gated("NodePrepareResources", request, context, self._prepare)
