@@ -75,6 +75,12 @@ class DaemonProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def stopped(self) -> bool:
+        """Whether the process is stopped by a signal (state ``T`` in ``/proc/<pid>/stat``), as a daemon stops itself
+        at a handover step a test names (``DEVPLUG_HANDOVER_STOP_AT``)."""
+        text = Path(f"/proc/{self.pid}/stat").read_text()
+        return text[text.rfind(")") + 2 :].split()[0] == "T"
+
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then wait; returns the exit code (SIGKILL after ``timeout``, and raises)."""
         if self.process is None:

@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.daemon.handover import STOP_AT_ENV
+from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS, STOP_AT_ENV
 from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
 from devplug.process import DaemonProcess
 from devplug.resource_names import instance_tag, socket_file_name
@@ -332,21 +332,8 @@ def test_rolling_upgrades_under_pod_churn(lab: Lab, dev_kubelet: DevKubeletThrea
 # --- kill -9 at each step ---------------------------------------------------------------------------------------
 
 #: (which instance dies, right after which step); see devplug.daemon.handover.STOP_AT_ENV.
-KILL_POINTS = [
-    ("old", "holding"),
-    ("old", "granted"),
-    ("old", "drivers-stopped"),
-    ("new", "request"),
-    ("new", "taken"),
-    ("new", "serving"),
-]
+KILL_POINTS = [*(("old", step) for step in OLD_INSTANCE_STEPS), *(("new", step) for step in NEW_INSTANCE_STEPS)]
 KILL_HANDOVER = {"enabled": True, "timeout": 4.0}
-
-
-def stopped(process: DaemonProcess) -> bool:
-    """Whether the process stopped itself at its handover step (state T in /proc/<pid>/stat)."""
-    text = Path(f"/proc/{process.pid}/stat").read_text()
-    return text[text.rfind(")") + 2 :].split()[0] == "T"
 
 
 def pods_in_ledger(lab: Lab) -> set[str]:
@@ -365,7 +352,7 @@ def test_kill_9_at_each_step_of_a_handover_loses_nothing(lab: Lab, victim: str, 
     registrations = lab.kubelet.registrations(RESOURCE)
     new = successor(lab, old, "kill-b", env={STOP_AT_ENV: step} if victim == "new" else None).start()
     dying = old.process if victim == "old" else new
-    lab.wait(lambda: stopped(dying), what=f"the {victim} instance stopped at {step}")
+    lab.wait(dying.stopped, what=f"the {victim} instance stopped at {step}")
     dying.kill()
     survivor = new if victim == "old" else old.process
     try:

@@ -54,6 +54,8 @@ from devplug.errors import AlreadyRunningError, StateError
 from devplug.watch import DirectoryWatcher
 
 __all__ = [
+    "NEW_INSTANCE_STEPS",
+    "OLD_INSTANCE_STEPS",
     "STOP_AT_ENV",
     "HandoverError",
     "HandoverRecord",
@@ -80,6 +82,9 @@ QUIET_POLL_S = 0.02
 #: this names, so a test can kill it exactly there. Steps: the old instance's ``holding`` (calls held, ledgers not
 #: yet flushed), ``granted`` (lock released), ``drivers-stopped``; the new one's ``request``, ``taken``, ``serving``.
 STOP_AT_ENV = "DEVPLUG_HANDOVER_STOP_AT"
+#: The steps :data:`STOP_AT_ENV` can name, of the old instance and of the new one, in the order they are taken.
+OLD_INSTANCE_STEPS = ("holding", "granted", "drivers-stopped")
+NEW_INSTANCE_STEPS = ("request", "taken", "serving")
 
 
 def step(name: str) -> None:

@@ -14,12 +14,11 @@ import itertools
 import os
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devplug.daemon.handover import STOP_AT_ENV
+from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS, STOP_AT_ENV
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, KubeletError
 from devplug.process import DaemonProcess
@@ -276,20 +275,7 @@ def test_a_dra_node_handed_over_keeps_its_prepared_claims_and_specs(api: ApiServ
 # --- kill -9 at each step ---------------------------------------------------------------------------------------
 
 #: (which instance dies, right after which step); see devplug.daemon.handover.STOP_AT_ENV.
-KILL_POINTS = [
-    ("old", "holding"),
-    ("old", "granted"),
-    ("old", "drivers-stopped"),
-    ("new", "request"),
-    ("new", "taken"),
-    ("new", "serving"),
-]
-
-
-def stopped(process: DaemonProcess) -> bool:
-    """Whether the process stopped itself at its handover step (state T in /proc/<pid>/stat)."""
-    text = Path(f"/proc/{process.pid}/stat").read_text()
-    return text[text.rfind(")") + 2 :].split()[0] == "T"
+KILL_POINTS = [*(("old", step) for step in OLD_INSTANCE_STEPS), *(("new", step) for step in NEW_INSTANCE_STEPS)]
 
 
 def claims_in_ledger(lab: DraNode) -> set[str]:
@@ -315,7 +301,7 @@ def test_kill_9_at_each_step_of_a_dra_handover_loses_nothing(api: ApiServer, vic
             new = successor(lab, "kill-b", env={STOP_AT_ENV: step} if victim == "new" else {STOP_AT_ENV: ""})
             new.start()
             dying = old if victim == "old" else new
-            await eventually(lambda: stopped(dying), f"the {victim} instance stopped at {step}")
+            await eventually(dying.stopped, f"the {victim} instance stopped at {step}")
             dying.kill()
             survivor = new if victim == "old" else old
             try:
