@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.dra import DEVICES, DraStub, allocated_claims
+from bench.scenarios.handover import handover_figures
 from bench.stats import percentile
 
 __all__ = ["measure"]
@@ -124,22 +125,7 @@ async def _measure(root: Path, handovers: int, steady: int) -> dict[str, float]:
                 await asyncio.to_thread(worker.join, 60)
     if calls.errors:
         raise RuntimeError(f"{len(calls.errors)} DRA call(s) failed during the handovers: {calls.errors[:3]}")
-    waits = [
-        1000.0 * (end - start)
-        for start, end in calls.prepares
-        if any(start < window_end and end > window_start for window_start, window_end in windows)
-    ]
-    if not waits:
-        raise RuntimeError("no prepare overlapped a handover: the client was too slow to measure it")
-    spans = [1000.0 * (end - start) for start, end in windows]
-    return {
-        "dra_handover_ms": percentile(spans, 50),
-        "dra_handover_max_ms": max(spans),
-        "dra_handover_prepare_wait_max_ms": max(waits),
-        "dra_handover_prepare_steady_p99_ms": floor,
-        "dra_handover_prepare_wait_ratio": max(waits) / floor,
-        "dra_handovers": float(len(windows)),
-    }
+    return handover_figures(calls.prepares, windows, floor, call="prepare", prefix="dra_")
 
 
 def measure(handovers: int, steady: int) -> dict[str, float]:

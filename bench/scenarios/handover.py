@@ -27,7 +27,7 @@ from bench.workspace import Node
 from devplug.devkubelet import DevKubeletThread
 from devplug.process import DaemonProcess
 
-__all__ = ["measure"]
+__all__ = ["handover_figures", "measure"]
 
 
 class _AllocateLoop:
@@ -120,20 +120,35 @@ def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[s
         worker.join(60)
     if loop.errors:
         raise RuntimeError(f"{len(loop.errors)} Allocate(s) failed during the handovers: {loop.errors[:3]}")
+    return handover_figures(loop.calls, windows, percentile(steady, 99), call="allocate")
+
+
+def handover_figures(
+    calls: list[tuple[float, float]],
+    windows: list[tuple[float, float]],
+    floor_ms: float,
+    *,
+    call: str,
+    prefix: str = "",
+) -> dict[str, float]:
+    """The figures of handovers (``windows``: each one's start and end, ``time.time()``) timed beside a client's
+    ``calls`` (start and end of each), whose p99 before the first handover was ``floor_ms``: keys
+    ``<prefix>handover_ms``, ``..._max_ms``, ``<prefix>handover_<call>_wait_max_ms`` (the longest call overlapping
+    a handover), its ``steady_p99_ms`` and ``wait_ratio``, and ``<prefix>handovers``."""
     waits = [
         1000.0 * (end - start)
-        for start, end in loop.calls
+        for start, end in calls
         if any(start < window_end and end > window_start for window_start, window_end in windows)
     ]
     if not waits:
-        raise RuntimeError("no Allocate overlapped a handover: the client was too slow to measure it")
-    floor = percentile(steady, 99)
+        raise RuntimeError(f"no {call} call overlapped a handover: the client was too slow to measure it")
+    spans = [1000.0 * (end - start) for start, end in windows]
     longest = max(waits)
     return {
-        "handover_ms": percentile([1000.0 * (end - start) for start, end in windows], 50),
-        "handover_max_ms": max(1000.0 * (end - start) for start, end in windows),
-        "handover_allocate_wait_max_ms": longest,
-        "handover_allocate_steady_p99_ms": floor,
-        "handover_allocate_wait_ratio": longest / floor,
-        "handovers": float(len(windows)),
+        f"{prefix}handover_ms": percentile(spans, 50),
+        f"{prefix}handover_max_ms": max(spans),
+        f"{prefix}handover_{call}_wait_max_ms": longest,
+        f"{prefix}handover_{call}_steady_p99_ms": floor_ms,
+        f"{prefix}handover_{call}_wait_ratio": longest / floor_ms,
+        f"{prefix}handovers": float(len(windows)),
     }
