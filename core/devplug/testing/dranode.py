@@ -195,8 +195,10 @@ class DraNode:
         self, name: str, claims: list[str], timeout: float = WAIT
     ) -> tuple[PodSpec, list[dict[str, Any]]]:
         """:meth:`schedule_pod`, tried again whenever the node's ResourceSlices change while the claims cannot be
-        allocated (as kube-scheduler's DRA plugin retries an unschedulable pod on a ResourceSlice event: a device
-        tainted a moment ago, a released device published free a moment later), for at most ``timeout`` seconds;
+        allocated (as kube-scheduler's DRA plugin retries an unschedulable pod on a ResourceSlice event: its
+        ``EventsToRegister`` in ``pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go`` lists
+        ResourceSlice Add and Update, "new resources became available"; here a device tainted a moment ago and
+        published free a moment later), for at most ``timeout`` seconds;
         the last :class:`SchedulingError` after that."""
         made = self._create_pod(name, claims)
         deadline = time.monotonic() + timeout
