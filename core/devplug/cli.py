@@ -29,7 +29,7 @@ from devplug.cli_run import (
     exit_code,
     run_command,
 )
-from devplug.contract import CONTRACT_ATTRIBUTE, HOOK_CONTRACT
+from devplug.contract import HOOK_CONTRACT
 from devplug.errors import DevplugError, DriverLoadError
 
 if TYPE_CHECKING:
@@ -140,16 +140,24 @@ def _check_profiles(config: Config) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def drivers(as_json: bool) -> None:
-    """List the installed drivers: distribution, version, and the hooks each implements."""
+    """List the installed drivers: distribution, version, hook contract, and the hooks each implements.
+
+    A driver that declares no hook contract is listed as the contract it is called as (1.0), with the warning
+    that says what line to add (in ``warnings`` with ``--json``).
+    """
+    from devplug.contract import declared_contract, undeclared_contract_warning
     from devplug.drivers.discovery import driver_hook_names, installed_drivers
 
     rows: list[dict[str, Any]] = []
     for name, info in installed_drivers().items():
         row: dict[str, Any] = {"name": name, "distribution": info.distribution, "version": info.version}
         try:
-            cls = info.load()
-            row["hook_contract"] = getattr(cls, CONTRACT_ATTRIBUTE)  # checked by load()
+            cls = info.load(warn=False)  # its warning is part of the listing
+            row["hook_contract"] = declared_contract(cls)  # checked by load()
             row["hooks"] = driver_hook_names(cls)
+            warning = undeclared_contract_warning(cls, name, info.distribution, info.version)
+            if warning is not None:
+                row["warnings"] = [warning]
         except DriverLoadError as exc:
             row["error"] = str(exc)
         rows.append(row)
@@ -163,6 +171,8 @@ def drivers(as_json: bool) -> None:
         hooks = ", ".join(row.get("hooks", [])) or f"BROKEN: {row.get('error')}"
         contract = f" (hook contract {row['hook_contract']})" if "hook_contract" in row else ""
         click.echo(f"{row['name']:<10} {row['distribution']} {row['version']}{contract}\n           hooks: {hooks}")
+        for warning in row.get("warnings", ()):
+            click.echo(f"           warning: {warning}")
 
 
 @main.command("new-driver")
@@ -265,6 +275,12 @@ def _requests(values: tuple[str, ...], what: str) -> dict[str, int]:
     show_default=True,
     help="Key device-plugin endpoints as kubelets with PR #135437 (1.36+) do, or by resource name as older ones.",
 )
+@click.option(
+    "--check-device-nodes",
+    is_flag=True,
+    help="Refuse a container whose DeviceSpec host path is not a device node, as containerd does (the default from "
+    "devplug 1.0; until then such a path is taken with a warning).",
+)
 @_CONTROL_OPTION
 @click.pass_context
 def kubelet(
@@ -275,6 +291,7 @@ def kubelet(
     cgroups: str,
     cgroup_driver: str,
     endpoints_by: str,
+    check_device_nodes: bool,
     control_socket: Path | None,
 ) -> None:
     """Run the dev kubelet in the foreground (a stand-in for the kubelet's device manager), or talk to one.
@@ -286,17 +303,24 @@ def kubelet(
     """
     if ctx.invoked_subcommand is not None:
         given = [name for name in ("directory", "pod_resources_socket", "control_socket") if ctx.params[name]]
-        if given or kep or cgroups != "auto" or cgroup_driver != "cgroupfs" or endpoints_by != "socket-path":
+        changed = cgroups != "auto" or cgroup_driver != "cgroupfs" or endpoints_by != "socket-path"
+        if given or kep or check_device_nodes or changed:
             raise click.UsageError(
                 f"give the options after the subcommand: devplug kubelet {ctx.invoked_subcommand} --dir DIR ..."
             )
         return
     if directory is None:
         raise click.UsageError("Missing option '--dir' (the device-plugin folder to serve kubelet.sock in).")
-    from devplug.devkubelet import run_foreground
+    import logging
+    import warnings
+
+    from devplug.devkubelet import DeviceNodeDeprecationWarning, run_foreground
     from devplug.logs import setup_logging
 
     setup_logging("info")
+    # A container taken although its device path is no device node: said in the log, each time.
+    warnings.simplefilter("always", DeviceNodeDeprecationWarning)
+    logging.captureWarnings(True)
 
     async def serve(layout: Any) -> None:
         stop = asyncio.Event()  # SIGINT or SIGTERM: kill the containers and remove their cgroups, then exit 0
@@ -310,6 +334,7 @@ def kubelet(
             control_socket=control_socket,
             until=stop,
             endpoints_by=cast("EndpointKeying", endpoints_by),
+            check_device_nodes=check_device_nodes,
         )
 
     try:

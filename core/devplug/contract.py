@@ -31,7 +31,15 @@ import re
 
 from devplug.errors import DriverLoadError
 
-__all__ = ["CONTRACT_ATTRIBUTE", "HOOK_CONTRACT", "UNDECLARED_CONTRACT", "check_hook_contract", "parse_contract"]
+__all__ = [
+    "CONTRACT_ATTRIBUTE",
+    "HOOK_CONTRACT",
+    "UNDECLARED_CONTRACT",
+    "check_hook_contract",
+    "declared_contract",
+    "parse_contract",
+    "undeclared_contract_warning",
+]
 
 log = logging.getLogger("devplug.drivers")
 
@@ -55,29 +63,48 @@ def parse_contract(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def check_hook_contract(cls: type, driver: str, distribution: str, version: str) -> None:
+def undeclared_contract_warning(cls: type, driver: str, distribution: str, version: str) -> str | None:
+    """The warning for a driver class that declares no contract (what it is called as, the line to add), or None
+    when it declares one."""
+    if getattr(cls, CONTRACT_ATTRIBUTE, None) is not None:
+        return None
+    return (
+        f"driver {driver!r} from {distribution} {version}: class {cls.__qualname__} declares no hook contract: "
+        f"called as a driver of hook contract {UNDECLARED_CONTRACT} (this devplug speaks {HOOK_CONTRACT}); set the "
+        f"class attribute {CONTRACT_ATTRIBUTE} = {UNDECLARED_CONTRACT!r} to say so"
+    )
+
+
+def declared_contract(cls: type) -> object:
+    """What a driver class declares as its contract: its ``hook_contract``, or :data:`UNDECLARED_CONTRACT` when it
+    declares none (unchecked: :func:`check_hook_contract` checks it)."""
+    declared = getattr(cls, CONTRACT_ATTRIBUTE, None)
+    return UNDECLARED_CONTRACT if declared is None else declared
+
+
+#: The drivers whose missing declaration was logged: once per process, however many resources use them.
+_warned: set[tuple[str, str, str]] = set()
+
+
+def check_hook_contract(cls: type, driver: str, distribution: str, version: str, *, warn: bool = True) -> None:
     """Refuse a driver class built for a contract this core does not speak.
 
     Called when a driver is discovered, before its hooks are looked at.
     :class:`DriverLoadError` names the driver, its distribution and version,
     the contract it declares (or that it declares none) and the one the core
-    speaks, and says what to install.
+    speaks, and says what to install. A class that declares none is taken as
+    :data:`UNDECLARED_CONTRACT`, and the warning saying so
+    (:func:`undeclared_contract_warning`) is logged once per process and
+    driver (``warn=False``: not at all, for a caller that shows it itself).
     """
     where = f"driver {driver!r} from {distribution} {version}"
-    declared = getattr(cls, CONTRACT_ATTRIBUTE, None)
     core = parse_contract(HOOK_CONTRACT)
-    if declared is None:
-        log.warning(
-            "%s: class %s declares no hook contract: called as a driver of hook contract %s (this devplug speaks "
-            "%s); set the class attribute %s = %r to say so",
-            where,
-            cls.__qualname__,
-            UNDECLARED_CONTRACT,
-            HOOK_CONTRACT,
-            CONTRACT_ATTRIBUTE,
-            UNDECLARED_CONTRACT,
-        )
-        declared = UNDECLARED_CONTRACT
+    warning = undeclared_contract_warning(cls, driver, distribution, version)
+    key = (distribution, driver, cls.__qualname__)
+    if warning is not None and warn and key not in _warned:
+        _warned.add(key)
+        log.warning("%s", warning)
+    declared = declared_contract(cls)
     if not isinstance(declared, str):
         raise DriverLoadError(
             f"{where}: {cls.__qualname__}.{CONTRACT_ATTRIBUTE} must be a string like {HOOK_CONTRACT!r}, "

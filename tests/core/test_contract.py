@@ -130,6 +130,38 @@ def test_devplug_drivers_shows_contracts_and_the_refusal(fake_distribution: Make
     assert "BROKEN: driver 'future' from devplug-test-future 1.2.3 was built for hook contract 2.0" in text
 
 
+def test_devplug_drivers_lists_an_undeclared_driver_as_contract_1_0_with_its_warning(fake_distribution: Make) -> None:
+    """Issue 38: the listing read ``hook_contract`` with no default and crashed (exit 1, also with --json) as soon
+    as a driver written before the attribute was installed."""
+    _driver(fake_distribution, "undeclared", "")
+    line = "driver 'undeclared' from devplug-test-undeclared 1.2.3: class Driver declares no hook contract"
+    listed = _devplug("drivers", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["undeclared"]["hook_contract"] == "1.0"
+    assert rows["undeclared"]["hooks"] == ["list_devices"]
+    (warning,) = rows["undeclared"]["warnings"]
+    assert warning.startswith(line) and "set the class attribute hook_contract = '1.0'" in warning
+    assert "warnings" not in rows["mock"]
+    text = _devplug("drivers")
+    assert text.returncode == 0, text.stderr
+    assert "devplug-test-undeclared 1.2.3 (hook contract 1.0)\n           hooks: list_devices\n" in text.stdout
+    assert f"           warning: {line}" in text.stdout
+    assert line not in text.stderr  # said once, in the listing
+
+
+def test_check_config_says_the_warning_once_however_many_resources_use_the_driver(
+    fake_distribution: Make, devplug_root: Path
+) -> None:
+    _driver(fake_distribution, "undeclared", "")
+    resources = {f"example.com/u{i}": {"driver": "undeclared"} for i in range(3)}
+    path = write_toml(devplug_root / "c.toml", dev_config(devplug_root, resources))
+    checked = _devplug("check-config", str(path))
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stderr.count("declares no hook contract") == 1, checked.stderr
+    assert "example.com/u2: driver undeclared" in checked.stdout
+
+
 def test_version_names_the_contract() -> None:
     result = _devplug("--version")
     assert result.returncode == 0, result.stderr

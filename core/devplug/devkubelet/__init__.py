@@ -36,7 +36,10 @@ never more kindly. Each module names the kubelet source it follows:
   (``getCgroupsPath``), made in every hierarchy as runc makes them;
 * :mod:`~devplug.devkubelet.devicespecs` -- containerd's device check
   (``WithDevices``, ``DeviceFromPath``): a DeviceSpec whose host path is not a
-  device node fails the container's creation, "not a device node";
+  device node fails the container's creation, "not a device node", where the
+  check is asked for (``check_device_nodes=True`` or a ``dev_root``; the
+  default from devplug 1.0), and is taken with a
+  :class:`DeviceNodeDeprecationWarning` elsewhere;
 * :mod:`~devplug.devkubelet.checkpointing` -- ``kubelet_internal_checkpoint``,
   written (temp file + rename) exactly when the kubelet writes it and read back at start;
 * :mod:`~devplug.devkubelet.podresources_server` -- List (every pod the pod manager
@@ -73,6 +76,7 @@ from __future__ import annotations
 from devplug.devkubelet.cgroups import CgroupDriver, CgroupLayout, CgroupsUnavailableError
 from devplug.devkubelet.containers import ContainerCreateError
 from devplug.devkubelet.devicemanager import ContainerStartError
+from devplug.devkubelet.devicespecs import DeviceNodeDeprecationWarning
 from devplug.devkubelet.dra import (
     ClaimPrepareError,
     ClaimUnprepareError,
@@ -118,6 +122,7 @@ __all__ = [
     "DRAConfig",
     "DevKubeletThread",
     "DeviceInfo",
+    "DeviceNodeDeprecationWarning",
     "KubeletError",
     "KubeletEvent",
     "PluginCallError",

@@ -13,7 +13,10 @@ What each behaviour follows:
 * **Creation** (``CreateContainer``): the container's ``DeviceSpec`` host
   paths must be device nodes (:mod:`~devplug.devkubelet.devicespecs`,
   containerd's ``WithDevices``); otherwise the creation fails with
-  containerd's text, nothing runs and no cgroup is made. Each creation gets a
+  containerd's text, nothing runs and no cgroup is made. Until devplug 1.0
+  only where the check was asked for (``check_device_nodes``, or a
+  ``dev_root`` other than ``/dev``); elsewhere such a path is taken with a
+  :class:`~devplug.devkubelet.devicespecs.DeviceNodeDeprecationWarning`. Each creation gets a
   fresh 64-hex-digit ID, as containerd's ``util.GenerateID``.
 * **Cgroups**: the container's cgroup is ``<pod cgroup>/<id>``, or the scope
   ``cri-containerd-<id>.scope`` under a systemd pod slice (containerd's
@@ -60,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devplug.devkubelet.cgroups import CgroupFs, CgroupLayout
-from devplug.devkubelet.devicespecs import RuntimeDeviceError, resolve_devices
+from devplug.devkubelet.devicespecs import RuntimeDeviceError, check_device_specs
 from devplug.errors import KubeletError
 
 __all__ = ["ContainerCreateError", "ContainerRuntime", "RuntimeContainer"]
@@ -138,16 +141,25 @@ class ContainerRuntime:
 
     ``record(kind, detail)`` receives the runtime's events (a container's
     exit); ``dev_root`` is the node's ``/dev`` for the device check (see
-    :mod:`~devplug.devkubelet.devicespecs`).
+    :mod:`~devplug.devkubelet.devicespecs`), which refuses a path that is not
+    a device node when ``check_device_nodes`` is set or ``dev_root`` is not
+    ``/dev``, and warns otherwise (:attr:`checks_device_nodes`).
     """
 
     def __init__(
-        self, layout: CgroupLayout | None, record: Callable[[str, str], None], *, dev_root: Path = Path("/dev")
+        self,
+        layout: CgroupLayout | None,
+        record: Callable[[str, str], None],
+        *,
+        dev_root: Path = Path("/dev"),
+        check_device_nodes: bool = False,
     ) -> None:
         self.layout = layout
         self.fs = CgroupFs(layout) if layout is not None else None
         #: The node's /dev: DeviceSpec host paths under /dev are looked up here.
         self.dev_root = Path(dev_root)
+        #: Refuse a DeviceSpec host path that is not a device node, as containerd does (implied by a dev_root).
+        self.check_device_nodes = check_device_nodes
         self._record = record
         self._containers: dict[str, RuntimeContainer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -198,10 +210,16 @@ class ContainerRuntime:
 
     # -- containers ------------------------------------------------------------------------------
 
+    @property
+    def checks_device_nodes(self) -> bool:
+        """Whether a container's devices are checked as containerd does: asked for, or a node /dev given."""
+        return self.check_device_nodes or self.dev_root != Path("/dev")
+
     def check_devices(self, container_id: str, devices: Iterable[tuple[str, str]]) -> None:
-        """containerd's spec generation for the devices; raises :class:`ContainerCreateError` with its text."""
+        """containerd's spec generation for the devices; raises :class:`ContainerCreateError` with its text
+        (where the check was not asked for, warns instead: see :mod:`~devplug.devkubelet.devicespecs`)."""
         try:
-            resolve_devices(devices, self.dev_root)
+            check_device_specs(devices, self.dev_root, check=self.checks_device_nodes)
         except RuntimeDeviceError as exc:
             raise ContainerCreateError(
                 f'failed to generate container "{container_id}" spec: failed to generate spec: {exc}'

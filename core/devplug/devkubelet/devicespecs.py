@@ -32,17 +32,39 @@ devices therefore works with no kubelet but a kinder stand-in.
 ``dev_root`` stands for the node's ``/dev``: a host path under ``/dev`` is
 looked up there, so that a test's kernel model (whose device nodes live in a
 folder of its own) can play the node.
+
+**Where the dev kubelet checks** (:func:`check_device_specs`): the check
+arrived after drivers in the field had written tests that hand out device
+nodes their test machine does not have (``/dev/nvme0n1``, ``/dev/qat_vf0``),
+so under devplug's compatibility promise (``docs/driver/compatibility.md``)
+it is opt-in until devplug :data:`DEVICE_NODE_CHECK_DEFAULT_IN`: the dev
+kubelet refuses such a DeviceSpec as containerd does only where the test
+asked for the check (``check_device_nodes=True``, or a node ``/dev`` of its
+own as ``dev_root``); elsewhere it warns
+(:class:`DeviceNodeDeprecationWarning`, naming what to change) and starts the
+container. A test run that turns that warning into an error (``-W
+error::DeprecationWarning``) gets the refusal, as it will be by default.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NOT_A_DEVICE", "DeviceNode", "RuntimeDeviceError", "host_path_on_node", "resolve_devices"]
+__all__ = [
+    "DEVICE_NODE_CHECK_DEFAULT_IN",
+    "NOT_A_DEVICE",
+    "DeviceNode",
+    "DeviceNodeDeprecationWarning",
+    "RuntimeDeviceError",
+    "check_device_specs",
+    "host_path_on_node",
+    "resolve_devices",
+]
 
 #: containerd's ``oci.ErrNotADevice``.
 NOT_A_DEVICE = "not a device node"
@@ -50,8 +72,17 @@ NOT_A_DEVICE = "not a device node"
 _SKIPPED_FOLDERS = frozenset({"pts", "shm", "fd", "mqueue", ".lxc", ".lxd-mounts", ".udev"})
 
 
+#: The devplug release from which the dev kubelet checks every container's device nodes by default.
+DEVICE_NODE_CHECK_DEFAULT_IN = "1.0"
+
+
 class RuntimeDeviceError(Exception):
     """A DeviceSpec the runtime cannot turn into a device; the message is containerd's."""
+
+
+class DeviceNodeDeprecationWarning(DeprecationWarning):
+    """A container got a DeviceSpec host path that is not a device node, which the dev kubelet took only because
+    the test did not ask for the check; from devplug :data:`DEVICE_NODE_CHECK_DEFAULT_IN` it refuses it."""
 
 
 @dataclass(frozen=True)
@@ -144,4 +175,39 @@ def resolve_devices(specs: Iterable[tuple[str, str]], dev_root: Path = Path("/de
             except OSError as exc:
                 raise RuntimeDeviceError(_go_error("lstat", Path(exc.filename or path), exc)) from exc
         devices += _get_devices(path, container_path)
+    return devices
+
+
+def check_device_specs(
+    specs: Iterable[tuple[str, str]], dev_root: Path = Path("/dev"), *, check: bool = True
+) -> list[DeviceNode]:
+    """The dev kubelet's check of one container's ``(host_path, container_path)`` pairs (see the module docstring).
+
+    With ``check``: :func:`resolve_devices`, raising :class:`RuntimeDeviceError`
+    with containerd's text. Without: each pair containerd would refuse is
+    taken as it is, with a :class:`DeviceNodeDeprecationWarning` naming the
+    path, containerd's error and what to change; a warning filter that turns it
+    into an error makes it the refusal. Returns the device nodes resolved.
+    """
+    if check:
+        return resolve_devices(specs, dev_root)
+    devices: list[DeviceNode] = []
+    for host_path, container_path in specs:
+        try:
+            devices += resolve_devices([(host_path, container_path)], dev_root)
+        except RuntimeDeviceError as exc:
+            message = (
+                f"DeviceSpec host path {host_path} (container path {container_path}) is not a device node "
+                f"({exc}); the dev kubelet starts the container anyway because the test did not ask for the device "
+                f"node check, but from devplug {DEVICE_NODE_CHECK_DEFAULT_IN} it refuses it as containerd does "
+                "(CreateContainerError). Hand out device nodes in the test (devplug.testing.devnodes."
+                "make_char_device, in a node /dev of the test's own) and check now: pass check_device_nodes=True "
+                "to the dev kubelet, or give it that /dev as dev_root=... (the conformance class's node_dev_root; "
+                "the dev_kubelet fixture: @pytest.mark.devplug_device_nodes, or devplug_check_device_nodes = true "
+                "in the pytest config)"
+            )
+            try:
+                warnings.warn(DeviceNodeDeprecationWarning(message), stacklevel=2)
+            except DeviceNodeDeprecationWarning as error:  # a filter made it an error: the refusal to come
+                raise RuntimeDeviceError(str(exc)) from error
     return devices

@@ -45,12 +45,14 @@ async def run_foreground(
     control_socket: Path | None = None,
     until: asyncio.Event | None = None,
     endpoints_by: EndpointKeying = "socket-path",
+    check_device_nodes: bool = False,
 ) -> None:
     """Serve a dev kubelet and its control socket until ``until`` is set or the task is cancelled, logging every
     event (``devplug.devkubelet``), then kill its containers and remove their cgroups.
 
     ``cgroups`` runs every container as a real process in a cgroup of that layout (root needed); the control
-    socket is ``control_socket`` or ``DIR/../devkubelet.sock``.
+    socket is ``control_socket`` or ``DIR/../devkubelet.sock``. ``check_device_nodes``: refuse a container whose
+    DeviceSpec host path is no device node (see :mod:`~devplug.devkubelet.devicespecs`).
     """
     kubelet = DevKubelet(
         device_plugin_dir,
@@ -58,6 +60,7 @@ async def run_foreground(
         pod_resources_socket=pod_resources_socket,
         cgroups=cgroups,
         endpoints_by=endpoints_by,
+        check_device_nodes=check_device_nodes,
     )
     kubelet.add_listener(lambda event: _log.info("%s", event))
     liveness = liveness_for(device_plugin_dir, cgroups)

@@ -155,6 +155,10 @@ class DevKubelet:
       None (the default) runs no process: containers stop at once;
     * ``dev_root``: the node's ``/dev`` for the runtime's device check
       (a kernel model's dev folder in tests); settable as :attr:`dev_root`;
+    * ``check_device_nodes``: refuse a DeviceSpec host path that is not a
+      device node, as containerd does; implied by a ``dev_root`` other than
+      ``/dev``, the default from devplug 1.0, a DeprecationWarning until then
+      (see :mod:`~devplug.devkubelet.devicespecs`); settable;
     * ``dra``: run the kubelet's DRA side with these timings (see
       :class:`~devplug.devkubelet.dra.node.DRAConfig`), in the root directory
       ``device_plugin_dir.parent``; None (the default) runs none. ``on_wipe``
@@ -182,6 +186,7 @@ class DevKubelet:
         endpoints_by: EndpointKeying = "socket-path",
         cgroups: CgroupLayout | None = None,
         dev_root: Path = Path("/dev"),
+        check_device_nodes: bool = False,
         dra: DRAConfig | None = None,
         on_wipe: Callable[[str], None] | None = None,
     ) -> None:
@@ -235,7 +240,10 @@ class DevKubelet:
             self._record,
         )
         self._runtime = ContainerRuntime(
-            cgroups, lambda kind, detail: self._record(kind, "", detail, ()), dev_root=dev_root
+            cgroups,
+            lambda kind, detail: self._record(kind, "", detail, ()),
+            dev_root=dev_root,
+            check_device_nodes=check_device_nodes,
         )
         self._dra = (
             DRAKubelet(
@@ -834,6 +842,15 @@ class DevKubelet:
     @dev_root.setter
     def dev_root(self, value: Path) -> None:
         self._runtime.dev_root = Path(value)
+
+    @property
+    def check_device_nodes(self) -> bool:
+        """Whether DeviceSpec host paths must be device nodes (as containerd wants) even under ``/dev`` itself."""
+        return self._runtime.check_device_nodes
+
+    @check_device_nodes.setter
+    def check_device_nodes(self, value: bool) -> None:
+        self._runtime.check_device_nodes = bool(value)
 
     def liveness_config(self) -> dict[str, str]:
         """The ``[liveness]`` table a devplug daemon needs to find these pods' cgroups.

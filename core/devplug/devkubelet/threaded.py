@@ -209,6 +209,15 @@ class DevKubeletThread:
     def dev_root(self, value: Path) -> None:
         self._sync(lambda k: setattr(k, "dev_root", Path(value)))
 
+    @property
+    def check_device_nodes(self) -> bool:
+        """Whether DeviceSpec host paths must be device nodes; settable (see :attr:`DevKubelet.check_device_nodes`)."""
+        return self._sync(lambda k: k.check_device_nodes)
+
+    @check_device_nodes.setter
+    def check_device_nodes(self, value: bool) -> None:
+        self._sync(lambda k: setattr(k, "check_device_nodes", bool(value)))
+
     def pods(self) -> list[AdmittedPod]:
         """The running pods."""
         return self._sync(lambda k: k.pods())

@@ -151,10 +151,11 @@ class DriverInfo:
     version: str
     entry_point: EntryPoint
 
-    def load(self) -> type:
+    def load(self, *, warn: bool = True) -> type:
         """Import the driver class and check it: the hook contract it was built for, then ``list_devices``.
 
-        :class:`DriverLoadError` names the distribution on failure.
+        :class:`DriverLoadError` names the distribution on failure. ``warn=False`` leaves the warning about an
+        undeclared contract unlogged, for a caller that shows it itself (``devplug drivers``).
         """
         try:
             cls = self.entry_point.load()
@@ -168,7 +169,7 @@ class DriverInfo:
                 f"driver {self.name!r} from {self.distribution} {self.version}: entry point "
                 f"{self.entry_point.value} is not a class"
             )
-        check_hook_contract(cls, self.name, self.distribution, self.version)
+        check_hook_contract(cls, self.name, self.distribution, self.version, warn=warn)
         if "list_devices" not in driver_hook_names(cls):
             raise DriverLoadError(
                 f"driver {self.name!r} from {self.distribution} {self.version}: class {cls.__qualname__} "

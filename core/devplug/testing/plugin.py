@@ -21,6 +21,14 @@ Fixtures:
   processes; ``DEVPLUG_REQUIRE_CGROUPS=1`` makes both a failure.
   ``dev_kubelet.liveness_config()`` is what a daemon needs to find the
   pods' cgroups;
+  A container whose DeviceSpec host path is not a device node starts with a
+  ``DeviceNodeDeprecationWarning`` (from devplug 1.0 it is refused, as
+  containerd refuses it); a test asks for the refusal now with
+  ``@pytest.mark.devplug_device_nodes``, a whole suite with
+  ``devplug_check_device_nodes = true`` in its pytest config
+  (``@pytest.mark.devplug_device_nodes(False)`` then takes one test out), or
+  by setting ``dev_kubelet.dev_root`` to a node ``/dev`` of its own (see
+  :mod:`devplug.devkubelet.devicespecs`);
 * ``driver_harness`` -- a factory: ``driver_harness(driver, resource="example.com/test",
   state_dir=None, push_kinds=PUSH_KINDS, replicas=1)`` puts a driver instance
   behind the engine's facade with a context on a fresh state folder (under
@@ -88,12 +96,15 @@ __all__ = [
     "DevplugCgroupsWarning",
     "RunningDaemon",
     "cgroup_layout_for",
+    "check_device_nodes_for",
     "require_cgroup_layout",
 ]
 
 #: Set to 1 to make a dev kubelet without cgroups a test failure instead of a warning.
 REQUIRE_CGROUPS_ENV = "DEVPLUG_REQUIRE_CGROUPS"
 _MARKER = "devplug_cgroups"
+_DEVICE_NODES_MARKER = "devplug_device_nodes"
+_DEVICE_NODES_INI = "devplug_check_device_nodes"
 #: Set to a folder: the whole log of every daemon a failing test started is copied there.
 DAEMON_LOGS_ENV = "DEVPLUG_DAEMON_LOGS"
 #: How many of the last lines of each daemon's log a failing test's report carries.
@@ -162,13 +173,43 @@ class DevplugCgroupsWarning(pytest.PytestWarning):
     """The ``dev_kubelet`` fixture could not run containers in cgroups and runs them without processes."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``devplug_check_device_nodes`` ini option (see the module docstring)."""
+    parser.addini(
+        _DEVICE_NODES_INI,
+        "the dev_kubelet fixture refuses DeviceSpec host paths that are not device nodes, as containerd does "
+        "(the default from devplug 1.0)",
+        type="bool",
+        default=False,
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``devplug_cgroups`` marker."""
+    """Register the ``devplug_cgroups`` and ``devplug_device_nodes`` markers."""
     config.addinivalue_line(
         "markers",
         f'{_MARKER}(version="v1"|"v2"|"off", driver="cgroupfs"|"systemd"): how the dev_kubelet fixture runs '
         "containers (real processes in cgroups of that version and driver naming, or none)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{_DEVICE_NODES_MARKER}(check=True): the dev_kubelet fixture refuses DeviceSpec host paths that are not "
+        "device nodes, as containerd does (False: takes them with a DeprecationWarning until devplug 1.0)",
+    )
+
+
+def check_device_nodes_for(node: pytest.Item | None, config: pytest.Config) -> bool:
+    """Whether the ``dev_kubelet`` fixture checks device nodes for this test: its ``devplug_device_nodes``
+    marker, else the ``devplug_check_device_nodes`` ini option."""
+    marker = node.get_closest_marker(_DEVICE_NODES_MARKER) if node is not None else None
+    if marker is None:
+        return bool(config.getini(_DEVICE_NODES_INI))
+    if len(marker.args) + len(marker.kwargs) > 1 or set(marker.kwargs) - {"check"}:
+        raise pytest.UsageError(f"{_DEVICE_NODES_MARKER}: expected check=True or False, got {marker.args}")
+    value = marker.args[0] if marker.args else marker.kwargs.get("check", True)
+    if not isinstance(value, bool):
+        raise pytest.UsageError(f"{_DEVICE_NODES_MARKER}: check must be True or False, got {value!r}")
+    return value
 
 
 def _marker_request(node: pytest.Item | None) -> tuple[bool, int | None, str]:
@@ -338,7 +379,8 @@ def devplug_root() -> Iterator[Path]:
 def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[DevKubeletThread]:
     """A started dev kubelet in ``devplug_root`` (a stock kubelet; set ``kep_mode`` for a KEP one).
 
-    Its containers run in cgroups when they can (see the module docstring);
+    Its containers run in cgroups when they can, and it checks their device nodes where the test asks (see the
+    module docstring);
     every process and cgroup is gone after the test, or the test errors.
     """
     from devplug.devkubelet import DevKubeletThread
@@ -348,6 +390,7 @@ def dev_kubelet(devplug_root: Path, request: pytest.FixtureRequest) -> Iterator[
         devplug_root / "device-plugins",
         pod_resources_socket=devplug_root / "pod-resources" / "kubelet.sock",
         cgroups=layout,
+        check_device_nodes=check_device_nodes_for(request.node, request.config),
     )
     try:
         kubelet.start()
