@@ -15,7 +15,7 @@ import pytest
 
 from devplug.engine.journal import read_journal, segments
 from devplug.engine.ledger import FORMAT_VERSION, AllocationRecord, Ledger, read_ledger_records
-from devplug.errors import StateError
+from devplug.errors import StateError, StateWriteError
 from devplug.types import ContainerAllocation
 
 
@@ -531,3 +531,77 @@ def test_a_sync_under_way_when_a_compaction_closes_its_segment_still_syncs_it(
 
     asyncio.run(run())
     assert synced == ["ledger.journal.1"], "the segment the save wrote is the one synced (since unlinked: compacted)"
+
+
+# --- a file of the ledger vanishing (issue 36, item 1)
+
+
+def test_a_snapshot_or_segment_deleted_under_a_running_ledger_is_a_warning_a_refusal_and_a_write_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def run(gone: str) -> None:
+        folder = tmp_path / gone
+        folder.mkdir()
+        ledger = Ledger("example.com/x", folder / "ledger.json")
+        ledger.load()
+        ledger.check_room()  # nothing on disk yet: a first start is not a loss
+        record = ledger.begin(["a"], now=1.0)
+        ledger.confirm(record.id, ContainerAllocation(), now=2.0)
+        await ledger.save()
+        await ledger.compact()
+        ledger.confirm(ledger.begin(["b"], now=3.0).id, ContainerAllocation(), now=4.0)
+        await ledger.save()
+        victim = ledger.path if gone == "snapshot" else segments(ledger.path)[-1][1]
+        victim.unlink()
+        with pytest.raises(StateWriteError) as refused:
+            ledger.check_room()
+        assert f"the allocation ledger's file {victim} vanished" in str(refused.value)
+        assert not refused.value.no_space
+        assert ledger.write_error is not None and "vanished" in ledger.write_error
+        await ledger.save()  # releases still save
+
+        def on_disk() -> list[str]:
+            return sorted(r["devices"][0] for r in read_ledger_records(ledger.path, "example.com/x"))
+
+        for _ in range(200):  # the write-back runs in the background
+            if on_disk() == ["a", "b"]:
+                break
+            await asyncio.sleep(0.01)
+        assert on_disk() == ["a", "b"]
+        with pytest.raises(StateWriteError):  # until a restart (a load)
+            ledger.check_room()
+        ledger.close()
+        again = Ledger("example.com/x", folder / "ledger.json")
+        again.load()
+        again.check_room()
+        assert sorted(r.devices[0] for r in again) == ["a", "b"]
+
+    for gone in ("snapshot", "segment"):
+        caplog.clear()
+        asyncio.run(run(gone))
+        [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert "vanished while the daemon ran" in warning.getMessage()
+
+
+def test_a_snapshot_missing_where_the_journal_shows_one_was_written_is_a_warning_at_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def run() -> None:
+        ledger = _ledger(tmp_path)
+        ledger.load()
+        ledger.confirm(ledger.begin(["a"], now=1.0).id, ContainerAllocation(), now=2.0)
+        await ledger.save()
+        await ledger.compact()
+        ledger.confirm(ledger.begin(["b"], now=3.0).id, ContainerAllocation(), now=4.0)
+        await ledger.save()
+        ledger.close()
+
+    asyncio.run(run())
+    fresh = _ledger(tmp_path / "fresh")
+    fresh.load()  # a first start: nothing said
+    assert "missing" not in caplog.text
+    (tmp_path / "ledger.json").unlink()
+    again = _ledger(tmp_path)
+    again.load()
+    assert [r.devices for r in again] == [("b",)]
+    assert f"the allocation ledger {tmp_path / 'ledger.json'} is missing, but its journal starts at" in caplog.text

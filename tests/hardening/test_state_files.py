@@ -15,8 +15,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
+from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, PodSpec
 from devplug.engine.ledger import read_ledger_records
 from devplug.resource_names import legacy_state_folder_names
@@ -247,3 +249,27 @@ def test_status_escapes_control_characters_it_prints(bench: Bench) -> None:
     result = bench.cli("status", "--state-dir", str(bench.state_dir))
     assert result.returncode == EXIT_STATE  # not running
     assert "\x1b" not in result.stdout and "a\\x1b[2Jb" in result.stdout and "state=s\\nX" in result.stdout
+
+
+# --- a ledger that vanishes under the running daemon (issue 36, item 1)
+
+
+def test_a_ledger_deleted_under_the_daemon_is_a_warning_and_refuses_allocate_naming_it(bench: Bench) -> None:
+    bench.start()
+    pod = bench.kubelet.admit_pod(PodSpec("p", [ContainerSpec("app", {RESOURCE: 1})]))
+    device = pod.container("app").devices[RESOURCE][0]
+    ledger = bench.resource_dir() / "ledger.json"
+    bench.wait(ledger.exists, "the ledger's snapshot written (compaction)")
+    ledger.unlink()
+    free = next(f"mock{n}" for n in range(4) if f"mock{n}" != device)
+    request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[free])])
+    error = bench.refused("Allocate", request, dp.AllocateResponse)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"the allocation ledger's file {ledger} vanished" in (error.details() or "")
+    assert "refused until the daemon is restarted" in (error.details() or "")
+    assert f"WARNING devplug.engine: [{RESOURCE}] the allocation ledger's file {ledger} vanished" in bench.log()
+    # the records held are written back (a restart finds pod p's device held), and the status says why it refuses
+    bench.wait(ledger.exists, "the ledger written back")
+    assert [r["devices"] for r in _ledger(bench)] == [[device]]
+    bench.wait(lambda: "vanished" in (bench.resource_status().get("state_error") or ""), "the refusal in the status")
+    assert "vanished" in bench.cli("status", "--state-dir", str(bench.state_dir)).stdout

@@ -133,8 +133,9 @@ class Ledger:
 
     @property
     def write_error(self) -> str | None:
-        """Why the last write failed (a full disk), until one succeeds; shown in ``devplug status``."""
-        return self.file.write_error
+        """Why the last write failed (a full disk), until one succeeds, or why allocations are refused (a file of
+        the ledger vanished while the daemon ran); shown in ``devplug status``."""
+        return self.file.vanished or self.file.write_error
 
     @property
     def recovered_from_corruption(self) -> Path | None:
@@ -168,10 +169,13 @@ class Ledger:
         self._unquarantined = []
 
     def check_room(self) -> None:
-        """Raise ``OSError`` (ENOSPC) when the state filesystem is nearly full (see :meth:`LedgerFile.check_room`).
+        """Raise ``OSError`` (ENOSPC) when the state filesystem is nearly full (see :meth:`LedgerFile.check_room`),
+        and :class:`~devplug.errors.StateWriteError` when a file of the ledger vanished while the daemon ran
+        (:meth:`LedgerFile.check_present`).
 
-        Called before an Allocate writes anything: on a full disk it is refused before the driver's hook runs.
+        Called before an Allocate writes anything: either refuses it before the driver's hook runs.
         """
+        self.file.check_present(self.serialize)
         self.file.check_room()
 
     async def save(self, *, sync: bool = False) -> None:

@@ -9,6 +9,15 @@ finds every change it answered for. Compaction folds the journal into a new
 snapshot when the segment being written grows past :data:`COMPACT_BYTES`, and
 once the ledger has been idle for :data:`COMPACT_IDLE_S`.
 
+A ledger's files vanishing is loud, never a silent fresh start. While the
+daemon runs, the snapshot it loaded or wrote and the segment it appends to are
+looked at before each allocation and after each save (:meth:`LedgerFile.check_present`):
+one gone (deleted or moved by someone else) is a WARNING naming it, the records
+in memory are written back as a new snapshot (so a restart finds them), and
+every allocation is refused, naming the file, until the daemon is restarted.
+At load, a missing snapshot where journal segments show one was written before
+(the oldest segment left is not the first) is a WARNING.
+
 :class:`LedgerFile` knows frames and files, not records: reading calls back a
 :class:`LoadSink` (the :class:`~devplug.engine.ledger.Ledger`) for each entry.
 """
@@ -29,7 +38,7 @@ from typing import Protocol
 from devplug.atomic import write_atomic
 from devplug.engine.journal import JournalSegment, read_journal, segment_path, segments, sync_and_close
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
-from devplug.errors import StateError
+from devplug.errors import StateError, StateWriteError
 
 __all__ = ["COMPACT_BYTES", "COMPACT_IDLE_S", "FORMAT_VERSION", "MIN_FREE_BYTES", "LedgerFile", "LoadSink"]
 
@@ -95,6 +104,11 @@ class LedgerFile:
         #: Until when (``time.monotonic()``) the filesystem is known to have room (see :meth:`check_room`).
         self._roomy_until = 0.0
         self.recovered_from_corruption: Path | None = None
+        #: True once the snapshot is known to be on disk (loaded, or written by a compaction): from then on its
+        #: disappearance is a loss (see :meth:`check_present`).
+        self._snapshot_on_disk = False
+        #: Why allocations are refused: a file of the ledger vanished while the daemon ran (None: none did).
+        self.vanished: str | None = None
 
     # --- reading
 
@@ -110,11 +124,23 @@ class LedgerFile:
         """
         self._snapshot_seq = 0
         snapshot_found = self._load_snapshot(sink, readonly)
+        found = segments(self.path)
+        if not snapshot_found and found and found[0][0] > 1 and not readonly and not self.recovered_from_corruption:
+            log.warning(
+                "[%s] the allocation ledger %s is missing, but its journal starts at %s: a compaction wrote it "
+                "before and it was deleted since; the records it held are lost (only the journal's changes since "
+                "are loaded)",
+                self.resource_name,
+                self.path,
+                found[0][1].name,
+            )
         replayed = self._replay_journal(sink, readonly)
         if not readonly:
             newest = max([self._snapshot_seq, *(seq for seq, _ in segments(self.path))])
             self._segment.close()
             self._segment = JournalSegment(segment_path(self.path, newest + 1))  # never append after a torn tail
+            self._snapshot_on_disk = snapshot_found
+            self.vanished = None
         return snapshot_found or replayed
 
     def _load_snapshot(self, sink: LoadSink, readonly: bool) -> bool:
@@ -191,6 +217,58 @@ class LedgerFile:
                     log.error("[%s] %s entry #%d is neither put nor del; ignored", self.resource_name, path, number)
         return replayed
 
+    # --- a file vanishing under the daemon
+
+    def _missing(self) -> Path | None:
+        """The ledger's file that vanished while the daemon ran: the snapshot it loaded or wrote, or the journal
+        segment it appends to (open, its last name gone); None when neither did."""
+        if self._snapshot_on_disk:
+            try:
+                os.lstat(self.path)
+            except FileNotFoundError:
+                return self.path
+            except OSError:
+                pass  # unreadable is not gone: the writes say what is wrong
+        fd = self._segment.fd
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                if os.fstat(fd).st_nlink == 0:
+                    return self._segment.path
+        return None
+
+    def _notice_loss(self, snapshot: Callable[[int], bytes]) -> None:
+        """Once a file of the ledger is found gone: a WARNING naming it, the records in memory written back as a
+        new snapshot (``snapshot(journal_seq)`` makes its bytes), and :attr:`vanished` set (allocations refused)."""
+        if self.vanished is not None:
+            return
+        gone = self._missing()
+        if gone is None:
+            return
+        folder = self.path.parent
+        self.vanished = (
+            f"{self.resource_name}: the allocation ledger's file {gone} vanished while the daemon ran (deleted or "
+            f"moved by something else); new allocations are refused until the daemon is restarted, once what "
+            f"removes files from {folder} is found (the records held are written back to {self.path})"
+        )
+        log.warning("[%s] %s", self.resource_name, self.vanished.split(": ", 1)[1])
+        self._on_written()  # the status shows it
+        running = self._compacting
+
+        async def write_back() -> None:
+            if running is not None:  # one compaction at a time: each rotates the segment
+                with contextlib.suppress(Exception):
+                    await running
+            await self.compact(snapshot, force=True)
+
+        self._compacting = asyncio.get_running_loop().create_task(write_back())
+
+    def check_present(self, snapshot: Callable[[int], bytes]) -> None:
+        """Raise :class:`~devplug.errors.StateWriteError` naming the file when a file of the ledger vanished while
+        the daemon ran (found now or before; see the module); ``snapshot`` makes the snapshot written back."""
+        self._notice_loss(snapshot)
+        if self.vanished is not None:
+            raise StateWriteError(f"{self.vanished}; nothing was allocated", no_space=False)
+
     # --- writing
 
     def check_room(self) -> None:
@@ -235,6 +313,7 @@ class LedgerFile:
         """A save is over (whether it wrote or not): clear the failure and schedule the compaction it may call
         for; ``snapshot(journal_seq)`` makes the snapshot's bytes."""
         self.write_error = None
+        self._notice_loss(snapshot)
         self._on_written()
         self._schedule_compaction(snapshot)
 
@@ -271,15 +350,17 @@ class LedgerFile:
         """The last journal segment the snapshot on disk covers."""
         return self._snapshot_seq
 
-    async def compact(self, snapshot: Callable[[int], bytes]) -> None:
+    async def compact(self, snapshot: Callable[[int], bytes], *, force: bool = False) -> None:
         """Fold the journal into a new snapshot (atomic, fsynced, in the writer thread), then drop old segments.
 
         New changes go to a fresh segment from the moment the snapshot is
         taken, so nothing is lost whatever the order of crashes. A failure
-        (a full disk) is logged and retried at the next compaction.
+        (a full disk) is logged and retried at the next compaction. ``force``:
+        write the snapshot even when nothing was journaled since the last one
+        (it vanished).
         """
         covered = int(self._segment.path.name.rsplit(".", 1)[1])
-        if not self._segment.size and not any(seq <= covered for seq, _ in segments(self.path)):
+        if not force and not self._segment.size and not any(seq <= covered for seq, _ in segments(self.path)):
             return  # nothing journaled since the last snapshot
         data = snapshot(covered)
         self._segment.close()
@@ -292,6 +373,7 @@ class LedgerFile:
             return
         self._observer.ledger_written("snapshot", time.perf_counter() - started)
         self._snapshot_seq = covered
+        self._snapshot_on_disk = True
         for seq, path in segments(self.path):
             if seq <= covered:
                 with contextlib.suppress(OSError):

@@ -3,6 +3,7 @@ calls them (v1 and v1beta1): per-claim errors beside prepared claims, repeated c
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,6 +62,7 @@ def test_each_claim_gets_its_devices_or_its_own_error(api: ApiServer) -> None:
             (lab.folder / "mock2").write_text("unhealthy=fan stopped\n")
             first = _allocate_by_hand(lab, "first", ["mock3"])
             second = _allocate_by_hand(lab, "second", ["mock3"])
+            missing, other = str(uuid.uuid4()), str(uuid.uuid4())
             async with grpc.aio.insecure_channel(_socket(lab)) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[_claim("first", _uid(first))]))
@@ -69,8 +71,8 @@ def test_each_claim_gets_its_devices_or_its_own_error(api: ApiServer) -> None:
                     v1.NodePrepareResourcesRequest(
                         claims=[
                             _claim("good", _uid(good)),
-                            _claim("missing", "uid-missing"),
-                            _claim("good", "uid-other"),
+                            _claim("missing", missing),
+                            _claim("good", other),
                             _claim("elsewhere", _uid(elsewhere)),
                             _claim("sick", _uid(sick)),
                             _claim("second", _uid(second)),
@@ -78,18 +80,18 @@ def test_each_claim_gets_its_devices_or_its_own_error(api: ApiServer) -> None:
                     )
                 )
             claims = answer.claims
-            assert set(claims) == {_uid(good), "uid-missing", "uid-other", _uid(elsewhere), _uid(sick), _uid(second)}
+            assert set(claims) == {_uid(good), missing, other, _uid(elsewhere), _uid(sick), _uid(second)}
             [dev] = claims[_uid(good)].devices
             assert claims[_uid(good)].error == ""
             assert (list(dev.request_names), dev.pool_name, dev.device_name) == (["dev"], NODE, "mock0")
             assert list(dev.cdi_device_ids) == [f"{DRIVER}/claim={_uid(good)}-dev"]
-            assert "not found" in claims["uid-missing"].error and "default/missing" in claims["uid-missing"].error
-            assert "uid-other" in claims["uid-other"].error and _uid(good) in claims["uid-other"].error
+            assert "not found" in claims[missing].error and "default/missing" in claims[missing].error
+            assert other in claims[other].error and _uid(good) in claims[other].error
             assert f"driver {DRIVER} in pool {NODE}" in claims[_uid(elsewhere)].error
             assert "node-b" in claims[_uid(elsewhere)].error
             assert "mock2" in claims[_uid(sick)].error and "unhealthy" in claims[_uid(sick)].error
             assert "held by claim default/first" in claims[_uid(second)].error
-            for uid in ("uid-missing", "uid-other", _uid(elsewhere), _uid(sick), _uid(second)):
+            for uid in (missing, other, _uid(elsewhere), _uid(sick), _uid(second)):
                 assert not claims[uid].devices, uid
             assert sorted(tuple(c["device_ids"]) for c in lab.calls("allocate")) == [("mock0",), ("mock3",)]
             assert sorted(r["claim"] for r in lab.records()) == ["default/first", "default/good"]
@@ -118,9 +120,10 @@ def test_prepare_and_unprepare_are_idempotent_through_both_versions(api: ApiServ
                 ]
                 assert len(lab.calls("allocate")) == 1
 
-                undo = v1.NodeUnprepareResourcesRequest(claims=[_claim("c", uid), _claim("never", "uid-never")])
+                never = str(uuid.uuid4())
+                undo = v1.NodeUnprepareResourcesRequest(claims=[_claim("c", uid), _claim("never", never)])
                 done = await stub.NodeUnprepareResources(undo)
-                assert {k: v.error for k, v in done.claims.items()} == {uid: "", "uid-never": ""}
+                assert {k: v.error for k, v in done.claims.items()} == {uid: "", never: ""}
                 done = await beta.NodeUnprepareResources(
                     v1beta1.NodeUnprepareResourcesRequest(claims=[v1beta1.Claim(namespace=NS, name="c", uid=uid)])
                 )

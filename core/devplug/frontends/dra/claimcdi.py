@@ -27,11 +27,19 @@ the devices of that request. So each request becomes one CDI device:
 A request with nothing for the container (no env, device node or mount) gets
 no CDI device (CDI refuses a device without edits), a claim with none no file.
 Container annotations cannot be carried by CDI; they are dropped (and logged).
+
+File names come only from claim UIDs that are Kubernetes UIDs
+(:func:`devplug.kubeids.is_uid`), and each path must stay in its folder; any
+other UID names no file (an ``OSError``, ``EINVAL``), whoever passed it. A spec
+is removed only when something says this daemon wrote it: a ledger record of
+the claim, or the kept copy (written with the spec, it is the record of the
+spec across restarts and lost ledgers); each removal is logged with the claim.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import json
 import logging
@@ -41,6 +49,8 @@ from pathlib import Path
 
 from devplug.atomic import write_atomic
 from devplug.engine.cdi import SPEC_FILE_MODE, build_spec
+from devplug.kubeids import is_uid
+from devplug.logsafe import shorten
 from devplug.types import ContainerAllocation
 
 __all__ = ["ClaimCdiSpecs"]
@@ -61,6 +71,15 @@ def _remove(path: Path) -> bool:
     return True
 
 
+def _inside(folder: Path, name: str) -> Path:
+    """``folder / name``, refused (``OSError``, ``EINVAL``) unless it is a plain file name in ``folder``."""
+    path = folder / name
+    plain = name not in ("", ".", "..") and "/" not in name and "\0" not in name
+    if not plain or Path(os.path.normpath(path)).parent != Path(os.path.normpath(folder)):
+        raise OSError(errno.EINVAL, f"'{shorten(name)}' is not a file name in {folder}; refused")
+    return path
+
+
 class ClaimCdiSpecs:
     """The CDI spec files of one DRA driver's prepared claims."""
 
@@ -70,11 +89,20 @@ class ClaimCdiSpecs:
         self.keep_dir = keep_dir
         self.kind = f"{driver}/claim"
 
+    @staticmethod
+    def _checked(claim_uid: str) -> str:
+        if not is_uid(claim_uid):
+            raise OSError(
+                errno.EINVAL, f"claim uid '{shorten(claim_uid)}' is not a Kubernetes UID: it names no CDI spec file"
+            )
+        return claim_uid
+
     def path(self, claim_uid: str) -> Path:
-        return self.spec_dir / f"dra-{self.driver}-{claim_uid}.json"
+        """The claim's spec file; ``OSError`` (``EINVAL``) when ``claim_uid`` is not a Kubernetes UID."""
+        return _inside(self.spec_dir, f"dra-{self.driver}-{self._checked(claim_uid)}.json")
 
     def _kept(self, claim_uid: str) -> Path:
-        return self.keep_dir / f"{claim_uid}.json"
+        return _inside(self.keep_dir, f"{self._checked(claim_uid)}.json")
 
     def device_id(self, claim_uid: str, request: str) -> str:
         """The fully qualified CDI device ID of a claim's request: ``<driver>/claim=<uid>-<request>``."""
@@ -95,7 +123,7 @@ class ClaimCdiSpecs:
             if edits != ContainerAllocation():
                 described.append((request, edits))
         if not described:
-            await self.remove(claim_uid)
+            await self.remove(claim_uid, recorded=True)
             return {}
         spec = build_spec(self.kind, described, name=lambda request: f"{claim_uid}-{request}")
         assert spec is not None  # a device described
@@ -123,22 +151,35 @@ class ClaimCdiSpecs:
         return await asyncio.to_thread(restore)
 
     async def kept(self) -> list[str]:
-        """The UIDs of the claims whose spec is kept."""
+        """The UIDs of the claims whose spec is kept (files not named after a Kubernetes UID are not this
+        daemon's: they are left alone)."""
 
         def listing() -> list[str]:
             try:
-                return sorted(n[: -len(".json")] for n in os.listdir(self.keep_dir) if n.endswith(".json"))
+                names = os.listdir(self.keep_dir)
             except FileNotFoundError:
                 return []
+            return sorted(n[: -len(".json")] for n in names if n.endswith(".json") and is_uid(n[: -len(".json")]))
 
         return await asyncio.to_thread(listing)
 
-    async def remove(self, claim_uid: str) -> None:
-        """Delete the claim's spec (none: nothing to do); a failure is logged (a stale spec names a claim no
-        container can get any more)."""
+    async def remove(self, claim_uid: str, *, recorded: bool, claim: str | None = None) -> None:
+        """Delete the claim's spec and its kept copy, if this daemon wrote them: ``recorded`` (a ledger record of
+        the claim says it was prepared here) or the kept copy is there; else nothing is touched. ``claim`` names
+        the claim in the log (default: its UID). A failure, or a UID that is not a Kubernetes UID, is logged (a
+        stale spec names a claim no container can get any more)."""
+        who = claim or f"claim uid {shorten(claim_uid)}"
+
+        def remove() -> list[Path]:
+            spec, kept = self.path(claim_uid), self._kept(claim_uid)
+            if not recorded and not kept.exists():
+                return []  # not written by this daemon (or removed already): not ours to delete
+            return [path for path in (spec, kept) if _remove(path)]
+
         try:
-            if await asyncio.to_thread(_remove, self.path(claim_uid)):
-                log.debug("removed the CDI spec of claim %s", claim_uid)
-            await asyncio.to_thread(_remove, self._kept(claim_uid))
+            removed = await asyncio.to_thread(remove)
         except OSError as exc:
-            log.error("cannot remove the CDI spec %s: %s", self.path(claim_uid), exc)
+            log.error("cannot remove the CDI spec of %s: %s", who, exc)
+            return
+        if removed:
+            log.info("removed the CDI spec of %s: %s", who, ", ".join(str(p) for p in removed))

@@ -20,7 +20,11 @@ UID only; the allocation is in the claim's status (``resource.k8s.io/v1``,
 * ``status.reservedFor[]``: the consumers, pods by UID.
 
 :class:`ClaimReader.read` raises a :class:`ClaimError` per claim, whose message is
-the per-claim ``error`` of the kubelet's response: not found, a claim recreated
+the per-claim ``error`` of the kubelet's response: a UID, namespace or name not
+of the form the API server gives (:meth:`ClaimRef.problem`: nothing is asked
+for it, since its namespace and name would make the URL), a pod in
+``reservedFor`` named by something that is not a UID (it would name cgroup
+folders), not found, a claim recreated
 under the same name (another UID), not allocated, no device of this driver and
 pool, devices of this driver in another pool too, a device name this node does
 not publish. An API server that does not
@@ -45,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.errors import DevplugError, RequestError
 from devplug.kubeclient import describe_api_error
+from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem, uid_problem
+from devplug.logsafe import shorten
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -54,6 +60,7 @@ __all__ = [
     "ClaimAllocation",
     "ClaimDeviceUnknownError",
     "ClaimError",
+    "ClaimIdentifierError",
     "ClaimNotAllocatedError",
     "ClaimNotFoundError",
     "ClaimPoolMismatchError",
@@ -79,7 +86,20 @@ class ClaimRef:
     uid: str
 
     def __str__(self) -> str:
-        return f"resource claim {self.namespace}/{self.name} (uid {self.uid})"
+        return f"resource claim {shorten(self.namespace)}/{shorten(self.name, 253)} (uid {shorten(self.uid)})"
+
+    def problem(self) -> str | None:
+        """Why no API server could have named a claim so (``"its uid '../x' is not a Kubernetes UID (...)"``), or
+        None: the UID must be a Kubernetes UID, the namespace a DNS-1123 label, the name a DNS-1123 subdomain
+        (:mod:`devplug.kubeids`). A claim with a problem names no file and no URL."""
+        for field, problem in (
+            ("uid", uid_problem(self.uid)),
+            ("namespace", dns1123_label_problem(self.namespace)),
+            ("name", dns1123_subdomain_problem(self.name)),
+        ):
+            if problem is not None:
+                return f"its {field} {problem}"
+        return None
 
 
 class ClaimError(RequestError):
@@ -88,6 +108,11 @@ class ClaimError(RequestError):
     def __init__(self, claim: ClaimRef, problem: str) -> None:
         super().__init__(f"{claim}: {problem}")
         self.claim = claim
+
+
+class ClaimIdentifierError(ClaimError):
+    """The claim's UID, namespace or name is not of the form Kubernetes gives it (:meth:`ClaimRef.problem`), or
+    its object names a pod by something that is not a UID: nothing is read, written or removed for it."""
 
 
 class ClaimNotFoundError(ClaimError):
@@ -198,6 +223,9 @@ class ClaimReader:
         from lightkube import ApiError
         from lightkube.resources.resource_v1 import ResourceClaim
 
+        problem = claim.problem()
+        if problem is not None:  # its namespace and name would make the URL
+            raise ClaimIdentifierError(claim, problem)
         try:
             found = await self._client.get(ResourceClaim, claim.name, namespace=claim.namespace)
         except ApiError as exc:
@@ -270,6 +298,10 @@ class ClaimReader:
             for consumer in status.get("reservedFor") or ()
             if consumer.get("resource") == "pods" and not consumer.get("apiGroup") and consumer.get("uid")
         )
+        for pod_uid in reserved:  # recorded with the claim; a pod's UID names its cgroup folders
+            problem = uid_problem(pod_uid)
+            if problem is not None:
+                raise ClaimIdentifierError(claim, f"status.reservedFor names a pod by {problem}")
         return ClaimAllocation(claim, tuple(devices), configs, reserved)
 
     async def presence(self, claims: Iterable[ClaimRef]) -> dict[ClaimRef, ClaimPresence]:

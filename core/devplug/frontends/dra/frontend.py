@@ -54,6 +54,7 @@ from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from devplug.api.gen.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.config import KubeletConfig
 from devplug.configdra import DraConfig
+from devplug.engine.admission import TenantEnd
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.lifecycle import DeviceLifecycle
@@ -182,13 +183,29 @@ class DraFrontEnd:
             "pod's containers are gone"
         )
 
+    async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]:
+        """A record of the device-plugin API's time: DRA sees nothing of the kubelet's device manager."""
+        return TenantEnd.UNKNOWN, "allocated through the device-plugin API, whose pods DRA does not see"
+
     # --- the life
 
     async def started(self, lifecycle: DeviceLifecycle, ledger_lost: bool) -> None:
         from devplug.frontends.dra.claims import ClaimReader
         from devplug.frontends.dra.slices import SlicePublisher
 
-        if ledger_lost:
+        kept = await self.cdi.kept() if ledger_lost else []
+        if kept:  # each kept spec was written with a record of its claim: the ledger held records and is gone
+            log.warning(
+                "[%s] the allocation ledger %s is missing, but %s keeps the CDI specs of %d claims prepared by an "
+                "earlier run (uids %s): the ledger was lost; their unprepare will call no driver hook, so check "
+                "their devices before they serve another claim",
+                self.name,
+                lifecycle.ledger.path,
+                self.cdi.keep_dir,
+                len(kept),
+                id_list(kept),
+            )
+        elif ledger_lost:
             log.info(
                 "[%s] no allocation ledger: a claim the kubelet holds prepared is prepared again when it asks",
                 self.name,

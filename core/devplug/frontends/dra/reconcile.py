@@ -153,11 +153,12 @@ class ClaimReconciler:
         for uid in [u for u in self.gone if self.lifecycle.for_claim(u) is None]:
             del self.gone[uid]
         for uid in await self._cdi.kept():
-            if self.lifecycle.for_claim(uid) is None:
-                await self._cdi.remove(uid)
+            if self.lifecycle.for_claim(uid) is None:  # its kept copy says the spec was written here
+                await self._cdi.remove(uid, recorded=False)
 
     async def _released_gone(self, queue: ReleaseQueue, prepared: list[AllocationRecord]) -> None:
-        refs = {ref: record for record in prepared if (ref := claim_ref(record)) is not None}
+        # a record's claim was checked when prepared; one that fails now (a ledger edited by hand) names no URL
+        refs = {ref: record for record in prepared if (ref := claim_ref(record)) is not None and ref.problem() is None}
         try:
             presence: dict[ClaimRef, ClaimPresence] = await self._presence(refs)
         except ClaimReadError as exc:

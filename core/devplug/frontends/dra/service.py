@@ -5,6 +5,13 @@ The kubelet names each claim by namespace, name and UID
 does the work, protocol-free, and :class:`DraPluginV1` / :class:`DraPluginV1beta1`
 are the two wire versions of it (the same messages but ``share_id``, v1 only).
 
+Before anything else, in both calls, each claim's UID, namespace and name must
+be of the forms the API server gives them (:meth:`~devplug.frontends.dra.claims.ClaimRef.problem`:
+a UUID, a DNS-1123 label, a DNS-1123 subdomain): the UID names the claim's CDI
+spec files and its namespace and name the URL it is read from, so a claim
+named otherwise (``../ledger``, ``/etc/x``) gets its own error naming the field
+and nothing is read, written or removed for it.
+
 **Prepare**, per claim (the claims of one call in parallel, one call at a time
 per claim UID):
 
@@ -36,7 +43,9 @@ per claim UID):
 ``deallocate``, each written to the ledger before and after the hook, so a
 daemon killed in between finishes it after its restart, the hooks flagged as
 retries), then its CDI spec is deleted. A claim with no record (never prepared
-here, or already unprepared) is a success, as the kubelet expects. A release
+here, or already unprepared) is a success, as the kubelet expects; its CDI spec
+is deleted only if its kept copy says this daemon wrote it (a daemon stopped
+between the release and the deletion). A release
 that fails is that claim's error; the record stays releasing (its devices
 withheld) and the kubelet calls again.
 
@@ -70,6 +79,7 @@ from devplug.frontends.dra.claims import (
     ClaimAllocation,
     ClaimDeviceUnknownError,
     ClaimError,
+    ClaimIdentifierError,
     ClaimNotAllocatedError,
     ClaimNotFoundError,
     ClaimPoolMismatchError,
@@ -123,6 +133,7 @@ class _ClaimRefused(DevplugError):
 
 #: Why a claim could not be prepared, by the error's type (the first that matches; order matters: subclasses first).
 _REASONS_BY_ERROR: tuple[tuple[type[BaseException], str], ...] = (
+    (ClaimIdentifierError, "claim_identifier_invalid"),
     (ClaimNotFoundError, "claim_not_found"),
     (ClaimReplacedError, "claim_replaced"),
     (ClaimNotAllocatedError, "claim_not_allocated"),
@@ -153,8 +164,9 @@ PREPARE_FAILURE_REASONS = (
     "refused",
     "internal_error",
 )
-#: Every kind of unprepare failure: the release (a driver hook, the ledger) failed, or devplug did (a bug).
-UNPREPARE_FAILURE_REASONS = ("release_failed", "internal_error")
+#: Every kind of unprepare failure: the claim's UID, namespace or name is not of a form Kubernetes gives, the
+#: release (a driver hook, the ledger) failed, or devplug did (a bug).
+UNPREPARE_FAILURE_REASONS = ("claim_identifier_invalid", "release_failed", "internal_error")
 
 
 def prepare_failure_reason(exc: BaseException) -> str:
@@ -241,6 +253,9 @@ class ClaimPreparer:
             return devices
 
     async def _prepare_locked(self, ref: ClaimRef) -> list[PreparedDevice]:
+        problem = ref.problem()
+        if problem is not None:
+            raise ClaimIdentifierError(ref, f"{problem}; nothing was prepared")
         allocation = await self._read(ref)
         record = self.lifecycle.for_claim(ref.uid)
         if record is not None and not record.releasing and not record.pending:
@@ -378,6 +393,12 @@ class ClaimPreparer:
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         start = time.monotonic()
+        problem = ref.problem()
+        if problem is not None:  # its UID would name the files removed: none is
+            self.observer.claim_unprepare_failed("claim_identifier_invalid", time.monotonic() - start)
+            message = f"{ref}: {problem}; nothing was unprepared"
+            log.warning("[%s] refused to unprepare %s", self.name, message)
+            return message
         async with self._lock(ref.uid):
             record = self.lifecycle.for_claim(ref.uid)
             if record is not None:
@@ -392,7 +413,7 @@ class ClaimPreparer:
                     log.exception("[%s] unprepare of %s failed unexpectedly", self.name, ref)
                     return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
                 self.unprepared += 1
-            await self.cdi.remove(ref.uid)
+            await self.cdi.remove(ref.uid, recorded=record is not None, claim=str(ref))
             self.observer.claim_unprepared(time.monotonic() - start)
             return ""
 
