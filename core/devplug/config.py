@@ -12,7 +12,7 @@
     [release]
     interval = 1.0        # seconds between PodResources polls
     grace_period = 10.0   # seconds a fresh allocation may stay invisible in PodResources
-    previous_tenant_wait = 40.0  # seconds an Allocate waits for the previous tenant's containers to exit
+    previous_tenant_wait = 4.0   # seconds an Allocate waits for a previous tenant being killed to exit
     max_retry_interval = 60.0    # a failing release is retried with backoff, at most this far apart
 
     [liveness]            # release evidence: no process left in the pod's cgroup
@@ -146,10 +146,14 @@ class ReleaseConfig:
 
     interval: float = 1.0
     grace_period: float = 10.0
-    #: How long an Allocate of a device waits for the previous tenant's containers to exit (and its release to
-    #: finish) before it is refused: the kubelet can hand a device on while the old pod's containers still run. The
-    #: default outlasts the kubelet's default termination grace period (30 s), after which it kills them.
-    previous_tenant_wait: float = 40.0
+    #: How long an Allocate of a device waits for the previous tenant's containers to exit before it is refused,
+    #: when they are being killed (the kubelet forgot the pod during its current run) and still run: the kubelet
+    #: can hand a device on while the old pod's containers run out their grace period. The kubelet admits every pod
+    #: of the node in one loop and waits for Allocate without a deadline, so the node stalls this long at most. The
+    #: default covers a forced deletion (killed after ``minimumGracePeriodInSeconds``, 2 s, in
+    #: ``pkg/kubelet/kuberuntime/kuberuntime_container.go``) and the runtime's stop; a longer grace period is
+    #: refused sooner, its devices withheld until its containers are gone.
+    previous_tenant_wait: float = 4.0
     #: Failing releases are retried with capped exponential backoff (and jitter), at most this many seconds apart.
     max_retry_interval: float = 60.0
 

@@ -315,6 +315,9 @@ class Predecessor:
         done, _ = await asyncio.wait((idle,), timeout=max(0.0, deadline - loop.time()))
         if not done:
             idle.cancel()
+            await asyncio.wait((idle,))  # the gathering ends with the CancelledError: retrieve it, it is no error
+            if not idle.cancelled():
+                idle.exception()
             return await self._fail(record, f"calls still ran after {self.timeout:g} s", paused=resources)
         for resource in resources:
             await resource.flush()

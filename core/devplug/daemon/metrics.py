@@ -69,6 +69,11 @@ PROBE_TIMEOUT_S = 2.0
 
 #: Release latency buckets, seconds: a mock release takes milliseconds, a deprogrammed FPGA minutes.
 RELEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: Kubelet call hold buckets, seconds: an Allocate answers in about a millisecond; a wait for a previous tenant
+#: being killed lasts up to ``[release] previous_tenant_wait``, during which the kubelet admits no other pod.
+KUBELET_HOLD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: The kubelet calls whose holds are observed (``devplug.frontends.deviceplugin.servicer.KUBELET_WAITS``).
+KUBELET_HELD_CALLS = ("Allocate", "GetPreferredAllocation")
 #: Ledger write buckets, seconds: a journal append is microseconds, an fdatasync milliseconds.
 LEDGER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -104,6 +109,7 @@ class PrometheusObserver(ResourceObserver):
         for hook in HOOK_NAMES:  # every hook of the contract has its counters (at 0) from the start
             self._hook(hook)
         self._allocations = metrics.allocations.labels(resource)
+        self._held = {call: metrics.kubelet_call_seconds.labels(resource, call) for call in KUBELET_HELD_CALLS}
         self._releases = metrics.releases.labels(resource)
         self._release_seconds = metrics.release_seconds.labels(resource)
         self._ledger = {kind: metrics.ledger_seconds.labels(resource, kind) for kind in ("journal", "snapshot")}
@@ -132,6 +138,11 @@ class PrometheusObserver(ResourceObserver):
 
     def hook_timed_out(self, hook: str) -> None:
         self._hook(hook)[2].inc()
+
+    def kubelet_call_held(self, call: str, seconds: float) -> None:
+        child = self._held.get(call)
+        if child is not None:
+            child.observe(seconds)
 
     def allocated(self, containers: int) -> None:
         self._allocations.inc(containers)
@@ -274,6 +285,12 @@ class EngineCollector(Collector):
             "record names them (advertised unhealthy).",
             labels=["resource"],
         )
+        withheld_busy = GaugeMetricFamily(
+            "devplug_devices_withheld_busy",
+            "Devices withheld (advertised unhealthy) because the kubelet no longer attributes them while their "
+            "tenant's containers still run, or may: the kubelet gives the next pod a free device instead.",
+            labels=["resource"],
+        )
         failing = GaugeMetricFamily(
             "devplug_releases_failing", "Releases failing, retried with backoff.", labels=["resource"]
         )
@@ -288,6 +305,7 @@ class EngineCollector(Collector):
                 reasons.add_metric([f.resource, device, reason[:REASON_LABEL_CHARS]], 1)
             allocated.add_metric([f.resource], f.allocated)
             busy.add_metric([f.resource], f.busy)
+            withheld_busy.add_metric([f.resource], f.withheld_busy)
             failing.add_metric([f.resource], f.failing_releases)
             for device, count, used, held_by in f.shared:
                 replicas.add_metric([f.resource, device], count)
@@ -308,6 +326,7 @@ class EngineCollector(Collector):
             tenants,
             allocated,
             busy,
+            withheld_busy,
             failing,
             reasons,
         ]
@@ -327,6 +346,14 @@ class Metrics:
             "devplug_allocations", "Container allocations answered to the kubelet.", ["resource"], registry=r
         )
         self.releases = Counter("devplug_releases", "Allocations released.", ["resource"], registry=r)
+        self.kubelet_call_seconds = Histogram(
+            "devplug_kubelet_call_hold_seconds",
+            "Seconds the kubelet waited for devplug's answer to a call it makes in its pod admission loop with no "
+            "deadline (Allocate, GetPreferredAllocation): every other pod of the node waited as long.",
+            ["resource", "call"],
+            buckets=KUBELET_HOLD_BUCKETS,
+            registry=r,
+        )
         self.release_seconds = Histogram(
             "devplug_release_duration_seconds",
             "Seconds from a release's start (pod gone, or a KEP call) to its last driver hook returning.",

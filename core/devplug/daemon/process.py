@@ -58,6 +58,7 @@ from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, Check
 from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
 from devplug.frontends.deviceplugin.reconciler import Reconciler
+from devplug.frontends.deviceplugin.sightings import KubeletSightings
 from devplug.resource_names import instance_tag, resource_state_dir
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ class Daemon:
         self._handed_over = False
         self._writer = SerialThread("state-writer")
         self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
+        #: What the kubelet was seen doing (its runs, its checkpoint's rewrites): how a forgotten tenancy ends.
+        self.sightings = KubeletSightings(config.kubelet.device_plugin_dir, self.checkpoint)
         #: Whether pods' containers still run (their cgroups), the release evidence beside the kubelet's view.
         self.exits = ExitEvidence(ContainerLiveness(config.liveness), config.liveness)
         self._release_wake = asyncio.Event()
@@ -116,7 +119,7 @@ class Daemon:
         #: Each resource's device-plugin front end (told of changes in the device-plugin folder).
         self._frontends: dict[Resource, DevicePluginFrontEnd] = {}
         self.plugin_folder = PluginFolder(
-            config.kubelet.device_plugin_dir, str(config.path or "<config>"), self._frontends.values
+            config.kubelet.device_plugin_dir, str(config.path or "<config>"), self._frontends.values, self.sightings
         )
         #: Every resource alive: those of the config, and those a reload removed that still drain.
         self.resources = [self._new_resource(rc) for rc in config.resources]
@@ -127,6 +130,7 @@ class Daemon:
             self.checkpoint,
             self._release_wake,
             self.exits,
+            self.sightings,
         )
         self._metrics_endpoint: MetricsEndpoint | None = None
         if self.metrics is not None:
@@ -156,7 +160,9 @@ class Daemon:
                 made.append(self._dra_frontend(rc, table, status, lambda: resources[0].releases if resources else None))
             else:
                 tag = instance_tag(self.instance.id) if self.config.handover.enabled else None
-                made.append(DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, status, changed, tag))
+                made.append(
+                    DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, self.sightings, status, changed, tag)
+                )
             return made[0]
 
         resource = Resource(

@@ -18,6 +18,22 @@ containers must be gone (:class:`~devplug.engine.tenantexit.ExitEvidence`): the
 kubelet hands a device on as soon as it forgets a pod, which a static pod's
 removal or a forced deletion does while its containers still run.
 
+The kubelet waits for an Allocate without a deadline, inside the one loop that
+admits and removes every pod of the node (``syncLoopIteration`` in
+``pkg/kubelet/kubelet.go``, ``Allocate(context.Background())`` in
+``pkg/kubelet/cm/devicemanager/endpoint.go``). So an admission waits for a
+previous tenant only on evidence that the wait ends without that loop: its pod's
+cgroup is populated and the kubelet forgot the pod during its current run, so its
+pod worker is killing it (:attr:`TenantEnd.UNDER_WAY`), and at most
+``previous_tenant_wait`` seconds. An allocation the kubelet never
+checkpointed although it wrote its checkpoint after it belongs to a pod rejected
+at admission (:attr:`TenantEnd.NEVER_STARTED`): no container had the devices,
+so they are released at once. Any other tenant that may still run (its
+liveness unknown, or an orphan only the kubelet's housekeeping would stop, in
+the very loop the Allocate holds) is not waited for: the devices are withheld
+(advertised unhealthy, :meth:`DeviceGuard.withhold_busy`) and the Allocate is
+refused at once.
+
 Shared devices: each allocation of replicas is a tenancy of its own; an
 admission of a replica first finishes any release still owed by a record
 holding another replica of the same device.
@@ -32,6 +48,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from devplug.engine.asynctools import BackgroundTasks
@@ -41,16 +58,17 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.engine.guard import DeviceGuard
 from devplug.engine.ledger import AllocationRecord, ClaimTenant, Ledger
+from devplug.engine.liveness import PodState
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.release import Releaser
 from devplug.engine.requestcheck import RequestChecks
 from devplug.engine.sharing import shared_env_name
-from devplug.engine.tenantexit import ExitEvidence
+from devplug.engine.tenantexit import ExitEvidence, ExitVerdict, busy_reason
 from devplug.errors import DeviceBusyError, DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
 from devplug.types import Claim, ContainerAllocation
 
-__all__ = ["Admission", "DraClaim", "TenancyJudge"]
+__all__ = ["Admission", "DraClaim", "TenancyJudge", "TenantEnd"]
 
 log = logging.getLogger("devplug.engine")
 
@@ -63,12 +81,32 @@ class DraClaim:
     tenant: ClaimTenant
 
 
+class TenantEnd(StrEnum):
+    """How a previous tenancy whose containers are not known gone is ending, as the front end sees the kubelet."""
+
+    #: The kubelet forgot the pod during its current run: its pod worker is killing the containers, which ends
+    #: without the kubelet's sync loop (``HandlePodRemoves`` hands the kill to the pod worker).
+    UNDER_WAY = "under way"
+    #: The kubelet never checkpointed the allocation although it wrote its checkpoint after it: the pod was
+    #: rejected at admission (the device manager writes only after a container's allocation succeeded), and no
+    #: container ever had the devices.
+    NEVER_STARTED = "never started"
+    #: Nothing says the containers stop without the kubelet's loop (an orphan only its housekeeping kills, or no
+    #: evidence at all): an Allocate waiting for them might wait for ever.
+    UNKNOWN = "unknown"
+
+
 class TenancyJudge(Protocol):
-    """The front end's answer to: is an admission of a held record's devices a reuse by the same tenant?"""
+    """The front end's answers about a held record's tenancy, from what it sees of the kubelet."""
 
     async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
         """Called, the devices' locks held, for a live record (not pending, not releasing) holding devices an
         admission asks for. Returns (reuse, why): a reuse joins the record; otherwise it is released first."""
+        ...
+
+    async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]:
+        """Called, the devices' locks held, for a record an admission found to be a new tenancy while its pod's
+        containers are not known gone. Returns how that tenancy is ending, and why the front end thinks so."""
         ...
 
 
@@ -121,6 +159,12 @@ class Admission:
         self._on_allocated = on_allocated
         self.observer = observer
         self._tasks = BackgroundTasks()
+        #: When this admission began serving (``time.time()``): :attr:`pre_started` covers records created since.
+        self.serving_since = time.time()
+        #: Records whose devices the kubelet's PreStartContainer named: a container got them.
+        self.pre_started: set[str] = set()
+        #: Set while a handover is under way: no Allocate waits for a previous tenant (:meth:`cut_waits_short`).
+        self._no_waiting: asyncio.Event | None = None
 
     @property
     def release_wait(self) -> float:
@@ -195,6 +239,7 @@ class Admission:
             record = self.ledger.get(record_id)
             if record is None:
                 continue  # released or joined while an earlier one was settled
+            evidence: str | None = None
             if record.releasing:
                 reason = "finishing its release before the devices are allocated again"
             elif record.pending:
@@ -205,9 +250,9 @@ class Admission:
                     shown = id_list(record.all_devices())
                     log.info("[%s] %s: %s", self.resource_name, shown, reason, extra={"device": shown})
                     continue
-                await self._previous_tenant_gone(record_id)
+                evidence = await self._previous_tenant_gone(record_id)
             try:
-                await self.releaser.release_locked(record_id, reason)
+                await self.releaser.release_locked(record_id, reason, evidence)
             except DriverError as exc:
                 failure = type(exc) if isinstance(exc, HookTimeoutError) else DriverError
                 raise failure(
@@ -216,40 +261,91 @@ class Admission:
                 ) from exc
         return True
 
-    async def _previous_tenant_gone(self, record_id: str) -> None:
-        """Return once the containers of the record's pod are gone; :class:`DeviceBusyError` when they still run
-        (or cannot be known gone) after ``previous_tenant_wait`` seconds.
+    async def _previous_tenant_gone(self, record_id: str) -> str | None:
+        """Return (the evidence) once the containers of the record's pod are gone, or provably never had the devices;
+        :class:`DeviceBusyError` at once when nothing says they end without the kubelet's loop, or after at most
+        ``previous_tenant_wait`` seconds when they are being killed but still run (see the module docstring).
 
         The kubelet hands a device to the next pod as soon as it forgets the previous one, which a static pod's
         removal or a forced deletion does while that pod's containers still run out their grace period.
         """
         record = self.ledger.get(record_id)
         if record is None:
-            return
+            return None
         verdict = self.exits.verdict(record)
         if verdict.exited:
-            return
+            return verdict.why
+        end, evidence = await self.judge.tenant_end(record)
         devices = record.all_devices()
+        shown = id_list(devices)
         who = _tenant(record)
+        if end is TenantEnd.NEVER_STARTED:
+            log.info(
+                "[%s] %s: %s never had them (%s)", self.resource_name, shown, who, evidence, extra={"device": shown}
+            )
+            return evidence
+        self.guard.withhold_busy(record, busy_reason(record, verdict.why))
+        if self._no_waiting is not None and self._no_waiting.is_set():
+            end, evidence = TenantEnd.UNKNOWN, f"{evidence}; a handover to a new instance is under way"
+        if end is not TenantEnd.UNDER_WAY or verdict.liveness.state is not PodState.RUNNING:
+            raise DeviceBusyError(
+                f"{self.resource_name}: {shown} may still be used by {who}: {verdict.why}; not waiting inside the "
+                f"kubelet's Allocate ({evidence}); withheld until its containers are gone; nothing was allocated"
+            )
         log.warning(
-            "[%s] %s: the kubelet gives them to a new pod while %s may still run (%s); waiting up to %g s for it",
+            "[%s] %s: the kubelet gives them to a new pod while %s still runs (%s; %s); waiting up to %g s for it",
             self.resource_name,
-            id_list(devices),
+            shown,
             who,
             verdict.why,
+            evidence,
             self.previous_tenant_wait,
-            extra={"device": id_list(devices)},
+            extra={"device": shown},
         )
         self.guard.set_activity(devices, f"allocate: waiting for {who} to exit")
-        verdict = await self.exits.wait(record, self.previous_tenant_wait)
-        self.guard.set_activity(devices, "allocate")
+        try:
+            verdict, cut = await self._wait_exit(record)
+        finally:
+            self.guard.set_activity(devices, "allocate")
         if not verdict.exited:
-            raise DeviceBusyError(
-                f"{self.resource_name}: {id_list(devices)} still used by {who}: {verdict.why}; waited "
-                f"{self.previous_tenant_wait:g} s ([release] previous_tenant_wait) for its containers to exit; "
-                "nothing was allocated"
+            why = (
+                "a handover to a new instance began, which must not wait for it"
+                if cut
+                else f"waited {self.previous_tenant_wait:g} s ([release] previous_tenant_wait) for its containers"
             )
-        log.info("[%s] %s: %s is gone (%s)", self.resource_name, id_list(devices), who, verdict.why)
+            raise DeviceBusyError(
+                f"{self.resource_name}: {shown} still used by {who}: {verdict.why}; {why}; withheld until they are "
+                "gone; nothing was allocated"
+            )
+        log.info("[%s] %s: %s is gone (%s)", self.resource_name, shown, who, verdict.why)
+        return verdict.why
+
+    async def _wait_exit(self, record: AllocationRecord) -> tuple[ExitVerdict, bool]:
+        """The verdict once the record's containers are gone or ``previous_tenant_wait`` passed, and whether a
+        handover cut the wait short (a waiting Allocate must not make it fail)."""
+        if self._no_waiting is None:
+            self._no_waiting = asyncio.Event()
+        waiting = asyncio.ensure_future(self.exits.wait(record, self.previous_tenant_wait))
+        cut = asyncio.ensure_future(self._no_waiting.wait())
+        try:
+            await asyncio.wait((waiting, cut), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        if waiting.cancelled() or not waiting.done():
+            return self.exits.verdict(record), True
+        return waiting.result(), False
+
+    def cut_waits_short(self, on: bool) -> None:
+        """A handover began (``on``): Allocates waiting for a previous tenant are refused now and later ones do not
+        wait (the devices stay withheld), so that the handover is not held up; off when it failed."""
+        if self._no_waiting is None:
+            self._no_waiting = asyncio.Event()
+        if on:
+            self._no_waiting.set()
+        else:
+            self._no_waiting.clear()
 
     # --- the driver's allocate, recorded
 
@@ -412,9 +508,27 @@ class Admission:
 
     # --- pre-start
 
+    def _note_pre_start(self, device_ids: Sequence[str]) -> None:
+        """The kubelet is about to give ``device_ids`` to a container: their records reached one."""
+        if len(self.pre_started) > 2 * len(self.ledger) + 64:
+            self.pre_started.intersection_update(self.ledger.records)  # released records are forgotten
+        self.pre_started.update(r.id for i in device_ids for r in self.ledger.holders(i) if not r.releasing)
+
+    def reached_container(self, record: AllocationRecord) -> bool | None:
+        """Whether a container got ``record``'s devices, as PreStartContainer tells: True once the kubelet called it
+        for them; False when it would have (the driver implements ``pre_start``, so the kubelet calls it before a
+        container gets the devices) and did not, for a record allocated while this admission served; None when
+        that is not known."""
+        if record.id in self.pre_started:
+            return True
+        if self.driver.capabilities.pre_start and record.created >= self.serving_since:
+            return False
+        return None
+
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """PreStartContainer: only for devices allocated to a live allocation, healthy, each named once."""
         self.checks.known([device_ids], "PreStartContainer")
+        self._note_pre_start(device_ids)
         async with self.guard.hold(device_ids, "pre_start"):
             problems = []
             live = {i for i in device_ids for r in self.ledger.holders(i) if not r.releasing and i in r.devices}

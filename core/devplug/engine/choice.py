@@ -9,7 +9,7 @@ it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 from devplug.engine.devicetable import DeviceTable
@@ -69,8 +69,39 @@ class DeviceChoice:
         offered = offer.devices
         if self.table.shared and self.sharing.is_shared(d.id for d in offered):
             return await self._replicas(offered, must_include, size)
+        held = self._held(offered, must_include)
+        if held and len(offered) - len(held) > len(set(must_include)):  # some free device to prefer
+            return await self._free_first(offered, held, must_include, size, offer.ids)
         chosen = await self._call(offered, must_include, size)
         result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in offer.ids]
+        return result[:size]
+
+    def _held(self, offered: list[Device], must_include: Sequence[str]) -> set[str]:
+        """The offered devices an earlier tenancy still holds (not ``must_include``: the same pod's reuse).
+
+        The kubelet offers a device as soon as it forgot the pod that had it; devplug may not know that tenancy is
+        over yet, and its containers may still run: an Allocate of such a device first releases it, or is refused
+        while its tenant runs. A device no tenancy holds is free now.
+        """
+        ledger = self.sharing.ledger
+        if not len(ledger):
+            return set()
+        musts = set(must_include)
+        return {d.id for d in offered if d.id not in musts and ledger.holds(d.id)}
+
+    async def _free_first(
+        self, offered: list[Device], held: set[str], must_include: Sequence[str], size: int, ids: Container[str]
+    ) -> list[str]:
+        """:meth:`preferred` when some offered devices are still held: the driver chooses among the free ones, and
+        held ones only fill what the free ones cannot (the kubelet would fill a shortfall at random)."""
+        free = [d for d in offered if d.id not in held]
+        chosen = await self._call(free, must_include, size)
+        result = [i for i in dict.fromkeys([*must_include, *chosen]) if i in ids and i not in held]
+        for dev in offered:
+            if len(result) >= size:
+                break
+            if dev.id in held:
+                result.append(dev.id)
         return result[:size]
 
     async def _replicas(self, offered: list[Device], must_include: Sequence[str], size: int) -> list[str]:

@@ -14,6 +14,16 @@ Meanwhile the devices are withheld (advertised unhealthy), as are the devices
 of records being released, those a quarantined ledger entry names, and the free
 replicas of a device whose replica count was lowered below its tenants
 (:meth:`DeviceGuard.sync_withheld`).
+
+Busy tenancies. A tenancy the kubelet no longer attributes whose pod's
+containers still run, or may (its cgroup cannot be read), keeps its devices
+busy: they are withheld too (:meth:`DeviceGuard.withhold_busy`) until the
+tenancy is released or turns out to be attributed after all
+(:meth:`DeviceGuard.end_busy`). The kubelet offers only healthy devices
+(``devicesToAllocate`` in ``pkg/kubelet/cm/devicemanager/manager.go``), so it
+gives the next pod a free device, or none, instead of an Allocate that would have
+to wait for the previous tenant (the kubelet admits pods one at a time and waits
+for that call without a deadline).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from typing import Any
 from devplug.engine.devicelocks import DeviceLocks, HeldLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
-from devplug.engine.ledger import Ledger
+from devplug.engine.ledger import AllocationRecord, Ledger
 from devplug.engine.sharing import SharingView
 from devplug.errors import DriverError, HookTimeoutError
 from devplug.logsafe import id_list
@@ -65,6 +75,9 @@ class DeviceGuard:
         self.overdue: dict[str, str] = {}
         #: IDs of the records an admission in flight is filling; reconciliation leaves them alone.
         self.allocating: set[str] = set()
+        #: Record ID -> why its devices are busy: the kubelet no longer attributes them, but the tenancy's
+        #: containers still run or may (withheld until it is released or attributed again).
+        self.busy: dict[str, str] = {}
 
     # --- locks
 
@@ -196,11 +209,52 @@ class DeviceGuard:
                     busy.setdefault(dev, "an earlier allocate of it timed out and has not returned yet")
         return busy
 
+    def withhold_busy(self, record: AllocationRecord, why: str) -> None:
+        """``record``'s tenancy is over for the kubelet but its containers still run, or may: advertise its
+        devices unhealthy until :meth:`end_busy` or its release (``why`` shows in the status)."""
+        if self.busy.get(record.id) == why:
+            return
+        first = record.id not in self.busy
+        self.busy[record.id] = why
+        if first:
+            shown = id_list(record.all_devices())
+            log.info(
+                "[%s] %s withheld (advertised unhealthy) while %s",
+                self.resource_name,
+                shown,
+                why,
+                extra={"device": shown},
+            )
+            self.sync_withheld()
+        self._on_change()
+
+    def end_busy(self, record_id: str) -> None:
+        """The record's tenancy is released, being released, or attributed again: its devices are not busy."""
+        if self.busy.pop(record_id, None) is not None:
+            self.sync_withheld()
+            self._on_change()
+
+    def busy_tenancies(self) -> list[tuple[AllocationRecord, str]]:
+        """The busy tenancies still in the ledger and not being released, with why they are busy."""
+        found = []
+        for record_id, why in self.busy.items():
+            record = self.ledger.get(record_id)
+            if record is not None and not record.releasing:
+                found.append((record, why))
+        return found
+
     def sync_withheld(self) -> None:
         """Advertise unhealthy the devices being released, those a hook still running keeps busy, those a
-        quarantined ledger record names, and the free replicas of a device that already has as many tenants as its
-        (lowered) replica count allows."""
+        quarantined ledger record names, those of busy tenancies (:meth:`withhold_busy`), and the free replicas of
+        a device that already has as many tenants as its (lowered) replica count allows."""
         withheld = self.ledger.releasing_devices()
+        if self.busy:
+            for gone in [i for i in self.busy if self.ledger.get(i) is None]:
+                del self.busy[gone]  # released: its devices are free (or withheld above while releasing)
+            for record_id in self.busy:
+                record = self.ledger.get(record_id)
+                if record is not None:
+                    withheld.update(record.all_devices())
         for phys in [*self.locks.kept(), *self.overdue]:
             withheld.update(self.table.all_replica_ids(phys))
         withheld.update(self.ledger.quarantined_devices())

@@ -124,6 +124,16 @@ class DeviceLifecycle:
         """The driver's ``pre_start`` for allocated, healthy devices (see :meth:`Admission.pre_start`)."""
         await self.admission.pre_start(device_ids)
 
+    def reached_container(self, record: AllocationRecord) -> bool | None:
+        """Whether a container got the record's devices, as far as the kubelet's PreStartContainer calls tell
+        (see :meth:`Admission.reached_container`)."""
+        return self.admission.reached_container(record)
+
+    def cut_waits_short(self, on: bool) -> None:
+        """A handover began (``on``) or failed: Allocates waiting for a previous tenant are refused at once, and new
+        ones do not wait, until it is turned off (see :meth:`Admission.cut_waits_short`)."""
+        self.admission.cut_waits_short(on)
+
     def set_previous_tenant_wait(self, seconds: float) -> None:
         """How long an admission waits for the previous tenant's containers to exit (a reload changed it)."""
         self.admission.previous_tenant_wait = seconds
@@ -206,6 +216,11 @@ class DeviceLifecycle:
         return self.releaser.recent
 
     # --- devices
+
+    def busy_tenancies(self) -> list[tuple[AllocationRecord, str]]:
+        """The tenancies the kubelet no longer attributes whose containers may still run, their devices withheld,
+        with why (see :meth:`DeviceGuard.withhold_busy`)."""
+        return self.guard.busy_tenancies()
 
     def busy_devices(self, device_ids: Iterable[str] | None = None) -> dict[str, str]:
         """Devices (of ``device_ids``, or all) that no hook may touch now, and why."""

@@ -28,6 +28,10 @@ class ResourceObserver:
     def hook_timed_out(self, hook: str) -> None:
         """A driver hook did not return within ``hook_timeout`` (it was abandoned)."""
 
+    def kubelet_call_held(self, call: str, seconds: float) -> None:
+        """The kubelet waited ``seconds`` for devplug's answer to ``call`` (``Allocate``, ``GetPreferredAllocation``),
+        a call it makes inside the loop that admits and removes every pod of the node, gate and refusals included."""
+
     def allocated(self, containers: int) -> None:
         """An Allocate succeeded for ``containers`` containers (one allocation each)."""
 

@@ -29,6 +29,7 @@ from devplug.engine.asynctools import BackgroundTasks, Backoff
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.liveness import PodLiveness, PodState
+from devplug.engine.tenantexit import busy_reason
 from devplug.errors import DriverError
 
 __all__ = ["STILL_FAILING_FIRST", "Awaiting", "ReleaseQueue"]
@@ -124,6 +125,7 @@ class ReleaseQueue:
         if waiting is not None:
             waiting.why = verdict.why
             return
+        self.lifecycle.guard.withhold_busy(record, busy_reason(record, verdict.why))
         devices = tuple(record.all_devices())
         log.warning(
             "[%s] %s: the kubelet no longer attributes them, but pod %s may still run (%s): released once its "
@@ -160,6 +162,7 @@ class ReleaseQueue:
         """The record's tenancy is not over after all (or was released): stop waiting for its containers."""
         waiting = self._awaiting.pop(record_id, None)
         self.exits.forget(record_id)
+        self.lifecycle.guard.end_busy(record_id)
         if waiting is not None and waiting.cancel is not None:
             waiting.cancel()
 

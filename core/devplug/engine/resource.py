@@ -334,6 +334,8 @@ class Resource:
         release starts; what runs goes on (:meth:`quiet` waits for it)."""
         self._paused = True
         self._handover_frontend().hold_calls()
+        if self.lifecycle is not None:  # an Allocate waiting for a previous tenant would outlast the handover
+            self.lifecycle.cut_waits_short(True)
         if self._cdi is not None:  # from the lock's release on, the spec file is the successor's
             self._cdi.held = True
         self._on_change()
@@ -342,6 +344,8 @@ class Resource:
         """The handover failed: serve the held calls here and release again."""
         self._paused = False
         self._handover_frontend().release_calls()
+        if self.lifecycle is not None:
+            self.lifecycle.cut_waits_short(False)
         if self._cdi is not None:
             self._cdi.held = False
             self._cdi_resync = asyncio.ensure_future(self._resync_cdi())

@@ -81,6 +81,8 @@ class ResourceFigures:
     allocated: int = 0
     #: Devices no hook may touch now (a hook past its timeout still runs, a quarantined record names them).
     busy: int = 0
+    #: Devices withheld while their tenancy's containers may still run (the kubelet no longer attributes them).
+    withheld_busy: int = 0
     #: Releases failing (retried with backoff).
     failing_releases: int = 0
     #: Each device the driver reports unhealthy, with the reason it gives (empty when it gives none).
@@ -105,6 +107,7 @@ def figures(src: ReportSources) -> ResourceFigures:
         shared=[(d.device_id, d.replicas, d.in_use, d.tenants) for d in shares],
         allocated=len(src.ledger.held_devices()),
         busy=len(lifecycle.busy_devices()) if lifecycle is not None else 0,
+        withheld_busy=sum(len(r.all_devices()) for r, _ in lifecycle.busy_tenancies()) if lifecycle is not None else 0,
         failing_releases=len(lifecycle.release_failures) if lifecycle is not None else 0,
         unhealthy_reasons=[
             (dev_id, device.reason or "")
@@ -128,7 +131,12 @@ def report_version(src: ReportSources) -> tuple[object, ...]:
         len(ledger.quarantined),
         None
         if lifecycle is None
-        else (len(lifecycle.recent_releases), lifecycle.failures_version, tuple(lifecycle.busy_devices())),
+        else (
+            len(lifecycle.recent_releases),
+            lifecycle.failures_version,
+            tuple(lifecycle.busy_devices()),
+            tuple(r.id for r, _ in lifecycle.busy_tenancies()),
+        ),
         src.hooks is not None,
         src.published.version,
         None if src.frontend is None else repr(src.frontend),
@@ -246,8 +254,12 @@ async def build_report(src: ReportSources, cache: DeviceEntries) -> dict[str, An
             if record.id in lifecycle.release_failures
         }
         busy = lifecycle.busy_devices()
+        withheld_busy = [
+            {"devices": record.all_devices(), "pod": record.pod, "pod_uid": record.pod_uid, "why": why}
+            for record, why in lifecycle.busy_tenancies()
+        ]
     else:
-        failures, busy = {}, {}
+        failures, busy, withheld_busy = {}, {}, []
     return {
         "name": src.name,
         "driver": src.config.driver,
@@ -270,6 +282,7 @@ async def build_report(src: ReportSources, cache: DeviceEntries) -> dict[str, An
         "recent_releases": releases,
         "release_failures": failures,
         "busy_devices": busy,
+        "withheld_busy": withheld_busy,
         "state_error": ledger.write_error,
         "driver_status": src.published.data,
         **({"sharing": sharing} if (sharing := _sharing_status(src)) is not None else {}),

@@ -58,6 +58,9 @@ class CheckpointView:
         self._reported: _Stamp | None = None
         #: Why the last read gave no evidence (for ``devplug status``), or None.
         self.last_problem: str | None = None
+        #: Called with each version of the file read for the first time (None: unreadable) and its mtime
+        #: (``time.time()`` scale), so that no reader misses what another read (:mod:`.sightings`).
+        self.listeners: list[Callable[[KubeletCheckpoint | None, float], None]] = []
 
     def _stamp(self) -> _Stamp | None:
         try:
@@ -88,7 +91,15 @@ class CheckpointView:
         else:
             self.last_problem = None if checkpoint is not None else f"{self.path} does not exist"
         self._cached = (stamp, checkpoint)
+        for listener in self.listeners:
+            listener(checkpoint, stamp[1] / 1e9)
         return checkpoint
+
+    def written_at(self, checkpoint: KubeletCheckpoint) -> float | None:
+        """When the file ``checkpoint`` was read from was written (mtime, ``time.time()`` scale), if it is the
+        version read last."""
+        cached = self._cached
+        return cached[0][1] / 1e9 if cached is not None and cached[1] is checkpoint else None
 
     async def fresh(self, trigger: Callable[[], bool]) -> KubeletCheckpoint | None:
         """The checkpoint as the kubelet rewrites it after ``trigger()`` (which sends a ListAndWatch message).

@@ -15,6 +15,7 @@ from devplug.api.convert import encode_device_entry, encode_list_and_watch, opti
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import KubeletConfig
 from devplug.drivers import DriverCapabilities
+from devplug.engine.admission import TenantEnd
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.lifecycle import DeviceLifecycle
@@ -23,6 +24,7 @@ from devplug.frontends.callgate import CallGate
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView
 from devplug.frontends.deviceplugin.pluginserver import PluginServer
 from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver
+from devplug.frontends.deviceplugin.sightings import KubeletSightings
 from devplug.frontends.deviceplugin.tenancy import CheckpointTenancy
 from devplug.resource_names import socket_file_name
 from devplug.types import Device
@@ -61,16 +63,19 @@ class DevicePluginFrontEnd:
         kubelet: KubeletConfig,
         table: DeviceTable,
         checkpoint: CheckpointView,
+        sightings: KubeletSightings,
         status: ResourceStatus,
         on_change: Callable[[], None] = lambda: None,
         instance: str | None = None,
     ) -> None:
         """``instance``: the daemon instance's tag (:func:`~devplug.resource_names.instance_tag`), which makes
-        the socket name unique per instance (handover); None keeps the name fixed per resource."""
+        the socket name unique per instance (handover); None keeps the name fixed per resource. ``sightings``: what
+        the daemon saw the kubelet do (its runs, its checkpoint's rewrites), shared by every resource."""
         self.name = name
         self.kubelet = kubelet
         self.table = table
         self.checkpoint = checkpoint
+        self.sightings = sightings
         self.status = status
         self._on_change = on_change
         self.socket_name = socket_file_name(name, len(str(kubelet.device_plugin_dir)), instance)
@@ -90,8 +95,14 @@ class DevicePluginFrontEnd:
             return False, "the device-plugin front end has not started: released first, as a new tenancy"
         return await self._judge.reuses(record)
 
+    async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]:
+        """See :meth:`CheckpointTenancy.tenant_end`."""
+        if self._judge is None:
+            return TenantEnd.UNKNOWN, "the device-plugin front end has not started"
+        return await self._judge.tenant_end(record)
+
     async def started(self, lifecycle: DeviceLifecycle, ledger_lost: bool) -> None:
-        self._judge = CheckpointTenancy(self.name, self.checkpoint, self.table.resend, lifecycle.note_pod_uid)
+        self._judge = CheckpointTenancy(self.name, self.checkpoint, self.table.resend, lifecycle, self.sightings)
         if ledger_lost:
             await self._adopt_from_checkpoint(lifecycle)
         options = kubelet_options(lifecycle.capabilities)
@@ -138,6 +149,8 @@ class DevicePluginFrontEnd:
             await self.server.run()
 
     async def stop(self, grace: float) -> None:
+        if self._judge is not None:
+            self._judge.close()
         if self.server is not None:
             await self.server.stop(grace)
 

@@ -1,6 +1,7 @@
 """The kubelet's device-plugin folder (``[kubelet] device_plugin_dir``): made when missing, and watched for the signs
 of a kubelet restart (a plugin socket removed, ``kubelet.sock`` recreated), which every resource's device-plugin
-front end is told of (:meth:`~devplug.frontends.deviceplugin.frontend.DevicePluginFrontEnd.on_plugin_dir_changed`).
+front end is told of (:meth:`~devplug.frontends.deviceplugin.frontend.DevicePluginFrontEnd.on_plugin_dir_changed`),
+and for each rewrite of the kubelet's checkpoint (:meth:`~.sightings.KubeletSightings.folder_changed`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from devplug.errors import ConfigError
 from devplug.frontends.deviceplugin.frontend import DevicePluginFrontEnd
+from devplug.frontends.deviceplugin.sightings import KubeletSightings
 from devplug.watch import DirectoryWatcher
 
 __all__ = ["PluginFolder"]
@@ -19,9 +21,16 @@ __all__ = ["PluginFolder"]
 class PluginFolder:
     """One node's device-plugin folder, shared by the front ends ``frontends()`` returns (read at each change)."""
 
-    def __init__(self, path: Path, source: str, frontends: Callable[[], Iterable[DevicePluginFrontEnd]]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        source: str,
+        frontends: Callable[[], Iterable[DevicePluginFrontEnd]],
+        sightings: KubeletSightings,
+    ) -> None:
         """``source`` names the config file in errors."""
         self.path = path
+        self.sightings = sightings
         self._source = source
         self._frontends = frontends
         self._watcher: DirectoryWatcher | None = None
@@ -46,8 +55,10 @@ class PluginFolder:
 
         self._watcher = DirectoryWatcher(self.path, changed)
         self._watcher.start()
+        self.sightings.watching(self._watcher.uses_inotify)
 
     def _changed(self, names: frozenset[str]) -> None:
+        self.sightings.folder_changed(names)
         for frontend in list(self._frontends()):
             frontend.on_plugin_dir_changed(names)
 
@@ -55,3 +66,4 @@ class PluginFolder:
         """Stop watching (nothing when never started)."""
         if self._watcher is not None:
             self._watcher.close()
+            self.sightings.not_watching()

@@ -60,6 +60,7 @@ from devplug.engine.supervise import supervise
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView, pods_holding
 from devplug.frontends.deviceplugin.podresources_client import DeviceUse, PodResourcesClient
+from devplug.frontends.deviceplugin.sightings import KubeletSightings
 
 #: A pass over a resource's records lets other work run (an Allocate) after this many: with 1,000 allocations
 #: held, a pass in one go kept the event loop for 2-3 ms every second.
@@ -81,8 +82,11 @@ class Reconciler:
         checkpoint: CheckpointView,
         wake: asyncio.Event,
         exits: ExitEvidence,
+        sightings: KubeletSightings,
     ) -> None:
         self._resources = list(resources)
+        #: Told which allocations PodResources lists (their pods are in the kubelet's pod manager this run).
+        self.sightings = sightings
         self.client = PodResourcesClient(pod_resources_socket)
         self.checkpoint = checkpoint
         self.exits = exits
@@ -215,6 +219,7 @@ class Reconciler:
         await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r in ready))
         for queue in self._queues():
             queue.forget_gone()
+        self.sightings.forget({r.id for res in ready if res.lifecycle is not None for r in res.lifecycle.records()})
         return True
 
     def _failed(self, detail: str, exhausted: bool) -> None:
@@ -251,6 +256,7 @@ class Reconciler:
         in_use = used.keys()
         changed = False
         candidates: list[AllocationRecord] = []
+        listed_ids: list[str] = []
         checkpoint: list[KubeletCheckpoint | None] = []  # read once per pass, when a record lacks its pod's UID
         async for listed in sliced(list(core.records()), RECORDS_PER_SLICE):
             record = core.record(listed.id)
@@ -268,16 +274,19 @@ class Reconciler:
             devices = record.all_devices()
             pods = {p for d in devices for p in used.get(d, ())} if not in_use.isdisjoint(devices) else None
             if pods:
+                listed_ids.append(record.id)
                 queue.stop_awaiting(record.id)
                 seen = core.note_seen(record.id, sorted(pods)[0], now)
                 changed |= seen is not record
                 continue
-            if record.seen_at is None and now - record.created < self._grace:
-                continue  # admission in progress: not listed yet (and a pending record may yet be listed)
+            if record.seen_at is None and record.pod_uid is None and now - record.created < self._grace:
+                continue  # admission in progress: not listed yet (and a pending record may yet be listed); a UID
+                # learnt means the kubelet checkpointed the allocation, which it does once the admission is done
             if record.pending:
                 queue.start(record, "an Allocate that never completed")
                 continue
             candidates.append(record)
+        self.sightings.listed(listed_ids)
         if candidates:
             changed |= await self._release_unattributed(resource, core, queue, candidates, now)
         if self._adopt(resource, core, used, now):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -76,6 +77,12 @@ _RPC_NAMES = {
     "post_stop_container": "PostStopContainer",
     "deallocate": "Deallocate",
 }
+
+
+#: The calls the kubelet makes inside its sync loop with no deadline (``pkg/kubelet/cm/devicemanager/endpoint.go``
+#: passes ``context.Background()``), so that every other pod of the node waits while devplug holds one: each one's
+#: duration is observed (:meth:`~devplug.engine.observer.ResourceObserver.kubelet_call_held`).
+KUBELET_WAITS = frozenset({"Allocate", "GetPreferredAllocation"})
 
 
 def check_request_ids(resource_name: str, *groups: Iterable[str], known: Container[str] = ()) -> None:
@@ -214,8 +221,20 @@ class DevicePluginService:
             )
             return answer
 
-        call.__name__ = guarded.__name__
-        return call
+        if rpc not in KUBELET_WAITS:
+            call.__name__ = guarded.__name__
+            return call
+        observer = self.lifecycle.observer
+
+        async def held(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
+            start = time.monotonic()
+            try:
+                return await call(request, context)
+            finally:
+                observer.kubelet_call_held(rpc, time.monotonic() - start)
+
+        held.__name__ = guarded.__name__
+        return held
 
     # --- RPCs
 
