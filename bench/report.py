@@ -73,6 +73,30 @@ GOAL_KEYS: tuple[Key, ...] = (
         _at_most("exit_release_p99_ms_v2", 100),
     ),
     Key(
+        "hold_rejected_max_ms",
+        "Allocate held, right after a pod the kubelet rejected at admission, max (ms)",
+        "<= 100",
+        _at_most("hold_rejected_max_ms", 100),
+    ),
+    Key(
+        "hold_short_pod_max_ms",
+        "Allocate held, right after a pod that finished before any release pass, max (ms)",
+        "<= 100",
+        _at_most("hold_short_pod_max_ms", 100),
+    ),
+    Key(
+        "hold_beside_busy_max_ms",
+        "Allocate held, 2 free devices beside 2 a forgotten pod's running container keeps, max (ms)",
+        "<= 100",
+        _at_most("hold_beside_busy_max_ms", 100),
+    ),
+    Key(
+        "withhold_max_ms",
+        "forced removal to its running pod's device advertised unhealthy, max (ms)",
+        "<= 100",
+        _at_most("withhold_max_ms", 100),
+    ),
+    Key(
         "startup_to_registered_ms",
         "process start to all registered (ms)",
         "<= 250",
@@ -117,6 +141,10 @@ GOAL_KEYS: tuple[Key, ...] = (
 
 #: Floors and diagnostics measured in the same run, shown under the goals.
 CONTEXT_KEYS: tuple[Key, ...] = (
+    Key("hold_plain_ms", "Allocate held, a device no tenancy had (the holds' floor), p50 (ms)"),
+    Key("hold_window_max_ms", "Allocate held, a forced removal's container exiting 0.3 s later (waited), max (ms)"),
+    Key("hold_outside_window_ratio", "longest hold outside that window / the holds' floor"),
+    Key("withhold_p50_ms", "forced removal to its running pod's device advertised unhealthy, p50 (ms)"),
     Key("allocate_floor_p50_ms", "bare grpcio floor, p50 (ms)"),
     Key("allocate_floor_aio_p99_ms", "floor: grpc.aio server, p99 (ms)"),
     Key("allocate_floor_sync_p99_ms", "floor: sync grpc server, p99 (ms)"),

@@ -18,7 +18,7 @@ from bench.floors import FloorProcess, grpc_floor, unix_floor
 from bench.kubelet import MiniKubelet
 from bench.machine import machine_info
 from bench.payloads import device_ids, mock_allocate_response
-from bench.scenarios import allocate, exitrelease, handover, law, lifecycle, metricsflood, preferred, release
+from bench.scenarios import allocate, exitrelease, handover, holds, law, lifecycle, metricsflood, preferred, release
 from bench.settings import Settings
 from bench.workspace import Node, Workspace
 from devplug.devkubelet import CgroupLayout, CgroupsUnavailableError, DevKubeletThread
@@ -219,6 +219,26 @@ def _exit(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
                 out.update(exitrelease.measure(s, node, kubelet, label))
 
 
+def _holds(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
+    cgroups = _cgroups(2)
+    if cgroups is None:
+        log("bench: no cgroup v2 for the dev kubelet's containers: the kubelet call holds are not measured")
+        return
+    port = metricsflood.free_port()
+    metrics = {"enabled": True, "address": "127.0.0.1", "port": port}
+    node = ws.node(
+        "k", {holds.HOLDING: (4, 0), holds.FAILING: (1, 0)}, liveness=cgroups.liveness_config(), metrics=metrics
+    )
+    (node.mock_folder(holds.FAILING) / "mock0").write_text("fail=allocate\n")
+    with _dev_kubelet(node, cgroups) as kubelet, _running(node):
+        node.start()
+        for resource in (holds.HOLDING, holds.FAILING):
+            kubelet.wait_registered(resource, timeout=60)
+        lifecycle.wait_streams(kubelet, [holds.HOLDING, holds.FAILING])
+        with _phase("kubelet call holds (rejected pod, short pod, free beside busy, forced removal's window)", log):
+            out.update(holds.measure(s, node, kubelet, port))
+
+
 def _metrics_flood(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
     port = metricsflood.free_port()
     metrics = {"enabled": True, "address": "127.0.0.1", "port": port}
@@ -290,6 +310,7 @@ def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> di
         _lifecycle(ws, settings, out, log)
         _release(ws, settings, out, log)
         _exit(ws, settings, out, log)
+        _holds(ws, settings, out, log)
         _metrics_flood(ws, settings, out, log)
         _handover(ws, settings, out, log)
     _dra(settings, out, log)

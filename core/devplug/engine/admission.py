@@ -22,9 +22,10 @@ The kubelet waits for an Allocate without a deadline, inside the one loop that
 admits and removes every pod of the node (``syncLoopIteration`` in
 ``pkg/kubelet/kubelet.go``, ``Allocate(context.Background())`` in
 ``pkg/kubelet/cm/devicemanager/endpoint.go``). So an admission waits for a
-previous tenant only on evidence that the wait ends without that loop: its pod's
-cgroup is populated and the kubelet forgot the pod during its current run, so its
-pod worker is killing it (:attr:`TenantEnd.UNDER_WAY`), and at most
+previous tenant only on evidence that the wait ends without that loop: the
+kubelet forgot the pod during its current run, so its pod worker is killing it
+(:attr:`TenantEnd.UNDER_WAY`), and its pod's cgroup is populated (or, unreadable,
+the ``[liveness] unknown_grace`` it gets is over within the wait), and at most
 ``previous_tenant_wait`` seconds. An allocation the kubelet never
 checkpointed although it wrote its checkpoint after it belongs to a pod rejected
 at admission (:attr:`TenantEnd.NEVER_STARTED`): no container had the devices,
@@ -287,7 +288,7 @@ class Admission:
         self.guard.withhold_busy(record, busy_reason(record, verdict.why))
         if self._no_waiting is not None and self._no_waiting.is_set():
             end, evidence = TenantEnd.UNKNOWN, f"{evidence}; a handover to a new instance is under way"
-        if end is not TenantEnd.UNDER_WAY or verdict.liveness.state is not PodState.RUNNING:
+        if end is not TenantEnd.UNDER_WAY or not self._ends_within_wait(verdict):
             raise DeviceBusyError(
                 f"{self.resource_name}: {shown} may still be used by {who}: {verdict.why}; not waiting inside the "
                 f"kubelet's Allocate ({evidence}); withheld until its containers are gone; nothing was allocated"
@@ -319,6 +320,14 @@ class Admission:
             )
         log.info("[%s] %s: %s is gone (%s)", self.resource_name, shown, who, verdict.why)
         return verdict.why
+
+    def _ends_within_wait(self, verdict: ExitVerdict) -> bool:
+        """Whether a tenancy being killed ends within ``previous_tenant_wait`` on evidence: its populated cgroup
+        empties when the kill is done (bounded by the wait), or, with its cgroup unreadable, the ``[liveness]
+        unknown_grace`` granted to it is over within the wait."""
+        if verdict.liveness.state is PodState.RUNNING:
+            return True
+        return verdict.grace_ends is not None and verdict.grace_ends - time.time() <= self.previous_tenant_wait
 
     async def _wait_exit(self, record: AllocationRecord) -> tuple[ExitVerdict, bool]:
         """The verdict once the record's containers are gone or ``previous_tenant_wait`` passed, and whether a
