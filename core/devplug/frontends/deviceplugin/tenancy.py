@@ -88,17 +88,32 @@ class CheckpointTenancy:
     # --- learning from the checkpoint
 
     def _written(self, checkpoint: KubeletCheckpoint | None, mtime: float) -> None:
-        """A version of the checkpoint was read: the records it names learn their pod's UID."""
+        """A version of the checkpoint was read: the records it names learn their pod's UID.
+
+        Only records not named yet are looked at (in steady state, the few allocated since the last rewrite),
+        through one device -> pods index of the version: the kubelet rewrites the file at every ListAndWatch
+        message of any plugin, with every held device in it.
+        """
         if checkpoint is None:
             return
+        records = list(self.lifecycle.records())
+        pending = [
+            r
+            for r in records
+            if r.id not in self._named and r.claim_uid is None and mtime >= r.created - COARSE_CLOCK_S
+        ]
+        if len(self._named) > len(records):
+            self._named.intersection_update(r.id for r in records)  # released records are forgotten
+        if not pending:
+            return
+        holders: dict[str, set[str]] = {}
+        for entry in checkpoint.entries_for(self.resource_name):
+            for device in entry.device_ids:
+                holders.setdefault(device, set()).add(entry.pod_uid)
         learnt = False
-        alive: set[str] = set()
-        for record in self.lifecycle.records():
-            alive.add(record.id)
-            if record.claim_uid is not None or record.id in self._named or mtime < record.created - COARSE_CLOCK_S:
-                continue
+        for record in pending:
             devices = record.all_devices()
-            uids = pods_holding(checkpoint, self.resource_name, devices)
+            uids = {uid for d in devices for uid in holders.get(d, ())}
             uids.difference_update(self._previous.get(d) for d in devices)
             if not uids:
                 continue
@@ -106,7 +121,6 @@ class CheckpointTenancy:
             if record.pod_uid is None and len(uids) == 1:
                 self.lifecycle.note_pod_uid(record.id, next(iter(uids)))
                 learnt = True
-        self._named &= alive  # released records are forgotten
         if learnt:
             self._tasks.spawn(self.lifecycle.save())
 
