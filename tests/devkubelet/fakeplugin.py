@@ -63,6 +63,7 @@ class Behaviour:
     pre_start_error: str | None = None
     envs_per_device: bool = True  # Allocate answers DEVICES=<ids> in envs
     allocate_gate: asyncio.Event | None = None  # Allocate waits for it (a plugin stuck in Allocate)
+    pre_start_gate: asyncio.Event | None = None  # PreStartContainer waits for it
     regular_files: bool = False  # Allocate hands out regular files, not device nodes (what runtimes refuse)
 
 
@@ -144,6 +145,8 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     async def PreStartContainer(self, request: Any, context: Any) -> Any:
         self._plugin.record("PreStartContainer", request)
+        if self._plugin.behaviour.pre_start_gate is not None:
+            await self._plugin.behaviour.pre_start_gate.wait()
         if self._plugin.behaviour.pre_start_error is not None:
             await context.abort(grpc.StatusCode.INTERNAL, self._plugin.behaviour.pre_start_error)
         return dp.PreStartContainerResponse()

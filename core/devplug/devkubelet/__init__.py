@@ -6,6 +6,15 @@ v1 over real gRPC on unix sockets, dials each plugin inside Register, consumes
 ListAndWatch, and runs pods the way the kubelet of Kubernetes v1.32.10 does,
 never more kindly. Each module names the kubelet source it follows:
 
+* :mod:`~devplug.devkubelet.syncloop` -- the kubelet's one sync loop
+  (``syncLoopIteration`` in ``pkg/kubelet/kubelet.go``): pod additions,
+  updates, removals and container restarts are handled one at a time, and
+  the plugin's Allocate and GetPreferredAllocation are called inside it with
+  no deadline (``context.Background()`` in
+  ``pkg/kubelet/cm/devicemanager/endpoint.go``), so a plugin holding one
+  delays every other pod's admission and removal; what pod workers do
+  (starts, PreStartContainer, kills) runs outside it. Each turn's wait is
+  kept (:meth:`DevKubelet.sync_loop_ops`);
 * :mod:`~devplug.devkubelet.pods` -- pod objects with UIDs, phases (running,
   terminating, finished, rejected, deleted) and *active* pods
   (``filterOutInactivePods``: a terminating pod is active until its pod
@@ -101,6 +110,7 @@ from devplug.devkubelet.model import (
     ResourceView,
 )
 from devplug.devkubelet.plugin_client import PluginCallError
+from devplug.devkubelet.syncloop import SyncLoopOp
 from devplug.devkubelet.threaded import DevKubeletThread
 from devplug.errors import KubeletError
 
@@ -133,5 +143,6 @@ __all__ = [
     "PodSpec",
     "ResourceClaimRef",
     "ResourceView",
+    "SyncLoopOp",
     "run_foreground",
 ]

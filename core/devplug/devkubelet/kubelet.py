@@ -10,6 +10,21 @@ wakes :meth:`DevKubelet.wait_for`, so tests wait on events, never on sleeps.
 
 What this module itself follows (Kubernetes v1.32.10):
 
+* the sync loop (``syncLoopIteration``, ``pkg/kubelet/kubelet.go``): every
+  pod operation the config sources or the PLEG bring is a turn of one
+  :class:`~devplug.devkubelet.syncloop.SyncLoop`, first come first served:
+  :meth:`DevKubelet.admit_pod` (``ADD``: ``HandlePodAdditions``, the
+  plugins' Allocate and GetPreferredAllocation inside it with no deadline,
+  ``context.Background()`` in ``pkg/kubelet/cm/devicemanager/endpoint.go``),
+  :meth:`DevKubelet.remove_pod` (``UPDATE``), :meth:`DevKubelet.remove_static_pod`
+  and :meth:`DevKubelet.force_delete_pod` (``REMOVE``: ``HandlePodRemoves``),
+  :meth:`DevKubelet.start_container` and :meth:`DevKubelet.finish_pod` (the
+  PLEG's events), :meth:`DevKubelet.sync_pod` and the resync (``SYNC``), and
+  the first pod lists after a restart. A plugin holding an Allocate delays
+  them all; the pod workers' starts, PreStartContainer and kills go on.
+  :meth:`DevKubelet.sync_loop_ops` says how long each turn waited; a turn
+  that waited is also an event (``sync-loop-waited``). PodResources and
+  Registration are served beside the loop, as the kubelet serves them;
 * start: ``CleanupPluginDirectory`` (``pkg/kubelet/cm/devicemanager/manager.go``,
   called by ``plugin/v1beta1/server.go`` ``Start``) removes every entry of the
   device-plugin folder that is not a directory, except the checkpoint; then
@@ -80,9 +95,10 @@ from devplug.devkubelet.model import (
 from devplug.devkubelet.plugin_client import PluginClient, unix_target
 from devplug.devkubelet.poddevices import DeviceAllocateInfo
 from devplug.devkubelet.podresources_server import PodResourcesServicer, add_podresources_servicer
-from devplug.devkubelet.pods import ContainerRecord, PodManager, PodRecord
+from devplug.devkubelet.pods import ContainerRecord, PodManager, PodRecord, pod_label
 from devplug.devkubelet.registration_server import RegistrationServicer, add_registration_servicer
 from devplug.devkubelet.resources import Resource, cleanup_plugin_directory, describe_predicate, is_socket
+from devplug.devkubelet.syncloop import SyncLoop, SyncLoopOp
 from devplug.errors import KubeletError
 
 __all__ = ["KUBELET_SOCKET", "DevKubelet"]
@@ -229,7 +245,7 @@ class DevKubelet:
         self._window_timer: asyncio.TimerHandle | None = None
         self._memory_checkpoint: KubeletCheckpoint | None = None
         self._checkpoint_writes = 0
-        self._pod_lock: asyncio.Lock | None = None
+        self._sync_loop = SyncLoop(self._waited)
         self._pods = PodManager()
         self._manager = DeviceManager(
             self._endpoint_for,
@@ -460,7 +476,12 @@ class DevKubelet:
 
     def _end_window(self) -> None:
         self._window_timer = None
-        self._lifecycle.load_pods()
+        self._spawn(self._first_pod_lists())
+
+    async def _first_pod_lists(self) -> None:
+        """The sources' first pod lists reach the sync loop (``HandlePodAdditions`` of every pod, then ready)."""
+        async with self._sync_loop.turn("ADD"):
+            self._lifecycle.load_pods()
 
     async def __aenter__(self) -> DevKubelet:
         await self.start()
@@ -555,6 +576,26 @@ class DevKubelet:
         """False during the restart window (PodResources List and Get see no pods)."""
         return self._pods.loaded
 
+    def sync_loop_ops(self, kind: str | None = None, pod: str | None = None) -> list[SyncLoopOp]:
+        """The sync loop's turns so far (of one kind, for one ``namespace/name``, if given), in the order they ended.
+
+        Each says how long it waited behind the loop and how long it held it:
+        an admission's ``waited`` is how long a held Allocate elsewhere delayed it.
+        """
+        return [
+            op for op in self._sync_loop.ops if (kind is None or op.kind == kind) and (pod is None or op.pod == pod)
+        ]
+
+    @property
+    def sync_loop_busy(self) -> str:
+        """The turn that has the sync loop now (``"ADD default/p"``), or ``""`` when it is free."""
+        return self._sync_loop.busy
+
+    @property
+    def sync_loop_waiting(self) -> tuple[str, ...]:
+        """The turns waiting for the sync loop now, first in line first (``"REMOVE default/q"``)."""
+        return self._sync_loop.waiting
+
     def events_of(self, kind: str, resource: str | None = None) -> list[KubeletEvent]:
         """The recorded events of one kind (and resource, if given)."""
         return [e for e in self.events if e.kind == kind and (resource is None or e.resource == resource)]
@@ -615,11 +656,6 @@ class DevKubelet:
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def _lock(self) -> asyncio.Lock:
-        if self._pod_lock is None:
-            self._pod_lock = asyncio.Lock()
-        return self._pod_lock
-
     async def admit_pod(self, pod: PodSpec) -> AdmittedPod:
         """Admit a pod object: allocate devices for every container (init containers first), then start them.
 
@@ -635,13 +671,23 @@ class DevKubelet:
         before its sandbox: :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError`
         when they cannot be (the pod stays admitted with nothing running until
         :meth:`sync_pod`, or the periodic resync, prepares them).
+
+        The admission is a turn of the sync loop (:mod:`~devplug.devkubelet.syncloop`):
+        it waits for every earlier turn, a held Allocate or
+        GetPreferredAllocation among them, and holds the loop until its own
+        calls to the plugins answer (they have no deadline). The claims,
+        sandbox and containers are the pod worker's, after the turn.
         """
-        async with self._lock():
+        async with self._sync_loop.turn("ADD", pod_label(pod)):
             try:
-                return await self._lifecycle.admit(pod, kep_mode=self.kep_mode)
+                record = await self._lifecycle.admit(pod, kep_mode=self.kep_mode)
             finally:
                 self._stop_window_timer_if_loaded()
                 self._changed()
+        try:
+            return await self._lifecycle.start_admitted(record)
+        finally:
+            self._changed()
 
     async def sync_pod(self, pod_name: str, namespace: str = "default") -> bool:
         """Sync the pod now, for its resource claims (what the pod worker does at its next sync).
@@ -653,11 +699,11 @@ class DevKubelet:
         is tried again at once, in its termination's background task. Returns
         whether there was anything to do.
         """
-        async with self._lock():
-            try:
-                return await self._lifecycle.sync((namespace, pod_name))
-            finally:
-                self._changed()
+        await self._sync_loop.dispatch("SYNC", f"{namespace}/{pod_name}")  # the sync tick, through the loop
+        try:
+            return await self._lifecycle.sync((namespace, pod_name))
+        finally:
+            self._changed()
 
     async def _resync_loop(self, period: float) -> None:
         """The pod workers' periodic resync of pods whose claims are still to be prepared."""
@@ -670,12 +716,17 @@ class DevKubelet:
                     _log.info("dev kubelet: resync of pod %s/%s: %s", namespace, name, exc)
 
     async def start_container(self, pod_name: str, container: str, namespace: str = "default") -> None:
-        """(Re)start one container: PreStartContainer again when its plugins require it."""
-        async with self._lock():
-            try:
-                await self._lifecycle.start_container((namespace, pod_name), container)
-            finally:
-                self._changed()
+        """(Re)start one container: PreStartContainer again when its plugins require it.
+
+        A restart after a crash: the kubelet learns of the crash from the PLEG
+        in its sync loop, so the restart waits for the loop (a held Allocate
+        delays it), then runs in the pod worker.
+        """
+        await self._sync_loop.dispatch("PLEG", f"{namespace}/{pod_name}")
+        try:
+            await self._lifecycle.start_container((namespace, pod_name), container)
+        finally:
+            self._changed()
 
     async def finish_pod(self, pod_name: str, namespace: str = "default") -> None:
         """The pod's containers end on their own (exit 0; phase Succeeded); the pod object stays in the pod manager.
@@ -685,13 +736,19 @@ class DevKubelet:
         ``UpdateAllocatedDevices`` (the next allocation or PodResources List),
         and go to the next pod at once. In KEP mode, PostStopContainer and
         Deallocate are called now; stock kubelets call nothing.
+
+        The containers end whatever the kubelet does; the kubelet learns of it
+        from the PLEG in its sync loop, so the pod turns finished (and its
+        sandbox and cgroup go) only once the loop is free.
         """
-        async with self._lock():
-            try:
-                await self._lifecycle.finish((namespace, pod_name), kep_mode=self.kep_mode)
-            finally:
-                self._stop_window_timer_if_loaded()
-                self._changed()
+        try:
+            record = await self._lifecycle.end_containers((namespace, pod_name))
+            self._changed()
+            await self._sync_loop.dispatch("PLEG", f"{namespace}/{pod_name}")
+            await self._lifecycle.finish(record, kep_mode=self.kep_mode)
+        finally:
+            self._stop_window_timer_if_loaded()
+            self._changed()
 
     async def remove_pod(self, pod_name: str, namespace: str = "default", *, wait: bool = True) -> None:
         """Delete a pod object gracefully, as ``kubectl delete pod`` does.
@@ -707,8 +764,11 @@ class DevKubelet:
         In KEP mode, the pod's PostStopContainer and Deallocate are called
         after its containers stopped; a failure of theirs is raised (with
         ``wait``) once the pod is gone. Stock kubelets call nothing.
+
+        The deletion reaches the kubelet as a config ``UPDATE``: it waits for
+        the sync loop; the kill runs in the pod worker, outside it.
         """
-        async with self._lock():
+        async with self._sync_loop.turn("UPDATE", f"{namespace}/{pod_name}"):
             try:
                 task = self._lifecycle.remove((namespace, pod_name), kep_mode=self.kep_mode)
             finally:
@@ -742,7 +802,8 @@ class DevKubelet:
         await self._remove_now(pod_name, namespace, 0, "force-deleted (--grace-period=0 --force)")
 
     async def _remove_now(self, pod_name: str, namespace: str, deletion_grace: int | None, how: str) -> None:
-        async with self._lock():
+        """A config ``REMOVE`` (``HandlePodRemoves``): a turn of the sync loop; the kill runs in the pod worker."""
+        async with self._sync_loop.turn("REMOVE", f"{namespace}/{pod_name}"):
             try:
                 self._lifecycle.remove_now(
                     (namespace, pod_name), kep_mode=self.kep_mode, deletion_grace=deletion_grace, how=how
@@ -960,6 +1021,10 @@ class DevKubelet:
             except Exception:
                 _log.exception("dev kubelet event listener failed")
         self._changed()
+
+    def _waited(self, op: SyncLoopOp) -> None:
+        detail = f"{op.label} waited {op.waited:.3f}s behind {op.behind}, then held the loop {op.held:.3f}s"
+        self._record("sync-loop-waited", "", detail, ())
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -2,6 +2,18 @@
 
 Follows Kubernetes v1.32.10:
 
+* **The sync loop and the pod workers** (``syncLoopIteration`` in
+  ``pkg/kubelet/kubelet.go``; ``podWorkers`` in ``pkg/kubelet/pod_workers.go``):
+  :meth:`PodLifecycle.admit` and the removals are what the kubelet's one
+  sync loop does for a pod ``ADD``, ``UPDATE`` or ``REMOVE``; the
+  :class:`~devplug.devkubelet.kubelet.DevKubelet` runs them as turns of its
+  :class:`~devplug.devkubelet.syncloop.SyncLoop`, one at a time, so a plugin
+  holding Allocate holds them all. What the loop hands on runs in the pod's
+  worker (:meth:`PodLifecycle.pod_worker`, one per pod, its work one piece at
+  a time, outside the loop): the claims, sandbox and container starts of an
+  admitted pod (:meth:`PodLifecycle.start_admitted`), a restart, the kill of
+  its containers (after the start under way returned; the starts stop once
+  the pod is being killed) and what follows the kill.
 * **Admission** (``HandlePodAdditions`` in ``pkg/kubelet/kubelet.go``): the pod
   object joins the pod manager first (so it is active during its own
   admission), then the admit handlers run in order: the topology manager's
@@ -165,6 +177,7 @@ class PodLifecycle:
         self._claims = claims if claims is not None else PodClaims(None, lambda *_: None, backoff=None)
         self._terminations: set[asyncio.Task[list[str]]] = set()
         self._kills: set[asyncio.Task[None]] = set()
+        self._workers: dict[str, asyncio.Lock] = {}
 
     # -- the restart window ----------------------------------------------------------------------
 
@@ -182,14 +195,15 @@ class PodLifecycle:
 
     # -- admission -------------------------------------------------------------------------------
 
-    async def admit(self, spec: PodSpec, *, kep_mode: bool) -> AdmittedPod:
-        """Admit a pod object (see the module docstring); raises :class:`KubeletError` when it is rejected.
+    async def admit(self, spec: PodSpec, *, kep_mode: bool) -> PodRecord:
+        """``HandlePodAdditions`` for one pod (see the module docstring): the sync loop's part of a pod ``ADD``.
 
-        Raises :class:`ContainerStartError` when it was admitted but a
-        container failed to start (the pod stays running), and
-        :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError` when it
-        was admitted but its claims could not be prepared (nothing runs until
-        :meth:`sync` prepares them).
+        Raises :class:`KubeletError` when the pod is rejected. The admitted
+        pod's claims, sandbox and containers are its pod worker's:
+        :meth:`start_admitted`, which raises :class:`ContainerStartError` when
+        a container failed to start (the pod stays running), and
+        :class:`~devplug.devkubelet.dra.podclaims.ClaimPrepareError` when its
+        claims could not be prepared (nothing runs until :meth:`sync` prepares them).
         """
         label = pod_label(spec)
         self._claims.check(tuple(spec.resource_claims), label)
@@ -215,14 +229,39 @@ class PodLifecycle:
                 self.load_pods()
         record.admitting = False
         self._record("pod-admitted", "", f"{label} (uid {record.uid})", ())
-        await self._claims.prepare(record)  # before the sandbox (kuberuntime SyncPod)
-        await self._start_pod(record)
+        return record
+
+    async def start_admitted(self, record: PodRecord) -> AdmittedPod:
+        """The pod worker's first sync of an admitted pod: its claims, sandbox and containers.
+
+        Runs outside the sync loop, in the pod's worker (:meth:`pod_worker`).
+        Stops early, quietly, when the pod was removed meanwhile. Raises as
+        :meth:`admit` says.
+        """
+        async with self.pod_worker(record.uid):
+            await self._claims.prepare(record)  # before the sandbox (kuberuntime SyncPod)
+            await self._start_pod(record)
         return record.admitted()
 
+    def pod_worker(self, uid: str) -> asyncio.Lock:
+        """The pod's worker (``podWorkerLoop``, one goroutine per pod): its syncs, starts and kill, one at a time.
+
+        Outside the sync loop: a held Allocate never waits for it, nor it for one.
+        """
+        lock = self._workers.get(uid)
+        if lock is None:
+            lock = self._workers[uid] = asyncio.Lock()
+        return lock
+
     async def _start_pod(self, record: PodRecord) -> None:
+        """``SyncPod`` for a new pod: the sandbox, then each container; stops once the pod is being killed."""
+        if record.phase is not PodPhase.RUNNING:
+            return
         await self._run_sandbox(record)
         for container in record.spec.ordered_containers():
-            await self.start_container(record.spec.key, container.name)
+            if record.phase is not PodPhase.RUNNING:
+                return  # the pod worker got the kill while it started the containers before
+            await self._start_container(record, container.name)
 
     async def sync(self, key: PodKey) -> bool:
         """A sync of the pod now, for its claims: returns whether there was something to do.
@@ -237,8 +276,9 @@ class PodLifecycle:
         if record is None:
             raise KubeletError(f"no pod {key[0]}/{key[1]} was ever admitted")
         if record.phase is PodPhase.RUNNING and not record.admitting and not record.claims_prepared:
-            await self._claims.prepare(record)
-            await self._start_pod(record)
+            async with self.pod_worker(record.uid):
+                await self._claims.prepare(record)
+                await self._start_pod(record)
             return True
         if record.claims_error is not None and record.phase in (PodPhase.TERMINATING, PodPhase.DELETED):
             self._claims.nudge(record.uid)
@@ -296,10 +336,18 @@ class PodLifecycle:
     # -- container start -------------------------------------------------------------------------
 
     async def start_container(self, key: PodKey, name: str) -> None:
-        """Start (or restart) one container of a running pod: run options, creation, start (see the module doc)."""
+        """Start (or restart) one container of a running pod: run options, creation, start (see the module doc).
+
+        In the pod's worker (:meth:`pod_worker`), after anything it is doing for the pod.
+        """
         record = self._pods.by_name(key)
         if record is None:
             raise KubeletError(f"no admitted pod {key[0]}/{key[1]}")
+        async with self.pod_worker(record.uid):
+            await self._start_container(record, name)
+
+    async def _start_container(self, record: PodRecord, name: str) -> None:
+        key = record.spec.key
         if record.phase is not PodPhase.RUNNING:
             raise KubeletError(f"pod {record.label} is {record.phase}, its containers cannot start")
         crec = record.container(name)
@@ -335,13 +383,31 @@ class PodLifecycle:
 
     # -- finishing and deletion ------------------------------------------------------------------
 
-    async def finish(self, key: PodKey, *, kep_mode: bool) -> None:
-        """The pod's containers end on their own (phase Succeeded); the pod object stays. KEP: PostStop, Deallocate."""
+    async def end_containers(self, key: PodKey) -> PodRecord:
+        """The pod's containers end on their own (exit 0); returns once their processes are gone.
+
+        Nothing of the kubelet's runs here: it learns of the exits from the
+        PLEG, in its sync loop, and then :meth:`finish` is the pod worker's part.
+        """
         record = self._pods.by_name(key)
         if record is None or record.phase is not PodPhase.RUNNING:
             state = "no such pod" if record is None else f"it is {record.phase}"
             raise KubeletError(f"cannot finish pod {key[0]}/{key[1]}: {state}")
-        await asyncio.gather(*(self._runtime.finish(c.runtime) for c in record.containers if c.runtime is not None))
+        async with self.pod_worker(record.uid):  # after a start under way
+            await asyncio.gather(*(self._runtime.finish(c.runtime) for c in record.containers if c.runtime is not None))
+        return record
+
+    async def finish(self, record: PodRecord, *, kep_mode: bool) -> None:
+        """The pod worker after its containers ended (phase Succeeded); the pod object stays. KEP: PostStop, Deallocate.
+
+        Nothing to do when the pod was removed or killed meanwhile (its termination does the rest).
+        """
+        async with self.pod_worker(record.uid):
+            await self._finish_ended(record, kep_mode=kep_mode)
+
+    async def _finish_ended(self, record: PodRecord, *, kep_mode: bool) -> None:
+        if record.phase is not PodPhase.RUNNING:
+            return
         if record.spec.resource_claims and self._claims.enabled:
             record.phase = PodPhase.TERMINATING  # the pod worker is not done before the claims are unprepared
             error = await self._claims.unprepare_once(record)
@@ -445,12 +511,17 @@ class PodLifecycle:
         return seconds
 
     async def _kill_containers(self, record: PodRecord, seconds: int) -> None:
-        """``killContainersWithSyncResult``: every running container at once, ``seconds`` of grace each."""
-        running = [c for c in record.containers if c.runtime is not None and c.runtime.running]
-        for crec in running:
-            label = pod_label(record.spec, crec.name)
-            self._record("container-stopping", "", f"{label}: SIGTERM, SIGKILL after {seconds}s", ())
-        await asyncio.gather(*(self._runtime.stop(c.runtime, seconds) for c in running if c.runtime is not None))
+        """``killContainersWithSyncResult``: every running container at once, ``seconds`` of grace each.
+
+        In the pod's worker, once its sync under way returned (a start of its
+        containers): never behind the sync loop.
+        """
+        async with self.pod_worker(record.uid):
+            running = [c for c in record.containers if c.runtime is not None and c.runtime.running]
+            for crec in running:
+                label = pod_label(record.spec, crec.name)
+                self._record("container-stopping", "", f"{label}: SIGTERM, SIGKILL after {seconds}s", ())
+            await asyncio.gather(*(self._runtime.stop(c.runtime, seconds) for c in running if c.runtime is not None))
 
     async def _terminate(self, record: PodRecord, *, kep_mode: bool) -> list[str]:
         """The pod worker: kill the containers (again, when the period shrinks), clean up, delete; KEP failures.

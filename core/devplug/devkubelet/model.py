@@ -51,6 +51,7 @@ EVENT_KINDS = frozenset(
         "container-stopping",
         "container-exited",
         "pods-loaded",
+        "sync-loop-waited",
         "pod-devices-dropped",
         "checkpoint-read",
         "restart",

@@ -4,6 +4,13 @@ The kubelet dials the plugin's socket inside the Register call (blocking, with a
 deadline) and asks for its options; after Register returns it opens
 ListAndWatch once and never again. Every call failure becomes a
 :class:`PluginCallError` carrying the plugin's own message.
+
+Allocate and GetPreferredAllocation have **no deadline**: the kubelet calls
+them with ``context.Background()`` (``endpointImpl.allocate`` and
+``getPreferredAllocation`` in ``pkg/kubelet/cm/devicemanager/endpoint.go``),
+from its sync loop (see :mod:`~devplug.devkubelet.syncloop`), so a plugin
+that does not answer holds the node's pod admissions and removals until it
+does. PreStartContainer has 30 s (``KubeletPreStartContainerRPCTimeoutInSecs``).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from devplug.devkubelet.cgroups import CgroupLayout
 from devplug.devkubelet.dra.model import ClaimState, DeviceHealth, DRAPluginView, ResourceStatus
 from devplug.devkubelet.kubelet import DevKubelet
 from devplug.devkubelet.model import AdmittedPod, KubeletEvent, PodDeviceEntry, PodPhase, PodSpec, ResourceView
+from devplug.devkubelet.syncloop import SyncLoopOp
 
 __all__ = ["DevKubeletThread"]
 
@@ -298,6 +299,20 @@ class DevKubeletThread:
     def registrations(self, resource: str) -> int:
         """How many times ``resource`` registered."""
         return self._sync(lambda k: k.registrations(resource))
+
+    def sync_loop_ops(self, kind: str | None = None, pod: str | None = None) -> list[SyncLoopOp]:
+        """The sync loop's turns so far, each with how long it waited (see :meth:`DevKubelet.sync_loop_ops`)."""
+        return self._sync(lambda k: k.sync_loop_ops(kind, pod))
+
+    @property
+    def sync_loop_busy(self) -> str:
+        """The turn that has the sync loop now, or ``""`` (see :attr:`DevKubelet.sync_loop_busy`)."""
+        return self._sync(lambda k: k.sync_loop_busy)
+
+    @property
+    def sync_loop_waiting(self) -> tuple[str, ...]:
+        """The turns waiting for the sync loop now (see :attr:`DevKubelet.sync_loop_waiting`)."""
+        return self._sync(lambda k: k.sync_loop_waiting)
 
     def events_of(self, kind: str, resource: str | None = None) -> list[KubeletEvent]:
         """The recorded events of one kind (and resource, if given)."""

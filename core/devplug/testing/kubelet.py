@@ -18,6 +18,7 @@ from devplug.devkubelet import (
     PodPhase,
     PodSpec,
     ResourceView,
+    SyncLoopOp,
 )
 from devplug.errors import KubeletError
 
@@ -33,4 +34,5 @@ __all__ = [
     "PodPhase",
     "PodSpec",
     "ResourceView",
+    "SyncLoopOp",
 ]
