@@ -222,7 +222,8 @@ def test_missing_cgroups_are_unknown_with_the_reason(tmp_path: Path) -> None:
 
     (tmp_path / "empty").mkdir()
     state, _, problem = asyncio.run(scenario(LivenessConfig(cgroup_mount=tmp_path / "empty")))
-    assert state is PodState.UNKNOWN and problem is not None and "neither a cgroup v2" in problem
+    assert state is PodState.UNKNOWN and problem is not None and "cgroup_mount" in problem
+    assert "not cgroup2, cgroup or a tmpfs" in problem
 
 
 def test_a_cgroup_root_without_kubepods_names_the_keys_to_set(layout: Layout) -> None:

@@ -29,15 +29,30 @@ one UID, and calls back when a pod's last process is gone
 pods being waited for every :data:`V1_POLL_S`. Where the cgroups cannot be
 read (no mount, no ``kubepods``, no permission) every answer is ``unknown``
 with the reason, and the layout is looked for again now and then.
+
+What is read must be the kernel's cgroups, not files that look like them: the
+mount's file system type is checked (``statfs(2)``: ``CGROUP2_SUPER_MAGIC``,
+``CGROUP_SUPER_MAGIC``, or a ``tmpfs`` holding v1 hierarchies, each of which
+must itself be a cgroup mount, as ``/sys/fs/cgroup`` is on a v1 or hybrid
+host), and anything else is refused naming ``[liveness] cgroup_mount`` and the
+type found. Each file is then opened without blocking (``O_NONBLOCK``,
+``O_NOFOLLOW``) and used only when ``fstat`` shows a regular file on the
+hierarchy's own file system: a FIFO planted where ``cgroup.events`` belongs
+would otherwise block the event loop in ``open``. A pod folder that is not a
+folder (a link, a FIFO, a loop of links) or a path that cannot be resolved is
+``unknown``, never "no cgroup"; and a pod UID that is not a Kubernetes UID
+(:mod:`devplug.kubeids`) never names a path: its liveness is ``unknown``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import logging
 import os
+import stat
 import struct
 import time
 from collections.abc import Callable
@@ -49,6 +64,7 @@ from typing import Any
 from devplug.config import LivenessConfig
 from devplug.inotify import IN_IGNORED, IN_MODIFY, inotify
 from devplug.kubecgroups import QOS_CLASSES, kubepods_name, literal_path, pod_name
+from devplug.kubeids import uid_problem
 
 __all__ = ["ContainerLiveness", "PodCgroups", "PodLiveness", "PodState", "find_pod_cgroups", "read_pod"]
 
@@ -64,6 +80,81 @@ RECHECK_S = 2.0
 #: The v1 hierarchies to read, in order of preference: every container is in each hierarchy its runtime manages.
 V1_HIERARCHIES = ("pids", "memory", "cpu,cpuacct", "cpu", "cpuacct", "systemd", "freezer", "blkio", "devices")
 _EVENT = struct.Struct("iIII")
+
+#: ``statfs(2)`` ``f_type`` values (``include/uapi/linux/magic.h``).
+CGROUP2_SUPER_MAGIC = 0x63677270
+CGROUP_SUPER_MAGIC = 0x27E0EB
+TMPFS_MAGIC = 0x01021994
+_FS_NAMES = {
+    CGROUP2_SUPER_MAGIC: "cgroup2",
+    CGROUP_SUPER_MAGIC: "cgroup",
+    TMPFS_MAGIC: "tmpfs",
+    0xEF53: "ext2/ext3/ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x794C7630: "overlayfs",
+    0x9FA0: "proc",
+    0x62656572: "sysfs",
+}
+#: The most of a cgroup file read at once (``cgroup.events`` is two lines; of ``cgroup.procs`` the first pid).
+_READ_BYTES = 4096
+_libc: ctypes.CDLL | None = None
+
+
+def fs_type(path: Path, *, follow: bool = True) -> int:
+    """The ``f_type`` of the file system holding the folder ``path`` (``fstatfs(2)`` on a descriptor of it; with
+    ``follow`` False a final link is not followed); :class:`OSError` when it cannot be opened or asked."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux, 64 on 32-bit
+        if _libc.fstatfs(fd, buffer) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), str(path))
+        # f_type is struct statfs's first field, a native word (__fsword_t); every magic fits in 32 bits.
+        return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+    finally:
+        os.close(fd)
+
+
+def fs_name(magic: int) -> str:
+    """A file system type as ``statfs`` gives it, for a message: its name when known, and its magic number."""
+    name = _FS_NAMES.get(magic)
+    return f"{name} (0x{magic:x})" if name else f"type 0x{magic:x}"
+
+
+def read_cgroup_file(path: Path, device: int | None = None) -> bytes:
+    """The start (at most 4 KiB) of a cgroup interface file, opened without blocking or following a link, read only
+    when it is a regular file (on the file system ``device``, when given): :class:`OSError` (``EINVAL``) saying what
+    was found instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"not a cgroup file ({_kind(st.st_mode)})", str(path))
+        if device is not None and st.st_dev != device:
+            raise OSError(errno.EXDEV, "not a cgroup file (on another file system than its hierarchy)", str(path))
+        return os.read(fd, _READ_BYTES)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return name
+    return f"mode 0o{mode:o}"
 
 
 class PodState(StrEnum):
@@ -92,9 +183,15 @@ class PodCgroups:
     kubepods: Path
     hierarchy: Path
     cgroup_root: str = "/"
+    #: The hierarchy's file system (``st_dev``): every file read must be on it (None: not checked).
+    device: int | None = None
 
     def pod_dirs(self, uid: str) -> list[Path]:
-        """Where the cgroup of the pod with UID ``uid`` may be, one path per QoS class."""
+        """Where the cgroup of the pod with UID ``uid`` may be, one path per QoS class; :class:`ValueError` when
+        ``uid`` is not a Kubernetes UID (it never names a path)."""
+        problem = uid_problem(uid)
+        if problem is not None:
+            raise ValueError(problem)
         return [
             self.hierarchy / literal_path(pod_name(self.cgroup_root, qos, uid), self.driver).lstrip("/")
             for qos in QOS_CLASSES
@@ -108,6 +205,45 @@ class LivenessUnavailable(Exception):
     """The pods' cgroups cannot be found or read; the message says why and what to configure."""
 
 
+def _hierarchy_bases(mount: Path) -> list[tuple[int, Path]]:
+    """The hierarchies to read under ``mount``, by its file system type; :class:`LivenessUnavailable` for a type
+    that holds no cgroups."""
+    key = f"[liveness] cgroup_mount ({mount})"
+    try:
+        kind = fs_type(mount)
+    except OSError as exc:
+        raise LivenessUnavailable(f"{key}: cannot tell its file system type: {exc.strerror or exc}") from exc
+    if kind == CGROUP2_SUPER_MAGIC:
+        if not (mount / "cgroup.controllers").exists():
+            raise LivenessUnavailable(f"{key} is a cgroup2 file system without cgroup.controllers")
+        return [(2, mount)]
+    if kind == CGROUP_SUPER_MAGIC:  # one v1 hierarchy mounted right there
+        return [(1, mount)]
+    if kind != TMPFS_MAGIC:
+        raise LivenessUnavailable(
+            f"{key}: its file system is {fs_name(kind)}, not cgroup2, cgroup or a tmpfs holding cgroup v1 "
+            "hierarchies: point it at the node's cgroup2 mount or at the folder of its v1 hierarchies (/sys/fs/cgroup)"
+        )
+    bases, foreign = [], []
+    for name in V1_HIERARCHIES:
+        hierarchy = mount / name
+        try:
+            kind = fs_type(hierarchy, follow=False)  # a link (cpu -> cpu,cpuacct) is read through its target's name
+        except OSError:
+            continue  # not there (or not a folder): a controller this host does not mount
+        if kind == CGROUP_SUPER_MAGIC:
+            bases.append((1, hierarchy))
+        else:
+            foreign.append(f"{name} is {fs_name(kind)}")
+    if not bases:
+        found = f" ({'; '.join(foreign)})" if foreign else ""
+        raise LivenessUnavailable(
+            f"{mount} holds neither a cgroup v2 filesystem nor cgroup v1 hierarchies{found}: {key} is a tmpfs "
+            "whose folders are not cgroup mounts"
+        )
+    return bases
+
+
 def find_pod_cgroups(config: LivenessConfig) -> PodCgroups:
     """Find the kubelet's ``kubepods`` cgroup under ``config.cgroup_mount``; :class:`LivenessUnavailable` if none."""
     mount = config.cgroup_mount
@@ -116,19 +252,15 @@ def find_pod_cgroups(config: LivenessConfig) -> PodCgroups:
             f"{mount} does not exist: mount the node's cgroup filesystem there (read-only is enough), or set "
             "[liveness] cgroup_mount"
         )
-    if (mount / "cgroup.controllers").exists():
-        bases = [(2, mount)]
-    else:
-        bases = [(1, mount / h) for h in V1_HIERARCHIES if (mount / h / "cgroup.procs").exists()]
-        if not bases:
-            raise LivenessUnavailable(f"{mount} holds neither a cgroup v2 filesystem nor cgroup v1 hierarchies")
+    bases = _hierarchy_bases(mount)
     drivers = ("cgroupfs", "systemd") if config.cgroup_driver == "auto" else (config.cgroup_driver,)
     looked = []
     for version, base in bases:
         for driver in drivers:
             kubepods = base / literal_path(kubepods_name(config.cgroup_root), driver).lstrip("/")
             if kubepods.is_dir():
-                return PodCgroups(version, driver, kubepods, base, config.cgroup_root)
+                device = os.stat(base).st_dev
+                return PodCgroups(version, driver, kubepods, base, config.cgroup_root, device)
             looked.append(str(kubepods))
     raise LivenessUnavailable(
         f"no kubepods cgroup at {' or '.join(looked[:2])}: is the kubelet running, and are [liveness] cgroup_root "
@@ -136,43 +268,73 @@ def find_pod_cgroups(config: LivenessConfig) -> PodCgroups:
     )
 
 
-def _populated_v2(pod_dir: Path) -> bool:
-    for line in (pod_dir / "cgroup.events").read_text().splitlines():
+def _populated_v2(pod_dir: Path, device: int | None) -> bool:
+    events = pod_dir / "cgroup.events"
+    for line in read_cgroup_file(events, device).decode(errors="replace").splitlines():
         key, _, value = line.partition(" ")
         if key == "populated":
             return value.strip() == "1"
-    raise OSError(errno.EINVAL, f"{pod_dir / 'cgroup.events'} has no 'populated' line")
+    raise OSError(errno.EINVAL, f"{events} has no 'populated' line")
 
 
-def _first_process_v1(pod_dir: Path) -> tuple[str, Path] | None:
+def _first_process_v1(pod_dir: Path, device: int | None) -> tuple[str, Path] | None:
     """A pid left in the pod's cgroup or below it (v1: each cgroup lists only its own), and where; None if none."""
-    for folder, _, _ in os.walk(pod_dir):
+    for folder, _, _ in os.walk(pod_dir):  # os.walk follows no link to a folder
         try:
-            with open(os.path.join(folder, "cgroup.procs"), "rb") as procs:
-                first = procs.readline().strip()
+            first = read_cgroup_file(Path(folder, "cgroup.procs"), device).partition(b"\n")[0].strip()
         except FileNotFoundError:
             continue  # removed while we walked
         if first:
-            return first.decode(), Path(folder)
+            return first.decode(errors="replace"), Path(folder)
     return None
+
+
+def _pod_folder(layout: PodCgroups, pod_dir: Path) -> bool:
+    """Whether the pod's cgroup folder is there (False: it is not, nor could it be); :class:`OSError` when the path
+    holds something else than folders (a link, a FIFO, a file) or cannot be resolved: then nobody can tell."""
+    try:
+        st = os.lstat(pod_dir)
+    except FileNotFoundError:
+        # Missing: so is the cgroup, unless a parent on the way is not a folder (a dangling link: unknown).
+        parent = pod_dir.parent
+        while parent != layout.hierarchy and parent.is_relative_to(layout.hierarchy):
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.lstat(parent).st_mode
+                if not stat.S_ISDIR(mode):
+                    raise OSError(errno.ENOTDIR, f"not a cgroup folder ({_kind(mode)})", str(parent)) from None
+            parent = parent.parent
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, f"not a cgroup folder ({_kind(st.st_mode)})", str(pod_dir))
+    if layout.device is not None and st.st_dev != layout.device:
+        raise OSError(errno.EXDEV, "not a cgroup folder (on another file system than its hierarchy)", str(pod_dir))
+    return True
+
+
+def _reason(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
 
 
 def read_pod(layout: PodCgroups, uid: str) -> PodLiveness:
     """Whether the pod with UID ``uid`` has a process left, read from its cgroup now."""
+    problem = uid_problem(uid)
+    if problem is not None:
+        return PodLiveness(PodState.UNKNOWN, f"pod UID {problem}: its cgroup is not looked for")
     try:
         for pod_dir in layout.pod_dirs(uid):
-            if not pod_dir.is_dir():
+            if not _pod_folder(layout, pod_dir):
                 continue
             if layout.version == 2:
-                if _populated_v2(pod_dir):
+                if _populated_v2(pod_dir, layout.device):
                     return PodLiveness(PodState.RUNNING, f"{pod_dir} is populated")
                 return PodLiveness(PodState.EXITED, f"{pod_dir} has no process left")
-            found = _first_process_v1(pod_dir)
+            found = _first_process_v1(pod_dir, layout.device)
             if found is not None:
                 return PodLiveness(PodState.RUNNING, f"pid {found[0]} is left in {found[1]}")
             return PodLiveness(PodState.EXITED, f"{pod_dir} has no process left")
     except OSError as exc:
-        return PodLiveness(PodState.UNKNOWN, f"cannot read the cgroup of pod {uid}: {exc.strerror or exc}")
+        return PodLiveness(PodState.UNKNOWN, f"cannot read the cgroup of pod {uid}: {_reason(exc)}")
     return PodLiveness(PodState.EXITED, f"no cgroup of pod {uid} under {layout.kubepods}")
 
 
@@ -325,6 +487,8 @@ class ContainerLiveness:
         layout = self.layout
         if layout is None or layout.version != 2 or self._inotify is None or self._loop is None:
             return
+        if uid_problem(watch.uid) is not None:
+            return  # never a path: read_pod answers unknown
         if self._ifd < 0:
             try:
                 self._ifd = self._inotify.init()
