@@ -21,6 +21,17 @@ The old instance (:class:`Predecessor`), asked by a request:
    serving without registering again or touching what the new one
    registered, says ``done`` and exits.
 
+Only one instance at a time asks, and only it may take the lock the old one
+lets go: the new instance holds the state lock's gate (``handover.lock``, see
+:mod:`devplug.daemon.lock`) from before its request until it serves, every
+instance takes the state lock only through the gate, and a third instance
+finding the gate held exits naming the handover in progress. The old instance
+acts on a request only while the gate is held by the process the request
+names (:func:`~devplug.daemon.lock.gate_holder`: the kernel's lock, not the
+file's word), so a request file written by anyone else freezes nothing; and
+it gives the handover up the moment that process lets the gate go without
+having taken the lock (it exited or gave up), instead of at the timeout.
+
 The new instance (:func:`take_over`) writes the request and waits for the
 lock, failing with a :class:`HandoverError` that says why when the old one
 refuses or stays silent past the timeout (the old one then serves on); once it
@@ -49,7 +60,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
-from devplug.daemon.lock import StateLock
+from devplug.daemon.lock import StateLock, gate_holder
+from devplug.daemon.lockholder import process_start_ticks
 from devplug.errors import AlreadyRunningError, StateError
 from devplug.watch import DirectoryWatcher
 
@@ -245,7 +257,26 @@ class Predecessor:
             return None
         if not isinstance(deadline, (int, float)) or deadline < time.time():
             return None  # a stale request of an instance that gave up
+        if not self._requester_holds_gate(request):
+            self._seen.add((to, request.get("requested_at")))
+            log.warning(
+                "ignoring a handover request for instance %r (pid %s): its writer does not hold %s, which the "
+                "instance taking the node over holds while it asks (the file was written by another process, or "
+                "by an instance that has exited, or by a devplug from before the gate); nothing is held",
+                to[:100],
+                str(request.get("pid"))[:20],
+                "handover.lock",
+            )
+            return None
         return request
+
+    def _requester_holds_gate(self, request: dict[str, Any]) -> bool:
+        """The process ``request`` names holds the gate now (:func:`~devplug.daemon.lock.gate_holder`)."""
+        holder = gate_holder(self.files.state_dir)
+        pid, start = request.get("pid"), request.get("start")
+        if holder is None or not isinstance(pid, int):
+            return False
+        return holder == (pid, start if isinstance(start, int) else None)
 
     async def serve(self) -> None:
         """Answer requests until one handover is done (returns: this instance leaves), each failure logged."""
@@ -257,7 +288,7 @@ class Predecessor:
             to = str(request["to"])
             self._seen.add((to, request.get("requested_at")))
             try:
-                if await self._hand_over(to, float(request.get("requested_at", time.time()))):
+                if await self._hand_over(request):
                     return
             except asyncio.CancelledError:
                 raise
@@ -289,9 +320,19 @@ class Predecessor:
         await self._write_status()
         return False
 
-    async def _hand_over(self, to: str, requested_at: float) -> bool:
+    async def _hand_over(self, request: dict[str, Any]) -> bool:
         loop = asyncio.get_running_loop()
+        to = str(request["to"])
+        requested_at = request.get("requested_at")
+        requested_at = float(requested_at) if isinstance(requested_at, (int, float)) else time.time()
         record = self.record = HandoverRecord(self.instance.id, to, requested_at, state="handing-over")
+
+        def gone() -> str | None:
+            """Why the new instance no longer takes part, or None while it holds the gate."""
+            if self._requester_holds_gate(request):
+                return None
+            return f"the new instance (pid {request.get('pid')}) let {'handover.lock'} go: it exited or gave up"
+
         deadline = loop.time() + self.timeout
         resources = list(self._resources())
         refusal = self._refuse()
@@ -303,6 +344,8 @@ class Predecessor:
         self._on_change()
         step("holding")
         while not all(r.quiet() for r in resources):  # hooks report no completion event: look again shortly
+            if (why := gone()) is not None:
+                return await self._fail(record, why, paused=resources)
             if loop.time() >= deadline:
                 busy = [r.name for r in resources if not r.quiet()]
                 return await self._fail(
@@ -312,13 +355,18 @@ class Predecessor:
                 )
             await asyncio.sleep(QUIET_POLL_S)
         idle = asyncio.ensure_future(asyncio.gather(*(r.calls_idle() for r in resources)))
-        done, _ = await asyncio.wait((idle,), timeout=max(0.0, deadline - loop.time()))
-        if not done:
+        left = asyncio.ensure_future(self.events.wait(gone, deadline))
+        done, _ = await asyncio.wait(
+            (idle, left), timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED
+        )
+        left.cancel()
+        if idle not in done:
             idle.cancel()
             await asyncio.wait((idle,))  # the gathering ends with the CancelledError: retrieve it, it is no error
             if not idle.cancelled():
                 idle.exception()
-            return await self._fail(record, f"calls still ran after {self.timeout:g} s", paused=resources)
+            why = gone() or f"calls still ran after {self.timeout:g} s"
+            return await self._fail(record, why, paused=resources)
         for resource in resources:
             await resource.flush()
         record.resources = {r.name: r.handover_facts() for r in resources}
@@ -331,15 +379,21 @@ class Predecessor:
         self.lock.release()
         log.info("ledgers flushed and the state lock released for %s", to)
         step("granted")
-        taken = await self.events.wait(lambda: self.files.read_for("taken", to), deadline)
+        answer = await self.events.wait(
+            lambda: self.files.read_for("taken", to) or ({"gone": why} if (why := gone()) else None), deadline
+        )
+        taken = answer if answer is not None and "gone" not in answer else None
         if taken is None:
             if not self.lock.try_acquire():
                 self.lock.release()  # the file kept open by the try
                 taken = {"to": to}  # it took the lock just now: committed
             else:
                 self._suspend_status(False)
+                why = answer["gone"] if answer is not None else None
                 return await self._fail(
-                    record, f"the new instance did not take the state lock within {self.timeout:g} s", paused=resources
+                    record,
+                    why or f"the new instance did not take the state lock within {self.timeout:g} s",
+                    paused=resources,
                 )
         record.state = "taken"
         self._on_change()
@@ -347,10 +401,20 @@ class Predecessor:
             await resource.stop_driver()
         self.files.write("drivers-stopped", {"from": self.instance.id, "to": to})
         step("drivers-stopped")
-        serving = await self.events.wait(lambda: self.files.read_for("serving", to), loop.time() + self.timeout)
+        answer = await self.events.wait(
+            lambda: self.files.read_for("serving", to) or ({"gone": why} if (why := gone()) else None),
+            loop.time() + self.timeout,
+        )
+        if answer is not None and "gone" in answer:  # it may have written serving and let the gate go just now
+            answer = self.files.read_for("serving", to) or answer
+        serving = answer if answer is not None and "gone" not in answer else None
         endpoints = serving.get("endpoints", {}) if serving is not None else {}
         if serving is None:
-            log.error("the new instance %s took the state lock but did not serve within %g s", to, self.timeout)
+            log.error(
+                "the new instance %s took the state lock but did not serve%s",
+                to,
+                f": {answer['gone']}" if answer is not None else f" within {self.timeout:g} s",
+            )
         if not isinstance(endpoints, dict):
             endpoints = {}
         await asyncio.gather(*(r.hand_over(str(endpoints.get(r.name, "")), self.grace) for r in resources))
@@ -376,7 +440,9 @@ async def take_over(
     timeout: float,
     busy: AlreadyRunningError,
 ) -> HandoverRecord:
-    """Ask the instance holding the lock to hand over, and take the lock; the record of what happened.
+    """Ask the instance holding the lock to hand over, and take the lock; the record of what happened. The caller
+    holds the gate (``handover.lock``) and keeps it until this instance serves: the request counts only while it
+    does.
 
     Raises :class:`HandoverError` saying why when the old instance refuses or
     does not let go within ``timeout`` (it goes on serving), and when this
@@ -397,6 +463,7 @@ async def take_over(
         {
             "to": instance.id,
             "pid": instance.pid,
+            "start": process_start_ticks(instance.pid),
             "requested_at": requested_at,
             "deadline": requested_at + timeout + ANSWER_MARGIN_S,
         },

@@ -4,7 +4,8 @@
 
     <state dir>/
         devplug.lock                 who owns the ledgers: the lock stays the arbiter
-        handover-request.json        new -> old: "hand over to me" (to, pid, requested_at, deadline)
+        handover.lock                its gate: held by an instance taking devplug.lock, by a new one until it serves
+        handover-request.json        new -> old: "hand over to me" (to, pid, start, requested_at, deadline)
         handover-granted.json        old -> new: ledgers flushed, lock released (from, to, resources: facts)
         handover-failed.json         old -> new: "not handing over to you" (from, to, reason)
         handover-taken.json          new -> old: "I hold the lock now" (to, at): the commit point
@@ -78,7 +79,7 @@ class HandoverFiles:
 
     def names(self) -> frozenset[str]:
         """The file names of every message (and the lock's): the ones whose changes matter."""
-        return frozenset([*HANDOVER_FILES.values(), "devplug.lock"])
+        return frozenset([*HANDOVER_FILES.values(), "devplug.lock", "handover.lock"])
 
     def write(self, message: str, body: dict[str, Any]) -> None:
         write_atomic(self.path(message), json.dumps(body, sort_keys=True).encode(), sync=True)

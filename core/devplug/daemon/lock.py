@@ -6,6 +6,13 @@ PID written into (and later truncate) whatever it points to. It holds
 ``<pid> <start time>\n``, the start time in clock ticks since boot, so that a
 reader can tell the daemon from a later owner of its pid
 (:mod:`devplug.daemon.lockholder`).
+
+A second lock of the same kind, ``handover.lock`` (:func:`handover_gate`), is
+the gate to the state lock: an instance holds it while it takes the state lock,
+and a handover's new instance for the whole handover (from its request until it
+serves). So only the instance a handover is for can take the state lock the old
+one lets go, and its request counts only while it holds the gate
+(:func:`gate_holder`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,14 @@ from pathlib import Path
 from devplug.daemon.lockholder import process_start_ticks
 from devplug.errors import AlreadyRunningError, StateError
 
-__all__ = ["StateLock"]
+__all__ = ["GATE_FILE", "GATE_RETRY_S", "GATE_TRIES", "StateLock", "gate_holder", "handover_gate"]
+
+#: The gate to the state lock (see the module docstring).
+GATE_FILE = "handover.lock"
+#: How often, ``GATE_RETRY_S`` apart, an instance tries the gate before it says a handover is in progress (an old
+#: instance checking a request holds it shared for microseconds).
+GATE_TRIES = 5
+GATE_RETRY_S = 0.02
 
 
 def _describe(pid_text: str) -> str:
@@ -42,8 +56,8 @@ def _target(path: Path) -> str:
 class StateLock:
     """``<state dir>/devplug.lock``, held with ``flock`` for the daemon's lifetime (released by the kernel on exit)."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "devplug.lock"
+    def __init__(self, state_dir: Path, name: str = "devplug.lock") -> None:
+        self.path = state_dir / name
         self._fd: int | None = None
         self._waiting_fd: int | None = None  # open while try_acquire waits for the lock
 
@@ -60,6 +74,18 @@ class StateLock:
                 "stop it first (two daemons would fight over the same resources)"
             ) from None
         self._own(fd)
+
+    def holder(self) -> str:
+        """The process the lock file names, described (``pid N (command line)``), or "" when it names none."""
+        try:
+            fd = self._open()
+        except StateError:
+            return ""
+        try:
+            text = os.pread(fd, 200, 0).decode(errors="replace")
+        finally:
+            os.close(fd)
+        return _describe(text) if text.split() else ""
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free, else False; the file stays open between tries (closing it would
@@ -118,3 +144,39 @@ class StateLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)
             self._fd = None
+
+
+def handover_gate(state_dir: Path) -> StateLock:
+    """The gate to ``state_dir``'s state lock (``handover.lock``)."""
+    return StateLock(state_dir, GATE_FILE)
+
+
+def gate_holder(state_dir: Path) -> tuple[int, int | None] | None:
+    """Who holds the gate of ``state_dir`` now, as its holder wrote it (``(pid, start ticks)``), or None when
+    nobody holds it.
+
+    The proof is the kernel's: a shared ``flock`` on the gate file fails only while a process holds it
+    exclusively (a file's contents alone, which any process of the daemon's user can write, never make a holder).
+    The pid and start time are those the holder wrote into the file once it held the lock (in the holder's PID
+    namespace: the new pod's, which is not this one's, so ``/proc/locks`` cannot name it here). The shared lock is
+    let go at once; a new instance trying the gate at that instant tries again (``GATE_TRIES``).
+    """
+    path = state_dir / GATE_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None  # no gate file, or a link planted at its place: nobody holds it
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            words = os.pread(fd, 200, 0).decode(errors="replace").split()
+            if not words or not all(w.isascii() and w.isdigit() for w in words[:2]):
+                return None  # held, but by no instance that said who it is
+            return int(words[0]), int(words[1]) if len(words) > 1 else None
+        return None
+    finally:
+        os.close(fd)  # lets the shared lock go

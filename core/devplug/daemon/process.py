@@ -38,10 +38,10 @@ from devplug.config import Config, ResourceConfig
 from devplug.configdra import API_DRA
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
 from devplug.daemon.draassembly import check_dra_client, dra_frontend
-from devplug.daemon.handover import HandoverRecord, Predecessor, StateDirEvents, take_over
+from devplug.daemon.handover import HandoverError, HandoverRecord, Predecessor, StateDirEvents, take_over
 from devplug.daemon.handover import step as handover_step
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
-from devplug.daemon.lock import StateLock
+from devplug.daemon.lock import GATE_RETRY_S, GATE_TRIES, StateLock, handover_gate
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile
 from devplug.engine.devicetable import DeviceTable
@@ -91,6 +91,8 @@ class Daemon:
         self.profiles = profiles
         self.state_dir = config.state.dir
         self.lock = StateLock(self.state_dir)
+        #: The state lock's gate (devplug.daemon.lock): held while taking it, by a new instance until it serves.
+        self.gate = handover_gate(self.state_dir)
         #: This daemon instance (``DEVPLUG_INSTANCE``, the pod UID in a DaemonSet), for handovers.
         self.instance = Instance.current()
         self.handover_files = HandoverFiles(self.state_dir)
@@ -373,6 +375,7 @@ class Daemon:
             self._writer.close()  # every write was awaited, or given up on by write_final
             self.status_file.close()
             self.lock.release()
+            self.gate.release()
             if self._handed_over:
                 log.info(
                     "stopped: the node is %s's now",
@@ -387,6 +390,7 @@ class Daemon:
     async def _take_lock(self, loop: asyncio.AbstractEventLoop) -> None:
         """Take the state lock; with ``[handover] enabled`` and another instance holding it, ask it to hand over
         (:class:`~devplug.daemon.handover.HandoverError` when it does not)."""
+        await self._take_gate()
         if self.config.handover.enabled:
             self._handover_events = StateDirEvents(self.handover_files)
             self._handover_events.start(loop)
@@ -394,6 +398,7 @@ class Daemon:
             self.lock.acquire()
         except AlreadyRunningError as busy:
             if self._handover_events is None:
+                self.gate.release()
                 raise
             try:
                 self.took_over = await take_over(
@@ -405,10 +410,30 @@ class Daemon:
                     busy,
                 )
             except BaseException:
+                self.gate.release()
                 self._handover_events.close()
                 if self.metrics is not None:
                     self.metrics.handover("to", "failed", None)
                 raise
+            return  # the gate is kept until this instance serves (_finish_takeover)
+        self.gate.release()
+
+    async def _take_gate(self) -> None:
+        """Take the gate to the state lock, or raise :class:`HandoverError` naming the handover in progress: only
+        the instance a handover is for may take the lock the old instance lets go, so a third one exits."""
+        for attempt in range(GATE_TRIES):
+            if self.gate.try_acquire():
+                return
+            if attempt + 1 < GATE_TRIES:
+                await asyncio.sleep(GATE_RETRY_S)
+        holder = self.gate.holder() or "a process that did not say who it is"
+        self.gate.release()  # the file kept open by the tries
+        request = self.handover_files.read("request") or {}
+        to = f" (instance {str(request['to'])[:100]})" if request.get("to") else ""
+        raise HandoverError(
+            f"a handover is in progress in {self.state_dir}: {holder}{to} is taking the node over and holds "
+            f"{self.gate.path.name}; this instance exits and takes no state (start it again once that handover ended)"
+        )
 
     def _start_handover_tasks(self) -> list[asyncio.Future[None]]:
         if self._handover_events is None:
@@ -481,6 +506,7 @@ class Daemon:
             await asyncio.sleep(0.02)  # registration reports no event of its own here; it takes milliseconds
         endpoints = {r.name: r.endpoint for r in self.resources}
         self.handover_files.write("serving", {"to": self.instance.id, "endpoints": endpoints})
+        self.gate.release()  # after the word: the old instance reads a gate let go without it as this one's end
         handover_step("serving")
         record.state = "serving"
         self.status_file.changed()
