@@ -613,20 +613,38 @@ def quarantine_clear(
     devices go back into service as they are. Only when you know they are clean.
 
     A running daemon takes the request at its next release pass; with none running, the ledger is changed here.
-    Exits 3 when a running daemon did not take it within --timeout.
+    A KEY no ledger holds is an error (exit 2) listing the keys there are, and nothing is cleared; --all with
+    nothing quarantined says so and exits 0. Exits 3 when a running daemon did not take it within --timeout.
     """
     import time as clock
 
     from devplug.daemon.lock import StateLock
     from devplug.engine.ledger import Ledger
-    from devplug.engine.quarantine import clear_offline, write_clear_request
+    from devplug.engine.quarantine import clear_offline, read_quarantined, write_clear_request
     from devplug.errors import AlreadyRunningError, ConfigError, StateError
+    from devplug.logsafe import shorten
     from devplug.resource_names import resource_state_dir
 
     try:
         if not keys and not clear_all:
             raise ConfigError("name the records to clear (their keys, from `devplug quarantine list`), or --all")
         state_dir, names = _quarantine_targets(config_path, resource)
+        held = {name: [bad.key for bad in read_quarantined(state_dir, name)] for name in names}
+        if clear_all:
+            names = [name for name in names if held[name]]
+            if not names:
+                click.echo("no quarantined ledger records: nothing to clear")
+                return
+        else:
+            unknown = [key for key in dict.fromkeys(keys) if not any(key in found for found in held.values())]
+            if unknown:
+                there = "; ".join(f"{name}: {', '.join(found)}" for name, found in held.items() if found)
+                raise ConfigError(
+                    f"no quarantined ledger record with key {', '.join(shorten(k) for k in unknown)}"
+                    + (f" in {resource}" if resource is not None else "")
+                    + f" (quarantined: {there or 'none'}); nothing was cleared"
+                )
+            names = [name for name in names if any(key in held[name] for key in keys)]
         wanted = None if clear_all else list(keys)
         lock = StateLock(state_dir)
         try:

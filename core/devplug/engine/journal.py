@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.compactjson import compact_json
+from devplug.engine.statedir import read_state_file
 
 __all__ = [
     "JournalSegment",
@@ -52,8 +53,11 @@ def frame_payload(payload: bytes) -> bytes:
 
 
 def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """Every whole entry of a segment, in order, and why the rest was dropped (None when nothing was)."""
-    data = path.read_bytes()
+    """Every whole entry of a segment, in order, and why the rest was dropped (None when nothing was).
+
+    Read as every state file is (:func:`~devplug.engine.statedir.read_state_file`): a FIFO or a link planted as a
+    segment is a :class:`~devplug.errors.StateError`, never a read that blocks."""
+    data = read_state_file(path, "a segment of the allocation journal")
     entries: list[dict[str, Any]] = []
     offset = 0
     while offset < len(data):

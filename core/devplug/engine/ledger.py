@@ -616,12 +616,15 @@ def load_readonly(path: Path, resource_name: str) -> Ledger:
     """The ledger a daemon would load from ``path`` (snapshot and journal), read without moving, deleting or
     writing anything (for status, tools and tests); read again when a compaction ran meanwhile."""
     ledger = Ledger(resource_name, path)
-    for _ in range(20):  # a compaction between reading the snapshot and the segments: read again
+    attempts = 20
+    for attempt in range(attempts):  # a compaction between reading the snapshot and the segments: read again
         before = _stamp(path)
         ledger._reset()
         try:
             ledger.file.load(_Loader(ledger), readonly=True)
         except StateError:
+            if attempt == attempts - 1:
+                raise  # not a compaction: a file that cannot be read (a FIFO, a link), said as the daemon says it
             continue  # a segment deleted under us by that compaction
         if _stamp(path) == before:
             break

@@ -38,6 +38,7 @@ from typing import Protocol
 from devplug.atomic import write_atomic
 from devplug.engine.journal import JournalSegment, read_journal, segment_path, segments, sync_and_close
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
+from devplug.engine.statedir import read_state_file
 from devplug.errors import StateError, StateWriteError
 
 __all__ = ["COMPACT_BYTES", "COMPACT_IDLE_S", "FORMAT_VERSION", "MIN_FREE_BYTES", "LedgerFile", "LoadSink"]
@@ -145,11 +146,9 @@ class LedgerFile:
 
     def _load_snapshot(self, sink: LoadSink, readonly: bool) -> bool:
         try:
-            raw = self.path.read_bytes()
+            raw = read_state_file(self.path, f"the allocation ledger of {self.resource_name}")
         except FileNotFoundError:
             return False
-        except OSError as exc:
-            raise StateError(f"{self.path}: cannot read the allocation ledger: {exc}") from exc
         try:
             data = json.loads(raw)
             if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from devplug.atomic import write_atomic
 from devplug.engine.ledger import Ledger, QuarantinedRecord, load_readonly
+from devplug.engine.statedir import existing_resource_dir
 from devplug.errors import StateError
 from devplug.resource_names import resource_state_dir
 
@@ -51,7 +52,7 @@ def request_path(state_dir: Path, resource: str) -> Path:
 def write_clear_request(state_dir: Path, resource: str, keys: Sequence[str] | None) -> Path:
     """Leave a request to clear ``keys`` (all when None) for the daemon; returns its path."""
     path = request_path(state_dir, resource)
-    if not path.parent.is_dir():
+    if existing_resource_dir(state_dir, resource) is None:
         raise StateError(f"{path.parent}: no state of resource {resource} here (is this the daemon's state dir?)")
     write_atomic(path, (json.dumps({"keys": None if keys is None else list(keys)}) + "\n").encode())
     return path
@@ -94,8 +95,13 @@ def apply_clear_request(ledger: Ledger, state_folder: Path) -> list[QuarantinedR
 
 
 def read_quarantined(state_dir: Path, resource: str) -> list[QuarantinedRecord]:
-    """The quarantined entries of ``resource``'s ledger on disk (read only: nothing is moved or written)."""
-    return list(load_readonly(resource_state_dir(state_dir, resource) / "ledger.json", resource).quarantined)
+    """The quarantined entries of ``resource``'s ledger on disk (read only: nothing is moved or written), its
+    folders and files checked and read as the daemon does (:mod:`devplug.engine.statedir`): a FIFO or a link
+    where the ledger belongs is a :class:`StateError` naming it."""
+    folder = existing_resource_dir(state_dir, resource)
+    if folder is None:
+        return []
+    return list(load_readonly(folder / "ledger.json", resource).quarantined)
 
 
 async def clear_offline(ledger: Ledger, keys: Sequence[str] | None) -> list[QuarantinedRecord]:

@@ -15,6 +15,14 @@ foreign folder is a :class:`~devplug.errors.StateError` naming the path and
 what to do, and nothing is written through it: a planted link would
 otherwise have the daemon write its ledger, or its PID, wherever it points.
 
+State files are read one way, by the daemon and by every ``devplug`` command
+(:func:`read_state_file`): opened without blocking or following a link, and
+read only when ``fstat`` shows a regular file of the daemon's user, so a FIFO
+planted as ``ledger.json`` is an error naming it, never a read that waits for
+ever. A command that only reads finds a resource's folder with
+:func:`existing_resource_dir`, which checks what the daemon checks and creates
+nothing.
+
 Earlier versions named a resource's folder after its socket file
 (``resources/devplug-<domain>_<name>``, or a hash when the plugin folder's
 path was long), so changing ``device_plugin_dir`` moved the state and lost
@@ -24,6 +32,7 @@ the ledger. :func:`prepare_resource_dir` moves such a folder to its place.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat
@@ -37,8 +46,10 @@ __all__ = [
     "check_replaceable",
     "check_state_file",
     "ensure_own_dir",
+    "existing_resource_dir",
     "prepare_resource_dir",
     "prepare_state_dir",
+    "read_state_file",
 ]
 
 log = logging.getLogger("devplug.engine")
@@ -95,6 +106,37 @@ def check_state_file(path: Path, what: str) -> None:
         raise StateError(f"{path}: {what} is not a regular file; move it away")
     if st.st_uid != os.geteuid():
         raise StateError(f"{path}: {what} belongs to uid {st.st_uid}, not to the daemon's user (uid {os.geteuid()})")
+
+
+def read_state_file(path: Path, what: str) -> bytes:
+    """The bytes of the state file ``path``, read as :func:`check_state_file` would allow: opened with
+    ``O_NONBLOCK`` and ``O_NOFOLLOW``, and read only when ``fstat`` shows a regular file of the daemon's user.
+    :class:`FileNotFoundError` when it is missing; :class:`StateError` naming it for anything else (a FIFO, a
+    device, a link, a folder, another user's file, an error while reading)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateError(f"{path}: {what} is a symbolic link (to {_link_target(path)}); {_REMEDY}") from exc
+        raise StateError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError(f"{path}: {what} is not a regular file; move it away")
+        if st.st_uid != os.geteuid():
+            raise StateError(
+                f"{path}: {what} belongs to uid {st.st_uid}, not to the daemon's user (uid {os.geteuid()})"
+            )
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise StateError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
 
 
 def check_replaceable(path: Path, what: str) -> None:
@@ -183,5 +225,24 @@ def prepare_resource_dir(state_dir: Path, resource_name: str) -> Path:
     _migrate(resources, resource_name, target)
     ensure_own_dir(target, f"the state folder of {resource_name}")
     ensure_own_dir(target / "driver", f"the driver's state folder of {resource_name}")
+    check_state_file(target / "ledger.json", f"the allocation ledger of {resource_name}")
+    return target
+
+
+def existing_resource_dir(state_dir: Path, resource_name: str) -> Path | None:
+    """``<state dir>/resources/<domain>/<name>`` as :func:`prepare_resource_dir` checks it (real folders of the
+    daemon's user, a ledger that is a regular file), creating nothing; None when a folder on the way is missing
+    (the resource never ran with this state dir). For commands that read or leave a request."""
+    target = resource_state_dir(state_dir, resource_name)
+    steps = [
+        (state_dir, "the state dir ([state] dir)"),
+        (state_dir / "resources", "the resources folder of the state dir"),
+        (target.parent, f"the state folder of {resource_name}'s domain"),
+        (target, f"the state folder of {resource_name}"),
+    ]
+    for folder, what in steps:
+        if not os.path.lexists(folder):
+            return None
+        check_own_dir(folder, what)
     check_state_file(target / "ledger.json", f"the allocation ledger of {resource_name}")
     return target
