@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DRIVERS := $(sort $(dir $(wildcard drivers/*/pyproject.toml)))
 STAMP := $(VENV)/.devplug-installed
 
-.PHONY: all demo test lint typecheck unit proto bench clean vm-assets dist image docs docs-tools
+.PHONY: all demo setup test lint typecheck unit proto bench clean vm-assets dist image docs docs-tools
 
 all: test
 
@@ -21,9 +21,15 @@ $(STAMP): pyproject.toml $(wildcard drivers/*/pyproject.toml)
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-# Lint, type-check (strict for core/), then every test (tests/test_docs_site.py builds the documentation site and
-# checks its links; docs-tools installs Graphviz for its diagrams first).
-test: lint typecheck docs-tools unit
+# What the tests need from the machine besides the virtual environment: Debian's Graphviz for the documentation's
+# diagrams (docs-tools). Set-up apart from testing: run once before the tests, idempotent, a no-op (no apt, no root)
+# when everything is installed; apt waits for another apt's lock (tools/apt-get), as on a fresh VM whose
+# unattended-upgrades holds it. .ci/run also sets up QEMU and etcd (.ci/setup-vm, .ci/setup-etcd).
+setup: docs-tools
+
+# The machine's set-up, lint, type-check (strict for core/), then every test (tests/test_docs_site.py builds the
+# documentation site and checks its links).
+test: setup lint typecheck unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -82,7 +88,7 @@ docs: $(STAMP) docs-tools
 	$(BIN)/python tools/docs/checklinks.py $(DOCS_OUT)
 	@echo "open $(DOCS_OUT)/index.html"
 
-# Graphviz's dot for the diagrams (Debian's package, installed when missing).
+# Graphviz's dot for the diagrams (Debian's package, installed when missing; waits for another apt's lock).
 docs-tools:
 	bash tools/docs/setup.sh
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the documentation site's build needs from Debian's packages, installed when missing (idempotent):
 #   graphviz  `dot`, which renders the diagrams of docs/diagrams/ to SVG during the build (sphinx.ext.graphviz)
-# Called by `make test` and `make docs`, and by .ci/run. Through tools/apt-get: every mirror connection that stalls
-# is dropped after 30 s and retried.
+# Called by `make setup` (which `make test` runs before the tests) and `make docs`, and by .ci/run; a no-op when dot
+# is installed. Through tools/apt-get: apt waits up to 600 s for another apt's locks (unattended-upgrades on a fresh
+# VM) instead of failing, and every mirror connection that stalls is dropped after 30 s and retried.
 set -euo pipefail
 if command -v dot >/dev/null 2>&1; then
   exit 0

@@ -5,7 +5,8 @@
 #   podman       runs the built image in the smoke test (tools/image/smoke.py), as a node's runtime would
 #   runc         its OCI runtime there: crun, podman's default, refuses these machines' hybrid cgroup hierarchy
 #                ("cgroups in hybrid mode not supported"); runc runs on it
-# Through tools/apt-get: every mirror connection that stalls is dropped after 30 s and retried.
+# Through tools/apt-get: apt waits up to 600 s for another apt's locks (unattended-upgrades on a fresh VM) instead
+# of failing, and every mirror connection that stalls is dropped after 30 s and retried.
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then
   echo "image set-up: needs root (apt-get install)" >&2

@@ -24,7 +24,7 @@ VM="$ROOT/.vm"
 MODULES="vfio vfio_iommu_type1 vfio-pci 9p 9pnet_virtio virtio_pci e1000e overlay nvme igb igbvf"
 
 log() { echo "fetch-assets: $*" >&2; }
-apt_get() { "$ROOT/tools/apt-get" "$@"; }  # bounded retries and timeouts
+apt_get() { "$ROOT/tools/apt-get" "$@"; }  # waits for another apt's locks; bounded retries and timeouts
 
 export DEBIAN_FRONTEND=noninteractive
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx depmod || {

@@ -51,7 +51,9 @@ def test_a_region_is_programmed_for_its_pod_and_deprogrammed_once_after_it(lab: 
     resets = [e for e in lab.model.ioctl_log() if e["ioctl"] == "DFL_FPGA_PORT_RESET" and e["node"] == port]
     assert len(resets) == 1
     assert lab.model.power_max(card.fme) == 20_000_000  # the whole card is free: power save
-    assert lab.health(device) == "Healthy"
+    # The ledger and the driver's state are written before the daemon tells the kubelet (ListAndWatch): the device
+    # is advertised healthy again once that update arrives, not at the moment its release is on disk.
+    lab.wait(lambda: lab.health(device) == "Healthy", what=f"{device} advertised healthy after its release")
 
     lab.admit("next")  # the next pod restores the card's power threshold
     assert lab.model.power_max(card.fme) == 127_000_000
