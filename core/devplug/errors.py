@@ -17,6 +17,8 @@
     ├── StateError                    the daemon's own files (lock, ledger) cannot be used
     │   ├── StateWriteError           a state file could not be written (full disk): request refused
     │   └── AlreadyRunningError       another daemon holds the state dir's lock
+    ├── KubeApiError                  an API server's answer that cannot be used: later than the call's
+    │                                 deadline, larger than the cap, a redirect (devplug.kubeclient)
     └── KubeletError                  the dev kubelet refused or failed a request
 
 Expected errors (bad config, bad requests, a driver saying no) carry a message
@@ -105,6 +107,11 @@ class StateWriteError(StateError):
 
 class AlreadyRunningError(StateError):
     """Another devplug daemon holds the lock on the state directory."""
+
+
+class KubeApiError(DevplugError):
+    """An API server's answer that devplug cannot use: it did not come whole within the call's deadline, it is
+    larger than devplug reads, or it is a redirect. The message names the request (method and path)."""
 
 
 class KubeletError(DevplugError):

@@ -17,6 +17,18 @@ Credentials, in this order:
   in ``token`` (read again when the server answers 401: kubelets rotate projected
   tokens) and the CA in ``ca.crt`` of ``/var/run/secrets/kubernetes.io/serviceaccount``.
 
+Every call has an overall deadline (``deadline``, 30 s): the client's ``timeout`` bounds
+each read, so an answer trickling one byte every few seconds would hold a call for
+ever; now connecting, sending and reading the whole answer must end within the
+deadline, or the call fails naming the request and how much came. An answer is
+read up to :data:`MAX_ANSWER_BYTES` (a ResourceClaim, a Node and a node's slices
+of one driver are kilobytes; the API server stores objects up to 1.5 MiB, etcd's
+``--max-request-bytes`` default, k8s.io/apiserver ``options/etcd.go``), and a
+redirect (which the API server never sends) is an error naming where it points,
+not lightkube's ``KeyError: 'Content-Type'``. A watch's stream has no overall
+deadline (its answer lasts); its start has, and no line of it may exceed the cap.
+These are :class:`~devplug.errors.KubeApiError`.
+
 Nothing else is tried (no ``~/.kube/config``, no ``$KUBECONFIG``): a daemon
 talks to the cluster its config says, and a missing piece is a
 :class:`KubeClientConfigError` naming it. Proxy variables of the environment are
@@ -31,17 +43,30 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from devplug.errors import ConfigError
+from devplug.errors import ConfigError, KubeApiError
 
 if TYPE_CHECKING:
+    import httpx2
     from lightkube import AsyncClient
     from lightkube.config.kubeconfig import SingleConfig
 
-__all__ = ["SERVICE_ACCOUNT_DIR", "KubeClientConfigError", "cluster_config", "describe_api_error", "make_client"]
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "MAX_ANSWER_BYTES",
+    "SERVICE_ACCOUNT_DIR",
+    "KubeClientConfigError",
+    "cluster_config",
+    "describe_api_error",
+    "make_client",
+]
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: Seconds an API request may take (connect, each read, write) before it fails.
 DEFAULT_TIMEOUT = 10.0
+#: Seconds an API call may take in all, its whole answer read (a watch: until its answer starts).
+DEFAULT_DEADLINE = 30.0
+#: Bytes of an answer (of a watch: of one event's line) read at most.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class KubeClientConfigError(ConfigError):
@@ -161,10 +186,13 @@ def make_client(
     field_manager: str,
     context: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    deadline: float = DEFAULT_DEADLINE,
+    max_answer: int = MAX_ANSWER_BYTES,
     service_account: Path = SERVICE_ACCOUNT_DIR,
     environ: Mapping[str, str] | None = None,
 ) -> AsyncClient:
-    """An async lightkube client of the cluster (see :func:`cluster_config`) writing as ``field_manager``.
+    """An async lightkube client of the cluster (see :func:`cluster_config`) writing as ``field_manager``; each
+    call within ``deadline`` seconds in all, its answer at most ``max_answer`` bytes (see the module docstring).
 
     Raises :class:`KubeClientConfigError` when the credentials are incomplete or the CA or a client certificate
     cannot be loaded. Close it with ``await client.close()``.
@@ -173,13 +201,106 @@ def make_client(
 
     import httpx2
     from lightkube import AsyncClient
+    from lightkube.config.client_adapter import verify_cluster
 
     config = cluster_config(kubeconfig, context=context, service_account=service_account, environ=environ)
     try:
-        return AsyncClient(config, timeout=httpx2.Timeout(timeout), field_manager=field_manager, trust_env=False)
+        assert config.user is not None
+        # the transport lightkube would make (TLS as the config says), bounded
+        verify = verify_cluster(config.cluster, config.user, config.abs_file, trust_env=False)
+        inner = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False)
+        return AsyncClient(
+            config,
+            timeout=httpx2.Timeout(timeout),
+            field_manager=field_manager,
+            trust_env=False,
+            transport=_bounded_transport(inner, deadline, max_answer),
+        )
     except (OSError, ssl.SSLError) as exc:
         where = kubeconfig if kubeconfig is not None else service_account
         raise KubeClientConfigError(f"{where}: a certificate or key cannot be loaded: {exc}") from None
+
+
+def _what(request: httpx2.Request) -> str:
+    """``GET /apis/resource.k8s.io/v1/...`` (no host, no query: short, and no secret is in a path)."""
+    return f"{request.method} {request.url.path}"
+
+
+def _bounded_transport(inner: httpx2.AsyncBaseTransport, deadline: float, max_answer: int) -> httpx2.AsyncBaseTransport:
+    """``inner``, each request within ``deadline`` seconds whole and its answer capped (the module docstring)."""
+    import asyncio
+
+    import httpx2
+
+    class BoundedStream(httpx2.AsyncByteStream):
+        def __init__(self, stream: httpx2.AsyncByteStream, what: str, end: float | None) -> None:
+            self._stream = stream
+            self._what = what
+            self._end = end
+
+        async def __aiter__(self) -> Any:
+            total = line = 0
+            chunks = self._stream.__aiter__()
+            while True:
+                try:
+                    if self._end is None:
+                        chunk = await chunks.__anext__()
+                    else:
+                        async with asyncio.timeout_at(self._end):
+                            chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise KubeApiError(
+                        f"{self._what}: the answer did not come whole within {deadline:g} s (the deadline of an API "
+                        f"call; {total} bytes came)"
+                    ) from None
+                total += len(chunk)
+                if self._end is None:  # a watch: one event per line
+                    newline = chunk.rfind(b"\n")
+                    line = len(chunk) - newline - 1 if newline >= 0 else line + len(chunk)
+                    too_big = line > max_answer
+                else:
+                    too_big = total > max_answer
+                if too_big:
+                    raise KubeApiError(
+                        f"{self._what}: the answer{' (one watch event)' if self._end is None else ''} is larger than "
+                        f"{max_answer} bytes, more than any object the API server stores; not read further"
+                    )
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._stream.aclose()
+
+    class BoundedTransport(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            what = _what(request)
+            watching = request.url.params.get("watch") in ("true", "1")
+            end = asyncio.get_running_loop().time() + deadline
+            try:
+                async with asyncio.timeout_at(end):
+                    response = await inner.handle_async_request(request)
+            except TimeoutError:
+                raise KubeApiError(f"{what}: no answer within {deadline:g} s (the deadline of an API call)") from None
+            if 300 <= response.status_code < 400:
+                await response.aclose()
+                location = response.headers.get("Location", "nowhere")
+                raise KubeApiError(
+                    f"{what}: the API server answered {response.status_code} (a redirect to {location[:200]}), which "
+                    "it never does; devplug follows no redirect (is the kubeconfig's server an API server?)"
+                )
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            return httpx2.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=BoundedStream(response.stream, what, None if watching else end),
+                extensions=response.extensions,
+            )
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return BoundedTransport()
 
 
 def describe_api_error(exc: Exception) -> tuple[str, float | None]:
@@ -194,4 +315,11 @@ def describe_api_error(exc: Exception) -> tuple[str, float | None]:
             with contextlib.suppress(TypeError, ValueError):
                 retry = float(exc.response.headers.get("Retry-After", ""))
         return f"{status.code} {status.reason}: {status.message}", retry
-    return f"{type(exc).__name__}: {exc}", None
+    if isinstance(exc, KubeApiError):
+        return str(exc), None
+    text = str(exc)
+    request = getattr(exc, "_request", None)  # httpx's errors keep the request they are about
+    where = f" ({request.method} {request.url.path})" if request is not None else ""
+    if not text:  # httpx's timeouts say nothing: say what timed out
+        text = "timed out" if "Timeout" in type(exc).__name__ else "no detail given"
+    return f"{type(exc).__name__}: {text}{where}", None

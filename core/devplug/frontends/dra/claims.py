@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from devplug.errors import DevplugError, RequestError
+from devplug.errors import DevplugError, KubeApiError, RequestError
 from devplug.kubeclient import describe_api_error
 from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem, uid_problem
 from devplug.logsafe import shorten
@@ -232,6 +232,8 @@ class ClaimReader:
             if exc.status.code == 404:
                 return None
             raise ClaimReadError(f"{claim}: the API server failed to give it: {describe_api_error(exc)[0]}") from exc
+        except KubeApiError as exc:  # too late, too large, a redirect: the message names the request
+            raise ClaimReadError(f"{claim}: the API server's answer cannot be used: {exc}") from exc
         except Exception as exc:  # the network's: refused, reset, timed out
             raise ClaimReadError(f"{claim}: the API server did not answer: {describe_api_error(exc)[0]}") from exc
         stored: dict[str, Any] = found.to_dict()
@@ -247,6 +249,11 @@ class ClaimReader:
     def allocation_of(self, claim: ClaimRef, stored: Mapping[str, Any]) -> ClaimAllocation:
         """:meth:`read`'s answer from a claim already fetched (a dict as the API server sends it)."""
         uid = (stored.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise ClaimReadError(
+                f"{claim}: the API server's answer is no ResourceClaim (it has no metadata.uid; kind "
+                f"{shorten(str(stored.get('kind')))}, {len(stored)} top-level field(s))"
+            )
         if uid != claim.uid:
             raise ClaimReplacedError(
                 claim, f"the API server's claim of that name has uid {uid}: the claim was deleted and made again"
@@ -317,7 +324,10 @@ class ClaimReader:
                 stored = await self._get(claim)
             if stored is None:
                 return ClaimPresence.DELETED
-            if (stored.get("metadata") or {}).get("uid") != claim.uid:
+            uid = (stored.get("metadata") or {}).get("uid")
+            if not isinstance(uid, str) or not uid:  # junk is no evidence that the claim is gone
+                raise ClaimReadError(f"{claim}: the API server's answer is no ResourceClaim (it has no metadata.uid)")
+            if uid != claim.uid:
                 return ClaimPresence.REPLACED
             if not (stored.get("status") or {}).get("allocation"):
                 return ClaimPresence.DEALLOCATED
