@@ -75,6 +75,10 @@ __all__ = [
 
 #: How many claims :meth:`ClaimReader.presence` asks about at once.
 PRESENCE_CONCURRENCY = 8
+#: How many claim reads of one reader (prepares and presence checks together) talk to the API server at once; the
+#: others wait their turn, first come first served, so a flood of claims costs its sender time, not the node memory
+#: and connections (the client's pool holds 100), and a good claim waits behind at most the reads already queued.
+READS_AT_ONCE = 8
 
 
 @dataclass(frozen=True, order=True)
@@ -214,6 +218,7 @@ class ClaimReader:
 
     def __init__(self, client: AsyncClient, *, driver: str, pool: str, device_id: Callable[[str], str | None]) -> None:
         self._client = client
+        self._reads = asyncio.Semaphore(READS_AT_ONCE)
         self.driver = driver
         self.pool = pool
         self._device_id = device_id
@@ -227,7 +232,8 @@ class ClaimReader:
         if problem is not None:  # its namespace and name would make the URL
             raise ClaimIdentifierError(claim, problem)
         try:
-            found = await self._client.get(ResourceClaim, claim.name, namespace=claim.namespace)
+            async with self._reads:
+                found = await self._client.get(ResourceClaim, claim.name, namespace=claim.namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None

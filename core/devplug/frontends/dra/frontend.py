@@ -90,6 +90,10 @@ log = logging.getLogger("devplug.frontends.dra")
 MAX_SOCKET_PATH = 107
 #: The most prepared claims ``devplug status`` lists (the count is always there).
 MAX_CLAIMS_LISTED = 256
+#: The largest call the DRA service reads, in bytes (gRPC's default is 4 MiB): a claim is at most ~360 bytes on
+#: the wire (a 36-byte UID, a 63-byte namespace, a 253-byte name), so this holds the claims of a node of ~2,900
+#: devices in one call, and a flood is refused (RESOURCE_EXHAUSTED) before Python builds its messages.
+MAX_CALL_BYTES = 1024 * 1024
 #: The environment variable naming this instance (the pod's UID, from the downward API), as the Go helper does.
 INSTANCE_ENV = "POD_UID"
 
@@ -253,7 +257,8 @@ class DraFrontEnd:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_sockets(self.socket_path.parent, "dra-", ".sock")
         remove_dead_sockets(self.kubelet.plugins_registry_dir, f"{self.driver}-", "-reg.sock")
-        server = grpc.aio.server()
+        # a call's bytes are capped before Python parses them (service.py: the claims a call may name)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_CALL_BYTES)])
         v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(self.preparer, self.gate), server)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1beta1(self.preparer, self.gate), server)
         health_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)

@@ -49,6 +49,20 @@ between the release and the deletion). A release
 that fails is that claim's error; the record stays releasing (its devices
 withheld) and the kubelet calls again.
 
+**How many claims one call may name.** The kubelet sends one call per pod and
+driver, with that pod's claims of the driver (``pkg/kubelet/cm/dra/manager.go``,
+``prepareResources``: the claims of ``pod.Spec.ResourceClaims`` batched by driver
+name). Each claim this node prepares holds at least one of its published devices,
+exclusively (a published device is one device of the table, admin access is
+refused, no device allows multiple allocations), so a call naming more claims than
+the resource publishes devices can never be prepared whole. A call may name
+:meth:`ClaimPreparer.claims_bound` claims: the resource's device count, and never
+fewer than :data:`MIN_CLAIMS_BOUND` (a device list shrinking under a pod never
+refuses it). A larger call is refused whole with ``INVALID_ARGUMENT`` naming the
+bound, before anything is read or held: 20,000 claims in one call were all read
+from the API server at once. The reads of all calls together are bounded too
+(:data:`~devplug.frontends.dra.claims.READS_AT_ONCE`).
+
 Each claim's outcome is told to the resource's observer (the metrics): its
 time, and for a failure its kind (:func:`prepare_failure_reason`, one of
 :data:`PREPARE_FAILURE_REASONS`; never the message, nor the claim).
@@ -63,6 +77,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import grpc
 
 from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
@@ -109,6 +125,9 @@ log = logging.getLogger("devplug.frontends.dra")
 ClaimReading = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
 
 _SOURCES = {"FromClass": "class", "FromClaim": "claim"}
+
+#: The fewest claims a call may name (see the module docstring).
+MIN_CLAIMS_BOUND = 32
 
 
 @dataclass(frozen=True)
@@ -216,6 +235,11 @@ class ClaimPreparer:
         self.prepared = 0
         self.unprepared = 0
         self.refused = 0
+
+    def claims_bound(self) -> int:
+        """How many claims one call may name: one per device the resource publishes, at least
+        :data:`MIN_CLAIMS_BOUND` (see the module docstring)."""
+        return max(MIN_CLAIMS_BOUND, len(self.lifecycle.table))
 
     def _lock(self, claim_uid: str) -> asyncio.Lock:
         lock = self._locks.get(claim_uid)
@@ -455,10 +479,25 @@ class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
         )
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        await self._bounded("NodePrepareResources", request, context)
         return await self._gated("NodePrepareResources", request, context, self._prepare)
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        await self._bounded("NodeUnprepareResources", request, context)
         return await self._gated("NodeUnprepareResources", request, context, self._unprepare)
+
+    async def _bounded(self, method: str, request: Any, context: Any) -> None:
+        """Refuse a call naming more claims than :meth:`ClaimPreparer.claims_bound`, whole, before any work."""
+        bound = self.preparer.claims_bound()
+        count = len(request.claims)
+        if count > bound:
+            message = (
+                f"{method} names {count} claims; driver {self.preparer.driver} prepares at most {bound} per call "
+                "(one per device it publishes: the kubelet sends one pod's claims of a driver per call); "
+                "nothing was done"
+            )
+            log.warning("[%s] refused a call: %s", self.preparer.name, message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     async def _prepare(self, request: Any) -> Any:
         answers = await self.preparer.prepare(_refs(request))
