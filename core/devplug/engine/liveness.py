@@ -33,7 +33,7 @@ with the reason, and the layout is looked for again now and then.
 What is read must be the kernel's cgroups, not files that look like them: the
 mount's file system type is checked (``statfs(2)``: ``CGROUP2_SUPER_MAGIC``,
 ``CGROUP_SUPER_MAGIC``, or a ``tmpfs`` holding v1 hierarchies, each of which
-must itself be a cgroup mount, as ``/sys/fs/cgroup`` is on a v1 or hybrid
+must itself be a cgroup mount, as the default ``cgroup_mount`` is on a v1 or hybrid
 host), and anything else is refused naming ``[liveness] cgroup_mount`` and the
 type found. Each file is then opened without blocking (``O_NONBLOCK``,
 ``O_NOFOLLOW``) and used only when ``fstat`` shows a regular file on the
@@ -222,7 +222,7 @@ def _hierarchy_bases(mount: Path) -> list[tuple[int, Path]]:
     if kind != TMPFS_MAGIC:
         raise LivenessUnavailable(
             f"{key}: its file system is {fs_name(kind)}, not cgroup2, cgroup or a tmpfs holding cgroup v1 "
-            "hierarchies: point it at the node's cgroup2 mount or at the folder of its v1 hierarchies (/sys/fs/cgroup)"
+            "hierarchies: point it at the node's cgroup2 mount or at the folder of its v1 hierarchies (the default)"
         )
     bases, foreign = [], []
     for name in V1_HIERARCHIES:
