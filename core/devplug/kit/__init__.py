@@ -28,7 +28,14 @@ Public for third-party drivers like the rest of :data:`devplug.PUBLIC_MODULES`.
 from __future__ import annotations
 
 from devplug.kit.advertised import AdvertisedDevices
-from devplug.kit.command import CommandError, CommandResult, StartRecorder, kill_left_behind, run_command
+from devplug.kit.command import (
+    CommandError,
+    CommandResult,
+    StartRecorder,
+    kill_left_behind,
+    process_stamp,
+    run_command,
+)
 from devplug.kit.devicelocks import DeviceLocks
 from devplug.kit.owners import DeviceOwners
 from devplug.kit.records import RecordStore, RecordTable
@@ -50,5 +57,6 @@ __all__ = [
     "RescanLoop",
     "StartRecorder",
     "kill_left_behind",
+    "process_stamp",
     "run_command",
 ]

@@ -5,12 +5,16 @@ about it:
 
 * **its processes** -- it runs in a session of its own (``setsid``), so it is
   its own process group and signals sent to the daemon's group do not reach it
-  half-way. When its first process exits, whatever it left in its group is
-  killed (systemd's ``KillMode=control-group``): a wrapper whose child keeps
-  running, or keeps the output pipes open, cannot hold the driver. At the
-  deadline the whole group is killed (``SIGKILL``), not only the first process.
-  The group is always killed before that process is reaped, so its id cannot
-  have been reused by then;
+  half-way; and, where the node allows it (a writable cgroup v2), in a
+  transient cgroup of its own (:mod:`devplug.kit.cgroupjail`), which a child
+  that calls ``setsid()`` itself cannot leave. When its first process exits,
+  whatever it left in its group and its cgroup is killed (systemd's
+  ``KillMode=control-group``): a wrapper whose child keeps running, or keeps
+  the output pipes open, cannot hold the driver. At the deadline the whole
+  group and cgroup are killed (``SIGKILL``), not only the first process. The
+  group is always killed before that process is reaped, so its id cannot have
+  been reused by then; the cgroup is removed once empty. Which of the two
+  (cgroup, or process group only) the node allows is said once in the log;
 * **its time** -- ``timeout`` seconds from the start to the end of its output;
 * **its output** -- each of stdout and stderr is read as it comes (a full pipe
   never blocks the tool) and at most ``output_limit`` bytes of it are kept: the
@@ -30,9 +34,11 @@ for the pipes' end, which a surviving child can hold open for ever.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import selectors
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplug.errors import DriverError
+from devplug.kit.cgroupjail import CommandCgroup, command_cgroup, command_failed_to_join, kill_cgroup_of
 from devplug.logsafe import escape
 
 __all__ = [
@@ -50,6 +57,7 @@ __all__ = [
     "CommandResult",
     "StartRecorder",
     "kill_left_behind",
+    "process_stamp",
     "run_command",
 ]
 
@@ -167,6 +175,80 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+class _Killer:
+    """Kills what a command left: its process group and, when it has one, its transient cgroup."""
+
+    def __init__(self, pgid: int, cgroup: CommandCgroup | None) -> None:
+        self.pgid = pgid
+        self.cgroup = cgroup
+
+    def __call__(self) -> None:
+        _kill_group(self.pgid)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+
+#: The shim that moves a command into its cgroup, then becomes it (:mod:`devplug.kit.cgroupjail`).
+_JOIN_SHIM = ("/bin/sh", "-c", 'echo 0 > "$0" 2>/dev/null || exit 125; exec "$@"')
+#: How long the shim may take to become the command.
+_JOIN_WAIT_S = 5.0
+
+
+def _popen(args: list[str], env: Mapping[str, str] | None, cwd: Path | None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+    )
+
+
+def _joined(proc: subprocess.Popen[bytes], cgroup: CommandCgroup) -> str | None:
+    """Wait until the shim moved itself into the cgroup (it then execs the command at once); None once it did,
+    else why not. Never reaps the process (its pid stays its own for the kills)."""
+    deadline = time.monotonic() + _JOIN_WAIT_S
+    while time.monotonic() < deadline:
+        if cgroup.holds(proc.pid):  # a zombie still shows its cgroup
+            return None
+        ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if ended is not None and not cgroup.holds(proc.pid):
+            return f"cannot write {cgroup.procs} (the shim exited {ended.si_status})"
+        time.sleep(0.0005)
+    return f"it did not join within {_JOIN_WAIT_S:g} s"
+
+
+def _start(
+    args: list[str], env: Mapping[str, str] | None, cwd: Path | None, shown: str
+) -> tuple[subprocess.Popen[bytes], CommandCgroup | None]:
+    """The command started, in a transient cgroup of its own where the node allows it (and the program is found
+    and ``/bin/sh`` is there for the shim), else in its own process group only."""
+    cgroup = None
+    path = (env or os.environ).get("PATH", os.defpath)
+    if os.access(_JOIN_SHIM[0], os.X_OK) and shutil.which(args[0], path=path) is not None:
+        cgroup = command_cgroup()
+    try:
+        if cgroup is not None:
+            proc = _popen([*_JOIN_SHIM, str(cgroup.procs), *args], env, cwd)
+            problem = _joined(proc, cgroup)
+            if problem is None:
+                return proc, cgroup
+            _kill_group(proc.pid)
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            command_failed_to_join(cgroup, problem)
+        return _popen(args, env, cwd), None
+    except OSError as exc:
+        if cgroup is not None:
+            cgroup.remove()
+        raise CommandError(f"command `{shown}` could not start: {exc.strerror or exc}", argv=args) from exc
+
+
 def run_command(
     argv: Sequence[str],
     *,
@@ -191,33 +273,24 @@ def run_command(
     if not args:
         raise ValueError("run_command: argv is empty")
     shown = _shown(args)
-    try:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-        )
-    except OSError as exc:
-        raise CommandError(f"command `{shown}` could not start: {exc.strerror or exc}", argv=args) from exc
+    proc, cgroup = _start(args, env, cwd, shown)
     out, err = _Capture(output_limit), _Capture(output_limit)
     timed_out = True
+    kill = _Killer(proc.pid, cgroup)
     try:
         if on_start is not None:
             on_start(proc.pid, args[0])
-        timed_out = _supervise(proc, timeout, out, err)
+        timed_out = _supervise(proc, timeout, out, err, kill)
     finally:
-        _kill_group(proc.pid)  # nothing of it outlives the call (a no-op when all is gone)
+        kill()  # nothing of it outlives the call (a no-op when all is gone)
         try:
             proc.wait(PIPE_GRACE_S)
         except subprocess.TimeoutExpired:  # SIGKILL cannot end a process stuck in the kernel (state D)
             stuck = True
         else:
             stuck = False
+        if cgroup is not None:
+            cgroup.remove()
     stdout, stderr = out.text(), err.text()
     if stuck:
         raise CommandError(
@@ -250,7 +323,9 @@ def run_command(
     return CommandResult(tuple(args), code, stdout, stderr, out.dropped + err.dropped)
 
 
-def _supervise(proc: subprocess.Popen[bytes], timeout: float, out: _Capture, err: _Capture) -> bool:
+def _supervise(
+    proc: subprocess.Popen[bytes], timeout: float, out: _Capture, err: _Capture, kill: Callable[[], None]
+) -> bool:
     """Read the output until the command is over; True when it ran past ``timeout`` (its group then killed).
 
     Never reaps the process: its exit is seen on a pidfd, so its group's id stays
@@ -272,7 +347,7 @@ def _supervise(proc: subprocess.Popen[bytes], timeout: float, out: _Capture, err
             now = time.monotonic()
             if not exited and not timed_out and now >= deadline:
                 timed_out = True
-                _kill_group(proc.pid)
+                kill()
                 grace_end = now + PIPE_GRACE_S
             if grace_end is not None and now >= grace_end:
                 break  # a process outside the group holds the pipes: stop reading them
@@ -281,7 +356,7 @@ def _supervise(proc: subprocess.Popen[bytes], timeout: float, out: _Capture, err
                 if fd == pidfd:
                     exited = True
                     selector.unregister(pidfd)
-                    _kill_group(proc.pid)  # what it left behind in its group
+                    kill()  # what it left behind in its group and cgroup
                     grace_end = min(grace_end or float("inf"), time.monotonic() + PIPE_GRACE_S)
                     continue
                 try:
@@ -301,27 +376,120 @@ def _supervise(proc: subprocess.Popen[bytes], timeout: float, out: _Capture, err
             stream.close()
 
 
-def kill_left_behind(pid: int, program: str) -> bool:
-    """Kill a command a killed daemon left running, if ``pid`` still runs ``program``; True if it did.
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
-    Record what ``on_start`` is given (before the work the command does, in the
-    driver's records) and call this at the next ``start`` for each recorded pid:
-    the command ran in a session of its own, so its process group is its pid and
-    the whole group goes (a wrapper's children too). A pid now running another
-    program (reused) is left alone.
-    """
+log = logging.getLogger("devplug.kit")
+
+
+def _start_ticks(pid: int) -> int | None:
+    """``/proc/<pid>/stat`` field 22, ``starttime``: when the process started, in clock ticks since boot
+    (``proc(5)``); None when it is gone. Fields are counted after the ``)`` ending the command name, which may
+    hold spaces and parentheses itself."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])  # field 22; fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def _runs(pid: int, program: str) -> bool:
+    """Whether the process ``pid`` runs ``program`` exactly: its executable is that file, or (a script) its
+    interpreter was given that file (``argv[1]``, or ``argv[2]`` after one interpreter option). Paths are
+    compared whole once resolved (a bare name through ``PATH``), never by their last part."""
+    wanted = shutil.which(program) if os.sep not in program else program
+    if wanted is None:
+        return False
+    wanted = os.path.realpath(wanted)
+    exe = _exe(pid)
+    if exe is not None and os.path.realpath(exe.removesuffix(" (deleted)")) == wanted:
+        return True
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            cmdline = handle.read().split(b"\0")
+            argv = handle.read().split(b"\0")
     except OSError:
         return False
-    if not any(os.path.basename(part.decode(errors="replace")) == os.path.basename(program) for part in cmdline):
+    return any(os.path.realpath(os.fsdecode(arg)) == wanted for arg in argv[1:3] if arg.startswith(b"/"))
+
+
+def process_stamp(pid: int) -> str | None:
+    """What tells the process ``pid`` from any other that may get its pid later: the boot's id
+    (``/proc/sys/kernel/random/boot_id``) and its start time in clock ticks since boot (``/proc/<pid>/stat``
+    field 22), as one string to keep beside the pid; None when it is gone.
+
+    Call it from ``on_start`` (the command is then the runner's child, not reaped yet: the pid is still its) and
+    record it with the pid for :func:`kill_left_behind`."""
+    try:
+        boot = BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+    ticks = _start_ticks(pid)
+    return None if ticks is None else f"{boot} {ticks}"
+
+
+def kill_left_behind(pid: int, program: str, stamp: str | None = None) -> bool:
+    """Kill a command a killed daemon left running, if ``pid`` is still that very process; True if it did.
+
+    Record what ``on_start`` is given and :func:`process_stamp` of the pid (in
+    ``on_start``, before the work the command does, in the driver's records)
+    and call this at the next ``start`` for each record. It kills only when the
+    process now at ``pid`` has the recorded boot id and start time and runs
+    ``program`` exactly (its executable, or the script its interpreter was
+    given, by whole resolved path): a pid reused by another process, after the
+    tool ended or across a reboot, is left alone. It then kills the transient cgroup the runner made
+    for the command when it has one (everything the command started, whatever
+    its session), else the process group when the process leads the session
+    the runner made for it (its pid is its session's and group's id), else the
+    process alone.
+
+    Without ``stamp`` (a record written before the kit kept stamps, or by a
+    driver that does not record one) nothing is killed: a pid alone cannot be
+    told from a process that got the same pid since. A WARNING names the pid and
+    the program so the operator can look (``ps -o lstart,args -p PID``), and it
+    returns False.
+    """
+    if stamp is None:
+        log.warning(
+            "not killing pid %d (recorded as %s): its record has no start time, so it cannot be told from another "
+            "process that got the same pid since; if `ps -o lstart,args -p %d` shows the tool still running, "
+            "stop it by hand",
+            pid,
+            escape(program),
+            pid,
+        )
+        return False
+    boot, _, ticks = stamp.partition(" ")
+    try:
+        pidfd = os.pidfd_open(pid)  # from here on the pid cannot be reused under us
+    except OSError:
         return False
     try:
-        if os.getpgid(pid) == pid:
+        now_boot = BOOT_ID.read_text().strip()
+        if now_boot != boot or str(_start_ticks(pid)) != ticks or not _runs(pid, program):
+            return False
+        if kill_cgroup_of(pid):
+            return True
+        try:
+            leads = os.getsid(pid) == pid and os.getpgid(pid) == pid
+        except OSError:
+            return False
+        if leads:
             os.killpg(pid, signal.SIGKILL)
         else:
-            os.kill(pid, signal.SIGKILL)
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:
         return False
+    finally:
+        os.close(pidfd)
     return True

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DriverContext, DriverError, Health, Mount, Topology, hookimpl
-from devplug.kit import DeviceOwners, DriverRuntime, kill_left_behind
+from devplug.kit import DeviceOwners, DriverRuntime, kill_left_behind, process_stamp
 from devplug_fpga.backend import FpgaBackend
 from devplug_fpga.command import FpgaError, PidRecorder, shown_output
 from devplug_fpga.devices import Target, overlapping, targets
@@ -109,7 +109,8 @@ class FpgaDriver:
             self._state = FpgaState(ctx.state_dir)
             for device, record in self._state.devices.items():
                 pid, program = record.pid, record.program
-                if pid is not None and program is not None and kill_left_behind(pid, program):
+                # A record without its stamp (written before it was kept) kills nothing: kill_left_behind warns.
+                if pid is not None and program is not None and kill_left_behind(pid, program, record.started):
                     ctx.log.warning(
                         "%s: killed %s (pid %d), left running by a daemon that died", device, record.program, record.pid
                     )
@@ -202,9 +203,10 @@ class FpgaDriver:
         held = self.state.devices
 
         def record(pid: int, program: str) -> None:
+            started = process_stamp(pid)  # the tool is the runner's unreaped child: the pid is still its
             with self._lock:
                 if device in held:
-                    held.replace(device, pid=pid, program=program)
+                    held.replace(device, pid=pid, program=program, started=started)
 
         return record
 

@@ -42,11 +42,14 @@ Phase = Literal["programming", "allocated", "deprogramming", "clean"]
 
 @dataclass(frozen=True)
 class Record:
-    """One held device: its phase, and the PID of a tool running for it."""
+    """One held device: its phase, and the PID of a tool running for it, its program and its
+    :func:`devplug.kit.process_stamp` (boot id, start time, executable: absent in records written before it was
+    kept, whose tool is then never killed at start, only named)."""
 
     phase: Phase
     pid: int | None = None
     program: str | None = None
+    started: str | None = None
 
 
 class FpgaState:
