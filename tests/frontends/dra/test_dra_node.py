@@ -250,8 +250,10 @@ def test_a_node_moved_from_the_device_plugin_api_releases_its_leftovers_by_the_l
             await eventually(lambda: lab.records() == [], "the leftover released", details=lab.log)
             assert [c["device_ids"] for c in lab.calls("post_stop")] == [["mock0"]]
             assert [c["device_ids"] for c in lab.calls("deallocate")] == [["mock0"]]
+            # while its pod may still run the device is withheld (tainted in the slice): published free again once
+            # released, which kube-scheduler waits for (a ResourceSlice update retries the pod)
             lab.make_claim("c1")
-            pod, _ = lab.schedule_pod("new", ["c1"])
+            pod, _ = await lab.schedule_pod_eventually("new", ["c1"])
             await lab.kubelet.admit_pod(pod)
             assert [r["claim"] for r in lab.records()] == [f"{NS}/c1"]
 
