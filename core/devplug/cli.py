@@ -539,9 +539,15 @@ def reload(config_path: Path | None, state_dir: Path | None, timeout: float) -> 
 @click.option("--state-dir", type=click.Path(path_type=Path), help="The daemon's state dir (default /var/lib/devplug).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
-    """Show a running daemon's resources, devices and recent releases."""
+    """Show a running daemon's resources, devices and recent releases.
+
+    Exits 0 when the daemon runs and its /readyz would answer 200; 6 when it runs with a problem /readyz reports
+    too (a resource not registered or failed, a release failing, PodResources unreadable past the grace period,
+    container liveness unknown while required), named under PROBLEM:; 7 when a resource can serve nothing (every
+    device unhealthy); 3 when no daemon runs with that state dir.
+    """
     from devplug.daemon.status import read_status
-    from devplug.statusview import format_status, status_problems
+    from devplug.statusview import format_status, status_exit_code
 
     try:
         if state_dir is None:
@@ -558,10 +564,9 @@ def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> N
         click.echo(json.dumps(data, indent=1))
     else:
         click.echo(format_status(data))
-    if not data.get("running"):
-        sys.exit(EXIT_STATE)
-    if status_problems(data):
-        sys.exit(EXIT_UNHEALTHY)
+    code = status_exit_code(data)
+    if code:
+        sys.exit(code)
 
 
 @main.group()

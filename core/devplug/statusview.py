@@ -6,20 +6,30 @@ import json
 import time
 from typing import Any
 
+from devplug.daemon.readiness import EXIT_NOT_RUNNING, Reason, exit_code, facts_from_status, reasons
 from devplug.logsafe import escape
 
-__all__ = ["format_status", "status_problems"]
+__all__ = ["format_status", "status_exit_code", "status_problems", "status_reasons"]
+
+
+def status_reasons(data: dict[str, Any], now: float | None = None) -> list[Reason]:
+    """Why the daemon whose status this is is not ready: what its ``/readyz`` says, by the same rules
+    (:mod:`devplug.daemon.readiness`), the durations measured now."""
+    resources, node = facts_from_status(data)
+    return reasons(resources, node, now)
 
 
 def status_problems(data: dict[str, Any]) -> list[str]:
-    """What makes ``devplug status`` exit non-zero for a running daemon: a degraded or failed resource."""
-    problems = []
-    for res in data.get("resources", []):
-        if res.get("state") == "failed":
-            problems.append(f"{res.get('name')}: failed: {res.get('last_error')}")
-        elif res.get("degraded"):
-            problems.append(f"{res.get('name')}: degraded: {res.get('degraded')}")
-    return problems
+    """What makes ``devplug status`` exit non-zero for a running daemon (:func:`status_exit_code`)."""
+    return [reason.text for reason in status_reasons(data)]
+
+
+def status_exit_code(data: dict[str, Any]) -> int:
+    """``devplug status``'s exit code: 3 no daemon runs, 7 a resource can serve nothing, 6 another reason
+    ``/readyz`` gives, 0 none (:mod:`devplug.daemon.readiness`)."""
+    if not data.get("running"):
+        return EXIT_NOT_RUNNING
+    return exit_code(status_reasons(data))
 
 
 def _ago(stamp: float | None) -> str:
@@ -31,6 +41,10 @@ def _ago(stamp: float | None) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f}m ago"
     return f"{seconds / 3600:.1f}h ago"
+
+
+def _clock(stamp: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(stamp))
 
 
 def _profile_lines(profiles: dict[str, Any] | None) -> list[str]:
@@ -142,9 +156,17 @@ def format_status(data: dict[str, Any]) -> str:
     release = data.get("release") or {}
     if release:
         err = release.get("last_error")
+        since = release.get("failing_since")
+        if err and since:
+            failures = release.get("failures", 0)
+            read = (
+                f"PodResources ERROR {err}: unreadable since {_clock(since)} ({_ago(since)}, {failures} failed "
+                f"read{'s' if failures != 1 else ''} since start; last good read {_ago(release.get('last_success'))})"
+            )
+        else:
+            read = f"PodResources {'ERROR ' + err if err else 'ok'} (last read {_ago(release.get('last_success'))})"
         lines.append(
-            f"release detection: every {release.get('interval')}s, grace {release.get('grace_period')}s, "
-            f"PodResources {'ERROR ' + err if err else 'ok'} (last read {_ago(release.get('last_success'))})"
+            f"release detection: every {release.get('interval')}s, grace {release.get('grace_period')}s, {read}"
         )
         if release.get("checkpoint_problem"):
             lines.append(f"  kubelet checkpoint: no evidence ({release['checkpoint_problem']})")

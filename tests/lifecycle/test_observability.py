@@ -126,8 +126,8 @@ def test_status_exits_6_naming_a_failed_resource_and_shows_the_snapshots_age(lab
     state_dir = lab.root / "state"
 
     def failed_shown() -> subprocess.CompletedProcess[str] | None:
-        result = _status_cli(state_dir)
-        return result if result.returncode == 6 else None
+        result = _status_cli(state_dir)  # 6 from the start (not registered, as /readyz says), then the failure
+        return result if result.returncode == 6 and "example.com/broken: failed:" in result.stdout else None
 
     result = lab.wait(failed_shown, what="devplug status to exit 6 for the failed resource")
     assert "PROBLEM: example.com/broken: failed:" in result.stdout

@@ -16,8 +16,9 @@ Modules, by job:
   added resources start, changed ones restart, removed ones drain and are torn
   down);
 * status: ``status`` (the status file built from each resource's report,
-  written after changes, read by ``devplug status``) and ``statusschema``
-  (its shape, checked when read);
+  written after changes, read by ``devplug status``), ``statusschema``
+  (its shape, checked when read) and ``readiness`` (the rules ``/readyz``
+  and ``devplug status`` share: why the daemon is not ready, the exit codes);
 * the optional servers: ``metricsendpoint`` (the metrics and probes served
   from the resources' figures), ``metrics`` (the Prometheus metrics and their
   endpoints), ``drametrics`` (those of resources served through DRA) and

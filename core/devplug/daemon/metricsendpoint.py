@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from devplug.config import Config
 from devplug.daemon.metrics import Metrics, MetricsServer, NodeFigures
+from devplug.daemon.readiness import NodeFacts, ResourceFacts, pod_resources_bound, reasons
 from devplug.engine.resource import Resource
 from devplug.engine.resourcereport import ResourceFigures
-from devplug.engine.resourcestatus import ResourceState
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import ConfigError
 from devplug.frontends.deviceplugin.reconciler import Reconciler
@@ -93,20 +92,27 @@ class MetricsEndpoint:
         )
 
     def not_ready(self) -> list[str]:
-        """Why the daemon is not ready (``/readyz``); nothing when it is."""
+        """Why the daemon is not ready (``/readyz``); nothing when it is. The rules are ``devplug status``'s too
+        (:mod:`devplug.daemon.readiness`)."""
         config = self._config()
-        reasons = []
-        unregistered = [r.name for r in self._resources() if r.state is not ResourceState.REGISTERED]
-        if unregistered:
-            reasons.append(f"not registered with the kubelet: {', '.join(unregistered)}")
-        liveness = self._exits.liveness
-        if config.liveness.required and not liveness.available():
-            reasons.append(f"container liveness unknown ([liveness] required): {liveness.problem}")
-        since = self._reconciler.failing_since
-        bound = max(config.release.grace_period, 3 * config.release.interval)
-        if since is not None and time.time() - since > bound:
-            reasons.append(
-                f"PodResources unreadable for {time.time() - since:.0f} s ({self._reconciler.last_error}): no release "
-                "can be decided"
+        resources = []
+        for r in self._resources():
+            figures = r.figures()
+            resources.append(
+                ResourceFacts(
+                    name=r.name,
+                    state=r.state.value,
+                    devices=figures.healthy + figures.unhealthy,
+                    healthy=figures.healthy,
+                    failing_releases=figures.failing_releases,
+                    last_error=r.last_error,
+                )
             )
-        return reasons
+        liveness = self._exits.liveness
+        node = NodeFacts(
+            pod_resources_failing_since=self._reconciler.failing_since,
+            pod_resources_error=self._reconciler.last_error,
+            pod_resources_bound=pod_resources_bound(config.release.grace_period, config.release.interval),
+            liveness_problem=liveness.problem if config.liveness.required and not liveness.available() else None,
+        )
+        return [reason.text for reason in reasons(resources, node)]

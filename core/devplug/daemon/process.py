@@ -43,7 +43,7 @@ from devplug.daemon.handover import step as handover_step
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import GATE_RETRY_S, GATE_TRIES, StateLock, handover_gate
 from devplug.daemon.reload import Reloader
-from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile
+from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile, status_fingerprint
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.frontend import FrontEnd
 from devplug.engine.liveness import ContainerLiveness
@@ -117,7 +117,13 @@ class Daemon:
             self.metrics = Metrics()
         self.started_at = time.time()
         self._status = StatusBuilder(self.started_at, str(config.path) if config.path else None)
-        self.status_file = StatusFile(self.state_dir, self._status, lambda: self.resources, self._status_sections)
+        self.status_file = StatusFile(
+            self.state_dir,
+            self._status,
+            lambda: self.resources,
+            self._status_sections,
+            lambda: status_fingerprint(self.resources, self.reconciler, self.exits),
+        )
         #: Each resource's device-plugin front end (told of changes in the device-plugin folder).
         self._frontends: dict[Resource, DevicePluginFrontEnd] = {}
         self.plugin_folder = PluginFolder(

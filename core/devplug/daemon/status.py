@@ -1,5 +1,10 @@
 """The daemon's status file, ``<state dir>/status.json``, read by ``devplug status``: built from each resource's
-report (:class:`StatusBuilder`), written after changes (:class:`StatusFile`), read back (:func:`read_status`)."""
+report (:class:`StatusBuilder`), written after changes (:class:`StatusFile`), read back (:func:`read_status`).
+
+``devplug status`` and ``/readyz`` apply the same rules (:mod:`devplug.daemon.readiness`), the status to this file:
+so that they agree, the file follows every change within about a second, those nothing signals included (a
+PodResources read that failed, a device whose health the driver's poll changed): :class:`StatusFile` watches a
+fingerprint of what the status shows."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplug.atomic import write_atomic
 from devplug.daemon.lock import StateLock
@@ -24,7 +29,11 @@ from devplug.engine.resourcereport import DeviceEntries
 from devplug.engine.serial import SerialThread
 from devplug.errors import StateError
 
-__all__ = ["STATUS_FILE", "StatusBuilder", "StatusFile", "read_status"]
+if TYPE_CHECKING:
+    from devplug.engine.tenantexit import ExitEvidence
+    from devplug.frontends.deviceplugin.reconciler import Reconciler
+
+__all__ = ["STATUS_FILE", "StatusBuilder", "StatusFile", "read_status", "status_fingerprint"]
 
 log = logging.getLogger("devplug.engine")
 
@@ -37,6 +46,8 @@ STATUS_DEBOUNCE_S = 1.0
 STATUS_RETRY_S = 1.0
 #: How long the last status write may take once the shutdown timed out.
 FINAL_WRITE_S = 2.0
+#: How often the status's fingerprint is compared with the one last written (a change nothing signalled).
+STATUS_WATCH_S = 0.5
 
 
 class StatusBuilder:
@@ -82,7 +93,9 @@ class StatusFile:
     (:data:`STATUS_DEBOUNCE_S`); a write that failed is tried again every :data:`STATUS_RETRY_S`.
 
     ``resources`` are the resources alive; ``sections`` the node-wide parts
-    added to each status (release reconciliation, reloads).
+    added to each status (release reconciliation, reloads); ``fingerprint`` cheap scalars that change whenever the
+    status would say something new: every :data:`STATUS_WATCH_S` it is compared with its value at the last write,
+    and a difference writes the status (what changed without calling :meth:`changed`).
     """
 
     def __init__(
@@ -91,8 +104,14 @@ class StatusFile:
         builder: StatusBuilder,
         resources: Callable[[], Iterable[Resource]],
         sections: Callable[[], dict[str, Any]],
+        fingerprint: Callable[[], object] = lambda: None,
     ) -> None:
         self.path = state_dir / STATUS_FILE
+        self._fingerprint = fingerprint
+        self._written: object = None
+        self._watching: asyncio.Task[None] | None = None
+        self._final = False
+        self._fingerprint_failed = False
         self._builder = builder
         self._resources = resources
         self._sections = sections
@@ -106,8 +125,30 @@ class StatusFile:
         self.suspended = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Changes are written from now on, on ``loop`` (before, :meth:`changed` does nothing)."""
+        """Changes are written from now on, on ``loop`` (before, :meth:`changed` does nothing), those nothing
+        signalled too (the fingerprint's watch)."""
         self._loop = loop
+        self._watching = self._tasks.spawn(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(STATUS_WATCH_S)
+            if self._pending or self.suspended or self._final:
+                continue
+            if self._current() != self._written:
+                self._pending = True
+                self._tasks.spawn(self.write())
+
+    def _current(self) -> object:
+        """The fingerprint now; a bug in it must not stop the status following the daemon: then a value equal to
+        nothing (the status is written every time), said once."""
+        try:
+            return self._fingerprint()
+        except Exception:
+            if not self._fingerprint_failed:
+                log.exception("cannot fingerprint the status; writing it every %g s", STATUS_WATCH_S)
+            self._fingerprint_failed = True
+            return object()
 
     def changed(self) -> None:
         """Something the status shows changed: write it within :data:`STATUS_DEBOUNCE_S`."""
@@ -124,9 +165,10 @@ class StatusFile:
     async def write(self, stopped: bool = False) -> None:
         """Build and write the status now (after the writes queued before); nothing while :attr:`suspended`."""
         self._pending = False
-        if self.suspended:
+        if self.suspended or (self._final and not stopped):
             return
         async with self._building:  # one build at a time (it lets other work run): files in build order
+            self._written = self._current()  # before the build: a change meanwhile is written next
             status = await self._builder.build(self._resources())
             status["stopped"] = stopped
             status.update(self._sections())
@@ -149,7 +191,10 @@ class StatusFile:
 
     async def write_final(self) -> None:
         """Write the status as stopped after every write queued before, giving up after :data:`FINAL_WRITE_S`
-        (a hung disk must not hang the exit)."""
+        (a hung disk must not hang the exit); nothing is written after it."""
+        self._final = True
+        if self._watching is not None:
+            self._watching.cancel()
         writing = asyncio.ensure_future(self.write(stopped=True))
         done, _ = await asyncio.wait((writing,), timeout=FINAL_WRITE_S)
         if not done:
@@ -159,8 +204,25 @@ class StatusFile:
             log.error("the final status write failed: %s", writing.exception())
 
     def close(self) -> None:
-        """Stop the writer thread (every write was awaited, or given up on by :meth:`write_final`)."""
+        """Stop the watch and the writer thread (every write was awaited, or given up on by :meth:`write_final`)."""
+        if self._watching is not None:
+            self._watching.cancel()
         self._writer.close()
+
+
+def status_fingerprint(
+    resources: Iterable[Resource], reconciler: Reconciler, exits: ExitEvidence
+) -> tuple[object, ...]:
+    """Cheap scalars that change whenever the status would say something new, the changes nothing signals included
+    (a PodResources read failing, a device's health polled): what :class:`StatusFile`'s watch compares."""
+    return (
+        tuple(r.report_version() for r in resources),
+        reconciler.failures,
+        reconciler.last_error,
+        reconciler.failing_since,
+        reconciler.awaiting_exit(),
+        exits.liveness.mode,
+    )
 
 
 def _write_status_file(path: Path, status: dict[str, Any]) -> None:
