@@ -373,7 +373,10 @@ def _kubelet_cgroups(version: str, driver: str) -> Any:
     "--grace", type=click.IntRange(min=0), default=30, show_default=True, help="terminationGracePeriodSeconds."
 )
 @click.option(
-    "--stop-delay", type=click.FloatRange(min=0), default=0.0, help="Seconds the container takes to exit on SIGTERM."
+    "--stop-delay",
+    type=click.FloatRange(min=0, max=3600),  # devkubelet.model.MAX_STOP_DELAY (not imported: the test kit's)
+    default=0.0,
+    help="Seconds the container takes to exit on SIGTERM (at most an hour; --trap-sigterm: never).",
 )
 @click.option(
     "--trap-sigterm", is_flag=True, help="The container ignores SIGTERM: only the grace period's SIGKILL ends it."
@@ -446,7 +449,7 @@ def kubelet_remove(
 @_DIR_OPTION
 @click.option(
     "--pod-list-delay",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, max=3600),  # devkubelet.model.MAX_POD_LIST_DELAY
     default=None,
     help="Seconds after the restart during which PodResources lists no pods (default 0).",
 )

@@ -232,3 +232,48 @@ def test_a_second_dev_kubelet_on_the_same_control_socket_is_refused(node: Node) 
 def test_subcommands_take_their_options_after_the_subcommand(devplug_root: Path) -> None:
     done = _devplug("kubelet", "--dir", str(devplug_root), "show")
     assert done.returncode == 2 and "give the options after the subcommand" in done.stderr
+
+
+def test_names_the_api_server_refuses_and_unbounded_delays_are_refused(node: Node) -> None:
+    """Issue 36, item 12: ``../../etc``, escape sequences, ``pod_list_delay 1e9`` and ``stop_delay 1e308`` were
+    accepted; each is refused with the API server's rule or the bound, naming the parameter, and nothing is
+    admitted."""
+
+    def ask(request: dict[str, Any]) -> dict[str, Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(node.root / "devkubelet.sock"))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            answer: dict[str, Any] = json.loads(sock.makefile().readline())
+        return answer
+
+    main = {"name": "main", "requests": {}}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"op": "admit", "pod": "../../etc", "containers": [main]}, "pod name '../../etc' is not a DNS-1123 subdomain"),
+        ({"op": "admit", "pod": "p\x1b[31mred", "containers": [main]}, "pod name 'p\\x1b[31mred' is not a DNS-1123"),
+        ({"op": "admit", "pod": "p", "namespace": "a.b", "containers": [main]}, "pod namespace 'a.b' is not a DNS"),
+        ({"op": "admit", "pod": "p", "containers": [{"name": "../c"}]}, "container name '../c' is not a DNS-1123"),
+        (
+            {"op": "admit", "pod": "p", "containers": [{"name": "main", "stop_delay": 1e308}]},
+            "stop_delay must be a number of seconds from 0 to 3600, or math.inf (ignore SIGTERM), got 1e+308",
+        ),
+        ({"op": "restart", "pod_list_delay": 1e9}, "'pod_list_delay' must be a number of seconds from 0 to 3600"),
+        ({"op": "remove", "pod": "../../etc"}, "pod name '../../etc' is not a DNS-1123 subdomain"),
+    ]
+    for request, error in cases:
+        answer = ask(request)
+        assert answer["ok"] is False and error in answer["error"], (request, answer)
+        assert "\x1b" not in answer["error"]
+    assert node.show()["pods"] == [] and node.show()["sources_ready"]
+    refused = node.ctl("admit", "../../etc")
+    assert refused.returncode == 1 and "pod name '../../etc' is not a DNS-1123 subdomain" in refused.stderr
+    for args, option in [
+        (("admit", "p", "--stop-delay", "1e308"), "--stop-delay"),
+        (("restart", "--pod-list-delay", "1e9"), "--pod-list-delay"),
+    ]:
+        done = node.ctl(*args)
+        assert done.returncode == 2 and option in done.stderr and "0<=x<=3600" in done.stderr, done.stderr
+    # Good input as before: a dotted pod name (a subdomain), a delay within the bound.
+    admitted = node.ctl_json("admit", "web-0.shard-1", "--namespace", "team-a", "--stop-delay", "0.5")
+    assert (admitted["namespace"], admitted["name"], admitted["phase"]) == ("team-a", "web-0.shard-1", "running")
+    assert node.ctl("restart", "--pod-list-delay", "0.1").returncode == 0

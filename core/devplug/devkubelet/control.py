@@ -38,8 +38,9 @@ from typing import Any
 
 from devplug.devkubelet.daemonconfig import daemon_settings
 from devplug.devkubelet.kubelet import DevKubelet
-from devplug.devkubelet.model import AdmittedPod, ContainerSpec, PodSpec
+from devplug.devkubelet.model import MAX_POD_LIST_DELAY, AdmittedPod, ContainerSpec, PodSpec, check_delay
 from devplug.errors import KubeletError
+from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem
 from devplug.types import ContainerAllocation
 
 __all__ = [
@@ -298,6 +299,12 @@ class ControlServer:
             return pod_json(pod)
         if op == "remove":
             name, namespace = _text(request, "pod"), _text(request, "namespace", "default")
+            for what, problem in (
+                ("pod name", dns1123_subdomain_problem(name)),
+                ("pod namespace", dns1123_label_problem(namespace)),
+            ):
+                if problem is not None:
+                    raise KubeletError(f"control request: {what} {problem}")
             how = request.get("how", "graceful")
             if how not in REMOVALS:
                 raise KubeletError(f"control request: 'how' must be one of {', '.join(REMOVALS)}, got {how!r}")
@@ -321,8 +328,11 @@ class ControlServer:
             }
         if op == "restart":
             delay = request.get("pod_list_delay")
-            if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0):
-                raise KubeletError(f"control request: 'pod_list_delay' must be seconds >= 0, got {delay!r}")
+            if delay is not None:
+                try:
+                    delay = check_delay(delay, "'pod_list_delay'", MAX_POD_LIST_DELAY)
+                except ValueError as exc:
+                    raise KubeletError(f"control request: {exc}") from None
             await kubelet.restart(delay)
             return {"restarts": len(kubelet.events_of("restart")), "sources_ready": kubelet.sources_ready}
         if op == "show":

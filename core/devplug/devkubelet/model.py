@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 from devplug.devkubelet.cgroups import QOS_CLASSES
 from devplug.devkubelet.dra.model import ContainerClaim, PodClaim
+from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem
 from devplug.types import ContainerAllocation, Health
 
 __all__ = [
@@ -22,12 +23,30 @@ __all__ = [
     "DeviceInfo",
     "EVENT_KINDS",
     "KubeletEvent",
+    "MAX_POD_LIST_DELAY",
+    "MAX_STOP_DELAY",
     "PluginOptions",
     "PodDeviceEntry",
     "PodPhase",
     "PodSpec",
     "ResourceView",
+    "check_delay",
 ]
+
+#: The longest finite ``ContainerSpec.stop_delay``: longer is no different from ``math.inf`` (only the grace
+#: period's SIGKILL ends the container), which says so.
+MAX_STOP_DELAY = 3600.0
+#: The longest ``pod_list_delay`` of a restart through the control socket or ``devplug kubelet restart``: a kubelet
+#: lists its pods again within seconds of a restart, and a window of hours would only hang a test or a demo.
+MAX_POD_LIST_DELAY = 3600.0
+
+
+def check_delay(value: object, name: str, most: float) -> float:
+    """``value`` as seconds when it is a number from 0 to ``most``; ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= most:
+        raise ValueError(f"{name} must be a number of seconds from 0 to {most:g}, got {value!r}")
+    return float(value)
+
 
 #: Every ``KubeletEvent.kind`` the dev kubelet records.
 EVENT_KINDS = frozenset(
@@ -119,8 +138,12 @@ class ContainerSpec:
 
     ``stop_delay`` is how the container's process answers SIGTERM when the
     dev kubelet runs containers as processes: it exits that many seconds
-    later; ``math.inf`` ignores SIGTERM (as a container whose init has no
-    handler for it), so only the SIGKILL at the end of the grace period ends it.
+    later (at most :data:`MAX_STOP_DELAY`); ``math.inf`` ignores SIGTERM (as a
+    container whose init has no handler for it), so only the SIGKILL at the
+    end of the grace period ends it.
+
+    ``name`` is a DNS-1123 label, as the API server requires of a container's
+    name (``validateContainers``: ``IsDNS1123Label``).
 
     ``claims`` are its ``resources.claims``: names of the pod's
     :attr:`PodSpec.resource_claims` (a string, or a
@@ -137,6 +160,8 @@ class ContainerSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ContainerSpec.name must be a non-empty string, got {self.name!r}")
+        if (problem := dns1123_label_problem(self.name)) is not None:
+            raise ValueError(f"container name {problem}")
         if self.restartable and not self.init:
             raise ValueError(f"container {self.name!r}: only an init container can be restartable (a sidecar)")
         requests = dict(self.requests)
@@ -148,10 +173,11 @@ class ContainerSpec:
                 )
         object.__setattr__(self, "requests", MappingProxyType(requests))
         delay = self.stop_delay
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or math.isnan(delay) or delay < 0:
+        number = not isinstance(delay, bool) and isinstance(delay, int | float)
+        if not number or not (0 <= delay <= MAX_STOP_DELAY or delay == math.inf):
             raise ValueError(
-                f"container {self.name!r}: stop_delay must be a number of seconds >= 0 (math.inf: ignore SIGTERM), "
-                f"got {delay!r}"
+                f"container {self.name!r}: stop_delay must be a number of seconds from 0 to {MAX_STOP_DELAY:g}, or "
+                f"math.inf (ignore SIGTERM), got {delay!r}"
             )
         object.__setattr__(self, "stop_delay", float(delay))
         if isinstance(self.claims, str):
@@ -194,6 +220,11 @@ class PodSpec:
     ``resource_claims`` is its ``spec.resourceClaims``, each entry resolved to
     the ResourceClaim it stands for (in the pod's namespace); containers name
     them in their ``claims``. Only a dev kubelet with DRA admits such a pod.
+
+    ``name`` is a DNS-1123 subdomain and ``namespace`` a DNS-1123 label, as
+    the API server requires (``ValidatePodName``: ``NameIsDNSSubdomain``;
+    ``ValidateNamespaceName``: ``NameIsDNSLabel``; :mod:`devplug.kubeids`):
+    no ``/``, ``..`` or control character reaches a log line or a path.
     """
 
     name: str
@@ -209,6 +240,10 @@ class PodSpec:
             raise ValueError(f"PodSpec.name must be a non-empty string, got {self.name!r}")
         if not isinstance(self.namespace, str) or not self.namespace:
             raise ValueError(f"PodSpec.namespace must be a non-empty string, got {self.namespace!r}")
+        if (problem := dns1123_subdomain_problem(self.name)) is not None:
+            raise ValueError(f"pod name {problem}")
+        if (problem := dns1123_label_problem(self.namespace)) is not None:
+            raise ValueError(f"pod namespace {problem}")
         if self.uid is not None and (not isinstance(self.uid, str) or not self.uid):
             raise ValueError(f"PodSpec.uid must be None or a non-empty string, got {self.uid!r}")
         grace = self.termination_grace_period
