@@ -67,15 +67,27 @@ def run(config_path: Path, log_format: str, log_level: str) -> None:
 
 @main.command("check-config")
 @click.argument("config_path", type=click.Path(path_type=Path))
-def check_config(config_path: Path) -> None:
-    """Validate a config file (drivers and their options included) without starting anything."""
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Off the node (a CI pipeline): check the keys and the values only, skipping every check that looks at "
+    "the node (files the options name, its NICs, NODE_NAME).",
+)
+def check_config(config_path: Path, offline: bool) -> None:
+    """Validate a config file (drivers and their options included) without starting anything.
+
+    On the node (the default) the checks that look at it run too: what `devplug run` would refuse there."""
+    import contextlib
+
     from devplug.config import load_config
+    from devplug.options import without_node_checks
 
     try:
-        config = load_config(config_path)
+        with without_node_checks() if offline else contextlib.nullcontext():
+            config = load_config(config_path)
     except DevplugError as exc:
         _fail(exc)
-    click.echo(f"{config_path}: ok")
+    click.echo(f"{config_path}: ok{' (offline: keys and values; nothing of the node checked)' if offline else ''}")
     for resource in config.resources:
         click.echo(f"  {_describe_resource(resource)}")
     if config.profiles.profiles:

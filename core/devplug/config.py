@@ -86,7 +86,7 @@ from devplug.configfile import read_config_bytes
 from devplug.drivers.construction import check_driver_resources
 from devplug.drivers.discovery import load_driver_class
 from devplug.errors import ConfigError, DriverLoadError
-from devplug.options import describe_type, parse_options, unknown_key_hint
+from devplug.options import describe_type, node_checks, parse_options, unknown_key_hint
 from devplug.profiles.merge import check_references
 from devplug.profiles.model import ProfileSet, parse_profiles
 from devplug.resource_names import invalid_resource_name_reason
@@ -574,7 +574,7 @@ def _check_dra(resources: tuple[ResourceConfig, ...], node: NodeConfig, source: 
         if rc.dra is None:
             continue
         where = _where(source, "resources", rc.configured_name or rc.name)
-        if not node.name:
+        if not node.name and node_checks():  # off the node (check-config --offline) the pod's env is not there
             raise ConfigError(
                 f"{where}: served through DRA, which needs the node's name: set [node] name, or the environment "
                 f"variable {NODE_NAME_ENV} (in a DaemonSet, from the downward API's spec.nodeName)"

@@ -19,24 +19,58 @@ A folder option that must not point into the kernel's own trees (``/proc``,
 ``/sys``, ``/dev``) checks itself with :func:`refuse_kernel_trees` in
 ``__post_init__``: reading files there can block forever (``/proc/kmsg``) or
 change the system.
+
+A check that looks at the node (a file the option names exists, a NIC is
+there) runs only while :func:`node_checks` is true: ``devplug check-config
+--offline`` checks a config in a pipeline, off the node, with it false
+(:func:`without_node_checks`), so only the keys and the values are checked
+then. ``devplug run`` and ``devplug check-config`` on the node run every check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from devplug.errors import ConfigError
 
-__all__ = ["KERNEL_TREES", "describe_type", "parse_options", "refuse_kernel_trees", "unknown_key_hint"]
+__all__ = [
+    "KERNEL_TREES",
+    "describe_type",
+    "node_checks",
+    "parse_options",
+    "refuse_kernel_trees",
+    "unknown_key_hint",
+    "without_node_checks",
+]
 
 T = TypeVar("T")
+
+_NODE_CHECKS: ContextVar[bool] = ContextVar("devplug_node_checks", default=True)
+
+
+def node_checks() -> bool:
+    """Whether an option's check may look at the node (a file it names exists, a device is there): false while
+    ``devplug check-config --offline`` checks a config off the node, where such a check is skipped."""
+    return _NODE_CHECKS.get()
+
+
+@contextlib.contextmanager
+def without_node_checks() -> Iterator[None]:
+    """Within the block, :func:`node_checks` is false (in this context: thread and task)."""
+    token = _NODE_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _NODE_CHECKS.reset(token)
 
 
 def unknown_key_hint(key: str, known: typing.Iterable[str]) -> str:

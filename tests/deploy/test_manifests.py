@@ -26,6 +26,7 @@ from devplug.configdra import default_driver_name
 from devplug.daemon.handover import handover_bound
 from devplug.frontends.dra.registration import registration_socket, service_socket
 from devplug.resource_names import MAX_SOCKET_PATH
+from devplug.tomlwrite import dumps_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -816,3 +817,24 @@ def test_the_dra_sockets_fit_a_unix_socket_path_where_the_kubelet_dials_them(
             service_socket(Path(config["kubelet"]["plugins_dir"]), driver, POD_UID),
         ):
             assert len(str(path).encode()) <= MAX_SOCKET_PATH, f"{path}: {len(str(path).encode())} bytes"
+
+
+@pytest.mark.parametrize("variant", SHIPPED)
+@pytest.mark.parametrize("cdi", [(), ("cdi",)], ids=["", "cdi"])
+def test_every_shipped_config_passes_check_config_offline_anywhere(
+    kubectl: str, variant: str, cdi: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Issue 40, item 6: a pipeline checks the config a pod runs on off the node (no NODE_NAME, no bitstream, no
+    NIC) with ``check-config --offline``; on the node, ``test_devplug_accepts_the_config`` checks it whole."""
+    objects = _render_target(kubectl, variant, cdi)
+    path = tmp_path / "config.toml"
+    path.write_text(dumps_toml(_assembled_config(objects)))
+    done = subprocess.run(
+        [sys.executable, "-m", "devplug", "check-config", "--offline", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{path}: ok (offline" in done.stdout

@@ -133,3 +133,40 @@ def test_a_link_from_an_image_into_proc_is_refused(tmp_path: Path) -> None:
     result = _check(tmp_path, {"example.com/fpga": {"driver": "fpga", "options": options}})
     assert result.returncode == 2
     assert "is inside /proc (it leads to /proc/" in result.stderr
+
+
+def _check_offline(tmp_path: Path, options: Mapping[str, object]) -> subprocess.CompletedProcess[str]:
+    config = {
+        "state": {"dir": str(tmp_path / "state")},
+        "resources": {"example.com/fpga": {"driver": "fpga", "options": options}},
+    }
+    path = tmp_path / "devplug.toml"
+    path.write_text(dumps_toml(config))
+    return subprocess.run(
+        [sys.executable, "-m", "devplug", "check-config", "--offline", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_offline_the_nodes_files_and_tools_are_not_looked_for_but_values_are_checked(tmp_path: Path) -> None:
+    """Issue 40, item 6: a pipeline checks a config off the node; on the node the same config is refused."""
+    node_only = {
+        "backend": "command",
+        "cards": ["0000:3b:00.0"],
+        "blank_image": "/opt/devplug/fpga/blank.gbs",  # the node's bitstream
+        "deprogram_command": ["/opt/vendor/bin/fpga-tool", "deprogram", "--card", "{address}"],
+        "verify_command": ["fpga-vendor-tool", "verify", "--card", "{address}"],  # on the node's PATH
+    }
+    assert _check_offline(tmp_path, node_only).returncode == 0
+    online = _check(tmp_path, {"example.com/fpga": {"driver": "fpga", "options": node_only}})
+    assert online.returncode == 2 and "blank_image: /opt/devplug/fpga/blank.gbs does not exist" in online.stderr
+    for bad, said in (
+        ({"mode": "halves"}, "options.mode: expected one of"),
+        ({"cards": ["3b:00.0"]}, "is not a PCI address"),
+        ({"blank_image_typo": "x"}, "blank_image_typo"),
+        ({"deprogram_command": ["fpga-tool", "{slot}"]}, "unknown placeholder {slot}"),
+    ):
+        result = _check_offline(tmp_path, {**node_only, **bad})
+        assert result.returncode == 2 and said in result.stderr, (bad, result.stderr)

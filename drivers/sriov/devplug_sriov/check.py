@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 from devplug.kit import DeviceOwners
+from devplug.options import node_checks
 from devplug.pci import PciBus
 from devplug.sysfs import HostSysfs
 from devplug_sriov.options import SriovOptions
@@ -21,7 +22,10 @@ __all__ = ["check_resources"]
 
 
 def check_resources(options_by_resource: Mapping[str, SriovOptions]) -> None:
-    """Raise ``ValueError`` naming the resources (and the PF or VF) of the first conflict found."""
+    """Raise ``ValueError`` naming the resources (and the PF or VF) of the first conflict found; nothing off the
+    node (``devplug check-config --offline``: every check here reads the node's PFs)."""
+    if not node_checks():
+        return
     nodes: dict[str, dict[str, PhysFn] | None] = {}
     targets: dict[tuple[str, str], tuple[str, int]] = {}
     autoprobes: dict[tuple[str, str], tuple[str, bool]] = {}
