@@ -10,8 +10,10 @@ Modules, by job:
   front end, imported only when the config has one);
 * handover between two instances on one node (a rolling update):
   ``handover`` (the old instance's side, ``Predecessor``, and the new one's,
-  ``take_over``, arbitrated by the state lock) and ``handoverfiles`` (the
-  messages they leave each other in the state dir, the instance's identity);
+  ``take_over``, arbitrated by the state lock), ``takeover`` (taking the
+  state lock through its gate, and the new instance's side until the old one's
+  last word) and ``handoverfiles`` (the messages they leave each other in the
+  state dir, the instance's identity);
 * reload and drain: ``reload`` (what a new config changes, and applying it:
   added resources start, changed ones restart, removed ones drain and are torn
   down);

@@ -38,12 +38,12 @@ from devplug.config import Config, ResourceConfig
 from devplug.configdra import API_DRA
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
 from devplug.daemon.draassembly import check_dra_client, dra_frontend
-from devplug.daemon.handover import HandoverError, HandoverRecord, Predecessor, StateDirEvents, take_over
-from devplug.daemon.handover import step as handover_step
+from devplug.daemon.handover import Predecessor
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
-from devplug.daemon.lock import GATE_RETRY_S, GATE_TRIES, StateLock, handover_gate
+from devplug.daemon.lock import StateLock
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile, status_fingerprint
+from devplug.daemon.takeover import Takeover
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.frontend import FrontEnd
 from devplug.engine.liveness import ContainerLiveness
@@ -53,7 +53,6 @@ from devplug.engine.resourcestatus import ResourceStatus
 from devplug.engine.serial import SerialThread
 from devplug.engine.statedir import check_replaceable, prepare_state_dir
 from devplug.engine.tenantexit import ExitEvidence
-from devplug.errors import AlreadyRunningError, ConfigError
 from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
@@ -91,14 +90,11 @@ class Daemon:
         self.profiles = profiles
         self.state_dir = config.state.dir
         self.lock = StateLock(self.state_dir)
-        #: The state lock's gate (devplug.daemon.lock): held while taking it, by a new instance until it serves.
-        self.gate = handover_gate(self.state_dir)
         #: This daemon instance (``DEVPLUG_INSTANCE``, the pod UID in a DaemonSet), for handovers.
         self.instance = Instance.current()
         self.handover_files = HandoverFiles(self.state_dir)
-        self._handover_events: StateDirEvents | None = None
-        #: The handover this instance took the node over by (None: it started on a free state dir).
-        self.took_over: HandoverRecord | None = None
+        #: Taking the state lock (through its gate), from another instance when ``[handover] enabled``.
+        self.takeover = Takeover(self.instance, self.handover_files, self.lock, config.handover)
         #: The handover this instance answers or answered as the old instance, once started.
         self.predecessor: Predecessor | None = None
         self._handed_over = False
@@ -252,8 +248,8 @@ class Daemon:
     def _describe_handover(self) -> dict[str, Any]:
         """The instance, and the handovers it took part in (the last one from the state dir after a restart)."""
         section: dict[str, Any] = {"instance": self.instance.id, "enabled": self.config.handover.enabled}
-        if self.took_over is not None:
-            section["took_over"] = self.took_over.describe()
+        if self.takeover.took_over is not None:
+            section["took_over"] = self.takeover.took_over.describe()
         if self.predecessor is not None and self.predecessor.record is not None:
             section["handing_over"] = self.predecessor.record.describe()
         if "took_over" not in section and self.config.handover.enabled:
@@ -329,13 +325,13 @@ class Daemon:
             self._stop.set()
         prepare_state_dir(self.state_dir)
         check_replaceable(self.state_dir / STATUS_FILE, "the status file")
-        await self._take_lock(loop)
+        await self.takeover.take_lock(loop, self.metrics)
         abandoned: list[str] = []
         try:
             self.plugin_folder.prepare()
             self.exits.liveness.start()
             remove_stale_cdi_specs(self.config)
-            if self._metrics_endpoint is not None and self.took_over is None:  # else once the old one left
+            if self._metrics_endpoint is not None and self.takeover.took_over is None:  # else once the old one left
                 self._metrics_endpoint.start(loop)
             self.plugin_folder.watch(loop)
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -369,8 +365,7 @@ class Daemon:
                 log.error("abandoned at shutdown: %s", problem)
             await self.status_file.write_final()
         finally:
-            if self._handover_events is not None:
-                self._handover_events.close()
+            self.takeover.close()
             self.plugin_folder.close()
             self.exits.liveness.close()
             if self._metrics_endpoint is not None:
@@ -381,7 +376,6 @@ class Daemon:
             self._writer.close()  # every write was awaited, or given up on by write_final
             self.status_file.close()
             self.lock.release()
-            self.gate.release()
             if self._handed_over:
                 log.info(
                     "stopped: the node is %s's now",
@@ -393,61 +387,14 @@ class Daemon:
 
     # --- handover (devplug.daemon.handover)
 
-    async def _take_lock(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Take the state lock; with ``[handover] enabled`` and another instance holding it, ask it to hand over
-        (:class:`~devplug.daemon.handover.HandoverError` when it does not)."""
-        await self._take_gate()
-        if self.config.handover.enabled:
-            self._handover_events = StateDirEvents(self.handover_files)
-            self._handover_events.start(loop)
-        try:
-            self.lock.acquire()
-        except AlreadyRunningError as busy:
-            if self._handover_events is None:
-                self.gate.release()
-                raise
-            try:
-                self.took_over = await take_over(
-                    self.instance,
-                    self.handover_files,
-                    self._handover_events,
-                    self.lock,
-                    self.config.handover.timeout,
-                    busy,
-                )
-            except BaseException:
-                self.gate.release()
-                self._handover_events.close()
-                if self.metrics is not None:
-                    self.metrics.handover("to", "failed", None)
-                raise
-            return  # the gate is kept until this instance serves (_finish_takeover)
-        self.gate.release()
-
-    async def _take_gate(self) -> None:
-        """Take the gate to the state lock, or raise :class:`HandoverError` naming the handover in progress: only
-        the instance a handover is for may take the lock the old instance lets go, so a third one exits."""
-        for attempt in range(GATE_TRIES):
-            if self.gate.try_acquire():
-                return
-            if attempt + 1 < GATE_TRIES:
-                await asyncio.sleep(GATE_RETRY_S)
-        holder = self.gate.holder() or "a process that did not say who it is"
-        self.gate.release()  # the file kept open by the tries
-        request = self.handover_files.read("request") or {}
-        to = f" (instance {str(request['to'])[:100]})" if request.get("to") else ""
-        raise HandoverError(
-            f"a handover is in progress in {self.state_dir}: {holder}{to} is taking the node over and holds "
-            f"{self.gate.path.name}; this instance exits and takes no state (start it again once that handover ended)"
-        )
-
     def _start_handover_tasks(self) -> list[asyncio.Future[None]]:
-        if self._handover_events is None:
+        events = self.takeover.events
+        if events is None:
             return []
         self.predecessor = Predecessor(
             self.instance,
             self.handover_files,
-            self._handover_events,
+            events,
             self.lock,
             self.config.handover.timeout,
             lambda: list(self.resources),
@@ -459,8 +406,11 @@ class Daemon:
             on_outcome=self._count_handover,
         )
         tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(self._answer_handovers(self.predecessor))]
-        if self.took_over is not None:
-            tasks.append(asyncio.ensure_future(self._finish_takeover(self.took_over)))
+        if self.takeover.took_over is not None:
+            endpoint, loop = self._metrics_endpoint, asyncio.get_running_loop()
+            serve = functools.partial(endpoint.start, loop) if endpoint is not None else None
+            finish = self.takeover.finish(lambda: self.resources, self.status_file.changed, serve, self.metrics)
+            tasks.append(asyncio.ensure_future(finish))
         return tasks
 
     def _suspend_status(self, suspended: bool) -> None:
@@ -480,67 +430,6 @@ class Daemon:
     def _count_handover(self, outcome: str, took_s: float | None) -> None:
         if self.metrics is not None:
             self.metrics.handover("from", outcome, took_s)
-
-    async def _serve_metrics_once_free(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        """Serve the metrics on the address the old instance had: it says it is done before its server is closed
-        and the process gone, so a bind may fail for a moment; try again (doubling waits from 20 ms, up to 1 s)
-        until ``deadline``, then say why there are no metrics."""
-        assert self._metrics_endpoint is not None
-        wait = 0.02
-        while True:
-            try:
-                self._metrics_endpoint.start(loop)
-                return
-            except ConfigError as exc:
-                if loop.time() + wait > deadline or self._stop.is_set():
-                    log.error("%s", exc)
-                    return
-            await asyncio.sleep(wait)
-            wait = min(2 * wait, 1.0)
-
-    async def _finish_takeover(self, record: HandoverRecord) -> None:
-        """Once every resource registered, tell the old instance where they are served; wait for it to leave."""
-        loop = asyncio.get_running_loop()
-        assert self._handover_events is not None
-        timeout = self.config.handover.timeout
-        deadline = loop.time() + timeout
-        # Registered and streaming: the old instance stops once told, and on kubelets keying endpoints by resource
-        # name its stream's end then cuts ours, which only an open stream of ours notices (to register again).
-        while not all(r.serving for r in self.resources):
-            if loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.02)  # registration reports no event of its own here; it takes milliseconds
-        endpoints = {r.name: r.endpoint for r in self.resources}
-        self.handover_files.write("serving", {"to": self.instance.id, "endpoints": endpoints})
-        self.gate.release()  # after the word: the old instance reads a gate let go without it as this one's end
-        handover_step("serving")
-        record.state = "serving"
-        self.status_file.changed()
-        if record.from_instance == "a previous instance that exited":
-            done = None
-        else:
-            done = await self._handover_events.wait(
-                lambda: self.handover_files.read_for("done", self.instance.id), loop.time() + timeout
-            )
-        record.finished_at = time.time()
-        record.state = "done" if done is not None else "done-without-word"
-        if done is not None and isinstance(done.get("resources"), dict):
-            record.resources = done["resources"]  # the old instance's final word: with the calls it held
-        if done is not None:
-            self.handover_files.add_superseded(record.from_instance, self.instance.id)
-        self.handover_files.write_last(record.describe())
-        self.handover_files.clear()
-        if self._metrics_endpoint is not None:  # the old instance's server had its address (on the host's network)
-            await self._serve_metrics_once_free(loop, loop.time() + timeout)
-        if self.metrics is not None:
-            self.metrics.handover("to", "done", record.took_s)
-        log.info(
-            "took the node over from %s in %.3f s (%s)",
-            record.from_instance,
-            record.took_s or 0.0,
-            "; ".join(f"{name}: {facts}" for name, facts in record.resources.items()) or "nothing held",
-        )
-        self.status_file.changed()
 
     async def _bounded_shutdown(self, reconciling: asyncio.Future[None]) -> list[str]:
         """Shut down within ``[shutdown] timeout``; what did not finish in time (described)."""
