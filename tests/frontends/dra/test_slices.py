@@ -536,3 +536,32 @@ def test_a_held_publisher_writes_nothing_until_released_and_then_publishes_what_
         assert devices(api)["fpga1"]["taints"][0]["value"] == "unhealthy"
 
     scenario(api, kubeconfig, table, body)
+
+
+def test_a_silent_watch_is_started_again_and_a_deleted_slice_comes_back_before_the_resync(
+    api: ApiServer, kubeconfig: Path
+) -> None:
+    """Issue 36, item 11: a watch that delivered nothing (a connection held open by a proxy, or dead without a FIN)
+    left a deleted slice gone until the periodic resync (120 s). The watch asks for bookmarks, and one silent for
+    ``watch_silence`` is started again, with a resync; a healthy watch, kept alive by bookmarks, is not."""
+    api.create("nodes", node())
+    api.storage.bookmark_interval = 0.2  # the real server's minute, scaled as watch_silence is
+    table = table_of(Device("fpga0"))
+
+    def watches() -> list[Any]:
+        return [r for r in api.storage.requests if r.verb == "watch" and r.resource == "resourceslices"]
+
+    async def body(publisher: SlicePublisher) -> None:
+        await published(publisher, table)
+        await eventually(lambda: len(watches()) >= 1, "the watch")
+        assert watches()[0].query.get("allowWatchBookmarks") == "true"
+        await asyncio.sleep(2.0)  # quiet, but bookmarks keep coming: the watch is kept
+        assert len(watches()) == 1
+        api.faults.silence_watches(resource="resourceslices")
+        api.close_watches()  # the client resumes with a watch that stays silent
+        await eventually(lambda: len(watches()) == 2, "the silent watch")
+        api.delete("resourceslices", f"{NODE}-{DRIVER}-0")
+        await eventually(lambda: slices(api), "the deleted slice written again", timeout=10)
+        await eventually(lambda: len(watches()) >= 3, "the silent watch given up for a fresh one")
+
+    scenario(api, kubeconfig, table, body, resync_interval=3600, watch_silence=1.0)

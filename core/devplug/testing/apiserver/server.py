@@ -32,6 +32,7 @@ import contextlib
 import json
 import random
 import re
+import select
 import socket
 import ssl
 import sys
@@ -90,6 +91,7 @@ class Faults:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: list[Fault] = []
+        self._silent: list[Fault] = []
 
     def fail(
         self,
@@ -108,6 +110,26 @@ class Faults:
             retry_after = 1
         with self._lock:
             self._pending.append(Fault(code, count, verb, resource, retry_after))
+
+    def silence_watches(self, *, count: int = 1, resource: str | None = None) -> None:
+        """Answer the next ``count`` watches of ``resource`` (a plural; None: any) ``200`` and then send nothing at
+        all, no event and no BOOKMARK, until the client goes away, :meth:`ApiServer.close_watches` or the server
+        stops: what a client sees of a stream a proxy or load balancer holds open without passing anything on, or
+        of a connection that died without a FIN. (Watches already open keep streaming: cut them with
+        :meth:`ApiServer.close_watches` so the client's next one is silent.)"""
+        with self._lock:
+            self._silent.append(Fault(200, count, "watch", resource, None))
+
+    def take_silence(self, resource: str) -> bool:
+        """Whether this watch of ``resource`` is to stay silent (:meth:`silence_watches`)."""
+        with self._lock:
+            for fault in self._silent:
+                if fault.resource in (None, resource):
+                    fault.count -= 1
+                    if fault.count <= 0:
+                        self._silent.remove(fault)
+                    return True
+        return False
 
     def take(self, verb: str, resource: str) -> ApiStatusError | None:
         with self._lock:
@@ -356,6 +378,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         stop = threading.Event()
+        if api.faults.take_silence(resource.plural):
+            with api.track(stop):
+                self._stay_silent(stop)
+            self.close_connection = True
+            return
         with api.track(stop):
             try:
                 for event in stream.events(stop):
@@ -370,6 +397,22 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def _stay_silent(self, stop: threading.Event) -> None:
+        """Send nothing until the client goes away, the watches are closed or the server stops (a silent watch)."""
+        storage = self.server.api.storage
+        epoch = storage.watch_epoch
+        while not (stop.wait(0.1) or storage.closed or storage.watch_epoch != epoch):
+            if self.server.tls is None:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                if readable:
+                    try:
+                        if not self.connection.recv(1, socket.MSG_PEEK):
+                            return  # the client closed its end
+                    except OSError:
+                        return
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     def do_GET(self) -> None:
         self._serve("GET")

@@ -1080,7 +1080,11 @@ class WatchStream:
     * an object entering the selectors arrives as ADDED, one leaving them as DELETED (the object as before, with
       the event's resourceVersion: ``cacheWatcher.convertToWatchEvent``);
     * with ``allowWatchBookmarks``, a BOOKMARK (only ``metadata.resourceVersion`` set) every ``bookmark_interval``
-      seconds and when :meth:`Storage.bookmark` asks;
+      seconds, one 2 s before the watch's deadline (``timeoutSeconds``), and when :meth:`Storage.bookmark` asks:
+      the cacher's schedule (``k8s.io/apiserver/pkg/storage/cacher``: ``cacheWatcher.nextBookmarkTime`` sends one
+      "roughly every minute", ``defaultBookmarkFrequency = time.Minute`` in ``cacher.go``, and "2s before the
+      deadline"; a watch whose deadline is less than 2 s away when it is scheduled gets none). Events do not move
+      that schedule; the cacher's one-second buckets make it exact to about a second;
     * a watch that falls behind the window is ended (the cacher closes a watcher it cannot feed); resuming from
       its last resourceVersion then gets the 410.
     """
@@ -1128,6 +1132,14 @@ class WatchStream:
             "object": {"kind": self.resource.kind, "apiVersion": self.resource.api_version, "metadata": meta},
         }
 
+    def _next_bookmark(self, now: float, deadline: float | None) -> float | None:
+        """When the next periodic BOOKMARK is due (``nextBookmarkTime``): a ``bookmark_interval`` from now, or 2 s
+        before the deadline when that is sooner; None when that moment has passed (no more)."""
+        due = now + self.storage.bookmark_interval
+        if deadline is not None:
+            due = min(due, deadline - 2.0)
+        return due if due >= now else None
+
     def events(self, stop: threading.Event) -> Iterator[dict[str, Any]]:
         """The stream's events; ends at the timeout, on :meth:`Storage.close_watches`, on ``stop`` or shutdown."""
         storage = self.storage
@@ -1154,7 +1166,7 @@ class WatchStream:
         yield from batch
         if last < 0:
             return
-        next_bookmark = time.monotonic() + storage.bookmark_interval
+        next_bookmark = self._next_bookmark(time.monotonic(), deadline)
         while True:
             batch = []
             with storage.changed:
@@ -1175,10 +1187,10 @@ class WatchStream:
                         else []
                     )
                     asked = storage.bookmark_epoch != bookmarks
-                    due = self.allow_bookmarks and now >= next_bookmark
+                    due = self.allow_bookmarks and next_bookmark is not None and now >= next_bookmark
                     if fresh or (self.allow_bookmarks and asked) or due:
                         break
-                    waits = [next_bookmark - now] if self.allow_bookmarks else []
+                    waits = [next_bookmark - now] if self.allow_bookmarks and next_bookmark is not None else []
                     if deadline is not None:
                         waits.append(deadline - now)
                     storage.changed.wait(min([1.0, *waits]))
@@ -1192,6 +1204,7 @@ class WatchStream:
                 if self.allow_bookmarks and (asked or due):
                     batch.append(self._bookmark(storage.revision))
                     last = max(last, storage.revision)
-                    next_bookmark = time.monotonic() + storage.bookmark_interval
+                    if due:
+                        next_bookmark = self._next_bookmark(time.monotonic(), deadline)
                 bookmarks = storage.bookmark_epoch
             yield from batch
