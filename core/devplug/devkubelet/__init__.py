@@ -12,9 +12,11 @@ never more kindly. Each module names the kubelet source it follows:
   the plugin's Allocate and GetPreferredAllocation are called inside it with
   no deadline (``context.Background()`` in
   ``pkg/kubelet/cm/devicemanager/endpoint.go``), so a plugin holding one
-  delays every other pod's admission and removal; what pod workers do
-  (starts, PreStartContainer, kills) runs outside it. Each turn's wait is
-  kept (:meth:`DevKubelet.sync_loop_ops`);
+  delays every other pod's admission and removal, and housekeeping
+  (``HandlePodCleanups``, a turn every 2 s once the sources are ready:
+  :meth:`DevKubelet.housekeeping`); what pod workers do (starts,
+  PreStartContainer, kills) runs outside it. Each turn's wait is kept
+  (:meth:`DevKubelet.sync_loop_ops`);
 * :mod:`~devplug.devkubelet.pods` -- pod objects with UIDs, phases (running,
   terminating, finished, rejected, deleted) and *active* pods
   (``filterOutInactivePods``: a terminating pod is active until its pod
@@ -33,7 +35,11 @@ never more kindly. Each module names the kubelet source it follows:
   period, ``calculateEffectiveGracePeriod``), graceful deletion, the removal
   window (``HandlePodRemoves``: a static pod's manifest removed or a pod
   force-deleted leaves the pod manager while its containers are still being
-  killed), ``SyncTerminatedPod``'s cgroup clean-up, and the KEP's
+  killed), ``SyncTerminatedPod``'s cgroup clean-up, orphans (a static pod
+  whose manifest was removed while the kubelet was stopped,
+  :meth:`DevKubelet.remove_static_pod_while_stopped`) and the housekeeping
+  that kills them (``HandlePodCleanups``: grace period 1 s, 2 s in
+  ``killContainer``, the pod cgroup destroyed at once), and the KEP's
   PostStopContainer/Deallocate in KEP mode;
 * :mod:`~devplug.devkubelet.containers` -- the runtime (containerd 1.6 with
   runc): each container and sandbox a real process in its own cgroup from

@@ -19,9 +19,11 @@ What this module itself follows (Kubernetes v1.32.10):
   :meth:`DevKubelet.remove_pod` (``UPDATE``), :meth:`DevKubelet.remove_static_pod`
   and :meth:`DevKubelet.force_delete_pod` (``REMOVE``: ``HandlePodRemoves``),
   :meth:`DevKubelet.start_container` and :meth:`DevKubelet.finish_pod` (the
-  PLEG's events), :meth:`DevKubelet.sync_pod` and the resync (``SYNC``), and
-  the first pod lists after a restart. A plugin holding an Allocate delays
-  them all; the pod workers' starts, PreStartContainer and kills go on.
+  PLEG's events), :meth:`DevKubelet.sync_pod` and the resync (``SYNC``),
+  the first pod lists after a restart, and housekeeping
+  (:meth:`DevKubelet.housekeeping`, ``HOUSEKEEPING``). A plugin holding an
+  Allocate delays them all; the pod workers' starts, PreStartContainer and
+  kills go on.
   :meth:`DevKubelet.sync_loop_ops` says how long each turn waited; a turn
   that waited is also an event (``sync-loop-waited``). PodResources and
   Registration are served beside the loop, as the kubelet serves them;
@@ -35,7 +37,21 @@ What this module itself follows (Kubernetes v1.32.10):
 * a restart: a new process; the PodResources server answers at once
   (``ListenAndServePodResources`` runs beside the main loop) while the pod
   manager is empty and the sources not ready until the main loop has loaded
-  the pods (see :mod:`~devplug.devkubelet.pods`);
+  the pods (see :mod:`~devplug.devkubelet.pods`). A static pod whose
+  manifest was removed while the kubelet was stopped
+  (:meth:`DevKubelet.remove_static_pod_while_stopped`, or
+  ``restart(removed_static_pods=...)``) is not loaded: its containers run
+  on, its devices are restored from the checkpoint until
+  ``UpdateAllocatedDevices`` prunes them, and housekeeping kills it;
+* housekeeping (``syncLoop`` in ``pkg/kubelet/kubelet.go``:
+  ``housekeepingTicker := time.NewTicker(housekeepingPeriod)``, 2 s; in
+  ``syncLoopIteration``, a tick is a turn of the loop that runs
+  ``HandlePodCleanups`` if ``kl.sourcesReady.AllReady()`` and is skipped
+  otherwise): a tick every ``housekeeping_period`` seconds from each start,
+  on the fixed schedule of a Go ticker (a tick that finds the previous one
+  still waiting for the loop is dropped), each one a ``HOUSEKEEPING`` turn
+  of the sync loop, so a held Allocate delays it; what it kills is
+  :meth:`~devplug.devkubelet.lifecycle.PodLifecycle.housekeeping`'s;
 * ``PluginListAndWatchReceiver``/``genericDeviceUpdateCallback``: every
   ListAndWatch message replaces the resource's device list and rewrites the
   checkpoint, changed or not; ``PluginDisconnected``: the stream's end marks
@@ -62,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -101,12 +118,14 @@ from devplug.devkubelet.resources import Resource, cleanup_plugin_directory, des
 from devplug.devkubelet.syncloop import SyncLoop, SyncLoopOp
 from devplug.errors import KubeletError
 
-__all__ = ["KUBELET_SOCKET", "DevKubelet"]
+__all__ = ["HOUSEKEEPING_PERIOD", "KUBELET_SOCKET", "DevKubelet"]
 
 _log = logging.getLogger("devplug.devkubelet")
 
 #: The file name the kubelet serves Registration on, inside the device plugin folder.
 KUBELET_SOCKET = "kubelet.sock"
+#: ``housekeepingPeriod`` (``pkg/kubelet/kubelet.go``): seconds between two housekeeping ticks.
+HOUSEKEEPING_PERIOD = 2.0
 
 
 class _PodResourcesSource:
@@ -154,6 +173,9 @@ class DevKubelet:
       kubelet does; False keeps it in memory only (never read or written on disk);
     * ``pod_list_delay``: the default for :meth:`restart`: seconds after a
       restart during which the pod manager is still empty;
+    * ``housekeeping_period``: seconds between housekeeping ticks
+      (``housekeepingPeriod``, 2 s, the default); None runs housekeeping only
+      when :meth:`housekeeping` is called;
     * ``drop_after``: drop a resource whose endpoint stayed stopped that many
       seconds (the kubelet waits 5 minutes); None (the default) never drops;
     * ``endpoints_by``: how the device manager keys plugin endpoints, which
@@ -198,6 +220,7 @@ class DevKubelet:
         list_active_pods_only: bool = False,
         write_checkpoint: bool = True,
         pod_list_delay: float = 0.0,
+        housekeeping_period: float | None = HOUSEKEEPING_PERIOD,
         drop_after: float | None = None,
         endpoints_by: EndpointKeying = "socket-path",
         cgroups: CgroupLayout | None = None,
@@ -226,6 +249,12 @@ class DevKubelet:
         #: another root dir, or the folder not mounted whole). Settable at any time.
         self.write_checkpoint = write_checkpoint
         self._pod_list_delay = pod_list_delay
+        if housekeeping_period is not None and not (math.isfinite(housekeeping_period) and housekeeping_period > 0):
+            raise KubeletError(
+                f"housekeeping_period must be a number of seconds above 0, or None, not {housekeeping_period!r}"
+            )
+        self._housekeeping_period = housekeeping_period
+        self._housekeeping: asyncio.Task[None] | None = None
         self._dial_timeout = register_dial_timeout
         self._pod_resources_rate = pod_resources_rate
         self._drop_after = drop_after
@@ -245,7 +274,7 @@ class DevKubelet:
         self._window_timer: asyncio.TimerHandle | None = None
         self._memory_checkpoint: KubeletCheckpoint | None = None
         self._checkpoint_writes = 0
-        self._sync_loop = SyncLoop(self._waited)
+        self._sync_loop = SyncLoop(self._waited, self._changed)
         self._pods = PodManager()
         self._manager = DeviceManager(
             self._endpoint_for,
@@ -375,6 +404,10 @@ class DevKubelet:
                 self._lifecycle.load_pods()
         if self._dra is not None and self._dra.config.pod_resync_period is not None:
             self._resync = asyncio.get_running_loop().create_task(self._resync_loop(self._dra.config.pod_resync_period))
+        if self._housekeeping_period is not None:
+            self._housekeeping = asyncio.get_running_loop().create_task(
+                self._housekeeping_ticks(self._housekeeping_period)
+            )
         self._changed()
 
     def _start_device_manager(self) -> None:
@@ -423,6 +456,10 @@ class DevKubelet:
             self._resync.cancel()
             await asyncio.gather(self._resync, return_exceptions=True)
             self._resync = None
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            await asyncio.gather(self._housekeeping, return_exceptions=True)
+            self._housekeeping = None
         if self._dra is not None:
             await self._dra.stop()
         for resource in self._resources.values():
@@ -449,7 +486,9 @@ class DevKubelet:
         await self._runtime.close()
         self._changed()
 
-    async def restart(self, pod_list_delay: float | None = None) -> None:
+    async def restart(
+        self, pod_list_delay: float | None = None, *, removed_static_pods: Sequence[str | tuple[str, str]] = ()
+    ) -> None:
         """A kubelet restart: stop, then start as a new process (see :meth:`start`).
 
         Pods keep running and keep their devices as far as the checkpoint
@@ -457,10 +496,86 @@ class DevKubelet:
         devices until its plugin registers again. For ``pod_list_delay``
         seconds (default: the constructor's ``pod_list_delay``) PodResources
         List succeeds with no pods and nothing is freed; then the pods reappear.
+
+        ``removed_static_pods`` (names in ``default``, or ``(namespace, name)``)
+        lose their static manifest while the kubelet is stopped
+        (:meth:`remove_static_pod_while_stopped`): the restarted kubelet never
+        loads them, and its housekeeping kills them.
         """
+        if isinstance(removed_static_pods, str):  # one name, not its letters
+            removed_static_pods = (removed_static_pods,)
+        keys = [("default", p) if isinstance(p, str) else p for p in removed_static_pods]
+        for namespace, name in keys:  # checked before anything stops
+            record = self._pods.by_name((namespace, name))
+            if record is None or record.phase is not PodPhase.RUNNING:
+                state = "no such pod" if record is None else f"it is {record.phase}"
+                raise KubeletError(f"cannot remove the static pod manifest of {namespace}/{name}: {state}")
         self._record("restart", "", f"restarting; {len(self._resources)} resource(s) must register again", ())
         await self.stop()
+        for namespace, name in keys:
+            self.remove_static_pod_while_stopped(name, namespace)
         await self.start(pod_list_delay=pod_list_delay)
+
+    def remove_static_pod_while_stopped(self, pod_name: str, namespace: str = "default") -> None:
+        """The pod's static manifest is removed while the kubelet is stopped (between :meth:`stop` and :meth:`start`).
+
+        Nothing happens to the pod now: no kubelet runs. The restarted kubelet
+        does not load it (its pod lists lack it), so PodResources never lists
+        it again, while its containers and sandbox keep running in its cgroup
+        and its devices, restored from the checkpoint, stay in ``podDevices``
+        until the first ``UpdateAllocatedDevices`` after the sources are
+        ready, which hands them to the next pod. Its phase is ``deleted`` from
+        now on. The first housekeeping once the sources are ready kills it
+        (see :meth:`housekeeping`). Raises :class:`KubeletError` while the
+        kubelet runs, or unless the pod runs.
+        """
+        if self._running:
+            raise KubeletError(
+                f"cannot remove the static pod manifest of {namespace}/{pod_name} while stopped: the kubelet runs "
+                "(remove_static_pod removes it from a running kubelet)"
+            )
+        self._lifecycle.orphan_static_pod((namespace, pod_name))
+        self._changed()
+
+    async def housekeeping(self) -> tuple[str, ...]:
+        """One housekeeping now, as a tick brings it: a ``HOUSEKEEPING`` turn of the sync loop.
+
+        Waits for the loop (a held Allocate delays it), then, once the sources
+        are ready (``kl.sourcesReady.AllReady()``; skipped before),
+        ``HandlePodCleanups``: every orphan (a pod the runtime still runs that
+        neither the pod manager nor a pod worker knows, as a static pod whose
+        manifest was removed while the kubelet was stopped) is handed to a pod
+        worker that kills it with a grace period of 1 s (2 s in
+        ``killContainer``), and its pod cgroup destroyed (every process in it
+        SIGKILLed) in the background. Returns the orphans it found
+        (``namespace/name (uid ...)``), empty when skipped or none.
+        """
+        async with self._sync_loop.turn("HOUSEKEEPING"):
+            if not self._pods.sources_ready:
+                _log.debug("dev kubelet: SyncLoop (housekeeping, skipped): sources aren't ready yet")
+                return ()
+            try:
+                found = self._lifecycle.housekeeping()
+            finally:
+                self._changed()
+        return tuple(f"{r.label} (uid {r.uid})" for r in found)
+
+    async def _housekeeping_ticks(self, period: float) -> None:
+        """``housekeepingTicker``: a housekeeping every ``period`` seconds on a fixed schedule from the start.
+
+        A Go ticker's channel holds one tick: while a tick waits for the loop
+        the next ones are dropped, so after a long hold housekeeping runs once,
+        then at the next tick of the schedule.
+        """
+        loop = asyncio.get_running_loop()
+        origin = loop.time()
+        while True:
+            elapsed = loop.time() - origin
+            await asyncio.sleep(period * (math.floor(elapsed / period) + 1) - elapsed)
+            try:
+                await self.housekeeping()
+            except Exception:  # "Failed cleaning pods": logged, and the loop goes on
+                _log.exception("dev kubelet: housekeeping failed")
 
     def load_pods(self) -> bool:
         """End the restart window now: the main loop has loaded the pods, the sources are ready.

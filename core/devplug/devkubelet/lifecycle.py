@@ -78,6 +78,32 @@ Follows Kubernetes v1.32.10:
   admission during the window arrives with that first pod list, so it runs
   with the sources not yet ready (``UpdateAllocatedDevices`` does nothing)
   and the sources turn ready right after it.
+* **Orphans and housekeeping** (``HandlePodCleanups`` in
+  ``pkg/kubelet/kubelet_pods.go``, run by ``syncLoopIteration`` on the
+  housekeeping ticker once ``sourcesReady.AllReady()``): a static pod whose
+  manifest was removed while the kubelet was down
+  (:meth:`PodLifecycle.orphan_static_pod`) is in no pod list of the
+  restarted kubelet, so the pod manager never loads it and no pod worker
+  knows it, while the runtime still runs it; its devices, restored from the
+  checkpoint (``readCheckpoint``), stay in ``podDevices`` until the next
+  ``UpdateAllocatedDevices`` prunes them (it is not an active pod), which
+  hands them to the next pod while its containers still run. Housekeeping
+  (:meth:`PodLifecycle.housekeeping`) finds it among the runtime's pods
+  (``runningRuntimePods``) that ``workingPods`` lacks and, in the same call:
+  asks a pod worker to kill it (``podWorkers.UpdatePod`` with
+  ``SyncPodKill``, ``RunningPod`` and ``KillPodOptions{
+  PodTerminationGracePeriodSecondsOverride: 1}``;
+  ``SyncTerminatingRuntimePod`` in ``pkg/kubelet/kubelet.go`` kills with a
+  grace period of 1, which ``killContainer`` raises to
+  ``minimumGracePeriodInSeconds``, 2 s: SIGTERM, SIGKILL after 2 s, then
+  the sandbox), and destroys its pod cgroup (``cleanupOrphanedPodCgroups``:
+  the orphan is not in ``possiblyRunningPods``, which was taken from the pod
+  workers before it joined them, and a dev kubelet pod has no volumes, so
+  ``go pcm.Destroy``: every process of the pod SIGKILLed, then the cgroup
+  removed, as ``SyncTerminatedPod`` destroys a known pod's). So the orphan's
+  containers die at once, SIGTERM or not. The pod worker then forgets the
+  pod (``completeTerminatingRuntimePod``): no ``SyncTerminatedPod``, no
+  status, and, without its pod spec, no KEP calls.
 * **Resource claims** (DRA, see :mod:`~devplug.devkubelet.dra.podclaims`):
   a pod's claims are prepared after its admission and before its sandbox
   (a failure leaves the pod admitted with nothing running, until a later sync
@@ -106,12 +132,16 @@ from devplug.devkubelet.model import AdmittedPod, ContainerSpec, PodPhase, PodSp
 from devplug.devkubelet.pods import ContainerRecord, PodKey, PodManager, PodRecord, pod_label
 from devplug.errors import KubeletError
 
-__all__ = ["MINIMUM_GRACE_PERIOD", "PodLifecycle", "effective_grace_period", "pod_requests"]
+__all__ = ["MINIMUM_GRACE_PERIOD", "ORPHAN_GRACE_PERIOD", "PodLifecycle", "effective_grace_period", "pod_requests"]
 
 _log = logging.getLogger("devplug.devkubelet")
 
 #: ``minimumGracePeriodInSeconds`` (``pkg/kubelet/kuberuntime/kuberuntime_manager.go``): killContainer's floor.
 MINIMUM_GRACE_PERIOD = 2
+#: The grace period housekeeping kills an orphan with: ``PodTerminationGracePeriodSecondsOverride`` in
+#: ``HandlePodCleanups`` and ``gracePeriod := int64(1)`` in ``SyncTerminatingRuntimePod`` (``killContainer`` raises
+#: it to :data:`MINIMUM_GRACE_PERIOD`).
+ORPHAN_GRACE_PERIOD = 1
 
 
 def effective_grace_period(spec: PodSpec, deletion_grace: int | None, current: int = 0) -> int:
@@ -192,6 +222,78 @@ class PodLifecycle:
         self._pods.sources_ready = True
         self._record("pods-loaded", "", f"{len(self._pods.known())} pod(s) in the pod manager; sources ready", ())
         return True
+
+    # -- orphans and housekeeping ----------------------------------------------------------------
+
+    def orphan_static_pod(self, key: PodKey) -> PodRecord:
+        """The pod's static manifest is removed while the kubelet is stopped: an orphan after the restart.
+
+        It leaves the pod manager now (phase ``deleted``), nothing is killed:
+        its containers and sandbox run on (see the module docstring). Raises
+        :class:`KubeletError` unless the pod runs.
+        """
+        record = self._pods.by_name(key)
+        if record is None or record.phase is not PodPhase.RUNNING or record.admitting:
+            state = "no such pod" if record is None else f"it is {record.phase}"
+            raise KubeletError(f"cannot remove the static pod manifest of {key[0]}/{key[1]}: {state}")
+        self._pods.orphan(record)
+        detail = (
+            f"{record.label} (uid {record.uid}): its static pod manifest was removed while the kubelet was stopped; "
+            "its containers run on"
+        )
+        self._record("pod-removed", "", detail, ())
+        return record
+
+    def housekeeping(self) -> list[PodRecord]:
+        """``HandlePodCleanups``, as far as pods are concerned: kill every orphan (see the module docstring).
+
+        The sync loop's part of a housekeeping tick, after the caller checked
+        ``sourcesReady``: hands each orphan that still runs to a pod worker
+        (grace period :data:`ORPHAN_GRACE_PERIOD`, so SIGKILL after
+        :data:`MINIMUM_GRACE_PERIOD` s) and destroys its pod cgroup in the
+        background; returns the orphans found. Never waits.
+        """
+        found = self._pods.orphans()
+        for record in found:
+            self._pods.adopt_orphan(record)
+            sandbox = record.sandbox is not None and record.sandbox.running
+            if record.containers_running or sandbox:
+                seconds = self._begin_kill(record, ORPHAN_GRACE_PERIOD)
+                detail = (
+                    f"{record.label} (uid {record.uid}): an orphan (no pod object, no pod worker) housekeeping kills: "
+                    f"its containers get SIGTERM, SIGKILL after {seconds}s; its pod cgroup is destroyed"
+                )
+                self._record("pod-terminating", "", detail, ())
+                record.termination = self._spawn(self._terminate_runtime_pod(record))
+            if record.cgroup is not None:
+                self._spawn(self._destroy_orphan_cgroup(record))
+        return found
+
+    async def _terminate_runtime_pod(self, record: PodRecord) -> list[str]:
+        """The pod worker's ``SyncTerminatingRuntimePod``: the containers' kill, then the sandbox; then forgotten."""
+        try:
+            assert record.kill is not None
+            await record.kill
+            if record.sandbox is not None:
+                await self._runtime.kill(record.sandbox)  # killPodWithSyncResult: StopPodSandbox after the containers
+        except Exception as exc:
+            _log.exception("dev kubelet: killing orphaned pod %s failed", record.label)
+            return [f"killing orphaned pod {record.label} failed: {exc}"]
+        return []
+
+    async def _destroy_orphan_cgroup(self, record: PodRecord) -> list[str]:
+        """``cleanupOrphanedPodCgroups``' ``go pcm.Destroy``: SIGKILL every process in the pod cgroup, remove it."""
+        try:
+            await self._runtime.destroy_cgroup(record.cgroup)
+        except (KubeletError, OSError) as exc:  # the next housekeeping would try again; logged, as the kubelet does
+            _log.warning("dev kubelet: destroying the cgroup of orphaned pod %s: %s", record.label, exc)
+            return [f"destroying the cgroup of orphaned pod {record.label} failed: {exc}"]
+        detail = (
+            f"{record.label} (uid {record.uid}): orphaned pod cgroup {record.cgroup} removed, every process in it "
+            "SIGKILLed (cleanupOrphanedPodCgroups)"
+        )
+        self._record("pod-cleaned-up", "", detail, ())
+        return []
 
     # -- admission -------------------------------------------------------------------------------
 

@@ -22,7 +22,15 @@ Modelled on Kubernetes v1.32.10:
   handled the config sources' first pod lists, and the sources are "ready"
   only after that (``syncLoopIteration`` calls ``sourcesReady.AddSource``
   after the handler; ``SourcesReady`` in ``pkg/kubelet/config/sources.go``).
-  :attr:`PodManager.loaded` and :attr:`PodManager.sources_ready` model that window.
+  :attr:`PodManager.loaded` and :attr:`PodManager.sources_ready` model that window;
+* a static pod whose manifest is removed while the kubelet is down is in none
+  of the restarted kubelet's pod lists: the pod manager never has it again,
+  and no pod worker knows it (the new process starts with none), while the
+  runtime still runs its sandbox and containers. Only housekeeping finds it
+  (``HandlePodCleanups`` in ``pkg/kubelet/kubelet_pods.go``: a pod the
+  runtime lists that ``workingPods`` lacks is an orphan);
+  :meth:`PodManager.orphan` and :meth:`PodManager.orphans` keep those pods
+  until housekeeping hands them to a pod worker.
 """
 
 from __future__ import annotations
@@ -162,6 +170,7 @@ class PodManager:
         self.loaded = True
         #: False from a kubelet restart until the config sources are all seen (``sourcesReady.AllReady``).
         self.sources_ready = True
+        self._orphans: dict[str, PodRecord] = {}  # by UID: running, unknown to the pod manager and pod workers
 
     def add(self, record: PodRecord) -> None:
         """A new pod object (``podManager.AddPod``)."""
@@ -174,6 +183,24 @@ class PodManager:
         """The pod object is deleted: it leaves the pod manager."""
         self._pods.pop(record.uid, None)
         record.phase = PodPhase.DELETED
+
+    def orphan(self, record: PodRecord) -> None:
+        """The pod's config source dropped it while the kubelet was down: the restarted kubelet never loads it.
+
+        It leaves the pod manager (phase ``deleted``) without a termination:
+        its containers run on, an orphan of the runtime until housekeeping
+        finds it (:meth:`orphans`).
+        """
+        self.delete(record)
+        self._orphans[record.uid] = record
+
+    def orphans(self) -> list[PodRecord]:
+        """The pods the runtime still has that neither the pod manager nor a pod worker knows, oldest first."""
+        return list(self._orphans.values())
+
+    def adopt_orphan(self, record: PodRecord) -> None:
+        """Housekeeping handed the orphan to a pod worker (or found nothing of it left): no longer an orphan."""
+        self._orphans.pop(record.uid, None)
 
     def by_name(self, key: PodKey) -> PodRecord | None:
         """The existing (not deleted) pod object called ``key``, or None."""

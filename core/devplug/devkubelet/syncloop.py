@@ -6,9 +6,12 @@ from a ``select`` over the config updates (``ADD``: ``HandlePodAdditions``;
 ``UPDATE``, a graceful deletion among them: ``HandlePodUpdates``; ``REMOVE``,
 a static pod's manifest removed or a pod force-deleted: ``HandlePodRemoves``),
 the PLEG's container events (a container that exited or crashed:
-``HandlePodSyncs``), the sync ticks and housekeeping (``HandlePodCleanups``,
-which kills pods left over from before a restart), and handles it before it
-takes the next:
+``HandlePodSyncs``), the sync ticks and the housekeeping ticks
+(``HOUSEKEEPING``: ``HandlePodCleanups``, every ``housekeepingPeriod``, 2 s,
+once the sources are ready; it kills pods left running from before a restart
+that no pod object names: see
+:meth:`~devplug.devkubelet.lifecycle.PodLifecycle.housekeeping`), and handles
+it before it takes the next:
 
 * a pod ``ADD`` runs ``HandlePodAdditions`` -> ``canAdmitPod`` -> the
   device manager's ``Allocate`` -> ``endpointImpl.allocate``
@@ -45,8 +48,9 @@ from dataclasses import dataclass
 __all__ = ["SYNC_LOOP_KINDS", "SyncLoop", "SyncLoopOp"]
 
 #: What a turn of the loop handles: config updates (``ADD``, ``UPDATE``, ``REMOVE``), a PLEG event (``PLEG``),
-#: a pod sync (``SYNC``: the resync tick) and the first pod list after a restart (``ADD`` too).
-SYNC_LOOP_KINDS = frozenset({"ADD", "UPDATE", "REMOVE", "PLEG", "SYNC"})
+#: a pod sync (``SYNC``: the resync tick), the first pod list after a restart (``ADD`` too) and a housekeeping
+#: tick (``HOUSEKEEPING``: ``HandlePodCleanups``, or its skip while the sources are not ready).
+SYNC_LOOP_KINDS = frozenset({"ADD", "UPDATE", "REMOVE", "PLEG", "SYNC", "HOUSEKEEPING"})
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,13 @@ class SyncLoop:
     """One turn at a time, first come first served; every turn is kept in :attr:`ops`.
 
     ``on_waited(op)`` is called for each turn that had to wait behind another
-    (the kubelet records it as an event).
+    (the kubelet records it as an event); ``on_change()``, if given, whenever
+    :attr:`busy` or :attr:`waiting` changes (so waiters on them wake up).
     """
 
-    def __init__(self, on_waited: Callable[[SyncLoopOp], None]) -> None:
+    def __init__(self, on_waited: Callable[[SyncLoopOp], None], on_change: Callable[[], None] | None = None) -> None:
         self._on_waited = on_waited
+        self._on_change = on_change if on_change is not None else lambda: None
         self._lock: asyncio.Lock | None = None  # made on the running loop at first use
         self._current = ""
         self._waiting: list[str] = []
@@ -111,12 +117,14 @@ class SyncLoop:
         label = f"{kind} {pod}".rstrip()
         behind = self._current or (self._waiting[0] if self._waiting else "")
         self._waiting.append(label)
+        self._on_change()
         try:
             await self._lock.acquire()
         finally:
             self._waiting.remove(label)
         started = time.monotonic()
         self._current = label
+        self._on_change()
         try:
             yield
         finally:
@@ -126,6 +134,7 @@ class SyncLoop:
             self._lock.release()
             if behind:
                 self._on_waited(op)
+            self._on_change()
 
     async def dispatch(self, kind: str, pod: str = "") -> None:
         """A turn whose handling only hands the event to a pod worker: wait for the loop, then go on."""

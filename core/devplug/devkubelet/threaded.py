@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,9 +88,19 @@ class DevKubeletThread:
         """Stop serving (see :meth:`DevKubelet.stop`); the loop thread stays for a later start."""
         self._run(self._kubelet.stop())
 
-    def restart(self, pod_list_delay: float | None = None) -> None:
-        """Simulate a kubelet restart (see :meth:`DevKubelet.restart`)."""
-        self._run(self._kubelet.restart(pod_list_delay))
+    def restart(
+        self, pod_list_delay: float | None = None, *, removed_static_pods: Sequence[str | tuple[str, str]] = ()
+    ) -> None:
+        """Simulate a kubelet restart, static pods' manifests removed meanwhile (see :meth:`DevKubelet.restart`)."""
+        self._run(self._kubelet.restart(pod_list_delay, removed_static_pods=removed_static_pods))
+
+    def remove_static_pod_while_stopped(self, pod_name: str, namespace: str = "default") -> None:
+        """Remove a static pod's manifest while stopped (see :meth:`DevKubelet.remove_static_pod_while_stopped`)."""
+        self._sync(lambda k: k.remove_static_pod_while_stopped(pod_name, namespace))
+
+    def housekeeping(self) -> tuple[str, ...]:
+        """One housekeeping now, through the sync loop; the orphans found (see :meth:`DevKubelet.housekeeping`)."""
+        return self._run(self._kubelet.housekeeping())
 
     def load_pods(self) -> bool:
         """End the restart window now (see :meth:`DevKubelet.load_pods`)."""
@@ -317,6 +327,13 @@ class DevKubeletThread:
     def events_of(self, kind: str, resource: str | None = None) -> list[KubeletEvent]:
         """The recorded events of one kind (and resource, if given)."""
         return self._sync(lambda k: k.events_of(kind, resource))
+
+    def add_listener(self, listener: Callable[[KubeletEvent], None]) -> None:
+        """Call ``listener`` with every event as it is recorded, on the loop thread (:meth:`DevKubelet.add_listener`).
+
+        It runs before the change that recorded the event goes on, so it sees the world as it was at that moment.
+        """
+        self._sync(lambda k: k.add_listener(listener))
 
     @property
     def checkpoint_writes(self) -> int:
