@@ -4,7 +4,9 @@
 ``slicecontent`` (the device table as a pool of ResourceSlices: attributes,
 replicas, taints for unavailable devices, the split into slices),
 ``slices`` (publishing the pool by server-side apply, kept in step with the
-device table, retried, deleted on request), ``claims`` (reading a
+device table, retried, deleted on request), ``sliceswatch`` (the watch of
+the node's slices that tells it someone else changed them, with bookmarks, and
+started again when it fails or falls silent), ``claims`` (reading a
 ResourceClaim's allocation and configuration for this driver and pool, and
 which prepared claims still exist).
 

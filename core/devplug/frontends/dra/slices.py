@@ -58,7 +58,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -74,6 +74,7 @@ from devplug.frontends.dra.slicecontent import (
     SliceContentError,
     build_pool,
 )
+from devplug.frontends.dra.sliceswatch import WATCH_SILENCE, follow_slices
 from devplug.kubeclient import describe_api_error
 
 if TYPE_CHECKING:
@@ -82,18 +83,6 @@ if TYPE_CHECKING:
 __all__ = ["PublisherState", "SlicePublishError", "SlicePublisher", "field_manager_of"]
 
 log = logging.getLogger("devplug.frontends.dra")
-
-#: Seconds a watch request lasts before the server ends it and lightkube resumes it from the last resourceVersion
-#: (client-go's reflector asks for 5 to 10 minutes).
-WATCH_TIMEOUT = 300
-#: Seconds a watch may deliver no valid event or bookmark before it is started again (with a resync). The API
-#: server's watch cache sends a watch that allows them a BOOKMARK "roughly every minute" and 2 s before its deadline
-#: (``k8s.io/apiserver/pkg/storage/cacher``: ``defaultBookmarkFrequency = time.Minute`` in ``cacher.go``,
-#: ``cacheWatcher.nextBookmarkTime``; its one-second buckets make that exact to a second), so a healthy watch is
-#: never silent this long; below the default resync interval (120 s), so a deleted slice comes back sooner.
-WATCH_SILENCE = 90.0
-#: The event types of a watch (``k8s.io/apimachinery/pkg/watch``) other than ERROR.
-_WATCH_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 
 
 class SlicePublishError(DevplugError):
@@ -235,62 +224,22 @@ class SlicePublisher:
                 await watcher
 
     async def _watch(self) -> None:
-        """Ask for a resync whenever someone else deletes, changes or adds one of the node's slices of the driver.
+        """Ask for a resync whenever someone else deletes, changes or adds one of the node's slices of the driver,
+        and after every restart of the watch (:func:`~devplug.frontends.dra.sliceswatch.follow_slices`).
 
         A slice is this publisher's own, unchanged, when its name and resourceVersion are those of the last write
-        (an event of its own write seen before the write's answer costs one list, no write). A watch that fails or
-        ends, or delivers no valid event or bookmark for ``watch_silence`` seconds, is started again after a
-        backoff, with a resync, since events may have been missed meanwhile.
+        (an event of its own write seen before the write's answer costs one list, no write).
         """
-        backoff = Backoff(initial=0.5, cap=30.0, jitter=0.2)
-        loop = asyncio.get_running_loop()
-        while True:
-            events = _watch_slices(self._client, self.node, self.driver)
-            junk = 0
-            try:
-                quiet_until = loop.time() + self._watch_silence
-                while True:
-                    try:
-                        async with asyncio.timeout_at(quiet_until):
-                            kind, obj = await anext(events)
-                    except StopAsyncIteration:
-                        break
-                    name, version = obj.name, obj.resource_version
-                    if kind not in _WATCH_EVENTS or version is None or (kind != "BOOKMARK" and name is None):
-                        junk += 1  # no sign of life: the silence bound runs on
-                        continue
-                    quiet_until = loop.time() + self._watch_silence
-                    backoff.reset()
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        if name in self._written:
-                            self.resync()
-                    elif self._written.get(name or "", "") != version:
-                        self.resync()
-            except asyncio.CancelledError:
-                raise
-            except TimeoutError:
-                log.warning(
-                    "ResourceSlices of %s on node %s: the watch delivered no event or bookmark for %g s%s; starting "
-                    "it again",
-                    self.driver,
-                    self.node,
-                    self._watch_silence,
-                    f" ({junk} line(s) that were neither)" if junk else "",
-                )
-            except Exception as exc:  # the API server's or the network's: the periodic resync still runs
-                log.debug(
-                    "ResourceSlices of %s on node %s: the watch failed (%s); starting it again",
-                    self.driver,
-                    self.node,
-                    describe_api_error(exc)[0],
-                )
-            finally:
-                with contextlib.suppress(Exception):
-                    await events.aclose()
+        await follow_slices(
+            self._client, self.node, self.driver, silence=self._watch_silence, seen=self._seen, restarted=self.resync
+        )
+
+    def _seen(self, kind: str, name: str, version: str) -> None:
+        if kind == "DELETED":
+            if name in self._written:
+                self.resync()
+        elif self._written.get(name, "") != version:
             self.resync()
-            await asyncio.sleep(backoff.next())
 
     async def _publish(self) -> None:
         check = True  # the first pass compares with what the API server holds
@@ -579,58 +528,6 @@ class SlicePublisher:
         if deleted:
             log.info("ResourceSlices of %s on node %s deleted: %s", self.driver, self.node, ", ".join(deleted))
         return deleted
-
-
-class _WatchedObject(dict[str, Any]):
-    """A watch event's object as plain JSON, whatever it holds: a ResourceSlice, or a BOOKMARK's bare
-    ``metadata.resourceVersion`` (which lightkube's ResourceSlice model refuses: no ``spec``). lightkube's watch
-    decodes into it and reads ``metadata.resourceVersion`` to resume from."""
-
-    @property
-    def metadata(self) -> _WatchedMeta:
-        meta = self.get("metadata")
-        return _WatchedMeta(meta if isinstance(meta, dict) else {})
-
-    @property
-    def name(self) -> str | None:
-        value = self.metadata.get("name")
-        return value if isinstance(value, str) else None
-
-    @property
-    def resource_version(self) -> str | None:
-        return self.metadata.resourceVersion
-
-
-class _WatchedMeta(dict[str, Any]):
-    @property
-    def resourceVersion(self) -> str | None:  # the name lightkube reads
-        value = self.get("resourceVersion")
-        return value if isinstance(value, str) and value else None
-
-
-def _watch_slices(client: AsyncClient, node: str, driver: str) -> AsyncGenerator[tuple[str, _WatchedObject], None]:
-    """A watch of the node's ResourceSlices of ``driver`` with bookmarks allowed: ``(type, object)`` events.
-
-    lightkube's ``AsyncClient.watch`` takes no ``allowWatchBookmarks`` and decodes each object as a ResourceSlice
-    (a bookmark is none), so the request is prepared by its generic client with the parameter added and the
-    objects decoded as :class:`_WatchedObject`; it still resumes from the last resourceVersion when the server
-    ends the watch, and raises on an ERROR event or an HTTP failure.
-    """
-    from lightkube.resources.resource_v1 import ResourceSlice
-
-    generic = client._client  # lightkube's GenericAsyncClient: the same transport, credentials and timeouts
-    request = generic.prepare_request(
-        "list",
-        res=ResourceSlice,
-        watch=True,
-        params={
-            "timeoutSeconds": WATCH_TIMEOUT,  # ended by the server and resumed, as informers do
-            "allowWatchBookmarks": "true",
-            "fieldSelector": f"spec.nodeName={node},spec.driver={driver}",
-        },
-    )
-    events = generic.watch(replace(request, response_type=cast("Any", _WatchedObject)))  # lightkube: dict -> type
-    return cast("AsyncGenerator[tuple[str, _WatchedObject], None]", events)
 
 
 def _is_api_failure(exc: Exception) -> bool:
