@@ -257,13 +257,71 @@ def test_missing_directory_at_start_is_watched_once_it_appears(tmp_path: Path, m
         assert recorder.wait_names("x")
 
 
-def test_a_file_is_not_a_directory(tmp_path: Path, mode: str, recorder: Recorder) -> None:
+def test_a_file_at_start_is_a_problem_until_a_folder_replaces_it(tmp_path: Path, mode: str, recorder: Recorder) -> None:
+    """Issue 36, item 8: a file where the folder should be is looked past, as a missing folder, and said."""
     path = tmp_path / "file"
     path.write_text("")
-    watcher = DirectoryWatcher(path, recorder)
-    with pytest.raises(NotADirectoryError):
-        watcher.start()
-    watcher.close()
+    problems: list[str | None] = []
+    with DirectoryWatcher(path, recorder, poll_interval=POLL, on_problem=problems.append) as watcher:
+        assert watcher.problem is not None and "is not a folder" in watcher.problem
+        path.unlink()
+        path.mkdir()
+        assert recorder.wait_rescan()
+        assert watcher.problem is None
+        (path / "x").write_text("")
+        assert recorder.wait_names("x")
+    assert problems[0] is not None and problems[-1] is None
+
+
+def test_a_folder_replaced_by_a_file_then_restored(tmp_path: Path, mode: str, recorder: Recorder) -> None:
+    """Issue 36, item 8: the watcher stopped (NotADirectoryError) and never saw the folder come back."""
+    folder = tmp_path / "devices"
+    folder.mkdir()
+    problems: list[str | None] = []
+    with DirectoryWatcher(folder, recorder, poll_interval=POLL, on_problem=problems.append) as watcher:
+        shutil.rmtree(folder)
+        folder.write_text("not a folder")
+        assert recorder.wait_rescan()
+        assert recorder.wait_for(lambda _calls: watcher.problem is not None)
+        assert "is not a folder" in str(watcher.problem)
+        recorder.clear()
+        folder.unlink()
+        folder.mkdir()
+        (folder / "back").write_text("")
+        assert recorder.wait_rescan() or recorder.wait_names("back")
+        assert watcher.problem is None
+        (folder / "later").write_text("")
+        assert recorder.wait_names("later")
+        assert watcher._thread is not None and watcher._thread.is_alive()
+    assert any(p is not None and "is not a folder" in p for p in problems)
+    assert problems[-1] is None
+
+
+def test_an_unexpected_error_restarts_the_watch_with_a_rescan(
+    tmp_path: Path, mode: str, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, item 8: the thread never dies silently; it restarts after a backoff, saying so meanwhile."""
+    monkeypatch.setattr(watch, "RESTART_BACKOFF", watch.CappedBackoff(retry_min=0.2, retry_max=0.2))
+    problems: list[str | None] = []
+    failing = threading.Event()
+    with DirectoryWatcher(tmp_path, recorder, poll_interval=POLL, on_problem=problems.append) as watcher:
+        real = watcher._deliver_queued if mode == "inotify" else watcher._deliver_poll
+        attr = "_deliver_queued" if mode == "inotify" else "_deliver_poll"
+
+        def broken() -> None:
+            if not failing.is_set():
+                failing.set()
+                raise RuntimeError("a bug in the watcher")
+            real()
+
+        monkeypatch.setattr(watcher, attr, broken)
+        (tmp_path / "trigger").write_text("")
+        assert failing.wait(WAIT)
+        assert recorder.wait_for(lambda _calls: any(p and "a bug in the watcher" in p for p in problems))
+        assert recorder.wait_rescan()  # armed again: whatever happened meanwhile was missed
+        assert recorder.wait_for(lambda _calls: watcher.problem is None)
+        (tmp_path / "after").write_text("")
+        assert recorder.wait_names("after")
 
 
 def test_a_raising_callback_is_logged_and_the_watcher_goes_on(

@@ -39,6 +39,12 @@ class DeviceSink(Protocol):
     def publish_status(self, data: dict[str, Any]) -> None:
         """Replace the driver's own status shown by ``devplug status`` (thread-safe; already checked as JSON)."""
 
+    def report_problem(self, problem: str | None) -> None:
+        """Note why the driver cannot follow its devices now, or ``None`` once it can again (thread-safe).
+
+        Optional for sinks written before it: :meth:`DriverContext.report_problem` only logs without it.
+        """
+
 
 class _ResourceLogAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
     """Prefixes every message with the resource name and puts it in ``extra`` for JSON logs."""
@@ -114,3 +120,24 @@ class DriverContext:
                 f"{self._resource_name}: publish_status data is {len(encoded)} bytes, more than {MAX_STATUS_BYTES}"
             )
         self._sink.publish_status(json.loads(encoded))
+
+    def report_problem(self, problem: str | None) -> None:
+        """Say why the driver cannot follow its devices now (a one-line reason), or ``None`` once it can again.
+
+        For a long-running part of the driver that is broken while the
+        resource still serves: a folder watch whose folder became a file
+        (:class:`devplug.watch.DirectoryWatcher` takes this method as its
+        ``on_problem``), an event stream that keeps failing. While a problem
+        is set, ``devplug status`` names it under the resource
+        (``driver_problem``) and exits non-zero, and ``/readyz`` answers 503.
+        The latest call wins; a driver's stop clears it. Callable from any
+        thread; cheap when nothing changed.
+        """
+        if problem is not None and (not isinstance(problem, str) or not problem.strip()):
+            raise ValueError(f"{self._resource_name}: report_problem needs a reason (a non-empty string) or None")
+        report = getattr(self._sink, "report_problem", None)
+        if report is None:  # a sink written before report_problem
+            if problem is not None:
+                self._log.warning("problem: %s", problem)
+            return
+        report(problem)

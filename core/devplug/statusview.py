@@ -199,6 +199,8 @@ def format_status(data: dict[str, Any]) -> str:
         )
         if res.get("degraded"):
             lines.append(f"  DEGRADED: {res['degraded']}")
+        if res.get("driver_problem"):
+            lines.append(f"  DRIVER PROBLEM: {res['driver_problem']}")
         lines.extend(_dra_lines(res.get("frontend")))
         if res.get("last_error"):
             lines.append(f"  last error: {res['last_error']}")

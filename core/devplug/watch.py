@@ -21,7 +21,19 @@ watcher's own daemon thread, gets the names of the changed entries, and gets
 an empty set when it must rescan everything: the kernel's event queue
 overflowed, or the folder itself was deleted, moved or (re)created. A folder
 that is missing (at start or later) is looked for again every
-``poll_interval`` seconds.
+``poll_interval`` seconds; so is a path that is not a folder (a file put in
+its place) or cannot be watched (no permission).
+
+The watcher never stops by itself: an unexpected error in its thread is
+logged and the watch restarted after a capped backoff
+(:data:`RESTART_BACKOFF`), with a rescan once it is armed again. While the
+watch cannot do its job (the path is not a folder, cannot be read, or the
+thread is waiting to restart) :attr:`DirectoryWatcher.problem` says why, and
+``on_problem`` is told at every change; a driver passes its
+:meth:`devplug.DriverContext.report_problem`, so that ``devplug status`` and
+``/readyz`` name the problem meanwhile::
+
+    DirectoryWatcher(folder, self._on_change, on_problem=ctx.report_problem)
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import os
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -54,13 +67,18 @@ from devplug.inotify import (
     Inotify,
     inotify,
 )
+from devplug.kit.retries import CappedBackoff
 
-__all__ = ["POLL_ENV", "DirectoryWatcher"]
+__all__ = ["POLL_ENV", "RESTART_BACKOFF", "DirectoryWatcher"]
 
 #: Set to ``1`` to make every watcher poll instead of using inotify.
 POLL_ENV = "DEVPLUG_WATCH_POLL"
 
 log = logging.getLogger("devplug.watch")
+
+#: How long the watcher waits before restarting after an unexpected error: 0.5 s, doubling, at most 30 s. A watch
+#: that then ran for ``retry_max`` seconds starts again from ``retry_min`` after its next failure.
+RESTART_BACKOFF = CappedBackoff(retry_min=0.5, retry_max=30.0)
 
 _WATCH_MASK = (
     IN_CREATE
@@ -87,7 +105,8 @@ _inotify_lib: Inotify | None = inotify
 
 
 def _snapshot(directory: Path) -> _Snapshot | None:
-    """Name -> (inode, mtime_ns, size) of every entry, or ``None`` if the folder is missing."""
+    """Name -> (inode, mtime_ns, size) of every entry, or ``None`` if the folder is missing; ``OSError`` when the
+    path is not a folder or cannot be read."""
     snap: _Snapshot = {}
     try:
         with os.scandir(directory) as entries:
@@ -97,9 +116,15 @@ def _snapshot(directory: Path) -> _Snapshot | None:
                 except FileNotFoundError:
                     continue
                 snap[entry.name] = (st.st_ino, st.st_mtime_ns, st.st_size)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return None
     return snap
+
+
+def _unwatchable(directory: Path, exc: OSError, every: float) -> str:
+    """Why ``directory`` cannot be watched, for :attr:`DirectoryWatcher.problem`."""
+    what = "is not a folder" if exc.errno == errno.ENOTDIR else f"cannot be watched ({exc.strerror or exc})"
+    return f"{directory} {what}; looking for the folder every {every:g} s"
 
 
 def _diff(old: _Snapshot, new: _Snapshot) -> frozenset[str]:
@@ -115,6 +140,11 @@ class DirectoryWatcher:
     queue (or one polling round) come in one call. The callback runs in the
     watcher's thread, one call at a time; an exception it raises is logged and
     the watcher goes on.
+
+    ``on_problem``, when given, is called (in the watcher's thread, or in the
+    caller's during :meth:`start`) with :attr:`problem` each time it changes:
+    a one-line reason while the watch cannot do its job, ``None`` once it
+    works again (see the module docstring).
 
     Use :meth:`start` and :meth:`close`, or the watcher as a context manager
     (which starts it on entry and closes it on exit).
@@ -134,6 +164,7 @@ class DirectoryWatcher:
         *,
         poll_interval: float = 1.0,
         each_write: bool = True,
+        on_problem: Callable[[str | None], None] | None = None,
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"DirectoryWatcher: poll_interval must be > 0 seconds, got {poll_interval!r}")
@@ -141,6 +172,11 @@ class DirectoryWatcher:
         self.poll_interval = float(poll_interval)
         self._mask = _WATCH_MASK if each_write else _WATCH_MASK & ~IN_MODIFY
         self._callback = callback
+        self._on_problem = on_problem
+        #: Why the watch cannot do its job now (the path is not a folder or unreadable, the thread restarts after
+        #: an error), or ``None`` while it works (a missing folder included: it is looked for, as documented).
+        self.problem: str | None = None
+        self._problem_lock = threading.Lock()  # start() holds _lock while it arms the watch
         #: True when the inotify path is active (decided for good by :meth:`start`).
         self.uses_inotify: bool = _inotify_lib is not None and os.environ.get(POLL_ENV, "") not in {"1"}
         self._lock = threading.Lock()
@@ -162,9 +198,11 @@ class DirectoryWatcher:
 
         Returns once the watch is armed: a change made after ``start`` returns
         is reported. A missing folder is not an error: the watcher looks for it
-        every ``poll_interval`` and reports an empty set when it appears.
-        Raises ``OSError`` when the path is not a folder or cannot be read, and
-        ``RuntimeError`` when started twice or after :meth:`close`.
+        every ``poll_interval`` and reports an empty set when it appears. Nor
+        is a path that is not a folder or cannot be read: the watcher looks
+        for the folder the same way, with :attr:`problem` set meanwhile.
+        Raises ``RuntimeError`` when started twice or after :meth:`close`, and
+        ``OSError`` when the process has no file descriptor left.
         """
         with self._lock:
             if self._closed:
@@ -177,9 +215,7 @@ class DirectoryWatcher:
                 if self.uses_inotify:
                     self._arm_inotify()
                 if not self.uses_inotify:
-                    self._snap = _snapshot(self.directory)
-                    if self._snap is None and self.directory.exists():
-                        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.directory))
+                    self._snap = self._take_snapshot()
             except BaseException:
                 self._release_fds()
                 raise
@@ -272,12 +308,48 @@ class DirectoryWatcher:
     # --- the thread
 
     def _try_add_watch(self) -> int | None:
-        """The watch descriptor, or ``None`` when the folder does not exist (yet)."""
+        """The watch descriptor, or ``None`` when the folder does not exist (yet), is not a folder or cannot be
+        watched (then with :attr:`problem` set)."""
         assert _inotify_lib is not None
         try:
-            return _inotify_lib.add_watch(self._ifd, self.directory, self._mask)
+            wd = _inotify_lib.add_watch(self._ifd, self.directory, self._mask)
         except FileNotFoundError:
+            self._set_problem(None)
             return None
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.EBADF, errno.ENOSPC):
+                raise  # not the path's doing: the thread restarts
+            self._set_problem(_unwatchable(self.directory, exc, self.poll_interval))
+            return None
+        self._set_problem(None)
+        return wd
+
+    def _take_snapshot(self) -> _Snapshot | None:
+        """A snapshot, or ``None`` when the folder is missing, is not a folder or cannot be read (then with
+        :attr:`problem` set)."""
+        try:
+            snap = _snapshot(self.directory)
+        except OSError as exc:
+            self._set_problem(_unwatchable(self.directory, exc, self.poll_interval))
+            return None
+        self._set_problem(None)
+        return snap
+
+    def _set_problem(self, problem: str | None) -> None:
+        """Note why the watch cannot do its job (``None``: it works); log and tell ``on_problem`` of a change."""
+        with self._problem_lock:
+            if problem == self.problem:
+                return
+            self.problem = problem
+        if problem is not None:
+            log.warning("the watch on %s cannot do its job: %s", self.directory, problem)
+        else:
+            log.info("the watch on %s works again", self.directory)
+        if self._on_problem is not None:
+            try:
+                self._on_problem(problem)
+            except Exception:
+                log.exception("on_problem of the watcher on %s failed", self.directory)
 
     def _notify(self, names: frozenset[str]) -> None:
         if self._closed:
@@ -288,18 +360,57 @@ class DirectoryWatcher:
             log.exception("callback of the watcher on %s failed with names %s", self.directory, sorted(names))
 
     def _run(self) -> None:
+        """Watch until :meth:`close`; after an unexpected error, restart with backoff (the module docstring)."""
+        failures = 0
         try:
-            if self.uses_inotify:
-                self._run_inotify()
-            else:
-                self._run_polling()
-        except Exception:
-            log.exception("the watcher on %s stopped", self.directory)
+            while not self._closed:
+                started = time.monotonic()
+                try:
+                    if self.uses_inotify:
+                        self._run_inotify()
+                    else:
+                        self._run_polling()
+                    return  # closed
+                except Exception as exc:
+                    if self._closed:
+                        return
+                    if time.monotonic() - started >= RESTART_BACKOFF.retry_max:
+                        failures = 0  # it worked for a while: start the backoff again
+                    failures += 1
+                    delay = RESTART_BACKOFF.delay(failures)
+                    log.exception("the watcher on %s failed; restarting it in %g s", self.directory, delay)
+                    self._set_problem(
+                        f"the watch on {self.directory} failed ({type(exc).__name__}: {exc}); restarting it in "
+                        f"{delay:g} s"
+                    )
+                    if not self._sleep(delay):
+                        return
+                    self._rearm()
         finally:
             with self._lock:
                 closed = self._closed
             if closed:
                 self._release_fds()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait ``seconds``; False when woken by :meth:`close`."""
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        self._wait(poller, seconds)
+        return not self._closed
+
+    def _rearm(self) -> None:
+        """Drop the watch so the loop arms it again and reports a rescan once the folder is there (after an
+        unexpected error: whatever happened meanwhile was missed)."""
+        with self._delivering:
+            if self.uses_inotify:
+                assert _inotify_lib is not None
+                if self._wd is not None:
+                    with contextlib.suppress(OSError):
+                        _inotify_lib.rm_watch(self._ifd, self._wd)
+                    self._wd = None
+            else:
+                self._snap = None
 
     def _wait(self, poller: select.poll, timeout: float | None) -> list[int]:
         """The ready file descriptors, or ``[]`` on timeout or when woken to close."""
@@ -326,7 +437,7 @@ class DirectoryWatcher:
 
     def _deliver_poll(self) -> None:
         """Compare a fresh snapshot with the last one and report the difference (``_delivering`` held)."""
-        snap = _snapshot(self.directory)
+        snap = self._take_snapshot()
         old, self._snap = self._snap, snap
         if old is None or snap is None:
             if old is not snap:  # the folder appeared or vanished
@@ -348,7 +459,8 @@ class DirectoryWatcher:
                 if self._closed:
                     return
                 with self._delivering:
-                    self._drain()  # stale events of the old watch
+                    with contextlib.suppress(OSError):
+                        self._drain()  # stale events of the old watch
                     self._wd = self._try_add_watch()
                     if self._wd is not None:
                         log.info("watching %s again", self.directory)

@@ -106,6 +106,7 @@ class MetricsEndpoint:
                     healthy=figures.healthy,
                     failing_releases=figures.failing_releases,
                     last_error=r.last_error,
+                    driver_problem=r.driver_problem,
                 )
             )
         liveness = self._exits.liveness

@@ -12,6 +12,8 @@ runs (:func:`exit_code`; 3, :data:`EXIT_NOT_RUNNING`, when no daemon runs):
 
 * ``not-registered``, ``failed`` (:data:`EXIT_PROBLEM`, 6): a resource is not registered with the kubelet (starting,
   registering, draining after a reload removed it), or its start failed (retried with backoff);
+* ``driver-problem`` (6): a resource's driver says it cannot follow its devices now (``ctx.report_problem``: a
+  folder watch whose folder became a file, an event stream that keeps failing); what it advertises may be stale;
 * ``release-failing`` (6): a release of a resource keeps failing (its devices stay out of service until the
   driver's release succeeds; retried with backoff);
 * ``pod-resources`` (6): PodResources has been unreadable for longer than ``max([release] grace_period, 3 x
@@ -64,6 +66,8 @@ class ResourceFacts:
     healthy: int
     failing_releases: int
     last_error: str | None = None
+    #: Why the driver cannot follow its devices now (``ctx.report_problem``), or None.
+    driver_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,11 @@ def reasons(resources: Iterable[ResourceFacts], node: NodeFacts, now: float | No
     for r in resources:
         if r.state == _FAILED:
             found.append(Reason("failed", f"{r.name}: failed: {r.last_error}"))
+    for r in resources:
+        if r.driver_problem is not None:
+            found.append(
+                Reason("driver-problem", f"{r.name}: the driver cannot follow its devices: {r.driver_problem}")
+            )
     for r in resources:
         if r.failing_releases:
             plural = "s" if r.failing_releases != 1 else ""
@@ -155,6 +164,7 @@ def facts_from_status(data: Mapping[str, Any]) -> tuple[list[ResourceFacts], Nod
                 healthy=int(counts.get("healthy") or 0),
                 failing_releases=len(res.get("release_failures") or {}),
                 last_error=res.get("last_error"),
+                driver_problem=str(res["driver_problem"]) if res.get("driver_problem") else None,
             )
         )
     release = data.get("release") or {}

@@ -86,6 +86,7 @@ _RESOURCE = {
     "quarantined_records?": [_QUARANTINED],
     "state_error?": _Optional(str),
     "driver_status?": _Optional({}),
+    "driver_problem?": _Optional(str),
     "sharing?": _SHARING,
     "frontend?": _Optional({}),
 }

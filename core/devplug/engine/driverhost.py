@@ -62,18 +62,30 @@ class _LoopSink:
     def publish_status(self, data: dict[str, Any]) -> None:
         self._loop.call_soon_threadsafe(self._published.set, data)
 
+    def report_problem(self, problem: str | None) -> None:
+        self._loop.call_soon_threadsafe(self._published.set_problem, problem)
+
 
 class PublishedStatus:
-    """What the driver published with ``ctx.publish_status``, for ``devplug status``. Event loop thread only."""
+    """What the driver published with ``ctx.publish_status`` and ``ctx.report_problem``, for ``devplug status`` and
+    ``/readyz``. Event loop thread only."""
 
     def __init__(self, on_change: Callable[[], None]) -> None:
         self.data: dict[str, Any] | None = None
+        #: Why the driver cannot follow its devices now (``ctx.report_problem``), or None.
+        self.problem: str | None = None
         self.version = 0
         self._on_change = on_change
 
     def set(self, data: dict[str, Any]) -> None:
         if data != self.data:
             self.data = data
+            self.version += 1
+            self._on_change()
+
+    def set_problem(self, problem: str | None) -> None:
+        if problem != self.problem:
+            self.problem = problem
             self.version += 1
             self._on_change()
 
@@ -90,6 +102,7 @@ class DriverHost:
         relist: asyncio.Event,
         report: Callable[[str | None], None],
         on_change: Callable[[], None],
+        published: PublishedStatus,
     ) -> None:
         self.name = name
         self.driver = driver
@@ -98,6 +111,7 @@ class DriverHost:
         self._relist = relist
         self._report = report
         self._on_change = on_change
+        self._published = published
         self._tasks = BackgroundTasks()
         self._recovering = False
         self.stopping = False
@@ -124,7 +138,7 @@ class DriverHost:
         relist = asyncio.Event()
         sink = _LoopSink(config.name, table, asyncio.get_running_loop(), relist, published)
         await driver.start(DriverContext(config.name, state_dir, sink))
-        host = cls(config.name, driver, table, config.health_interval, relist, report, on_change)
+        host = cls(config.name, driver, table, config.health_interval, relist, report, on_change, published)
         try:
             devices = await driver.list_devices()
         except DriverError as exc:
@@ -220,3 +234,4 @@ class DriverHost:
             await self.driver.stop()
         except DriverError as exc:
             log.error("[%s] driver stop failed: %s", self.name, exc)
+        self._published.set_problem(None)  # the stopped driver's; a restarted one reports its own

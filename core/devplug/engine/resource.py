@@ -122,6 +122,11 @@ class Resource:
         return self._status.last_error
 
     @property
+    def driver_problem(self) -> str | None:
+        """Why the driver cannot follow its devices now (``ctx.report_problem``), or None."""
+        return self._published.problem
+
+    @property
     def endpoint(self) -> str:
         """Where the front end serves (a socket path)."""
         return self._frontend.endpoint

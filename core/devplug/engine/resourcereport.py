@@ -285,6 +285,7 @@ async def build_report(src: ReportSources, cache: DeviceEntries) -> dict[str, An
         "withheld_busy": withheld_busy,
         "state_error": ledger.write_error,
         "driver_status": src.published.data,
+        "driver_problem": src.published.problem,
         **({"sharing": sharing} if (sharing := _sharing_status(src)) is not None else {}),
         **({"frontend": dict(src.frontend)} if src.frontend is not None else {}),
         "quarantined_records": [

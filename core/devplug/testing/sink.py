@@ -71,6 +71,8 @@ class RecordingSink:
         self.table: dict[str, Device] = {}
         #: The latest ``ctx.publish_status`` data, or None.
         self.published: dict[str, Any] | None = None
+        #: The latest ``ctx.report_problem`` reason, or None.
+        self.problem: str | None = None
         self._cond = threading.Condition()
 
     def _allow(self, kind: str) -> None:
@@ -100,6 +102,12 @@ class RecordingSink:
         """``ctx.publish_status``: the latest is kept as :attr:`published`."""
         with self._cond:
             self.published = data
+            self._cond.notify_all()
+
+    def report_problem(self, problem: str | None) -> None:
+        """``ctx.report_problem``: the latest is kept as :attr:`problem`."""
+        with self._cond:
+            self.problem = problem
             self._cond.notify_all()
 
     def request_relist(self) -> None:

@@ -209,8 +209,12 @@ class MockDriver:
         except OSError as exc:
             raise DriverError(f"mock: cannot set up the device folder {self.directory}: {exc}") from exc
         watcher = DirectoryWatcher(
-            self.directory, self._on_change, poll_interval=_POLL_INTERVAL, each_write=False
-        )  # the call log's appends are no device change
+            self.directory,
+            self._on_change,
+            poll_interval=_POLL_INTERVAL,
+            each_write=False,  # the call log's appends are no device change
+            on_problem=ctx.report_problem,  # a file in the folder's place: devplug status and /readyz say so
+        )
         try:
             watcher.start()
         except OSError as exc:
@@ -443,7 +447,7 @@ class MockDriver:
         """Read every device file, remember them as what the engine knows, in natural order."""
         try:
             names = os.listdir(self.directory)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no folder (the watch says so when a file is in its place)
             names = []
         files = [f for f in (read_device_file(self.directory, n) for n in names) if f is not None]
         files.sort(key=lambda f: natural_key(f.id))
