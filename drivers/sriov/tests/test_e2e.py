@@ -189,8 +189,12 @@ def _status(state_dir: Path) -> dict[str, Any]:
     return {res["name"]: res for res in data["resources"]}
 
 
-def _status_text(state_dir: Path) -> str:
-    """``devplug status``, as an operator reads it."""
+#: ``devplug status``'s exit code while a registered resource has devices and none healthy (docs/operator/install.md).
+STATUS_NOTHING_SERVED = 7
+
+
+def _status_text(state_dir: Path, code: int) -> str:
+    """``devplug status``, as an operator reads it; it must exit ``code``."""
     result = subprocess.run(
         [sys.executable, "-m", "devplug", "status", "--state-dir", str(state_dir)],
         capture_output=True,
@@ -198,7 +202,7 @@ def _status_text(state_dir: Path) -> str:
         timeout=60,
         check=False,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == code, result.stderr
     return result.stdout
 
 
@@ -267,7 +271,7 @@ def test_network_vfs_on_igb_are_reset_between_pods_and_a_refused_reset_shows_in_
         assert failure.startswith("deallocate: ") and "link state: auto, wanted disable" in failure
         assert nic.links.vf_state(pf, 2) == kit.NEW_VF  # all but the link state reset: trust cleared
         if nic.name == "model":  # the same through the CLI, where Python starts in milliseconds
-            text = _status_text(state_dir)
+            text = _status_text(state_dir, STATUS_NOTHING_SERVED)  # the down resource's only VF is out of service
             assert f"{vfs[2]} " in text and f"({entry['reason']})" in text, text
 
         samples = _scrape(port)
