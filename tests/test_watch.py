@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from devplug import watch
+from devplug.kit.retries import CappedBackoff
 from devplug.watch import DirectoryWatcher
 
 WAIT = 5.0  # seconds: a generous bound on "soon", never an assertion on timing
@@ -301,7 +302,7 @@ def test_an_unexpected_error_restarts_the_watch_with_a_rescan(
     tmp_path: Path, mode: str, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 36, item 8: the thread never dies silently; it restarts after a backoff, saying so meanwhile."""
-    monkeypatch.setattr(watch, "RESTART_BACKOFF", watch.CappedBackoff(retry_min=0.2, retry_max=0.2))
+    monkeypatch.setattr(watch, "RESTART_BACKOFF", CappedBackoff(retry_min=0.2, retry_max=0.2))
     problems: list[str | None] = []
     failing = threading.Event()
     with DirectoryWatcher(tmp_path, recorder, poll_interval=POLL, on_problem=problems.append) as watcher:

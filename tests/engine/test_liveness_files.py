@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -35,14 +36,16 @@ from devplug.engine.liveness import (
 from devplug.kubecgroups import literal_path, pod_name
 from devplug.testing.waiting import poll_until
 
+T = TypeVar("T")
+
 V2_MOUNT = Path("/sys/fs/cgroup/unified")
 SHM = Path("/dev/shm")
 
 
-def _bounded(call: Callable[[], PodLiveness], fifos: list[Path], seconds: float = 5.0) -> PodLiveness:
+def _bounded(call: Callable[[], T], fifos: list[Path], seconds: float = 5.0) -> T:
     """``call()`` in a thread; a failure naming the FIFO when it has not answered within ``seconds`` (the FIFOs are
     then opened for writing, which lets a blocked ``open`` go)."""
-    answer: list[PodLiveness] = []
+    answer: list[T] = []
     worker = threading.Thread(target=lambda: answer.append(call()), daemon=True)
     worker.start()
     worker.join(seconds)
@@ -110,8 +113,8 @@ def test_a_cgroup_mount_that_is_no_cgroup_file_system_is_refused_and_nothing_blo
         finally:
             liveness.close()
 
-    answer, problem = _bounded(lambda: asyncio.run(scenario()), [fifo])  # type: ignore[arg-type,return-value]
-    assert answer.state is PodState.UNKNOWN, answer  # type: ignore[attr-defined]
+    answer, problem = _bounded(lambda: asyncio.run(scenario()), [fifo])
+    assert answer.state is PodState.UNKNOWN, answer
     assert problem is not None and "[liveness] cgroup_mount" in problem and str(root) in problem, problem
     assert (liveness_module.fs_name(liveness_module.fs_type(root)) if where == "disk" else "tmpfs") in problem, problem
 
@@ -220,7 +223,9 @@ def test_a_pod_uid_with_dot_dot_on_real_cgroups(tmp_path: Path) -> None:
         folder.mkdir(parents=True)
     process = subprocess.Popen(["/bin/sh", "-c", f'echo $$ > "{made[1] / "cgroup.procs"}" && exec sleep 600'])
     try:
-        poll_until(lambda: (made[1] / "cgroup.procs").read_text().strip(), "the process in its cgroup", 10, 0.005)
+        poll_until(
+            lambda: (made[1] / "cgroup.procs").read_text().strip(), "the process in its cgroup", 10, interval=0.005
+        )
         layout = find_pod_cgroups(config)
         assert read_pod(layout, other).state is PodState.RUNNING
         answer = read_pod(layout, f"{first}/../pod{other}")
@@ -228,7 +233,7 @@ def test_a_pod_uid_with_dot_dot_on_real_cgroups(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait()
-        poll_until(lambda: not (made[1] / "cgroup.procs").read_text().strip(), "the cgroup emptied", 10, 0.005)
+        poll_until(lambda: not (made[1] / "cgroup.procs").read_text().strip(), "the cgroup emptied", 10, interval=0.005)
         top = V2_MOUNT / root.strip("/")
         for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             folder.rmdir()

@@ -145,8 +145,8 @@ def test_a_reused_pid_is_never_killed(tmp_path: Path, reaped: list[int]) -> None
         assert not kill_left_behind(pid, str(tool)), "an old record (no start time) killed an unverified process"
         assert _alive(pid), "the unrelated process was killed"
         assert stamp is not None
-        assert not kill_left_behind(pid, str(tool), stamp)  # type: ignore[call-arg]
-        assert not kill_left_behind(pid, "/bin/sh", stamp)  # type: ignore[call-arg]  # its own program, not its time
+        assert not kill_left_behind(pid, str(tool), stamp)
+        assert not kill_left_behind(pid, "/bin/sh", stamp)  # its own program, not its time
         assert _alive(pid), "the unrelated process was killed"
     finally:
         os.killpg(victim.pid, signal.SIGKILL)  # its session's: the shell and its sleep
