@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplug import DriverError
+from devplug.kit.sysbus import SysBus
 from devplug.sysfs import SysfsAccess
 
 __all__ = ["VFIO_PCI", "PciBus", "PciDevice"]
@@ -61,16 +62,16 @@ def _hex(text: str) -> int:
     return int(text, 16)
 
 
-class PciBus:
-    """Reads PCI devices and moves them between drivers, through a :class:`SysfsAccess`."""
+class PciBus(SysBus):
+    """Reads PCI devices and moves them between drivers, through a :class:`SysfsAccess`.
+
+    The ``pci`` case of :class:`devplug.kit.sysbus.SysBus` (its bind, unbind and rebind work here too), with what
+    PCI adds: the functions' IDs, IOMMU groups and the move to vfio-pci and back.
+    """
 
     def __init__(self, access: SysfsAccess) -> None:
-        self.access = access
-        self.sys = access.sysfs_root
-        self.devices_dir = self.sys / "bus" / "pci" / "devices"
-        self.drivers_dir = self.sys / "bus" / "pci" / "drivers"
+        super().__init__(access, "pci", log=log)
         self.groups_dir = self.sys / "kernel" / "iommu_groups"
-        self.probe_file = self.sys / "bus" / "pci" / "drivers_probe"
         self.vfio_dir = access.dev_root / "vfio"
 
     # --- reading
@@ -110,19 +111,6 @@ class PciBus:
                 found[address] = dev
         return found
 
-    def exists(self, address: str) -> bool:
-        """True while the device is present."""
-        return self.access.exists(self.devices_dir / address)
-
-    def driver(self, address: str) -> str | None:
-        """The device's current driver (``None``: none, or the device is gone)."""
-        return self.access.link_name(self.devices_dir / address / "driver")
-
-    def override(self, address: str) -> str | None:
-        """The device's ``driver_override`` (``None`` when unset)."""
-        value = self.access.read_text(self.devices_dir / address / "driver_override")
-        return None if value in ("", "(null)") else value
-
     def iommu_groups(self) -> list[str]:
         """The IOMMU groups the kernel has (empty without an IOMMU)."""
         if not self.access.is_dir(self.groups_dir):
@@ -142,32 +130,14 @@ class PciBus:
 
     # --- moving
 
-    def _write(self, address: str, path: Path, data: str, action: str) -> None:
-        try:
-            self.access.write_text(path, data)
-        except OSError as exc:
-            raise DriverError(f"{address}: cannot {action}: {exc}") from exc
-
     def _unbind(self, address: str, driver: str) -> None:
-        self._write(address, self.drivers_dir / driver / "unbind", address, f"unbind it from {driver}")
+        self._unbind_from(address, driver)
 
     def bind_vfio(self, address: str) -> None:
         """Move the device to vfio-pci; :class:`DriverError` when the kernel did not bind it."""
-        folder = self.devices_dir / address
-        if self.override(address) != VFIO_PCI:
-            self._write(address, folder / "driver_override", VFIO_PCI, "set driver_override to vfio-pci")
-        current = self.driver(address)
-        if current == VFIO_PCI:
-            return
-        if current is not None:
-            self._unbind(address, current)
-        self._write(address, self.probe_file, address, "probe it (bus/pci/drivers_probe)")
-        now = self.driver(address)
-        if now != VFIO_PCI:
-            raise DriverError(
-                f"{address}: the kernel did not bind it to vfio-pci (driver now: {now or 'none'}); "
-                "vfio-pci's probe fails without an IOMMU for the device, see the kernel log (dmesg)"
-            )
+        self.bind_by_override(
+            address, VFIO_PCI, hint="vfio-pci's probe fails without an IOMMU for the device, see the kernel log (dmesg)"
+        )
 
     def restore(self, address: str, original: str | None) -> None:
         """Give the device back to ``original`` (``None``: leave it without a driver).
@@ -175,22 +145,4 @@ class PciBus:
         Idempotent: safe to call again after a crash part-way. A device taken
         meanwhile by a driver other than vfio-pci is left with it.
         """
-        current = self.driver(address)
-        if current == VFIO_PCI and original != VFIO_PCI:
-            self._unbind(address, VFIO_PCI)
-            current = None
-        if self.override(address) is not None:
-            self._write(address, self.devices_dir / address / "driver_override", "\n", "clear driver_override")
-        if current is not None:
-            if current != original:
-                log.warning("%s: now held by %s, not %s; leaving it there", address, current, original)
-            return
-        if original is None:
-            return
-        self._write(address, self.probe_file, address, "probe it (bus/pci/drivers_probe)")
-        now = self.driver(address)
-        if now != original:
-            raise DriverError(
-                f"{address}: {original} did not take the device back (driver now: {now or 'none'}); "
-                f"is the {original} module loaded? see the kernel log (dmesg)"
-            )
+        self.give_back(address, original, taken_by=VFIO_PCI)

@@ -18,6 +18,10 @@
   the shape every shipped driver has.
 * :mod:`devplug.kit.rescan` -- a rescan loop: the machine looked at again every
   period and soon after an event, one scan at a time, failures backed off.
+* :mod:`devplug.kit.sysbus` -- the devices of a ``/sys/bus/<bus>`` and the
+  moves between kernel drivers (bind, unbind, rebind, the ``driver_override``
+  way and back), each verified on the ``driver`` link afterwards;
+  :class:`devplug.pci.PciBus` is its ``pci`` case.
 * :mod:`devplug.kit.retries` -- capped backoff, and a schedule per device for
   failed work a driver retries itself, so that a device that keeps failing is
   tried less and less often and costs the others nothing.
@@ -42,6 +46,7 @@ from devplug.kit.records import RecordStore, RecordTable
 from devplug.kit.rescan import RescanLoop
 from devplug.kit.retries import CappedBackoff, DeviceRetries
 from devplug.kit.runtime import DriverRuntime
+from devplug.kit.sysbus import SysBus
 
 __all__ = [
     "AdvertisedDevices",
@@ -56,6 +61,7 @@ __all__ = [
     "RecordTable",
     "RescanLoop",
     "StartRecorder",
+    "SysBus",
     "kill_left_behind",
     "process_stamp",
     "run_command",

@@ -38,6 +38,9 @@ Fixtures:
 * ``sysfs_class_tree`` -- a fresh :class:`~devplug.testing.classsysfs.SysfsClassModel` under ``tmp_path``
   (``/sys/class/<class>/`` device trees: add devices with ``add_device``; a driver reads ``model.sysfs_root``
   and ``model.dev_root``, or the model itself as its :class:`~devplug.sysfs.SysfsAccess`);
+* ``sysfs_bus`` -- a factory of :class:`~devplug.testing.bussysfs.SysBusModel`: ``sysfs_bus("dsa")`` is a
+  model of ``/sys/bus/dsa`` under ``tmp_path`` (devices, drivers, bind, unbind, ``driver_override``,
+  ``drivers_probe``), the model a :class:`devplug.kit.sysbus.SysBus` is tested on;
 * ``devplug_daemon`` -- a factory: ``devplug_daemon({"example.com/x": {"driver":
   "mine", "options": {...}}})`` writes a config under the root, starts
   ``devplug run`` as a child process, waits until every resource registered
@@ -86,6 +89,7 @@ from devplug.testing.entrypoints import entry_point_env, installed_driver_names,
 if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread
     from devplug.devkubelet.cgroups import CgroupLayout
+    from devplug.testing.bussysfs import SysBusModel
     from devplug.testing.classsysfs import SysfsClassModel
     from devplug.testing.harness import DriverHarness
 
@@ -438,6 +442,19 @@ def sysfs_class_tree(tmp_path: Path) -> SysfsClassModel:
     from devplug.testing.classsysfs import SysfsClassModel
 
     return SysfsClassModel(tmp_path / "machine")
+
+
+@pytest.fixture
+def sysfs_bus(tmp_path: Path) -> Callable[..., SysBusModel]:
+    """A factory of models of ``/sys/bus/<bus>`` in ``tmp_path / "machine"``: ``sysfs_bus("dsa")``, or
+    ``sysfs_bus("platform", overrides=True)`` for a bus with ``driver_override`` (see
+    :mod:`devplug.testing.bussysfs`). Buses made by one test share the machine."""
+    from devplug.testing.bussysfs import SysBusModel
+
+    def make(bus: str, *, overrides: bool = False) -> SysBusModel:
+        return SysBusModel(tmp_path / "machine", bus, overrides=overrides)
+
+    return make
 
 
 def _liveness_table(kubelet: DevKubeletThread) -> dict[str, Any] | None:
