@@ -42,3 +42,16 @@ def test_the_conformance_knobs_the_guide_names_exist() -> None:
     for name in re.findall(r"`(\w+)`", section[section.index("**Conformance.**") : section.index("**Recording")]):
         if name.islower() and "_" in name and name not in ("post_stop", "check_config", "retry"):
             assert hasattr(DriverConformance, name), name
+
+
+def test_the_guides_device_name_examples_follow_the_rule() -> None:
+    """docs/driver/writing.md, "Device IDs and their DRA device names": each example row is what DRA publishes."""
+    from devplug.frontends.dra.devicenames import device_name
+
+    guide = (TESTING.parent / "writing.md").read_text()
+    section = guide[guide.index("## Device IDs and their DRA device names") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = re.findall(r"^\| `([^`]+)`(?: \([^)]*\))? \| `([^`]+)` \|$", section, re.M)
+    assert len(rows) >= 6
+    for device_id, name in rows:
+        assert device_name(device_id) == name, device_id
