@@ -27,10 +27,12 @@ from devplug.sdk.hookstubs import render_hooks
 from devplug.sdk.skeleton import HOOK_BODIES
 
 #: The conformance checks a generated skeleton passes (the kill-midway check is skipped until slow_release is
-#: written): advertises, allocates, releases x2 (stock, kep), check-config x3.
-CONFORMANCE_PASSED = 7
+#: written): advertises, allocates, releases x2 (stock, kep), check-config x3, a claim through DRA.
+CONFORMANCE_PASSED = 8
 #: The skeleton's own unit tests.
 UNIT_PASSED = 4
+#: A test a driver author adds that imports a helper module beside it (the skeleton's pythonpath must allow it).
+HELPER_PASSED = 1
 
 
 def _devplug(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -98,10 +100,13 @@ def test_the_skeleton_has_every_hook_of_hookspecs_with_its_signature_and_docstri
     assert "from devplug.kit import DriverRuntime" in source
     assert "from devplug.testing" not in source and "HookRecorder" not in source and "calls.jsonl" not in source
     assert "records_itself = False" in (target / "tests" / "test_conformance.py").read_text()
+    # both front ends are checked, and a helper module beside the tests can be imported
+    assert '    apis = ("device-plugin", "dra")' in (target / "tests" / "test_conformance.py").read_text()
     # the driver declares the hook contract of the core that generated it
     assert f'    hook_contract = "{devplug.HOOK_CONTRACT}"\n' in (target / "devplug_acme" / "driver.py").read_text()
     # the pyproject publishes the entry point and depends on the core
     pyproject = (target / "pyproject.toml").read_text()
+    assert 'pythonpath = ["tests"]' in pyproject
     assert '[project.entry-points."devplug.drivers"]\nacme = "devplug_acme:AcmeDriver"' in pyproject
     # pinned to the core's minor series, as devplug's own drivers are (0.1.0: >=0.1,<0.2)
     major, minor = devplug.__version__.split(".")[:2]
@@ -127,6 +132,12 @@ def test_a_generated_skeleton_installs_and_its_tests_pass(
     project = tmp_path / "devplug-acme"
     assert f"wrote {project}" in done.stdout
 
+    # as a driver author adds one: a helper module beside the tests, imported by name
+    (project / "tests" / "acme_machine.py").write_text('"""A test helper."""\n\nDEVICES = 2\n')
+    (project / "tests" / "test_helper.py").write_text(
+        '"""Imports its helper by name."""\n\nimport acme_machine\n\n\n'
+        "def test_the_helper_is_importable() -> None:\n    assert acme_machine.DEVICES == 2\n"
+    )
     python = fresh_venv(tmp_path / "venv")
     installed_project(python, project, "devplug_acme")  # only the installed copy can be imported
 
@@ -149,9 +160,10 @@ def test_a_generated_skeleton_installs_and_its_tests_pass(
     output = tests.stdout + tests.stderr
     assert tests.returncode == 0, output
     counts = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (passed|skipped|failed|error)", output))
-    assert counts.get("passed", 0) >= CONFORMANCE_PASSED + UNIT_PASSED, output
-    # the two slow-release checks, until slow_release is written, and the DRA check, until apis lists "dra"
-    assert counts.get("skipped", 0) == 3, output
+    assert counts.get("passed", 0) >= CONFORMANCE_PASSED + UNIT_PASSED + HELPER_PASSED, output
+    # the two slow-release checks, until slow_release is written; the DRA check runs (apis lists "dra")
+    assert counts.get("skipped", 0) == 2, output
+    assert "apis does not list 'dra'" not in output
     assert "test_conformance.py::TestAcmeDriverConformance::test_releases_exactly_once[kep]" not in output
 
 
