@@ -70,6 +70,33 @@ def test_fact_bind_needs_a_matching_override_or_id(backend: Any, kit: ModuleType
     assert excinfo.value.errno == errno.ENODEV
 
 
+def test_fact_bind_of_a_bound_device_is_ebusy(backend: Any, kit: ModuleType) -> None:
+    # drivers/base/dd.c, __driver_probe_device: a device that has a driver is EBUSY to bind_store, even for the
+    # driver that holds it (devplug.testing.bussysfs models the same for any bus)
+    sysfs = backend.sysfs
+    with pytest.raises(OSError, match="busy") as excinfo:
+        sysfs.write_text(sysfs.sysfs_root / "bus/pci/drivers/e1000e/bind", kit.NIC)
+    assert excinfo.value.errno == errno.EBUSY
+    assert kit.driver_of(sysfs, kit.NIC) == "e1000e"
+
+
+def test_fact_the_kits_sysbus_moves_a_device_and_back(backend: Any, kit: ModuleType) -> None:
+    # devplug.kit.SysBus, the generic bus helper PciBus is the pci case of, on the real pci bus
+    from devplug.kit import SysBus
+
+    bus = SysBus(backend.sysfs, "pci")
+    assert kit.NIC in bus.devices() and "e1000e" in bus.drivers()
+    with pytest.raises(DriverError, match="e1000e holds it, not vfio-pci"):
+        bus.bind(kit.NIC, "vfio-pci")
+    assert bus.unbind(kit.NIC) == "e1000e"
+    assert bus.driver(kit.NIC) is None
+    with pytest.raises(DriverError, match="cannot bind it to vfio-pci: .*No such device"):  # no ID of vfio-pci's
+        bus.bind(kit.NIC, "vfio-pci")
+    bus.bind(kit.NIC, "e1000e")
+    assert bus.rebind(kit.NIC, "e1000e") == "e1000e"
+    assert bus.driver(kit.NIC) == "e1000e"
+
+
 # --- the driver -----------------------------------------------------------------------
 
 
