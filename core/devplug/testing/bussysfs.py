@@ -60,6 +60,15 @@ table: ``load_driver("user", matches=["wq*"])``), and a driver may make a node
 for each device it holds (``node="dsa/{name}"``: idxd's ``user`` driver makes
 ``/dev/dsa/wq0.1``). The model is a :class:`devplug.sysfs.SysfsAccess`; other
 writes are those of :class:`devplug.testing.sysfsfiles.SysfsFiles`.
+
+Checked against a real kernel: the store methods are the driver core's, the same
+for every bus, so devplug-vfio's scenario suite checks them on the real ``pci``
+bus in a QEMU guest and on the PCI model alike (``EBUSY`` for a bound device,
+``ENODEV`` for a driver that does not match or does not hold it, the silent
+failed probe through ``drivers_probe``, and :class:`devplug.kit.sysbus.SysBus`
+moving a device and back). Older kernels' ``bind_store`` checked
+``dev->driver == NULL`` and refused a bound device with ``ENODEV``; the model
+follows current kernels (``EBUSY``), as the guest's kernel does.
 """
 
 from __future__ import annotations

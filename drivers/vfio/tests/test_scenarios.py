@@ -90,7 +90,7 @@ def test_fact_the_kits_sysbus_moves_a_device_and_back(backend: Any, kit: ModuleT
         bus.bind(kit.NIC, "vfio-pci")
     assert bus.unbind(kit.NIC) == "e1000e"
     assert bus.driver(kit.NIC) is None
-    with pytest.raises(DriverError, match="cannot bind it to vfio-pci: .*No such device"):  # no ID of vfio-pci's
+    with pytest.raises(DriverError, match=r"cannot bind it to vfio-pci: .*No such device"):  # no ID of vfio-pci's
         bus.bind(kit.NIC, "vfio-pci")
     bus.bind(kit.NIC, "e1000e")
     assert bus.rebind(kit.NIC, "e1000e") == "e1000e"
