@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 
 from devplug.devkubelet import DevKubeletThread
 from devplug.resource_names import resource_state_dir, socket_file_name
+from devplug.testing.apiserver import ApiServer
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.conformance import poll_until
 from devplug.testing.plugin import RunningDaemon
@@ -139,3 +140,10 @@ class Bench:
 def bench(devplug_root: Path, dev_kubelet: DevKubeletThread, devplug_daemon: Callable[..., RunningDaemon]) -> Bench:
     """The setting; daemons it started are stopped (SIGTERM, must exit 0) by ``devplug_daemon``."""
     return Bench(devplug_root, dev_kubelet, devplug_daemon)
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    """An API server stand-in for the DRA hardening tests."""
+    with ApiServer() as server:
+        yield server

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc.aio
@@ -25,22 +24,11 @@ from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import run
-from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node
+from tests.frontends.dra.dranode import DRIVER, NS, dra_node
 
 FLOOD = 20_000
 #: Claims in a call under the byte cap but over the claims bound.
 LARGE = 5_000
-
-
-@pytest.fixture
-def api() -> Iterator[ApiServer]:
-    with ApiServer() as server:
-        yield server
-
-
-def _socket(lab: DraNode) -> str:
-    [path] = sorted((lab.root / "plugins" / DRIVER).glob("dra-*.sock"))
-    return f"unix:{path}"
 
 
 def _rss_mb(pid: int) -> float:
@@ -69,7 +57,9 @@ def test_an_over_large_prepare_is_refused_whole_and_a_good_claim_is_not_held_up(
             assert lab.daemon is not None
             pid = lab.daemon.pid
             reads_before = api.count(verb="get", resource="resourceclaims")
-            async with grpc.aio.insecure_channel(_socket(lab), options=[("grpc.max_send_message_length", -1)]) as ch:
+            async with grpc.aio.insecure_channel(
+                lab.service_target(), options=[("grpc.max_send_message_length", -1)]
+            ) as ch:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await _prepare(ch, _claims(FLOOD))
                 assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # over 1 MiB: never parsed

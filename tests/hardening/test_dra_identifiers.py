@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,6 @@ from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
 
 RELEASE_HOOKS = ("allocate", "post_stop", "deallocate")
-
-
-@pytest.fixture
-def api() -> Iterator[ApiServer]:
-    with ApiServer() as server:
-        yield server
-
-
-def _socket(lab: DraNode) -> str:
-    [path] = sorted((lab.root / "plugins" / DRIVER).glob("dra-*.sock"))
-    return f"unix:{path}"
 
 
 def _ledger(lab: DraNode) -> Path:
@@ -90,7 +78,7 @@ def _hostile(lab: DraNode, real_uid: str) -> dict[str, tuple[str, str, str, str]
 
 
 async def _unprepare(lab: DraNode, claims: list[tuple[str, str, str]], beta: bool = False) -> dict[str, str]:
-    async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+    async with grpc.aio.insecure_channel(lab.service_target()) as channel:
         if beta:
             answer: Any = await v1beta1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
                 v1beta1.NodeUnprepareResourcesRequest(
@@ -105,7 +93,7 @@ async def _unprepare(lab: DraNode, claims: list[tuple[str, str, str]], beta: boo
 
 
 async def _prepare(lab: DraNode, claims: list[tuple[str, str, str]], beta: bool = False) -> Any:
-    async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+    async with grpc.aio.insecure_channel(lab.service_target()) as channel:
         if beta:
             return await v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(
                 v1beta1.NodePrepareResourcesRequest(

@@ -147,6 +147,11 @@ class DraNode:
         """The driver's recorded hook calls (of ``hook``, or all), from its ``HookRecorder`` folder."""
         return [c for c in read_call_log(calls_dir or self.folder) if hook is None or c.get("hook") == hook]
 
+    def service_target(self) -> str:
+        """The gRPC target of the daemon's DRA service socket, as the kubelet dials it (one instance running)."""
+        [path] = sorted((self.root / "plugins" / self.driver).glob("dra-*.sock"))
+        return f"unix:{path}"
+
     async def registered(self, count: int = 1) -> None:
         await eventually(
             lambda: sum(1 for v in self.kubelet.dra_plugins(self.driver) if v.connected) >= count,

@@ -19,11 +19,6 @@ from tests.frontends.dra.conftest import NODE, run
 from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
 
 
-def _socket(lab: DraNode) -> str:
-    [path] = sorted((lab.root / "plugins" / DRIVER).glob("dra-*.sock"))
-    return f"unix:{path}"
-
-
 def _claim(name: str, uid: str, ns: str = NS) -> Any:
     return v1.Claim(namespace=ns, name=name, uid=uid)
 
@@ -63,7 +58,7 @@ def test_each_claim_gets_its_devices_or_its_own_error(api: ApiServer) -> None:
             first = _allocate_by_hand(lab, "first", ["mock3"])
             second = _allocate_by_hand(lab, "second", ["mock3"])
             missing, other = str(uuid.uuid4()), str(uuid.uuid4())
-            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[_claim("first", _uid(first))]))
                 await eventually(lambda: _tainted(lab, "mock2"), "mock2 tainted unavailable in the slices")
@@ -105,7 +100,7 @@ def test_prepare_and_unprepare_are_idempotent_through_both_versions(api: ApiServ
             await lab.published(3)
             claim = _allocate_by_hand(lab, "c", ["mock1"])
             uid = _uid(claim)
-            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 beta = v1beta1_grpc.DRAPluginStub(channel)
                 request = v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)])
@@ -141,7 +136,7 @@ def test_a_failing_release_is_the_claims_unprepare_error_and_is_retried(api: Api
             await lab.published(3)
             claim = _allocate_by_hand(lab, "c", ["mock0"])
             uid = _uid(claim)
-            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)]))
                 (lab.folder / "mock0").write_text("fail=deallocate\n")
@@ -167,7 +162,7 @@ def test_an_api_server_that_fails_the_read_is_that_claims_error_and_the_kubelets
             await lab.published(3)
             claim = _allocate_by_hand(lab, "c", ["mock2"])
             uid = _uid(claim)
-            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
                 stub = v1_grpc.DRAPluginStub(channel)
                 request = v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)])
                 api.faults.fail(503, verb="get", resource="resourceclaims")
@@ -202,7 +197,7 @@ def test_each_request_of_a_claim_is_a_cdi_device_of_its_own_devices(api: ApiServ
             status = {"allocation": {"devices": {"results": results}}}
             claim = lab.api.update("resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status")
             uid = _uid(claim)
-            async with grpc.aio.insecure_channel(_socket(lab)) as channel:
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
                 answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
                     v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)])
                 )
