@@ -49,13 +49,14 @@ def test_a_device_folder_replaced_by_a_file_is_said_and_its_devices_come_back(la
     port = _free_port()
     lab.start({RESOURCE: lab.resource_table(count=2)}, metrics={"enabled": True, "port": port})
     state_dir, folder = lab.state_dir(), lab.mock_dir()
-    lab.wait(lambda: _readyz(port) == (200, "ready") and _status(state_dir).returncode == 0, what="ready")
+    lab.wait(lambda: _readyz(port) == (200, "ready") and _status(state_dir).returncode == 0, 30, what="ready")
 
     shutil.rmtree(folder)
     folder.write_text("not a folder\n")
     _, text = lab.wait(lambda: (r := _readyz(port))[0] == 503 and "is not a folder" in r[1] and r, what="503")
     assert f"{RESOURCE}: the driver cannot follow its devices: {folder} is not a folder" in text, text
-    shown = lab.wait(lambda: (r := _status(state_dir)).returncode == 6 and r, what="devplug status to exit 6")
+    # each look starts `devplug status` anew (a Python start-up, seconds on a loaded machine): a longer bound
+    shown = lab.wait(lambda: (r := _status(state_dir)).returncode == 6 and r, 30, what="devplug status to exit 6")
     assert f"PROBLEM: {RESOURCE}: the driver cannot follow its devices: {folder} is not a folder" in shown.stdout
     assert f"DRIVER PROBLEM: {folder} is not a folder" in shown.stdout, shown.stdout
     lab.wait(lambda: not lab.view().devices, what="no device advertised while there is no folder")
@@ -66,7 +67,7 @@ def test_a_device_folder_replaced_by_a_file_is_said_and_its_devices_come_back(la
         (folder / device).write_text("")
     lab.wait(lambda: sorted(lab.view().healthy_ids) == ["mock0", "mock1"], what="the devices back")
     lab.wait(lambda: _readyz(port) == (200, "ready"), what="/readyz 200 again")
-    lab.wait(lambda: _status(state_dir).returncode == 0, what="devplug status exit 0 again")
+    lab.wait(lambda: _status(state_dir).returncode == 0, 30, what="devplug status exit 0 again")
     assert lab.status()["resources"][0]["driver_problem"] is None
     (folder / "mock2").write_text("")  # the watch follows the folder again
     lab.wait(lambda: "mock2" in lab.view().healthy_ids, what="a device added after the folder came back")
