@@ -64,7 +64,7 @@ from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.release import Releaser
 from devplug.engine.requestcheck import RequestChecks
 from devplug.engine.sharing import shared_env_name
-from devplug.engine.tenantexit import ExitEvidence, ExitVerdict, busy_reason
+from devplug.engine.tenantexit import ExitEvidence, ExitVerdict
 from devplug.errors import DeviceBusyError, DriverError, HookTimeoutError, RequestError, StateWriteError
 from devplug.logsafe import id_list
 from devplug.types import Claim, ContainerAllocation
@@ -165,7 +165,7 @@ class Admission:
         #: Records whose devices the kubelet's PreStartContainer named: a container got them.
         self.pre_started: set[str] = set()
         #: Set while a handover is under way: no Allocate waits for a previous tenant (:meth:`cut_waits_short`).
-        self._no_waiting: asyncio.Event | None = None
+        self._no_waiting = asyncio.Event()
 
     @property
     def release_wait(self) -> float:
@@ -285,8 +285,8 @@ class Admission:
                 "[%s] %s: %s never had them (%s)", self.resource_name, shown, who, evidence, extra={"device": shown}
             )
             return evidence
-        self.guard.withhold_busy(record, busy_reason(record, verdict.why))
-        if self._no_waiting is not None and self._no_waiting.is_set():
+        self.guard.withhold_busy(record, verdict.why)
+        if self._no_waiting.is_set():
             end, evidence = TenantEnd.UNKNOWN, f"{evidence}; a handover to a new instance is under way"
         if end is not TenantEnd.UNDER_WAY or not self._ends_within_wait(verdict):
             raise DeviceBusyError(
@@ -332,8 +332,6 @@ class Admission:
     async def _wait_exit(self, record: AllocationRecord) -> tuple[ExitVerdict, bool]:
         """The verdict once the record's containers are gone or ``previous_tenant_wait`` passed, and whether a
         handover cut the wait short (a waiting Allocate must not make it fail)."""
-        if self._no_waiting is None:
-            self._no_waiting = asyncio.Event()
         waiting = asyncio.ensure_future(self.exits.wait(record, self.previous_tenant_wait))
         cut = asyncio.ensure_future(self._no_waiting.wait())
         try:
@@ -349,8 +347,6 @@ class Admission:
     def cut_waits_short(self, on: bool) -> None:
         """A handover began (``on``): Allocates waiting for a previous tenant are refused now and later ones do not
         wait (the devices stay withheld), so that the handover is not held up; off when it failed."""
-        if self._no_waiting is None:
-            self._no_waiting = asyncio.Event()
         if on:
             self._no_waiting.set()
         else:

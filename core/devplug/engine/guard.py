@@ -209,9 +209,11 @@ class DeviceGuard:
                     busy.setdefault(dev, "an earlier allocate of it timed out and has not returned yet")
         return busy
 
-    def withhold_busy(self, record: AllocationRecord, why: str) -> None:
-        """``record``'s tenancy is over for the kubelet but its containers still run, or may: advertise its
-        devices unhealthy until :meth:`end_busy` or its release (``why`` shows in the status)."""
+    def withhold_busy(self, record: AllocationRecord, liveness: str) -> None:
+        """``record``'s tenancy is over for the kubelet but its containers still run, or may (``liveness``: what its
+        cgroup says): advertise its devices unhealthy until :meth:`end_busy` or its release; the status shows why."""
+        who = record.pod or record.pod_uid or "its previous pod"
+        why = f"the kubelet no longer attributes them but pod {who} may still run ({liveness})"
         if self.busy.get(record.id) == why:
             return
         first = record.id not in self.busy

@@ -29,7 +29,6 @@ from devplug.engine.asynctools import BackgroundTasks, Backoff
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.lifecycle import DeviceLifecycle
 from devplug.engine.liveness import PodLiveness, PodState
-from devplug.engine.tenantexit import busy_reason
 from devplug.errors import DriverError
 
 __all__ = ["STILL_FAILING_FIRST", "Awaiting", "ReleaseQueue"]
@@ -125,7 +124,7 @@ class ReleaseQueue:
         if waiting is not None:
             waiting.why = verdict.why
             return
-        self.lifecycle.guard.withhold_busy(record, busy_reason(record, verdict.why))
+        self.lifecycle.guard.withhold_busy(record, verdict.why)
         devices = tuple(record.all_devices())
         log.warning(
             "[%s] %s: the kubelet no longer attributes them, but pod %s may still run (%s): released once its "

@@ -29,16 +29,10 @@ from devplug.config import LivenessConfig
 from devplug.engine.ledger import AllocationRecord
 from devplug.engine.liveness import ContainerLiveness, PodLiveness, PodState
 
-__all__ = ["ExitEvidence", "ExitVerdict", "busy_reason"]
+__all__ = ["ExitEvidence", "ExitVerdict"]
 
 #: While liveness is unknown, a wait looks again this often (the cgroups may become readable meanwhile).
 UNKNOWN_RECHECK_S = 1.0
-
-
-def busy_reason(record: AllocationRecord, why: str) -> str:
-    """Why a tenancy's devices are withheld while its containers may still run, for the log and the status."""
-    who = record.pod or record.pod_uid or "its previous pod"
-    return f"the kubelet no longer attributes them but pod {who} may still run ({why})"
 
 
 @dataclass(frozen=True)

@@ -95,12 +95,6 @@ class CheckpointView:
             listener(checkpoint, stamp[1] / 1e9)
         return checkpoint
 
-    def written_at(self, checkpoint: KubeletCheckpoint) -> float | None:
-        """When the file ``checkpoint`` was read from was written (mtime, ``time.time()`` scale), if it is the
-        version read last."""
-        cached = self._cached
-        return cached[0][1] / 1e9 if cached is not None and cached[1] is checkpoint else None
-
     async def fresh(self, trigger: Callable[[], bool]) -> KubeletCheckpoint | None:
         """The checkpoint as the kubelet rewrites it after ``trigger()`` (which sends a ListAndWatch message).
 

@@ -297,17 +297,13 @@ class Reconciler:
     def _learn_uid(
         self, core: DeviceLifecycle, record: AllocationRecord, checkpoint: list[KubeletCheckpoint | None]
     ) -> bool:
-        """Take the UID of the pod holding ``record``'s devices from the kubelet's checkpoint (as the file is now):
-        it names the pod's cgroup, the evidence that its containers are gone. True when learnt."""
+        """Read the kubelet's checkpoint as the file is now (once a pass): a version not read yet teaches the records
+        it names their pod's UID, through the front ends' listeners (:class:`~.tenancy.CheckpointTenancy`, which
+        never learns from a version older than the record). True when ``record`` learnt its UID."""
         if not checkpoint:
             checkpoint.append(self.checkpoint.current())
-        if checkpoint[0] is None:
-            return False
-        uids = pods_holding(checkpoint[0], core.resource_name, record.all_devices())
-        if len(uids) != 1:
-            return False
-        core.note_pod_uid(record.id, next(iter(uids)))
-        return True
+        learnt = core.record(record.id)
+        return learnt is not None and learnt.pod_uid is not None
 
     async def _release_unattributed(
         self,
