@@ -15,6 +15,8 @@ during it where such evidence exists.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -261,6 +263,16 @@ class Lab:
                 found: dict[str, Any] = res
                 return found
         raise AssertionError(f"{resource} not in the status file")
+
+    def status_command(self) -> subprocess.CompletedProcess[str]:
+        """``devplug status --state-dir`` of the running daemon, as an operator runs it (a new Python process)."""
+        return subprocess.run(
+            [sys.executable, "-m", "devplug", "status", "--state-dir", str(self.state_dir())],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
 
     def log(self) -> str:
         return self._current(None).process.log_text()

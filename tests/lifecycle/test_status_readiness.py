@@ -13,8 +13,6 @@ from __future__ import annotations
 import http.client
 import re
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,16 +55,6 @@ def _status(state_dir: Path) -> tuple[int, list[str]] | None:
     except StateError:
         return None
     return status_exit_code(data), status_problems(data)
-
-
-def _cli(state_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "devplug", "status", "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def _same(reasons: list[str]) -> list[str]:
@@ -137,12 +125,13 @@ def test_status_and_readyz_agree_through_outages_and_failures(lab: Any) -> None:
     seen.until(lambda ready, reasons, code: ready == 200 and code == 0, "ready, and status exit 0")
     (device,) = lab.admit("tenant")  # an allocation: the reconciler reads PodResources while it is held
     lab.wait(lambda: (lab.status().get("release") or {}).get("last_success"), what="a PodResources read")
-    assert _cli(state_dir).returncode == 0
+    assert lab.status_command().returncode == 0
 
     # 1. PodResources unreadable: reported at once, a problem once it lasts past the grace period.
     lab.kubelet.pod_resources_available = False
     early = lab.wait(
-        lambda: (r := _cli(state_dir)) and "PodResources ERROR" in r.stdout and r, what="status to report the outage"
+        lambda: (r := lab.status_command()) and "PodResources ERROR" in r.stdout and r,
+        what="status to report the outage",
     )
     assert "unreadable since" in early.stdout and "failed read" in early.stdout, early.stdout
     data = read_status(state_dir)
@@ -151,18 +140,18 @@ def test_status_and_readyz_agree_through_outages_and_failures(lab: Any) -> None:
         assert early.returncode == 0, early.stdout
     _, reasons, code = seen.until(lambda ready, reasons, code: ready == 503, "/readyz 503 for PodResources")
     assert code == 6 and [r for r in reasons if r.startswith("PodResources unreadable for")], reasons
-    shown = _cli(state_dir)
+    shown = lab.status_command()
     assert shown.returncode == 6 and "PROBLEM: PodResources unreadable for" in shown.stdout, shown.stdout
     lab.kubelet.pod_resources_available = True
     seen.until(lambda ready, reasons, code: ready == 200 and code == 0, "ready again once PodResources answers")
-    assert "PodResources ok" in _cli(state_dir).stdout
+    assert "PodResources ok" in lab.status_command().stdout
 
     # 2. Every device unhealthy: nothing can be served (exit 7).
     for dev in ("mock0", "mock1"):
         lab.write_device(dev, "unhealthy=fan failure")
     _, reasons, code = seen.until(lambda ready, reasons, code: ready == 503, "/readyz 503 with every device unhealthy")
     assert code == 7 and reasons == [f"{RESOURCE}: no device can be served: all 2 unhealthy"], reasons
-    shown = _cli(state_dir)
+    shown = lab.status_command()
     assert shown.returncode == 7 and "PROBLEM: example.com/mock: no device can be served" in shown.stdout
     for dev in ("mock0", "mock1"):
         lab.write_device(dev)
@@ -173,7 +162,7 @@ def test_status_and_readyz_agree_through_outages_and_failures(lab: Any) -> None:
     lab.kubelet.remove_pod("tenant")
     _, reasons, code = seen.until(lambda ready, reasons, code: ready == 503, "/readyz 503 with a release failing")
     assert code == 6 and [r for r in reasons if "1 release failing" in r], reasons
-    shown = lab.wait(lambda: (r := _cli(state_dir)).returncode == 6 and r, what="devplug status to exit 6")
+    shown = lab.wait(lambda: (r := lab.status_command()).returncode == 6 and r, what="devplug status to exit 6")
     assert f"release of {device} failing: deallocate:" in shown.stdout, shown.stdout
     lab.write_device(device)
     lab.wait_released(device, timeout=30.0)

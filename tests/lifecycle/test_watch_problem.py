@@ -11,9 +11,6 @@ from __future__ import annotations
 import http.client
 import shutil
 import socket
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 RESOURCE = "example.com/mock"
@@ -35,28 +32,18 @@ def _readyz(port: int) -> tuple[int, str]:
         conn.close()
 
 
-def _status(state_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "devplug", "status", "--state-dir", str(state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_a_device_folder_replaced_by_a_file_is_said_and_its_devices_come_back(lab: Any) -> None:
     port = _free_port()
     lab.start({RESOURCE: lab.resource_table(count=2)}, metrics={"enabled": True, "port": port})
-    state_dir, folder = lab.state_dir(), lab.mock_dir()
-    lab.wait(lambda: _readyz(port) == (200, "ready") and _status(state_dir).returncode == 0, 30, what="ready")
+    folder = lab.mock_dir()
+    lab.wait(lambda: _readyz(port) == (200, "ready") and lab.status_command().returncode == 0, 30, what="ready")
 
     shutil.rmtree(folder)
     folder.write_text("not a folder\n")
     _, text = lab.wait(lambda: (r := _readyz(port))[0] == 503 and "is not a folder" in r[1] and r, what="503")
     assert f"{RESOURCE}: the driver cannot follow its devices: {folder} is not a folder" in text, text
     # each look starts `devplug status` anew (a Python start-up, seconds on a loaded machine): a longer bound
-    shown = lab.wait(lambda: (r := _status(state_dir)).returncode == 6 and r, 30, what="devplug status to exit 6")
+    shown = lab.wait(lambda: (r := lab.status_command()).returncode == 6 and r, 30, what="devplug status to exit 6")
     assert f"PROBLEM: {RESOURCE}: the driver cannot follow its devices: {folder} is not a folder" in shown.stdout
     assert f"DRIVER PROBLEM: {folder} is not a folder" in shown.stdout, shown.stdout
     lab.wait(lambda: not lab.view().devices, what="no device advertised while there is no folder")
@@ -67,7 +54,7 @@ def test_a_device_folder_replaced_by_a_file_is_said_and_its_devices_come_back(la
         (folder / device).write_text("")
     lab.wait(lambda: sorted(lab.view().healthy_ids) == ["mock0", "mock1"], what="the devices back")
     lab.wait(lambda: _readyz(port) == (200, "ready"), what="/readyz 200 again")
-    lab.wait(lambda: _status(state_dir).returncode == 0, 30, what="devplug status exit 0 again")
+    lab.wait(lambda: lab.status_command().returncode == 0, 30, what="devplug status exit 0 again")
     assert lab.status()["resources"][0]["driver_problem"] is None
     (folder / "mock2").write_text("")  # the watch follows the folder again
     lab.wait(lambda: "mock2" in lab.view().healthy_ids, what="a device added after the folder came back")
