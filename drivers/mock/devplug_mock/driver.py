@@ -357,7 +357,7 @@ class MockDriver:
         with self._node_lock:
             if device_id in self._with_node:
                 self._with_node.discard(device_id)
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # its folder may be a file now
                     (self._nodes / device_id).unlink()
 
     def _device(self, found: DeviceFile) -> Device:
