@@ -1,18 +1,21 @@
 """A stand-in for the Kubernetes API server, for testing drivers with the real client library.
 
-What a node-local driver talks to -- ``resource.k8s.io/v1`` ResourceSlices, ResourceClaims and DeviceClasses,
-core/v1 Nodes and Pods, ``coordination.k8s.io/v1`` Leases -- served over real HTTP on ``127.0.0.1`` (a free
-port) with the API server's REST paths, JSON bodies and ``Status`` errors, so lightkube (or any client) runs
-unchanged against it::
+What a node-local driver talks to -- ``resource.k8s.io`` ResourceSlices, ResourceClaims and DeviceClasses (v1,
+v1beta2, v1beta1, as a chosen control-plane release serves them), core/v1 Nodes and Pods, ``coordination.k8s.io/v1``
+Leases, and discovery -- served over real HTTP on ``127.0.0.1`` (a free port) with the API server's REST paths, JSON
+bodies and ``Status`` errors, so lightkube (or any client) runs unchanged against it::
 
     from devplug.testing.apiserver import ApiServer
 
-    with ApiServer() as api:                       # http://127.0.0.1:<port>, no authentication
+    with ApiServer() as api:                       # Kubernetes 1.36: resource.k8s.io/v1, no authentication
         client = lightkube.Client(config_for(api.url), field_manager="fpga.example.com")
         client.apply(my_slice)                     # server-side apply
         api.get("resourceslices", "node-a-fpga")   # inspect what was stored
         api.faults.fail(500, verb="list")          # make the next list fail
         api.compact(); api.close_watches()         # resumed watches now get 410 Gone
+
+    with ApiServer(release="1.32") as old:         # resource.k8s.io/v1beta1 only, no device taints
+        old.restart(release="1.34")                # an upgrade: v1 from now on, watches cut
 
 :class:`devplug.testing.scheduler.SchedulerStandIn` allocates claims on it as kube-scheduler does;
 :mod:`devplug.testing.leaseapi`, :mod:`devplug.testing.podapi` and :mod:`devplug.testing.nodelease` are views and
@@ -20,6 +23,14 @@ actors on the same server.
 
 Modelled, each behaviour citing the source it follows (the modules say where):
 
+* **control-plane releases 1.32 to 1.36** (:mod:`.versions`, :mod:`.codec`, :mod:`.discovery`):
+  ``ApiServer(release=..., resource_versions=...)`` serves the ``resource.k8s.io`` versions a control plane of that
+  release serves (1.32 v1beta1; 1.33 v1beta1 and v1beta2; 1.34 on v1, the betas when asked for), one stored form
+  (v1's) converted to and from each as the real conversions do (v1beta1's ``basic`` devices and flat requests),
+  holding only the fields that release's types have; a version not served is the text ``404 page not found``;
+  fields a version has not are a ``500`` for server-side apply and warned, dropped or refused (``fieldValidation``)
+  for other writes; discovery (``/apis``, ``/apis/<group>[/<version>]``, ``/api``, ``/api/v1``, ``/version``);
+  :meth:`ApiServer.restart` as an upgrade or a restart with other flags;
 * **resourceVersion** (the API concepts page, "Resource versions"): one revision counter for every object
   (etcd's); a write that changes an object takes the next one, an update that changes nothing is not written;
   ``metadata.generation`` +1 on a spec change of slices and classes.
@@ -65,13 +76,15 @@ Modelled, each behaviour citing the source it follows (the modules say where):
 
 Not modelled (the real server differs; test against a cluster before relying on these): authentication other
 than a fixed set of bearer tokens (client certificates, TokenReview, anonymous requests), authorization and
-admission (namespaces need not exist, no quotas, no ``NodeRestriction``: a driver may write
-any node's slices here); discovery (``/api``, ``/apis``), OpenAPI and ``/version``; protobuf and CBOR; other
-kinds and API versions (``v1beta1``/``v1beta2`` of ``resource.k8s.io``, ResourceClaimTemplates,
-DeviceTaintRules); CEL evaluation and the validation not listed above; strategic merge patches with lists or
-directives (refused with 415); keyed lists other than those :mod:`.fields` names (others are atomic); the
-resourceclaim controller (see :meth:`devplug.testing.scheduler.SchedulerStandIn.deallocate`); the watch cache's
-per-watcher buffers; HTTP/2 and watch over WebSocket.
+admission (namespaces need not exist, no quotas, no ``NodeRestriction``: a driver may write any node's slices
+here); aggregated discovery and OpenAPI; protobuf and CBOR; other kinds and API versions (``resource.k8s.io/
+v1alpha3``, ResourceClaimTemplates, DeviceTaintRules); the fields of a version outside the structs :mod:`.versions`
+describes (they pass unchecked); ``managedFields`` in each entry's own version (the field sets are in the stored v1
+form whatever apiVersion an entry names); defaulting of requests; CEL evaluation and the validation not listed
+above; strategic merge patches with lists or directives (refused with 415); keyed lists other than those
+:mod:`.fields` names (others are atomic); the resourceclaim controller (see
+:meth:`devplug.testing.scheduler.SchedulerStandIn.deallocate`); the watch cache's per-watcher buffers; HTTP/2 and
+watch over WebSocket.
 """
 
 from __future__ import annotations

@@ -115,6 +115,8 @@ class ApiStatusError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:  # StatusReasonUnknown is "", which the Status omits (omitempty)
+            del body["reason"]
         if details:
             body["details"] = details
         return body

@@ -274,8 +274,16 @@ class Managers:
         return cls(entries)
 
     def entry(self, manager: str, operation: str, subresource: str, api_version: str, now: str) -> _Entry:
+        """The entry of ``manager``'s ``operation`` on ``subresource``: an applier has one whatever version it
+        applies in (it names the last), an updater one per version (``BuildManagerIdentifier`` leaves the
+        apiVersion out of an Apply entry's identity only)."""
         for entry in self.entries:
-            if (entry.manager, entry.operation, entry.subresource) == (manager, operation, subresource):
+            if (entry.manager, entry.operation, entry.subresource) != (manager, operation, subresource):
+                continue
+            if operation == "Apply":
+                entry.api_version = api_version
+                return entry
+            if entry.api_version == api_version:
                 return entry
         entry = _Entry(manager, operation, api_version, subresource, now, set())
         self.entries.append(entry)

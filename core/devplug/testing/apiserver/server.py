@@ -2,11 +2,18 @@
 
 Paths follow ``k8s.io/apiserver/pkg/endpoints/installer.go``: ``/api/v1/[namespaces/<ns>/]<plural>[/<name>[/<sub>]]``
 for core kinds, ``/apis/<group>/<version>/...`` for the others; a namespaced kind is listed and watched across
-namespaces without ``namespaces/<ns>``. A path the server does not serve is ``404`` "the server could not find the
-requested resource". A watch is ``GET`` on a collection with ``watch=true``: ``200``, ``Transfer-Encoding:
-chunked``, one JSON object per line (``{"type": ..., "object": ...}``); without ``timeoutSeconds`` it lasts a
-random time between ``min_request_timeout`` and twice that (``--min-request-timeout``, 1800 s), as the real
-server's watch handler does.
+namespaces without ``namespaces/<ns>``. A path under a served group version that names nothing served is ``404``
+with the ``Status`` "the server could not find the requested resource" (go-restful's route miss, written by the
+generic server's ``serviceErrorHandler``); any other path, a group or version not served among them (``/apis/
+resource.k8s.io/v1/...`` of a 1.32 server), reaches the end of the handler chain: ``404`` with the text ``404 page not
+found`` (``text/plain; charset=utf-8``: ``k8s.io/apiserver/pkg/util/notfoundhandler`` calls Go's ``http.NotFound``
+up to 1.36; kubernetes/kubernetes#138219 makes it a JSON ``Status`` after). lightkube raises no ``ApiError`` for
+that one (its body is no ``Status``) but httpx's ``HTTPStatusError``. Discovery (:mod:`.discovery`): ``/api``,
+``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``, ``/version``.
+
+A watch is ``GET`` on a collection with ``watch=true``: ``200``, ``Transfer-Encoding: chunked``, one JSON object per
+line (``{"type": ..., "object": ...}``); without ``timeoutSeconds`` it lasts a random time between
+``min_request_timeout`` and twice that (``--min-request-timeout``, 1800 s), as the real server's watch handler does.
 
 The HTTP server is the standard library's ``ThreadingHTTPServer``, not waitress (which serves devplug's metrics):
 a watch is a long-lived response streamed event by event, each flushed at once, that a test may also cut
@@ -43,8 +50,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from devplug.testing.apiserver import discovery, versions
+from devplug.testing.apiserver.codec import Codec
 from devplug.testing.apiserver.errors import ApiStatusError, bad_request
-from devplug.testing.apiserver.resources import Resource, by_path, by_plural
+from devplug.testing.apiserver.resources import RESOURCES, Resource, by_path, by_plural
 from devplug.testing.apiserver.storage import APPLY_MEDIA, RequestRecord, Storage, Writer
 
 __all__ = ["ApiServer", "Fault", "Faults"]
@@ -61,6 +70,13 @@ _REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailab
 
 def _not_served() -> ApiStatusError:
     return ApiStatusError(404, "NotFound", "the server could not find the requested resource")
+
+
+class _PageNotFound(Exception):
+    """A path no handler serves (a group or version not served among them): Go's ``http.NotFound``."""
+
+
+_DISCOVERY_GROUP = re.compile(r"^/apis/(?P<group>[^/]+)(?:/(?P<version>[^/]+))?/?$")
 
 
 @dataclass
@@ -165,6 +181,15 @@ def _flag(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
 
+def _verb(method: str, name: str | None, query: Mapping[str, str]) -> str:
+    """The API verb of a request on a kind's path."""
+    if method == "GET":
+        return "get" if name else ("watch" if _flag(query.get("watch")) else "list")
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -182,13 +207,27 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _answer(self, code: int, body: Mapping[str, Any], retry_after: int | None = None) -> None:
+    def _answer(
+        self, code: int, body: Mapping[str, Any], retry_after: int | None = None, warnings: list[str] | None = None
+    ) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         if retry_after is not None:
             self.send_header("Retry-After", str(retry_after))
+        for text in warnings or ():  # k8s.io/apiserver/pkg/endpoints/filters/warning.go: 299, agent "-", quoted
+            self.send_header("Warning", f"299 - {json.dumps(text)}")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _page_not_found(self) -> None:
+        """Go's ``http.NotFound``: ``404 page not found`` as plain text."""
+        data = b"404 page not found\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
@@ -220,15 +259,56 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- dispatch
 
-    def _route(self) -> tuple[Resource, str | None, str | None, str]:
+    def _discovery(self, path: str) -> dict[str, Any] | None:
+        """The discovery document at ``path`` (None: ``path`` is no discovery path); :class:`_PageNotFound` for a
+        group or version not served."""
+        api = self.server.api
+        served = api.resource_versions
+        found: dict[str, Any] | None
+        if path in ("/api", "/api/"):
+            host, port = self.server.server_address[:2]
+            return discovery.api_versions(f"{host!s}:{port}")
+        if path in ("/api/v1", "/api/v1/"):
+            found = discovery.api_resource_list("", "v1", served)
+        elif path in ("/apis", "/apis/"):
+            return discovery.api_group_list(served)
+        elif path in ("/version", "/version/"):
+            return discovery.version_info(api.release)
+        else:
+            match = _DISCOVERY_GROUP.match(path)
+            if match is None:
+                return None
+            if match["version"] is None:
+                found = discovery.api_group(match["group"], served)
+            else:
+                found = discovery.api_resource_list(match["group"], match["version"], served)
+        if found is None:
+            raise _PageNotFound(path)
+        return found
+
+    def _served_version(self, group: str, version: str) -> bool:
+        if group == versions.GROUP:
+            return version in self.server.api.resource_versions
+        return any(r.group == group and r.version == version for r in RESOURCES)
+
+    def _route(self) -> tuple[Resource, str | None, str | None, str, str]:
+        """The kind, namespace, name, subresource and version a resource path names."""
         path = urlsplit(self.path).path
         core, group = _CORE.match(path), _GROUP.match(path)
         if core is not None:
-            match, resource = core, by_path("", "v1", core["plural"])
+            match, resource, version = core, by_path("", "v1", core["plural"]), "v1"
         elif group is not None:
-            match, resource = group, by_path(group["group"], group["version"], group["plural"])
+            version = group["version"]
+            if not self._served_version(group["group"], version):
+                raise _PageNotFound(path)
+            if group["group"] == versions.GROUP:
+                found = [r for r in RESOURCES if r.group == versions.GROUP and r.plural == group["plural"]]
+                resource = found[0] if found else None
+            else:
+                resource = by_path(group["group"], version, group["plural"])
+            match = group
         else:
-            raise _not_served()
+            raise _PageNotFound(path)
         if resource is None:
             raise _not_served()
         namespace = unquote(match["ns"]) if match["ns"] else None
@@ -236,43 +316,59 @@ class _Handler(BaseHTTPRequestHandler):
         sub = match["sub"] or ""
         if (namespace is not None and not resource.namespaced) or (sub and sub not in resource.subresources):
             raise _not_served()
-        return resource, namespace, name, sub
+        return resource, namespace, name, sub, version
 
     def _serve(self, method: str) -> None:
         api = self.server.api
         query = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query, keep_blank_values=True).items()}
         raw = self._read_body()
         resource_name, namespace, name, sub, verb = "", "", None, "", method.lower()
+        path = urlsplit(self.path).path
+        codec: Codec | None = None
         try:
             self._authenticate(api.tokens)
-            resource, ns, name, sub = self._route()
-            resource_name, namespace = resource.plural, ns or ""
             if method == "GET":
-                verb = "get" if name else ("watch" if _flag(query.get("watch")) else "list")
-            elif method == "POST":
-                verb = "create"
-            elif method == "PUT":
-                verb = "update"
-            elif method == "PATCH":
-                verb = "patch"
-            elif method == "DELETE":
-                verb = "delete" if name else "deletecollection"
+                document = self._discovery(path)
+                if document is not None:
+                    verb = "get"
+                    fault = api.faults.take(verb, "")
+                    if fault is not None:
+                        raise fault
+                    api.storage.requests.append(RequestRecord("get", method, "", "", None, "", 200, query, path=path))
+                    self._answer(200, document)
+                    return
+            resource, ns, name, sub, version = self._route()
+            codec = Codec(resource, version, api.release)
+            resource_name, namespace = resource.plural, ns or ""
+            verb = _verb(method, name, query)
             if resource.namespaced and ns is None and verb not in ("list", "watch", "deletecollection"):
                 raise _not_served()
             fault = api.faults.take(verb, resource.plural)
             if fault is not None:
                 raise fault
             if verb == "watch":
-                self._watch(resource, ns, query)
+                self._watch(resource, ns, query, codec)
                 return
-            code, body = self._dispatch(verb, resource, namespace, name, sub, query, raw)
+            code, body = self._dispatch(verb, resource, namespace, name, sub, query, raw, codec)
+        except _PageNotFound:
+            group = _GROUP.match(path)  # a kind's path in a version not served: recorded as its kind's request
+            if group is not None:
+                resource_name, name = group["plural"], unquote(group["name"]) if group["name"] else None
+                verb = _verb(method, name, query)
+            record = RequestRecord(verb, method, resource_name, namespace, name, sub, 404, query, path=path)
+            api.storage.requests.append(record)
+            self._page_not_found()
+            return
         except ApiStatusError as exc:
             code, body = exc.code, exc.status()
-            api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code, query))
+            record = RequestRecord(verb, method, resource_name, namespace, name, sub, code, query, path=path)
+            api.storage.requests.append(record)
             self._answer(code, body, exc.retry_after)
             return
-        api.storage.requests.append(RequestRecord(verb, method, resource_name, namespace, name, sub, code, query))
-        self._answer(code, body)
+        api.storage.requests.append(
+            RequestRecord(verb, method, resource_name, namespace, name, sub, code, query, path=path)
+        )
+        self._answer(code, body, warnings=codec.warnings if codec is not None else None)
 
     def _authenticate(self, tokens: frozenset[str] | None) -> None:
         """401 ``Unauthorized`` unless the request bears one of ``tokens`` (None: no authentication)."""
@@ -282,12 +378,12 @@ class _Handler(BaseHTTPRequestHandler):
         if scheme.lower() != "bearer" or token.strip() not in tokens:
             raise ApiStatusError(401, "Unauthorized", "Unauthorized")
 
-    def _writer(self, query: Mapping[str, str]) -> Writer:
+    def _writer(self, query: Mapping[str, str], codec: Codec | None = None) -> Writer:
         manager = query.get("fieldManager") or (self.headers.get("User-Agent") or "unknown").split("/")[0]
         dry_run = query.get("dryRun")
         if dry_run not in (None, "", "All"):
             raise bad_request(f'dryRun: Unsupported value: "{dry_run}": supported values: "All"')
-        return Writer(manager, dry_run == "All")
+        return Writer(manager, dry_run == "All", codec.api_version if codec is not None else None)
 
     def _dispatch(
         self,
@@ -298,22 +394,26 @@ class _Handler(BaseHTTPRequestHandler):
         sub: str,
         query: Mapping[str, str],
         raw: bytes,
+        codec: Codec,
     ) -> tuple[int, Any]:
         storage = self.server.api.storage
         media = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        validation = query.get("fieldValidation")
         if verb == "get":
-            return 200, storage.get(resource, namespace, name or "", query.get("resourceVersion"))
+            return 200, codec.out(storage.get(resource, namespace, name or "", query.get("resourceVersion")))
         if verb == "list":
             limit = query.get("limit")
-            return 200, storage.list(
-                resource,
-                namespace or None,
-                label_selector=query.get("labelSelector", ""),
-                field_selector=query.get("fieldSelector", ""),
-                resource_version=query.get("resourceVersion"),
-                resource_version_match=query.get("resourceVersionMatch"),
-                limit=int(limit) if limit else None,
-                continue_token=query.get("continue"),
+            return 200, codec.out_list(
+                storage.list(
+                    resource,
+                    namespace or None,
+                    label_selector=query.get("labelSelector", ""),
+                    field_selector=query.get("fieldSelector", ""),
+                    resource_version=query.get("resourceVersion"),
+                    resource_version_match=query.get("resourceVersionMatch"),
+                    limit=int(limit) if limit else None,
+                    continue_token=query.get("continue"),
+                )
             )
         body = self._decode(raw, media)
         if verb == "create" and sub == "binding":
@@ -325,15 +425,34 @@ class _Handler(BaseHTTPRequestHandler):
         if verb == "create":
             if name:
                 raise _not_served()
-            return 201, storage.create(resource, namespace, body or {}, self._writer(query))
+            body = codec.into(body or {}, apply=False, validation=validation)
+            return 201, codec.out(storage.create(resource, namespace, body, self._writer(query, codec)))
         if verb == "update":
-            return 200, storage.update(resource, namespace, name or "", body or {}, self._writer(query), sub)
+            body = codec.into(body or {}, apply=False, validation=validation)
+            return 200, codec.out(
+                storage.update(resource, namespace, name or "", body, self._writer(query, codec), sub)
+            )
         if verb == "patch":
-            writer = self._writer(query)
-            if media == APPLY_MEDIA and not query.get("fieldManager"):  # required, never the user agent's
-                writer = Writer("", writer.dry_run)
-            return 200, storage.patch(
-                resource, namespace, name or "", body, media, writer, sub, force=_flag(query.get("force"))
+            writer = self._writer(query, codec)
+            view = None
+            if media == APPLY_MEDIA:
+                if not query.get("fieldManager"):  # required, never the user agent's
+                    writer = Writer("", writer.dry_run, writer.api_version)
+                body = codec.into(body, apply=True, validation=validation)
+            elif codec.schema is not None:
+                view = (codec.out, lambda patched: codec.into(patched, apply=False, validation=validation))
+            return 200, codec.out(
+                storage.patch(
+                    resource,
+                    namespace,
+                    name or "",
+                    body,
+                    media,
+                    writer,
+                    sub,
+                    force=_flag(query.get("force")),
+                    view=view,
+                )
             )
         options = dict(body or {})
         for key in ("propagationPolicy", "gracePeriodSeconds", "orphanDependents"):
@@ -344,17 +463,19 @@ class _Handler(BaseHTTPRequestHandler):
                     else (_flag(query[key]) if key == "orphanDependents" else query[key])
                 )
         if verb == "delete":
-            return 200, storage.delete(resource, namespace, name or "", options, self._writer(query))
-        return 200, storage.delete_collection(
-            resource,
-            namespace or None,
-            label_selector=query.get("labelSelector", ""),
-            field_selector=query.get("fieldSelector", ""),
-            options=options,
-            writer=self._writer(query),
+            return 200, codec.out(storage.delete(resource, namespace, name or "", options, self._writer(query, codec)))
+        return 200, codec.out_list(
+            storage.delete_collection(
+                resource,
+                namespace or None,
+                label_selector=query.get("labelSelector", ""),
+                field_selector=query.get("fieldSelector", ""),
+                options=options,
+                writer=self._writer(query, codec),
+            )
         )
 
-    def _watch(self, resource: Resource, namespace: str | None, query: Mapping[str, str]) -> None:
+    def _watch(self, resource: Resource, namespace: str | None, query: Mapping[str, str], codec: Codec) -> None:
         api = self.server.api
         timeout = query.get("timeoutSeconds")
         send_initial = query.get("sendInitialEvents")
@@ -370,7 +491,9 @@ class _Handler(BaseHTTPRequestHandler):
             timeout_s=float(timeout) if timeout else api.min_request_timeout * (random.random() + 1.0),
         )
         api.storage.requests.append(
-            RequestRecord("watch", "GET", resource.plural, namespace or "", None, "", 200, query)
+            RequestRecord(
+                "watch", "GET", resource.plural, namespace or "", None, "", 200, query, path=urlsplit(self.path).path
+            )
         )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -386,7 +509,7 @@ class _Handler(BaseHTTPRequestHandler):
         with api.track(stop):
             try:
                 for event in stream.events(stop):
-                    self._chunk(json.dumps(event).encode() + b"\n")
+                    self._chunk(json.dumps(codec.event(event)).encode() + b"\n")
             except (ConnectionError, OSError):
                 self.close_connection = True
                 return
@@ -449,8 +572,15 @@ class ApiServer:
     ``storage`` holds the objects (in-process calls take the same path as HTTP ones); ``faults`` injects
     failures; the garbage collector runs in a thread of its own while the server runs (``gc=False`` leaves it
     to :meth:`collect_garbage`). ``tls`` (a server-side ``ssl.SSLContext``) serves HTTPS instead, and ``tokens``
-    makes every request need one of these bearer tokens (see the module's docstring); ``disabled_features``
-    names feature gates that are off (``DRADeviceTaints``: an API server of 1.34, or one that turned it off).
+    makes every request need one of these bearer tokens (see the module's docstring).
+
+    The control plane modelled: ``release`` (``"1.32"`` .. ``"1.36"``, default ``"1.36"``) serves the
+    ``resource.k8s.io`` versions a control plane of that release set up for DRA serves (1.32: v1beta1; 1.33:
+    v1beta1 and v1beta2; 1.34 on: v1), or ``resource_versions`` (any of that release's: ``("v1", "v1beta1")`` for
+    a 1.34 server with ``--runtime-config=resource.k8s.io/v1beta1=true``), and stores only the fields that
+    release's types have; ``disabled_features`` names the feature gates that are off (default: those the release
+    has off, ``DRADeviceTaints`` on 1.33 to 1.35; ``()`` turns them all on). :meth:`restart` changes these as an
+    upgrade or a restart with other flags does. See :mod:`devplug.testing.apiserver.versions`.
     """
 
     def __init__(
@@ -465,11 +595,20 @@ class ApiServer:
         gc: bool = True,
         tls: ssl.SSLContext | None = None,
         tokens: Iterable[str] | None = None,
-        disabled_features: Iterable[str] = (),
+        disabled_features: Iterable[str] | None = None,
+        release: str = "1.36",
+        resource_versions: Iterable[str] | None = None,
     ) -> None:
-        self.storage = storage or Storage(
-            history_limit=history_limit, bookmark_interval=bookmark_interval, disabled_features=disabled_features
+        self.release = versions.release(release)
+        #: The ``resource.k8s.io`` versions served, in discovery's order (the first is ``preferredVersion``).
+        self.resource_versions = self.release.ordered(
+            list(self.release.default if resource_versions is None else resource_versions)
         )
+        features = self.release.off_by_default if disabled_features is None else frozenset(disabled_features)
+        self.storage = storage or Storage(
+            history_limit=history_limit, bookmark_interval=bookmark_interval, disabled_features=features
+        )
+        self.storage.release = self.release
         self.faults = Faults()
         self.min_request_timeout = min_request_timeout
         self._server = _Server((host, port), _Handler)
@@ -520,6 +659,27 @@ class ApiServer:
     def track(self, stop: threading.Event) -> _Tracked:
         return _Tracked(self, stop)
 
+    def restart(
+        self,
+        *,
+        release: str | None = None,
+        resource_versions: Iterable[str] | None = None,
+        disabled_features: Iterable[str] | None = None,
+    ) -> None:
+        """The API server restarts, keeping its storage (etcd): as another ``release`` (an upgrade; default: the
+        same), serving ``resource_versions`` (default: that release's default) with ``disabled_features`` (default:
+        that release's): every watch is cut mid-stream, as a restarting server's connections are, and requests
+        from now on meet the new server. Objects keep their fields until they are written again."""
+        self.release = versions.release(release) if release is not None else self.release
+        self.resource_versions = self.release.ordered(
+            list(self.release.default if resource_versions is None else resource_versions)
+        )
+        self.storage.release = self.release
+        self.storage.disabled_features = (
+            self.release.off_by_default if disabled_features is None else frozenset(disabled_features)
+        )
+        self.storage.close_watches(abrupt=True)
+
     def _collect(self) -> None:
         storage = self.storage
         while not storage.closed:
@@ -534,6 +694,11 @@ class ApiServer:
     @staticmethod
     def resource(plural: str) -> Resource:
         return by_plural(plural)
+
+    def as_version(self, plural: str, obj: Mapping[str, Any], version: str) -> dict[str, Any]:
+        """A stored object (an answer of :meth:`get`) as a client of ``resource.k8s.io/<version>`` of this
+        server's release sees it."""
+        return Codec(by_plural(plural), version, self.release).out(obj)
 
     def get(self, plural: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.storage.get(by_plural(plural), namespace, name)

@@ -25,11 +25,11 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from devplug.testing.apiserver import validation
+from devplug.testing.apiserver import validation, versions
 from devplug.testing.apiserver.errors import ApiStatusError, FieldError, bad_request, invalid
 from devplug.testing.apiserver.fields import Managers, apply_config, path_text
 from devplug.testing.apiserver.patches import json_patch, merge_patch, strategic_as_merge
@@ -92,7 +92,8 @@ class Event:
 class RequestRecord:
     """One HTTP request served: its verb (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
     ``delete``, ``deletecollection``), method, resource, namespace ('' for none), name, subresource, code, its query
-    parameters (the last value of each) and when it was answered (``time.monotonic()``)."""
+    parameters (the last value of each), when it was answered (``time.monotonic()``) and its path. A discovery
+    request (``/apis``, ``/version``, ...) is verb ``get`` of no resource (``""``)."""
 
     verb: str
     method: str
@@ -103,14 +104,22 @@ class RequestRecord:
     code: int
     query: Mapping[str, str] = field(default_factory=dict)
     time: float = field(default_factory=time.monotonic)
+    #: The URL's path (``/apis/resource.k8s.io/v1beta1/resourceslices``): which version a request used.
+    path: str = ""
 
 
 @dataclass(frozen=True)
 class Writer:
-    """Who writes: the field manager and whether the write is a server-side dry run (``dryRun=All``)."""
+    """Who writes: the field manager, whether the write is a server-side dry run (``dryRun=All``), and the
+    ``apiVersion`` the request was made in (None: the kind's stored one), which its ``managedFields`` entry names."""
 
     manager: str = "devplug-testing"
     dry_run: bool = False
+    api_version: str | None = None
+
+    def who(self, resource: Resource, subresource: str) -> tuple[str, str, str]:
+        """(manager, apiVersion, subresource) of a ``managedFields`` entry."""
+        return (self.manager, self.api_version or resource.api_version, subresource)
 
 
 DEFAULT_WRITER = Writer()
@@ -184,8 +193,12 @@ class Storage:
         history_limit: int = 10_000,
         bookmark_interval: float = 60.0,
         disabled_features: Iterable[str] = (),
+        release: versions.Release | None = None,
     ) -> None:
         self._lock = threading.RLock()
+        #: The control-plane release modelled: a stored object holds only the fields its types have
+        #: (:func:`devplug.testing.apiserver.versions.prune`).
+        self.release = release or versions.RELEASES["1.36"]
         #: Feature gates turned off, as an API server of an older release or with ``--feature-gates=X=false`` has
         #: them: the kinds' strategies drop the fields they cover (``dropDisabledFields``). Only
         #: ``DRADeviceTaints`` is modelled.
@@ -591,18 +604,16 @@ class Storage:
                 )
             managers = Managers([])
             managers.track_update(
-                None,
-                obj,
-                resource.schema,
-                self._section(resource, ""),
-                (writer.manager, resource.api_version, ""),
-                now_text(),
+                None, obj, resource.schema, self._section(resource, ""), writer.who(resource, ""), now_text()
             )
             meta["managedFields"] = managers.encoded()
             return self._commit(resource, namespace, name, obj, writer)
 
     def _strategy(self, resource: Resource, obj: dict[str, Any], old: Mapping[str, Any] | None) -> None:
-        """The kind's defaulting, then its ``dropDisabledFields`` for the disabled feature gates."""
+        """The fields the release has (a 1.32 server's types have no device taints), the kind's defaulting, then its
+        ``dropDisabledFields`` for the disabled feature gates."""
+        if resource.group == versions.GROUP:
+            versions.prune(resource.kind, self.release, obj)
         if resource.defaults is not None:
             resource.defaults(obj)
         if resource.drop_disabled is not None and self.disabled_features:
@@ -706,7 +717,7 @@ class Storage:
                 new,
                 resource.schema,
                 self._section(resource, subresource),
-                (writer.manager, resource.api_version, subresource),
+                writer.who(resource, subresource),
                 now_text(),
             )
             return self._store_update(resource, namespace, name, old, new, managers, writer)
@@ -722,9 +733,13 @@ class Storage:
         subresource: str = "",
         *,
         force: bool = False,
+        view: tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[Any], Any]] | None = None,
     ) -> dict[str, Any]:
         """``PATCH``: server-side apply (:meth:`apply`), JSON merge patch, JSON patch, or a strategic merge patch
-        that equals a merge patch; any other media type is ``415``."""
+        that equals a merge patch; any other media type is ``415``. ``view``: (out, into) for a patch made in
+        another version of the kind than the stored one: the patch applies to the object as ``out`` shows it, and
+        ``into`` turns the result back into the stored form (as the real server converts to the request's version,
+        patches, and converts back)."""
         media = content_type.split(";", maxsplit=1)[0].strip()
         if media == APPLY_MEDIA:
             return self.apply(resource, namespace, name, patch, writer, subresource, force=force)
@@ -740,12 +755,13 @@ class Storage:
             old = self._objects.get((resource.plural, namespace, name))
             if old is None:
                 raise _not_found(resource, name)
+            seen = view[0](old) if view is not None else old
             if media == MERGE_MEDIA:
-                patched = merge_patch(old, patch)
+                patched = merge_patch(seen, patch)
             elif media == JSON_PATCH_MEDIA:
-                patched = json_patch(old, patch)
+                patched = json_patch(seen, patch)
             elif media == STRATEGIC_MEDIA:
-                patched = strategic_as_merge(old, patch)
+                patched = strategic_as_merge(seen, patch)
             else:
                 raise ApiStatusError(
                     415,
@@ -756,6 +772,8 @@ class Storage:
                 )
             if not isinstance(patched, dict):
                 raise bad_request("the patched object is not an object")
+            if view is not None:
+                patched = view[1](patched)
             patched.setdefault("metadata", {})
             wanted = (patched["metadata"] or {}).get("resourceVersion")
             if wanted not in (None, "") and wanted != old["metadata"]["resourceVersion"]:
@@ -793,7 +811,7 @@ class Storage:
             if wanted not in (None, "") and (old is None or wanted != old["metadata"]["resourceVersion"]):
                 raise _conflict(resource, name, _MODIFIED)
             managers = Managers.of(old)
-            who = (writer.manager, resource.api_version, subresource)
+            who = writer.who(resource, subresource)
             section = self._section(resource, subresource)
             merged, conflicts = apply_config(old, config, managers, resource.schema, section, who, force, now_text())
             if conflicts:
@@ -968,9 +986,7 @@ class Storage:
             new = _copy(old)
             new.setdefault("spec", {})["nodeName"] = node
             managers = Managers.of(old)
-            managers.track_update(
-                old, new, pods.schema, "-status", (writer.manager, pods.api_version, "binding"), now_text()
-            )
+            managers.track_update(old, new, pods.schema, "-status", writer.who(pods, "binding"), now_text())
             return self._store_update(pods, namespace, name, old, new, managers, writer)
 
     # --- the garbage collector (kube-controller-manager's, pkg/controller/garbagecollector)
