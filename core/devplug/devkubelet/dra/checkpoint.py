@@ -1,7 +1,7 @@
 """``dra_manager_state``: the DRA manager's checkpoint of its claim cache, as the kubelet writes and reads it.
 
 Follows ``pkg/kubelet/cm/dra/checkpoint`` and ``pkg/kubelet/cm/dra/state``
-(Kubernetes 1.34 to 1.36):
+(Kubernetes 1.34 to 1.36; 1.32 and 1.33 below):
 
 * the file (in the kubelet's root directory) is Go's ``json.Marshal`` of
   ``Checkpoint{Data string; Checksum uint32}``: ``Data`` is itself the JSON
@@ -12,7 +12,13 @@ Follows ``pkg/kubelet/cm/dra/checkpoint`` and ``pkg/kubelet/cm/dra/state``
   ``ClaimUID``, ``ClaimName``, ``Namespace``, ``PodUIDs`` (a ``sets.Set``:
   an object whose keys are the UIDs, values ``{}``) and ``DriverState``
   (driver name -> ``{"Devices": [...]}``, each device ``PoolName``,
-  ``DeviceName``, ``ShareID``, ``RequestNames``, ``CDIDeviceIDs``, nil as ``null``);
+  ``DeviceName``, ``ShareID``, ``RequestNames``, ``CDIDeviceIDs``, nil as ``null``;
+  ``ShareID`` from 1.35 on, ``state/state.go``: before, ``state.Device`` has no such field);
+* **1.32 and 1.33** (``state/checkpoint.go`` and ``state/state.go`` of v1.32.10 as
+  KubeEdge vendors it; the same list name in the file quoted in issue #131513,
+  April 2025): the list is ``CheckpointData.ClaimInfoStateList``, and Go's
+  decoder ignores the other name, so a kubelet of one layout reads none of
+  the claims a kubelet of the other wrote (a downgrade forgets them);
 * it is rewritten whole (``syncToCheckpoint``) through the checkpoint
   manager's file store: a temporary file beside it, then a rename
   (``filestore.go`` ``writeFile``);
@@ -36,7 +42,16 @@ from devplug.devkubelet.checkpointing import write_file_atomically
 from devplug.devkubelet.dra.model import ClaimState, PreparedDevice
 from devplug.errors import KubeletError
 
-__all__ = ["CHECKPOINT_API_VERSION", "CHECKPOINT_KIND", "STATE_FILE", "load_claims", "serialize_claims", "store_claims"]
+__all__ = [
+    "CHECKPOINT_API_VERSION",
+    "CHECKPOINT_KIND",
+    "CLAIM_INFO_STATE_LIST",
+    "ENTRIES",
+    "STATE_FILE",
+    "load_claims",
+    "serialize_claims",
+    "store_claims",
+]
 
 #: The file name, in the kubelet's root directory (``draManagerStateFileName``).
 STATE_FILE = "dra_manager_state"
@@ -56,21 +71,23 @@ def _strings(values: tuple[str, ...]) -> list[str] | None:
     return list(values) if values else None
 
 
-def _entry(claim: ClaimState) -> dict[str, Any]:
+#: The list's name in ``CheckpointData`` from 1.34 on, and in 1.32 and 1.33.
+ENTRIES = "Entries"
+CLAIM_INFO_STATE_LIST = "ClaimInfoStateList"
+
+
+def _device_entry(device: PreparedDevice, share_ids: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"PoolName": device.pool_name, "DeviceName": device.device_name}
+    if share_ids:
+        entry["ShareID"] = device.share_id
+    entry["RequestNames"] = _strings(device.request_names)
+    entry["CDIDeviceIDs"] = _strings(device.cdi_device_ids)
+    return entry
+
+
+def _entry(claim: ClaimState, share_ids: bool) -> dict[str, Any]:
     drivers = {
-        driver: {
-            "Devices": [
-                {
-                    "PoolName": d.pool_name,
-                    "DeviceName": d.device_name,
-                    "ShareID": d.share_id,
-                    "RequestNames": _strings(d.request_names),
-                    "CDIDeviceIDs": _strings(d.cdi_device_ids),
-                }
-                for d in claim.devices[driver]
-            ]
-            or None
-        }
+        driver: {"Devices": [_device_entry(d, share_ids) for d in claim.devices[driver]] or None}
         for driver in sorted(claim.devices)
     }
     return {
@@ -82,25 +99,33 @@ def _entry(claim: ClaimState) -> dict[str, Any]:
     }
 
 
-def serialize_claims(claims: Iterable[ClaimState]) -> bytes:
-    """The bytes the kubelet writes for these cache entries (in the order given, as its map iteration gave them)."""
+def serialize_claims(claims: Iterable[ClaimState], *, list_name: str = ENTRIES, share_ids: bool = True) -> bytes:
+    """The bytes the kubelet writes for these cache entries (in the order given, as its map iteration gave them).
+
+    ``list_name`` and ``share_ids`` are the release's layout (1.32/1.33: ``ClaimInfoStateList``, no ``ShareID``;
+    1.34: ``Entries``, no ``ShareID``; 1.35+: ``Entries`` with ``ShareID``).
+    """
     data = _go_json(
-        {"kind": CHECKPOINT_KIND, "apiVersion": CHECKPOINT_API_VERSION, "Entries": [_entry(c) for c in claims]}
+        {
+            "kind": CHECKPOINT_KIND,
+            "apiVersion": CHECKPOINT_API_VERSION,
+            list_name: [_entry(c, share_ids) for c in claims],
+        }
     )
     checksum = zlib.crc32(data.encode("utf-8")) & 0xFFFFFFFF
     return _go_json({"Data": data, "Checksum": checksum}).encode("utf-8")
 
 
-def store_claims(path: Path, claims: Iterable[ClaimState]) -> None:
+def store_claims(path: Path, claims: Iterable[ClaimState], *, list_name: str = ENTRIES, share_ids: bool = True) -> None:
     """``syncToCheckpoint``: the whole cache, written atomically at ``path``; :class:`KubeletError` when it fails."""
     try:
-        write_file_atomically(path, serialize_claims(claims))
+        write_file_atomically(path, serialize_claims(claims, list_name=list_name, share_ids=share_ids))
     except OSError as exc:
         raise KubeletError(f"checkpoint ResourceClaim state: could not save checkpoint {path.name}: {exc}") from exc
 
 
-def _device(raw: Mapping[str, Any], where: str) -> PreparedDevice:
-    share = raw.get("ShareID")
+def _device(raw: Mapping[str, Any], where: str, share_ids: bool) -> PreparedDevice:
+    share = raw.get("ShareID") if share_ids else None
     if share is not None and not isinstance(share, str):
         raise ValueError(f"{where}: ShareID must be a string or null")
     return PreparedDevice(
@@ -134,7 +159,7 @@ def _object(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _claim(raw: Any, index: int) -> ClaimState:
+def _claim(raw: Any, index: int, share_ids: bool) -> ClaimState:
     where = f"Entries[{index}]"
     entry = _object(raw, where)
     drivers: dict[str, tuple[PreparedDevice, ...]] = {}
@@ -143,7 +168,9 @@ def _claim(raw: Any, index: int) -> ClaimState:
         if devices is not None and not isinstance(devices, list):
             raise ValueError(f"{where}.DriverState[{driver}].Devices must be a list or null")
         drivers[driver] = tuple(
-            _device(_object(d, f"{where}.DriverState[{driver}].Devices[{i}]"), f"{where}.DriverState[{driver}]")
+            _device(
+                _object(d, f"{where}.DriverState[{driver}].Devices[{i}]"), f"{where}.DriverState[{driver}]", share_ids
+            )
             for i, d in enumerate(devices or ())
         )
     return ClaimState(
@@ -156,8 +183,12 @@ def _claim(raw: Any, index: int) -> ClaimState:
     )
 
 
-def load_claims(path: Path) -> list[ClaimState]:
+def load_claims(path: Path, *, list_name: str = ENTRIES, share_ids: bool = True) -> list[ClaimState]:
     """``GetOrCreate``: the entries of the checkpoint at ``path`` (none when it does not exist).
+
+    ``list_name`` and ``share_ids`` are the release's layout: a list under
+    another name, or a ``ShareID`` the release's ``state.Device`` lacks, is
+    ignored, as Go's decoder ignores unknown fields.
 
     Raises :class:`KubeletError` naming the file and what is wrong when it
     cannot be read, does not parse or its checksum does not match: the
@@ -184,9 +215,9 @@ def load_claims(path: Path) -> list[ClaimState]:
         inner = json.loads(data)
         if not isinstance(inner, dict):
             raise ValueError("the checkpoint data must be an object")
-        entries = inner.get("Entries")
+        entries = inner.get(list_name)
         if entries is not None and not isinstance(entries, list):
-            raise ValueError('"Entries" must be a list or null')
-        return [_claim(raw, i) for i, raw in enumerate(entries or ())]
+            raise ValueError(f'"{list_name}" must be a list or null')
+        return [_claim(raw, i, share_ids) for i, raw in enumerate(entries or ())]
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise KubeletError(f"could not initialize the DRA checkpoint {path} ({hint}): {exc}") from exc

@@ -1,16 +1,22 @@
 """The DRA manager's claim cache: which claims are prepared, for which pods, with which devices.
 
-Follows ``pkg/kubelet/cm/dra/claiminfo.go`` (Kubernetes 1.34 to 1.36):
+Follows ``pkg/kubelet/cm/dra/claiminfo.go`` (the same in every release modelled,
+1.32 to 1.36: v1.32.10 as KubeEdge vendors it and the later ones read alike):
 
-* entries are keyed by ``namespace/name`` (``claimInfoCache.get``), each with
-  the claim's UID, the set of pod UIDs using it, the per-driver device lists
-  and an in-memory ``prepared`` flag;
+* entries are keyed by ``namespace/name`` (``claimInfoCache.get``: ``namespace+"/"+claimName``),
+  each with the claim's UID, the set of pod UIDs using it, the per-driver
+  device lists and an in-memory ``prepared`` flag. The key never held the
+  UID: a claim deleted and created again under its name meets the entry of
+  the old one. What changed in 1.34 is the DRA manager's check of that entry's
+  UID (PR #131617, see :mod:`~devplug.devkubelet.dra.manager`): 1.32 and 1.33
+  take the old entry for the new claim;
 * a new entry has one empty driver state per driver of the claim's
   allocation (``newClaimInfoFromClaim``); devices a driver answered are
   *appended* (``addDevice``), so a claim prepared again after a restart lists
   its devices twice;
 * entries restored from the checkpoint are not prepared (``newClaimInfoFromState``);
-* ``syncToCheckpoint`` writes every entry, each time the manager asks.
+* ``syncToCheckpoint`` writes every entry, each time the manager asks, in
+  the release's layout (:mod:`~devplug.devkubelet.dra.checkpoint`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 
 from devplug.devkubelet.dra.checkpoint import load_claims, store_claims
 from devplug.devkubelet.dra.model import ClaimState, PreparedDevice, ResourceClaimRef
+from devplug.devkubelet.dra.releases import DEFAULT_RELEASE, ReleaseRules, release_rules
 
 __all__ = ["ClaimInfo", "ClaimInfoCache"]
 
@@ -82,12 +89,16 @@ class ClaimInfo:
 
 
 class ClaimInfoCache:
-    """``claimInfoCache``: entries by ``namespace/name``, loaded from and written to ``dra_manager_state``."""
+    """``claimInfoCache``: entries by ``namespace/name``, loaded from and written to ``dra_manager_state``.
 
-    def __init__(self, state_file: Path) -> None:
+    ``rules`` is the release whose checkpoint layout is read and written (default 1.36).
+    """
+
+    def __init__(self, state_file: Path, rules: ReleaseRules | None = None) -> None:
         self.state_file = state_file
+        self.rules = rules if rules is not None else release_rules(DEFAULT_RELEASE)
         self._claims: dict[str, ClaimInfo] = {}
-        for state in load_claims(state_file):
+        for state in load_claims(state_file, list_name=self.rules.checkpoint_list, share_ids=self.rules.share_ids):
             info = ClaimInfo.from_state(state)
             self._claims[f"{info.namespace}/{info.name}"] = info
 
@@ -109,4 +120,9 @@ class ClaimInfoCache:
 
     def sync_to_checkpoint(self) -> None:
         """``syncToCheckpoint``: write every entry; raises :class:`~devplug.errors.KubeletError` when it fails."""
-        store_claims(self.state_file, (info.state() for info in self._claims.values()))
+        store_claims(
+            self.state_file,
+            (info.state() for info in self._claims.values()),
+            list_name=self.rules.checkpoint_list,
+            share_ids=self.rules.share_ids,
+        )

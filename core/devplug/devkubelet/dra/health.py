@@ -25,6 +25,15 @@ in ``pkg/kubelet/cm/dra/manager.go`` (Kubernetes 1.36, KEP-4680):
 
 A device whose report times out raises no event in the kubelet; here the
 cache calls ``changed`` at that moment too, so that tests can wait for it.
+
+Per release (``k8s.io/kubelet`` ``pkg/apis/dra-health/v1alpha1/api.proto`` at
+each ``kubernetes-1.3x.0`` tag, ``state/state.go``): 1.32 and 1.33 have no DRA
+health at all (no API, no ``healthinfo.go``: the cache stays empty and no file
+is kept); 1.34 knows fields 1 to 3 only, so every device has
+``DefaultHealthTimeout`` and no message (``read_timeouts``, ``read_messages``
+False), and its ``DeviceHealth`` has no ``HealthCheckTimeout`` nor
+``Message``; 1.35 adds ``health_check_timeout_seconds`` (and
+``HealthCheckTimeout``); 1.36 adds ``message``.
 """
 
 from __future__ import annotations
@@ -99,7 +108,9 @@ class HealthInfoCache:
     """``healthInfoCache``: the last report of every device, per driver, with timeouts.
 
     ``changed`` is called whenever what a reader would get may have changed
-    (a report, a clear, a timeout passing); ``clock`` gives wall-clock seconds.
+    (a report, a clear, a timeout passing); ``clock`` gives wall-clock seconds;
+    ``read_timeouts`` and ``read_messages`` say whether the release's API has
+    those fields (see the module docstring).
     """
 
     def __init__(
@@ -109,9 +120,14 @@ class HealthInfoCache:
         default_timeout: float = DEFAULT_HEALTH_TIMEOUT,
         changed: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        read_timeouts: bool = True,
+        read_messages: bool = True,
     ) -> None:
         self.state_file = state_file
         self.default_timeout = default_timeout
+        #: Whether the release reads ``health_check_timeout_seconds`` (1.35+) and ``message`` (1.36+).
+        self.read_timeouts = read_timeouts
+        self.read_messages = read_messages
         self._changed = changed
         self._clock = clock
         self._drivers: dict[str, dict[str, _Entry]] = {}
@@ -141,12 +157,12 @@ class HealthInfoCache:
         reported: set[str] = set()
         changed: list[_Entry] = []
         for item in message.devices:
-            timeout = float(item.health_check_timeout_seconds)
+            timeout = float(item.health_check_timeout_seconds) if self.read_timeouts else 0.0
             entry = _Entry(
                 pool=item.device.pool_name,
                 device=item.device.device_name,
                 health=_HEALTH.get(item.health, HealthStatus.UNKNOWN),
-                message=truncate_message(item.message),
+                message=truncate_message(item.message) if self.read_messages else "",
                 timeout=timeout if timeout > 0 else self.default_timeout,
                 updated=now,
             )
@@ -207,25 +223,27 @@ class HealthInfoCache:
         if self.state_file is None:
             return
         data = {
-            driver: {
-                "Devices": {
-                    key: {
-                        "PoolName": e.pool,
-                        "DeviceName": e.device,
-                        "Health": e.health.value,
-                        "LastUpdated": _go_time(e.updated),
-                        "HealthCheckTimeout": round(e.timeout * 1e9),
-                        "Message": e.message,
-                    }
-                    for key, e in sorted(entries.items())
-                }
-            }
+            driver: {"Devices": {key: self._saved(e) for key, e in sorted(entries.items())}}
             for driver, entries in sorted(self._drivers.items())
         }
         try:
             write_file_atomically(self.state_file, json.dumps(data, separators=(",", ":")).encode())
         except OSError as exc:
             _log.warning("dev kubelet: saving %s failed (device health is lost at a restart): %s", self.state_file, exc)
+
+    def _saved(self, entry: _Entry) -> dict[str, Any]:
+        """One ``state.DeviceHealth`` with the fields of the release's struct."""
+        saved: dict[str, Any] = {
+            "PoolName": entry.pool,
+            "DeviceName": entry.device,
+            "Health": entry.health.value,
+            "LastUpdated": _go_time(entry.updated),
+        }
+        if self.read_timeouts:
+            saved["HealthCheckTimeout"] = round(entry.timeout * 1e9)
+        if self.read_messages:
+            saved["Message"] = entry.message
+        return saved
 
     def _load(self) -> None:
         """``loadFromCheckpoint``; a file that cannot be read is logged and ignored (an empty cache)."""

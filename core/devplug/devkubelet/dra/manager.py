@@ -35,6 +35,32 @@ tombstones of issue #132978):
 
 Errors reaching the pod are prefixed as the kubelet does: "prepare dynamic
 resources: ..." and "unprepare dynamic resources: ...".
+
+The above is 1.34 to 1.36 (the claim UID check is PR #131617, 1.34; the fix of
+issue #135901, a claim already prepared no longer ending the pass, is
+followed as 1.36 has it and 1.34/1.35 patch releases got it, PRs #136480 and
+#136463). **1.32 and 1.33** (``ManagerImpl`` in ``manager.go``: v1.32.10 as
+KubeEdge vendors it, and the 1.33 cycle's file as PR #129832 left it) differ:
+
+* no validation pass: each claim gets its cache entry, the pod and a
+  checkpoint first; a driver that is not registered fails only when its batch
+  is to be sent ("failed to get gRPC client for driver ...: ..."), leaving the
+  entry listing the pod, so unpreparing that pod needs the driver (the pod
+  stays terminating until it registers, which then gets a
+  NodeUnprepareResources for a claim it never prepared);
+* no UID check: the entry of a claim of the same ``namespace/name`` is taken
+  whatever its UID. A claim deleted and created again under its name, while
+  a pod still uses the old one, is not prepared at all (the new pod gets the
+  old claim's devices); a restored, unprepared entry is sent with the old UID;
+* batches per driver name (the instance ``GetPlugin`` picks), and the 1.32
+  words: "NodePrepareResources failed: ...", "NodePrepareResources failed for
+  claim <ns>/<name>: ...", "NodePrepareResources left out N claims" (and
+  NodeUnprepareResources alike, "get gRPC client for DRA driver ...: ..."),
+  with no "prepare dynamic resources:" prefix (``PrepareResources`` returns
+  the error as is; ``kuberuntime_manager.go`` writes "Failed to prepare
+  dynamic resources: ..." into its event);
+* no ``UpdateAllocatedResourcesStatus``: containers get no
+  ``allocatedResourcesStatus`` for claims (the kubelet's DRA health is 1.34's).
 """
 
 from __future__ import annotations
@@ -55,6 +81,7 @@ from devplug.devkubelet.dra.model import (
     ResourceStatus,
 )
 from devplug.devkubelet.dra.plugins import DRAPluginManager
+from devplug.devkubelet.dra.releases import ReleaseRules
 from devplug.errors import KubeletError
 
 __all__ = ["RECONCILE_PERIOD", "DRAManager"]
@@ -84,7 +111,8 @@ class DRAManager:
     """The DRA manager over a claim cache, the plugin manager and the health cache (see the module docstring).
 
     ``health_messages`` is the ResourceHealthStatusMessage gate: whether a
-    device's health message reaches ``allocatedResourcesStatus``.
+    device's health message reaches ``allocatedResourcesStatus``. The release
+    followed is the plugin manager's (:attr:`DRAPluginManager.rules`).
     """
 
     def __init__(
@@ -97,6 +125,8 @@ class DRAManager:
         changed: Callable[[], None] = lambda: None,
         health_messages: bool = True,
     ) -> None:
+        self.rules: ReleaseRules = plugins.rules
+        self._legacy = self.rules.legacy_manager
         self._cache = cache
         self._plugins = plugins
         self._health = health
@@ -124,8 +154,13 @@ class DRAManager:
     async def prepare_resources(self, pod_uid: str, pod_label: str, claims: Sequence[PodClaim]) -> None:
         """``PrepareResources`` for one pod; :class:`KubeletError` ("prepare dynamic resources: ...") on failure."""
         try:
-            await self._prepare(pod_uid, pod_label, claims)
+            if self._legacy:
+                await self._prepare_legacy(pod_uid, pod_label, claims)
+            else:
+                await self._prepare(pod_uid, pod_label, claims)
         except KubeletError as exc:
+            if self._legacy:
+                raise
             raise KubeletError(f"prepare dynamic resources: {exc}") from exc
         finally:
             self._changed()
@@ -174,6 +209,46 @@ class DRAManager:
             info.prepared = True
         self._cache.sync_to_checkpoint()
 
+    async def _prepare_legacy(self, pod_uid: str, pod_label: str, claims: Sequence[PodClaim]) -> None:
+        """1.32/1.33 ``prepareResources``: the cache first, the drivers looked up when their batch is sent."""
+        batches: dict[str, list[v1.Claim]] = {}
+        to_prepare: dict[str, ClaimInfo] = {}
+        for pod_claim in claims:
+            ref = pod_claim.claim
+            info = self._cache.get(ref.name, ref.namespace)
+            if info is None:
+                info = ClaimInfo.from_claim(ref)
+                self._cache.add(info)
+            # no UID check: an entry of this namespace/name is this claim's, whatever its UID
+            info.pod_uids.add(pod_uid)
+            try:
+                self._cache.sync_to_checkpoint()
+            except KubeletError as exc:
+                raise KubeletError(f"locked cache operation: failed to checkpoint claimInfo state: {exc}") from exc
+            if info.prepared:
+                continue
+            to_prepare[info.uid] = info
+            for driver in info.driver_state:
+                batches.setdefault(driver, []).append(_claim_pb(info))
+        for driver, batch in batches.items():
+            try:
+                plugin = self._plugins.get(driver)
+            except KubeletError as exc:
+                self._record("dra-prepare", driver, f"{pod_label}: {_labels(batch)}: failed: {exc}")
+                raise KubeletError(f"failed to get gRPC client for driver {driver}: {exc}") from exc
+            try:
+                response = await plugin.node_prepare_resources(batch)
+            except KubeletError as exc:
+                self._record("dra-prepare", plugin.driver, f"{pod_label}: {_labels(batch)}: failed: {exc}")
+                raise KubeletError(f"NodePrepareResources failed: {exc}") from exc
+            self._take_prepared(plugin, batch, response, to_prepare, pod_label)
+        for info in to_prepare.values():
+            info.prepared = True
+        try:
+            self._cache.sync_to_checkpoint()
+        except KubeletError as exc:
+            raise KubeletError(f"locked cache operation: failed to checkpoint claimInfo state: {exc}") from exc
+
     def _take_prepared(
         self,
         plugin: DRAPluginClient,
@@ -190,6 +265,10 @@ class DRAManager:
                 if asked is None:
                     raise KubeletError(f"NodePrepareResources returned result for unknown claim UID {uid}")
                 if result.error:
+                    if self._legacy:
+                        raise KubeletError(
+                            f"NodePrepareResources failed for claim {asked.namespace}/{asked.name}: {result.error}"
+                        )
                     raise KubeletError(f"NodePrepareResources failed for ResourceClaim {asked.name}: {result.error}")
                 info = to_prepare[uid]
                 for device in result.devices:
@@ -206,6 +285,8 @@ class DRAManager:
                 outcome.append(f"{asked.name}: {len(result.devices)} device(s)")
             skipped = len(batch) - len(response.claims)
             if skipped:
+                if self._legacy:
+                    raise KubeletError(f"NodePrepareResources left out {skipped} claims")
                 raise KubeletError(f"NodePrepareResources skipped {skipped} ResourceClaims")
         except KubeletError as exc:
             self._record("dra-prepare", plugin.driver, f"{pod_label}: {_labels(batch)}: {exc}")
@@ -221,6 +302,8 @@ class DRAManager:
         try:
             await self._unprepare(pod_uid, namespace, claim_names, pod_label)
         except KubeletError as exc:
+            if self._legacy:
+                raise
             raise KubeletError(f"unprepare dynamic resources: {exc}") from exc
         finally:
             self._changed()
@@ -239,23 +322,36 @@ class DRAManager:
             for driver in info.driver_state:
                 batches.setdefault(driver, []).append(_claim_pb(info))
         for driver, batch in batches.items():
-            plugin = self._plugins.get(driver)
+            try:
+                plugin = self._plugins.get(driver)
+            except KubeletError as exc:
+                if not self._legacy:
+                    raise
+                self._record("dra-unprepare", driver, f"{pod_label}: {_labels(batch)}: failed: {exc}")
+                raise KubeletError(f"get gRPC client for DRA driver {driver}: {exc}") from exc
             try:
                 response = await plugin.node_unprepare_resources(batch)
             except KubeletError as exc:
                 self._record("dra-unprepare", driver, f"{pod_label}: {_labels(batch)}: failed: {exc}")
-                raise KubeletError(f"NodeUnprepareResources: {exc}") from exc
+                what = "NodeUnprepareResources failed" if self._legacy else "NodeUnprepareResources"
+                raise KubeletError(f"{what}: {exc}") from exc
             by_uid = {c.uid: c for c in batch}
             try:
                 for uid, result in response.claims.items():
                     asked = by_uid.get(uid)
                     if asked is None:
                         raise KubeletError(f"NodeUnprepareResources returned result for unknown claim UID {uid}")
+                    if result.error and self._legacy:
+                        raise KubeletError(
+                            f"NodeUnprepareResources failed for claim {asked.namespace}/{asked.name}: {result.error}"
+                        )
                     if result.error:
                         raise KubeletError(
                             f"NodeUnprepareResources failed for ResourceClaim {asked.name}: {result.error}"
                         )
                 skipped = len(batch) - len(response.claims)
+                if skipped and self._legacy:
+                    raise KubeletError(f"NodeUnprepareResources left out {skipped} claims")
                 if skipped:
                     raise KubeletError(f"NodeUnprepareResources skipped {skipped} ResourceClaims")
             except KubeletError as exc:
@@ -267,6 +363,8 @@ class DRAManager:
         try:
             self._cache.sync_to_checkpoint()
         except KubeletError as exc:
+            if self._legacy:
+                raise KubeletError(f"locked cache operation: failed to checkpoint claimInfo state: {exc}") from exc
             raise KubeletError(f"checkpoint ResourceClaim state: {exc}") from exc
 
     async def reconcile(self, active_pod_uids: Collection[str], sources_ready: bool) -> list[str]:
@@ -315,7 +413,9 @@ class DRAManager:
     def allocated_resources_status(
         self, pod_claims: Sequence[PodClaim], container_claims: Sequence[ContainerClaim]
     ) -> tuple[ResourceStatus, ...]:
-        """``UpdateAllocatedResourcesStatus`` for one container (see the module docstring)."""
+        """``UpdateAllocatedResourcesStatus`` for one container (see the module docstring); none before 1.34."""
+        if not self.rules.health:
+            return ()
         statuses: list[ResourceStatus] = []
         for claim in container_claims:
             info = self._resolve(pod_claims, claim)

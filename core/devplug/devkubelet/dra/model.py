@@ -184,9 +184,10 @@ class DRAPluginView:
     """One registered instance of a DRA driver's plugin, as the kubelet's DRA plugin manager holds it.
 
     ``service`` is the gRPC service the kubelet chose for prepare/unprepare
-    (``v1.DRAPlugin`` or ``v1beta1.DRAPlugin``); ``connected`` whether its gRPC
-    connection to ``endpoint`` is up now; ``order`` its place among the
-    driver's instances, oldest first.
+    (``v1.DRAPlugin`` or ``v1beta1.DRAPlugin``; on 1.32 and 1.33
+    ``v1beta1.DRAPlugin`` or ``v1alpha3.NodeService``); ``connected`` whether its
+    gRPC connection to ``endpoint`` is up now (1.32 and 1.33 dial at the first
+    call: not before); ``order`` its place among the driver's instances, oldest first.
     """
 
     driver: str

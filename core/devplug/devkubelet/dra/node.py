@@ -7,6 +7,12 @@ node wiped, the registry folder walked), :meth:`~DRAKubelet.stop` its end
 (connections closed, nothing cleared). The paths follow the kubelet's root
 directory (``/var/lib/kubelet``): ``plugins_registry/`` for registration
 sockets, the two state files beside it.
+
+``DRAConfig(release=...)`` picks the kubelet release whose rules every part
+follows (:data:`~devplug.devkubelet.dra.releases.DRA_RELEASES`, default
+1.36; :mod:`~devplug.devkubelet.dra.releases` says what differs and where it
+was read). Before 1.34 the kubelet has no DRA health: no health cache file
+is read or written and no stream is opened, whatever the gate.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from devplug.devkubelet.dra.registration import (
     RECONCILE_PERIOD,
     PluginWatcher,
 )
+from devplug.devkubelet.dra.releases import DEFAULT_RELEASE, DRA_RELEASES, ReleaseRules, release_rules
 from devplug.errors import KubeletError
 
-__all__ = ["DRA_PLUGIN_TYPE", "PLUGINS_REGISTRY", "DRAConfig", "DRAKubelet"]
+__all__ = ["DRA_PLUGIN_TYPE", "DRA_RELEASES", "PLUGINS_REGISTRY", "DRAConfig", "DRAKubelet"]
 
 _log = logging.getLogger("devplug.devkubelet")
 
@@ -58,23 +65,30 @@ def _seconds(value: float | None, what: str, *, allow_none: bool = False) -> Non
 
 @dataclass(frozen=True)
 class DRAConfig:
-    """The DRA side of a dev kubelet: the kubelet's own timings by default, shorter ones for tests.
+    """The DRA side of a dev kubelet: which kubelet release, the kubelet's own timings by default, shorter for tests.
 
+    * ``release``: the kubelet release whose DRA rules are followed, one of
+      :data:`DRA_RELEASES` (``"1.32"`` ... ``"1.36"``, default ``"1.36"``); a
+      ValueError names an unknown one and the known ones;
     * ``reconcile_period``: the plugin manager's reconciler (``loopSleepDuration``, 1 s);
     * ``dial_timeout``, ``get_info_timeout``, ``notify_timeout``: a registration's calls (10, 1, 5 s);
     * ``call_timeout``: NodePrepareResources/NodeUnprepareResources (45 s);
-    * ``wiping_delay``: how long a driver may be unusable before its ResourceSlices are wiped (30 s);
+    * ``wiping_delay``: how long a driver may be unusable before its ResourceSlices are wiped (30 s;
+      1.32 wipes at once, whatever this says);
     * ``manager_reconcile_period``: the DRA manager's reconcile loop (60 s; None: only when asked);
     * ``pod_resync_period``: when a pod whose claims could not be prepared is synced again (the pod
       workers' resync, ``--sync-frequency``, 1 min; None: only when asked);
     * ``pod_sync_backoff``: when a terminating pod whose claims could not be unprepared is synced again
       (the pod workers' ``backOffPeriod``, 10 s; None: only when asked);
-    * ``resource_health_status``: the ResourceHealthStatus gate (health streams; beta, on, in 1.36);
-    * ``health_messages``: the ResourceHealthStatusMessage gate (messages in ``allocatedResourcesStatus``);
+    * ``resource_health_status``: the ResourceHealthStatus gate (health streams); None: the release's
+      default (alpha and off in 1.34 and 1.35, beta and on in 1.36); no effect before 1.34 (no DRA health);
+    * ``health_messages``: the ResourceHealthStatusMessage gate (messages in ``allocatedResourcesStatus``;
+      only 1.36 has messages at all);
     * ``default_health_timeout``: ``DefaultHealthTimeout`` (30 s);
     * ``health_stream_period``: the wait before a health stream that ended is opened again (5 s).
     """
 
+    release: str = DEFAULT_RELEASE
     reconcile_period: float = RECONCILE_PERIOD
     dial_timeout: float = DIAL_TIMEOUT
     get_info_timeout: float = GET_INFO_TIMEOUT
@@ -84,12 +98,20 @@ class DRAConfig:
     manager_reconcile_period: float | None = MANAGER_RECONCILE_PERIOD
     pod_resync_period: float | None = POD_RESYNC_PERIOD
     pod_sync_backoff: float | None = POD_SYNC_BACKOFF
-    resource_health_status: bool = True
+    resource_health_status: bool | None = None
     health_messages: bool = True
     default_health_timeout: float = DEFAULT_HEALTH_TIMEOUT
     health_stream_period: float = HEALTH_STREAM_PERIOD
 
     def __post_init__(self) -> None:
+        try:
+            release_rules(self.release)
+        except ValueError as exc:
+            raise ValueError(f"DRAConfig.release: {exc}") from None
+        if self.resource_health_status is not None and not isinstance(self.resource_health_status, bool):
+            raise ValueError(
+                f"DRAConfig.resource_health_status must be True, False or None, got {self.resource_health_status!r}"
+            )
         for name in (
             "reconcile_period",
             "dial_timeout",
@@ -104,6 +126,23 @@ class DRAConfig:
         _seconds(self.manager_reconcile_period, "manager_reconcile_period", allow_none=True)
         _seconds(self.pod_resync_period, "pod_resync_period", allow_none=True)
         _seconds(self.pod_sync_backoff, "pod_sync_backoff", allow_none=True)
+
+    @property
+    def rules(self) -> ReleaseRules:
+        """The DRA rules of :attr:`release`."""
+        return release_rules(self.release)
+
+    @property
+    def kubelet_version(self) -> str:
+        """What the Node's ``status.nodeInfo.kubeletVersion`` says for this release (e.g. ``"v1.32.13"``)."""
+        return self.rules.kubelet_version
+
+    @property
+    def health_streams(self) -> bool:
+        """Whether the kubelet opens NodeWatchResources streams: a release with DRA health and the gate on."""
+        rules = self.rules
+        gate = rules.health_gate_default if self.resource_health_status is None else self.resource_health_status
+        return rules.health and gate
 
 
 Recorder = Callable[[str, str, str], None]
@@ -185,22 +224,28 @@ class DRAKubelet:
         if self._parts is not None:
             raise KubeletError("the DRA side of the dev kubelet is already running")
         self.root.mkdir(parents=True, exist_ok=True)
-        cache = ClaimInfoCache(self.state_file)
+        rules = self.config.rules
+        cache = ClaimInfoCache(self.state_file, rules)
         if cache.state_file.exists():
             count = sum(1 for _ in cache)
             self._record("dra-checkpoint-read", "", f"{self.state_file.name}: {count} claim(s), none prepared yet")
         health = HealthInfoCache(
-            self.health_state_file, default_timeout=self.config.default_health_timeout, changed=self._changed
+            self.health_state_file if rules.health else None,  # no healthinfo.go before 1.34
+            default_timeout=self.config.default_health_timeout,
+            changed=self._changed,
+            read_timeouts=rules.health_timeouts,
+            read_messages=rules.health_messages,
         )
         health.arm()
         plugins = DRAPluginManager(
             self._record,
             changed=self._changed,
-            health=health if self.config.resource_health_status else None,
+            health=health if self.config.health_streams else None,
             call_timeout=self.config.call_timeout,
             wiping_delay=self.config.wiping_delay,
             health_stream_period=self.config.health_stream_period,
             on_wipe=self._on_wipe,
+            rules=rules,
         )
         manager = DRAManager(
             cache, plugins, health, self._record, changed=self._changed, health_messages=self.config.health_messages

@@ -1,6 +1,10 @@
 """A pod's claims on the kubelet's timeline: prepared before its sandbox, unprepared after its containers.
 
-Follows Kubernetes 1.36:
+Follows Kubernetes 1.36, and every release modelled alike (v1.32.10's
+``kuberuntime_manager.go`` and ``kubelet.go``, as KubeEdge vendors them, make
+the same two calls at the same two places, behind the DynamicResourceAllocation
+gate: beta and off by default in 1.32 and 1.33, so a dev kubelet with DRA is
+one whose gate is on; GA from 1.34):
 
 * **prepare** (``kuberuntime_manager.go`` ``SyncPod``): ``PrepareDynamicResources``
   runs when the pod's sandbox is to be made, before it; when it fails the

@@ -1,6 +1,8 @@
 """The kubelet's plugin manager: the plugin watcher on ``plugins_registry/`` and its registration reconciler.
 
-Follows ``pkg/kubelet/pluginmanager`` (Kubernetes 1.34 to 1.36):
+Follows ``pkg/kubelet/pluginmanager`` (Kubernetes 1.34 to 1.36; the reconciler,
+the operation generator and the watcher of v1.32.10, as KubeEdge vendors them,
+read the same, so every release modelled runs this one):
 
 * **the watcher** (``pluginwatcher/plugin_watcher.go``, on fsnotify, i.e.
   inotify): the folder is made (mode 0755) if missing, watched, then walked;
@@ -29,7 +31,10 @@ Follows ``pkg/kubelet/pluginmanager`` (Kubernetes 1.34 to 1.36):
   handler refused *after* validation stays in the actual state and is not
   retried until its socket is created again;
 * **unregistering**: remove from the actual state, then the handler's
-  ``DeRegisterPlugin`` with the name and endpoint registered.
+  ``DeRegisterPlugin`` with the name and endpoint registered (1.33+; a 1.32
+  ``cache.PluginHandler`` takes the name only, ``DeRegisterPlugin(pluginName)``:
+  the DRA handler of 1.32 ignores the endpoint it is given here, see
+  :mod:`~devplug.devkubelet.dra.plugins`).
 
 The connection monitor of the closed PR #129799 (GetInfo every 10 s, the plugin
 deregistered after two failures) never merged; what a kubelet notices of a
