@@ -1,9 +1,11 @@
 """A node serving one resource through DRA, every part real, for driver authors' tests and the conformance checks.
 
 * the API server stand-in (:mod:`devplug.testing.apiserver`) over HTTP on
-  loopback, holding the node, a DeviceClass selecting the driver (with
-  ``extendedResourceName``: the resource name), and the scheduler stand-in
-  (:mod:`devplug.testing.scheduler`) allocating claims to pods;
+  loopback, holding the node (its ``status.nodeInfo.kubeletVersion`` the dev
+  kubelet's release, as the kubelet writes it when it registers the Node), a
+  DeviceClass selecting the driver (with ``extendedResourceName``: the
+  resource name), and the scheduler stand-in (:mod:`devplug.testing.scheduler`)
+  allocating claims to pods;
 * ``devplug run`` as a child process (:class:`~devplug.process.DaemonProcess`)
   serving the resource with ``api = "dra"``;
 * the dev kubelet's DRA side (:class:`~devplug.devkubelet.DevKubelet` with
@@ -17,6 +19,11 @@
               pod, [claim] = node.schedule_pod("p1", ["c1"])
               await node.kubelet.admit_pod(pod)      # NodePrepareResources
               await node.kubelet.finish_pod("p1")    # NodeUnprepareResources
+
+A node of another kubelet release (:data:`~devplug.devkubelet.dra.DRA_RELEASES`)::
+
+    async with dra_node(api, ..., kubelet_dra=dataclasses.replace(TEST_DRA, release="1.32")) as node:
+        api.get("nodes", NODE)["status"]["nodeInfo"]["kubeletVersion"]   # "v1.32.13"
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import platform
 import shutil
 import tempfile
 import time
@@ -42,7 +50,17 @@ from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.recorder import read_call_log
 from devplug.testing.scheduler import SchedulerStandIn, SchedulingError
 
-__all__ = ["NODE", "NS", "TEST_DRA", "DraNode", "dra_node", "short_root", "write_kubeconfig"]
+__all__ = [
+    "NODE",
+    "NS",
+    "TEST_DRA",
+    "DraNode",
+    "dra_node",
+    "node_info",
+    "node_object",
+    "short_root",
+    "write_kubeconfig",
+]
 
 NODE = "node-a"
 NS = "default"
@@ -153,9 +171,13 @@ class DraNode:
         return f"unix:{path}"
 
     async def registered(self, count: int = 1) -> None:
+        """Until the kubelet has ``count`` usable instances of the driver: connected ones (1.34+), registered
+        ones on kubelets that dial at the first call and watch no connection (1.32, 1.33)."""
+        dra = self.kubelet.dra
+        monitored = dra is None or dra.config.rules.connection_monitoring
         await eventually(
-            lambda: sum(1 for v in self.kubelet.dra_plugins(self.driver) if v.connected) >= count,
-            f"{count} connected instance(s) of {self.driver}",
+            lambda: sum(1 for v in self.kubelet.dra_plugins(self.driver) if v.connected or not monitored) >= count,
+            f"{count} {'connected' if monitored else 'registered'} instance(s) of {self.driver}",
             details=self.log,
         )
 
@@ -287,6 +309,56 @@ def _config(
     return path
 
 
+_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _os_image() -> str:
+    for line in _read("/etc/os-release").splitlines():
+        key, _, value = line.partition("=")
+        if key == "PRETTY_NAME":
+            return value.strip().strip('"')
+    return ""
+
+
+def node_info(kubelet_dra: DRAConfig = TEST_DRA) -> dict[str, str]:
+    """``status.nodeInfo`` as a kubelet of ``kubelet_dra``'s release on this machine writes it: every field of
+    ``NodeSystemInfo`` (none is optional: clients such as lightkube refuse a Node without them), ``kubeletVersion``
+    the release's (:attr:`DRAConfig.kubelet_version`), the machine's own for the rest, the container runtime the
+    dev kubelet's, ``kubeProxyVersion`` (deprecated) empty."""
+    machine = platform.machine()
+    return {
+        "architecture": _ARCHITECTURES.get(machine, machine),
+        "bootID": _read("/proc/sys/kernel/random/boot_id"),
+        "containerRuntimeVersion": "devkubelet://1",
+        "kernelVersion": platform.release(),
+        "kubeProxyVersion": "",
+        "kubeletVersion": kubelet_dra.kubelet_version,
+        "machineID": _read("/etc/machine-id"),
+        "operatingSystem": "linux",
+        "osImage": _os_image(),
+        "systemUUID": _read("/sys/class/dmi/id/product_uuid"),
+    }
+
+
+def node_object(kubelet_dra: DRAConfig = TEST_DRA, name: str = NODE) -> dict[str, Any]:
+    """The Node as the kubelet registers it, as far as devplug reads it: its name and ``status.nodeInfo``
+    (:func:`node_info`; ``initialNode`` fills the status with ``setNodeStatus``, whose ``VersionInfo`` setter
+    writes ``kubeletVersion``, before the Node is created)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "status": {"nodeInfo": node_info(kubelet_dra)},
+    }
+
+
 @contextlib.asynccontextmanager
 async def dra_node(
     api: ApiServer,
@@ -305,12 +377,14 @@ async def dra_node(
 ) -> AsyncIterator[DraNode]:
     """A node serving ``resource`` (its config ``table``: driver and options) through DRA as ``driver`` (default:
     the resource name turned around), the daemon started and registered unless ``start`` is False; the daemon
-    stopped (it must exit 0) and the kubelet closed afterwards. ``metrics_port``: serve the metrics on that port of
-    127.0.0.1 (``[metrics] enabled``); ``handover``: the config's ``[handover]`` table (a second ``devplug run`` on
-    :attr:`DraNode.config_path` then takes the node over from the first)."""
+    stopped (it must exit 0) and the kubelet closed afterwards. ``kubelet_dra``: the dev kubelet's DRA side, its
+    ``release`` the kubelet release modelled (the Node is created with that release's
+    ``status.nodeInfo.kubeletVersion``, :attr:`DRAConfig.kubelet_version`). ``metrics_port``: serve the metrics on
+    that port of 127.0.0.1 (``[metrics] enabled``); ``handover``: the config's ``[handover]`` table (a second
+    ``devplug run`` on :attr:`DraNode.config_path` then takes the node over from the first)."""
     driver = driver or default_driver_name(resource)
     with short_root() as root:
-        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        api.create("nodes", node_object(kubelet_dra))
         class_name = driver.split(".")[0]
         api.create(
             "deviceclasses",
