@@ -161,8 +161,11 @@ def test_a_second_instance_registers_then_the_first_removes_its_socket(plugin_di
                 await second.start()
                 if release == "1.32":
                     await _registered_as(kubelet, second, [second])
-                    [replaced] = kubelet.events_of("dra-plugin-replaced", DRIVER)
-                    assert str(first.service_socket) in replaced.detail
+                    replaced = kubelet.events_of("dra-plugin-registered", DRIVER)[-1]
+                    assert replaced.detail == (
+                        f"endpoint {second.service_socket}, service v1beta1.DRAPlugin, 1 instance(s), replacing "
+                        f"endpoint {first.service_socket} (forgotten by the kubelet till its next restart)"
+                    )
                 else:
                     await _registered_as(kubelet, second, [first, second])
                 wipes_before = len(kubelet.events_of("resource-slices-wiped", DRIVER))
@@ -216,7 +219,8 @@ def test_on_1_32_a_registration_socket_created_again_under_the_name_replaces_the
             try:
                 await _registered_as(kubelet, plugin, [plugin])
                 await other.start_registration()  # a second registration socket naming the same endpoint
-                await kubelet.wait_for(lambda k: bool(k.events_of("dra-plugin-replaced", DRIVER)), 5.0)
+                await kubelet.wait_for(lambda k: len(k.events_of("dra-plugin-registered", DRIVER)) == 2, 5.0)
+                assert "replacing endpoint" in kubelet.events_of("dra-plugin-registered", DRIVER)[-1].detail
                 assert _endpoints(kubelet) == [str(plugin.service_socket)]
                 await other.wait_for(lambda p: p.statuses == [(True, "")], 5.0, what="registered, not refused")
             finally:

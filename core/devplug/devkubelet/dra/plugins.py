@@ -227,20 +227,18 @@ class DRAPluginManager:
         if self._health is not None:
             instance.health = asyncio.get_running_loop().create_task(self._watch_health(client))
         client.open()
+        replaced = ""
         if self.rules.one_plugin_per_name and instances:
             # 1.32 pluginsStore.add: the plugin under the name is replaced and forgotten (its context cancelled)
             [old] = instances
             instances.clear()
             self._forgotten.append(old)
-            self._record(
-                "dra-plugin-replaced",
-                name,
-                f"endpoint {old.client.endpoint} replaced by endpoint {endpoint} "
-                "(forgotten by the kubelet till its next restart)",
-            )
+            replaced = f", replacing endpoint {old.client.endpoint} (forgotten by the kubelet till its next restart)"
         instances.append(instance)
         self._record(
-            "dra-plugin-registered", name, f"endpoint {endpoint}, service {service}, {len(instances)} instance(s)"
+            "dra-plugin-registered",
+            name,
+            f"endpoint {endpoint}, service {service}, {len(instances)} instance(s){replaced}",
         )
         if self.rules.connection_monitoring:
             self._sync(name)
