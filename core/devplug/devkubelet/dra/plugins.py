@@ -150,8 +150,10 @@ class DRAPluginManager:
         health_stream_period: float = HEALTH_STREAM_PERIOD,
         on_wipe: Callable[[str], None] | None = None,
         rules: ReleaseRules | None = None,
+        deregistration_delay: float = 0.0,
     ) -> None:
         self.rules = rules if rules is not None else release_rules(DEFAULT_RELEASE)
+        self._deregistration_delay = deregistration_delay
         self._record = record
         self._changed = changed
         self._health = health if self.rules.health else None
@@ -248,6 +250,8 @@ class DRAPluginManager:
 
     async def deregister_plugin(self, name: str, endpoint: str) -> None:
         """``DeRegisterPlugin``: remove the instance at ``endpoint``; on 1.32, whoever is registered as ``name``."""
+        if self._deregistration_delay:  # the operation's goroutine scheduled late (DRAConfig.deregistration_delay)
+            await asyncio.sleep(self._deregistration_delay)
         instances = self._store.get(name, [])
         if self.rules.one_plugin_per_name:
             found = instances[0] if instances else None  # DeRegisterPlugin(pluginName): the endpoint is not passed
