@@ -64,6 +64,7 @@ from devplug.errors import ConfigError, DeviceBusyError
 from devplug.frontends.callgate import CallGate
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.health import HealthService
+from devplug.frontends.dra.kubeletrule import KubeletRule, learn_rule
 from devplug.frontends.dra.reconcile import ClaimReconciler, claim_ref
 from devplug.frontends.dra.registration import (
     HEALTH_SERVICE,
@@ -74,6 +75,7 @@ from devplug.frontends.dra.registration import (
     remove_dead_sockets,
     service_socket,
 )
+from devplug.frontends.dra.reregistration import SETTLE_S, Reregistration
 from devplug.frontends.dra.service import ClaimPreparer, DraPluginV1, DraPluginV1beta1
 from devplug.logsafe import id_list
 
@@ -98,10 +100,16 @@ MAX_CALL_BYTES = 1024 * 1024
 INSTANCE_ENV = "POD_UID"
 
 
-def instance_name() -> str:
-    """This daemon's instance name: ``$POD_UID`` when set, else a fresh random one."""
-    given = os.environ.get(INSTANCE_ENV, "").strip()
-    return given if given else uuid.uuid4().hex[:12]
+def instance_name(pod_uid: str | None = None) -> str:
+    """A name of this process's own for its DRA sockets: the first 8 characters of its pod's UID (``pod_uid``,
+    else ``$POD_UID``; so an operator finds a socket's pod) and 6 random hex digits, or 12 random hex digits
+    outside a pod. A container restarted in the same pod gets a name of its own, so a restart never removes a
+    socket the new process then makes again at the same path: the kubelet sees the dead socket go and a new one
+    come, two paths it handles apart (at most 8 + 1 + 6 characters, against a pod UID's 36: the sockets fit
+    ``sun_path`` under longer kubelet roots)."""
+    uid = (os.environ.get(INSTANCE_ENV, "") if pod_uid is None else pod_uid).strip()
+    prefix = "".join(c for c in uid if c.isalnum())[:8].lower()
+    return f"{prefix}-{uuid.uuid4().hex[:6]}" if prefix else uuid.uuid4().hex[:12]
 
 
 class DraFrontEnd:
@@ -160,6 +168,9 @@ class DraFrontEnd:
         self.health: HealthService | None = None
         self.registration: RegistrationServer | None = None
         self.reconciler: ClaimReconciler | None = None
+        #: How the node's kubelet keys DRA plugins (learnt in :meth:`started`), and the recovery from its drops.
+        self.rule = KubeletRule()
+        self.reregistration: Reregistration | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         #: Set once :meth:`serve`'s loops (the publisher's among them) are cancelled and done.
@@ -230,7 +241,8 @@ class DraFrontEnd:
             pool=self.pool,
             resource_cdi_kind=self._resource_cdi_kind,
         )
-        self.health = HealthService(self.table, self.pool)
+        self.rule = await learn_rule(client, self.node)
+        self.health = HealthService(self.table, self.pool, on_stream=self.rule.seen_health_stream)
         self.reconciler = ClaimReconciler(
             lifecycle, self._releases, reader.presence, self.cdi, interval=self._release_interval
         )
@@ -245,6 +257,8 @@ class DraFrontEnd:
             on_registered=publisher.resync,
             on_change=self._on_change,
         )
+        self.reregistration = Reregistration(self.registration, self.rule)
+        self.registration.on_other_gone = self.reregistration.other_gone
         for record in list(lifecycle.records()):  # a reboot may have emptied the CDI spec dir
             if record.claim_uid is not None and not record.releasing:
                 try:
@@ -256,7 +270,21 @@ class DraFrontEnd:
         assert self.preparer is not None and self.health is not None
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_sockets(self.socket_path.parent, "dra-", ".sock")
-        remove_dead_sockets(self.kubelet.plugins_registry_dir, f"{self.driver}-", "-reg.sock")
+        dead = remove_dead_sockets(self.kubelet.plugins_registry_dir, f"{self.driver}-", "-reg.sock")
+        if dead and self.rule.by_name:
+            # The kubelet deregisters a removed socket by the driver's name: registering before it has would let
+            # that drop this instance (it runs both at once). Its reconciler runs every second; the wipe that
+            # follows a late one is the second line (Reregistration).
+            log.info(
+                "[%s] removed %d dead registration socket(s) of %s; the kubelet (%s) keys DRA plugins by name: "
+                "registering in %g s, once it has deregistered them",
+                self.name,
+                len(dead),
+                self.driver,
+                self.rule.kubelet_version or "version unknown",
+                SETTLE_S,
+            )
+            await asyncio.sleep(SETTLE_S)
         # a call's bytes are capped before Python parses them (service.py: the claims a call may name)
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_CALL_BYTES)])
         v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(self.preparer, self.gate), server)
@@ -286,10 +314,12 @@ class DraFrontEnd:
             self.registration.socket_path,
             extra={"driver": self.driver},
         )
+        assert self.reregistration is not None
         tasks = [
             asyncio.ensure_future(self.publisher.run()),
             asyncio.ensure_future(self.registration.run()),
             asyncio.ensure_future(self.reconciler.run()),
+            asyncio.ensure_future(self.reregistration.run()),
         ]
         stopped = asyncio.ensure_future(self._stopped.wait())
         try:
@@ -402,9 +432,16 @@ class DraFrontEnd:
 
     def describe(self) -> dict[str, Any]:
         """The DRA side of the resource, for status."""
-        out: dict[str, Any] = {"driver": self.driver, "pool": self.pool, "instance": self.instance}
+        out: dict[str, Any] = {
+            "driver": self.driver,
+            "pool": self.pool,
+            "instance": self.instance,
+            "kubelet": self.rule.describe(),
+        }
         if self.registration is not None:
             out["registration"] = self.registration.state.describe()
+        if self.reregistration is not None:
+            out["kubelet"].update(self.reregistration.describe())
         if self.publisher is not None:
             state = self.publisher.state
             out["slices"] = {

@@ -94,17 +94,21 @@ class HealthService(health_grpc.DRAResourceHealthServicer):  # type: ignore[misc
         resend: float = RESEND_S,
         timeout: int = TIMEOUT_S,
         clock: Callable[[], float] = time.time,
+        on_stream: Callable[[], None] = lambda: None,
     ) -> None:
         self.table = table
         self.pool = pool
         self.resend = resend
         self.timeout = timeout
         self._clock = clock
+        #: Called when the kubelet opens a stream (a kubelet of 1.34 or later: see the DRA kubelet rule).
+        self._on_stream = on_stream
         #: How many NodeWatchResources streams are open (for status).
         self.streams = 0
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.streams += 1
+        self._on_stream()
         try:
             async for report in self.reports():
                 yield report

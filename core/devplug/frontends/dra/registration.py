@@ -79,6 +79,13 @@ def service_socket(plugins_dir: Path, driver: str, instance: str) -> Path:
     return plugins_dir / driver / f"dra-{instance}.sock"
 
 
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def listening(path: Path) -> bool:
     """Whether a process accepts connections on the unix socket ``path``."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -131,16 +138,26 @@ class RegistrationState:
     get_info_calls: int = 0
     #: How many times the registration socket was made again after it vanished.
     recreated: int = 0
+    #: How many times this instance registered again on purpose (:meth:`RegistrationServer.register_again`),
+    #: why the last time, and how long the kubelet took to confirm it (None: not confirmed yet, or never asked).
+    reregistrations: int = 0
+    reregistered_because: str = ""
+    reregistration_confirmed_s: float | None = None
     history: list[tuple[float, bool, str]] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "registered": self.registered,
             "error": self.error,
             "registrations": self.registrations,
             "get_info_calls": self.get_info_calls,
             "socket_recreated": self.recreated,
+            "reregistrations": self.reregistrations,
         }
+        if self.reregistrations:
+            out["reregistered_because"] = self.reregistered_because
+            out["reregistration_confirmed_s"] = self.reregistration_confirmed_s
+        return out
 
 
 class _Registration(reg_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -184,11 +201,19 @@ class RegistrationServer:
         self._check = asyncio.Event()
         self._watcher: DirectoryWatcher | None = None
         self._closing = False  # set by stop: the socket is never served again
+        self._registered = asyncio.Event()  # set by the kubelet's NotifyRegistrationStatus(registered)
+        self._asked = asyncio.Event()  # set by each GetInfo
+        self._making = asyncio.Lock()  # held while the socket is made (afresh)
+        self._changed_names: set[str] = set()  # the registry folder's entries that changed (watcher's thread)
+        self._others: set[str] = set()  # other instances' registration sockets of the driver seen in the folder
+        #: Called with the name of another instance's registration socket of the driver that was removed.
+        self.on_other_gone: Callable[[str], None] = lambda _name: None
 
     # --- what the kubelet calls
 
     def info(self) -> Any:
         self.state.get_info_calls += 1
+        self._asked.set()
         return reg_pb.PluginInfo(
             type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(self.services)
         )
@@ -198,6 +223,7 @@ class RegistrationServer:
         state.registered, state.error = registered, error
         state.history = [*state.history[-9:], (time.time(), registered, error)]
         if registered:
+            self._registered.set()
             state.registrations += 1
             self.status.state = ResourceState.REGISTERED
             self.status.registrations = state.registrations
@@ -229,13 +255,108 @@ class RegistrationServer:
         await self._serve()
         loop = asyncio.get_running_loop()
 
-        def changed(_names: frozenset[str]) -> None:
-            loop.call_soon_threadsafe(self._check.set)
+        def changed(names: frozenset[str]) -> None:
+            loop.call_soon_threadsafe(self._folder_changed, names)
 
+        self._others = set(self._other_sockets())
         self._watcher = DirectoryWatcher(self.registry_dir, changed, poll_interval=CHECK_INTERVAL_S)
         self._watcher.start()
 
+    def _folder_changed(self, names: frozenset[str]) -> None:
+        self._changed_names.update(names or self._others)  # an empty set: everything may have changed
+        self._check.set()
+
+    def _other_sockets(self) -> list[str]:
+        """The names of the other registration sockets of the driver in the folder (another instance's)."""
+        try:
+            names = os.listdir(self.registry_dir)
+        except OSError:
+            return []
+        return [n for n in names if self._other_name(n) and _is_socket(self.registry_dir / n)]
+
+    def _other_name(self, name: str) -> bool:
+        return name != self.socket_path.name and name.startswith(f"{self.driver}-") and name.endswith("-reg.sock")
+
+    def _notice_others(self) -> None:
+        """Tell :attr:`on_other_gone` of each other instance's socket removed since the last look."""
+        changed, self._changed_names = self._changed_names, set()
+        for name in sorted(changed):
+            if not self._other_name(name):
+                continue
+            if _is_socket(self.registry_dir / name):
+                self._others.add(name)
+            elif name in self._others:
+                self._others.discard(name)
+                self.on_other_gone(name)
+
+    async def register_again(self, why: str) -> None:
+        """Make the socket afresh, so that the kubelet's watcher sees a new socket and registers this instance
+        again (GetInfo, NotifyRegistrationStatus); :meth:`confirmed` waits for the kubelet's word."""
+        if self._closing:
+            return
+        state = self.state
+        state.reregistrations += 1
+        state.reregistered_because = why
+        state.reregistration_confirmed_s = None
+        state.registered = None
+        self._registered.clear()
+        self.status.state = ResourceState.REGISTERING
+        self.status.last_error = f"registering DRA driver {self.driver} again: {why}"
+        log.warning(
+            "DRA driver %s: registering again (%s): making %s afresh",
+            self.driver,
+            why,
+            self.socket_path,
+            extra={"driver": self.driver},
+        )
+        await self._serve()
+
+    async def asked_since(self, calls: int, timeout: float) -> bool:
+        """Whether the kubelet calls GetInfo (more than ``calls`` in all) within ``timeout`` seconds: it registers
+        the socket of its own accord (a kubelet restart walks the folder)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.state.get_info_calls <= calls:
+            self._asked.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._asked.wait(), remaining)
+        return True
+
+    async def confirmed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the kubelet's NotifyRegistrationStatus(registered) after
+        :meth:`register_again`; True once it came (its delay is kept in the state)."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            await asyncio.wait_for(self._registered.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.status.last_error = (
+                f"DRA driver {self.driver} made its registration socket {self.socket_path} afresh "
+                f"({self.state.reregistered_because}), but the kubelet has not registered it in {timeout:g} s: it "
+                "registers a socket it finds when its plugin watcher sees it (is the kubelet's plugins_registry "
+                "the daemon's?)"
+            )
+            log.error("%s", self.status.last_error, extra={"driver": self.driver})
+            self._on_change()
+            return False
+        self.state.reregistration_confirmed_s = round(loop.time() - began, 3)
+        log.info(
+            "DRA driver %s: the kubelet registered this instance again in %.3f s",
+            self.driver,
+            self.state.reregistration_confirmed_s,
+            extra={"driver": self.driver},
+        )
+        self._on_change()
+        return True
+
     async def _serve(self) -> None:
+        async with self._making:  # run() looks at the socket only between two makings of it
+            await self._make()
+
+    async def _make(self) -> None:
         if self._server is not None:
             await self._server.stop(None)
             self._server = None
@@ -269,6 +390,9 @@ class RegistrationServer:
                 await asyncio.wait_for(self._check.wait(), CHECK_INTERVAL_S)
             self._check.clear()
             if self._closing:  # stopping (or handed over to a newer instance): never serve the socket again
+                continue
+            self._notice_others()
+            if self._making.locked():  # register_again makes it afresh right now: its deletion is no news
                 continue
             if self._server is not None:
                 if self._socket_there():
