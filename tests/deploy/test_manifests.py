@@ -24,6 +24,7 @@ import yaml  # type: ignore[import-untyped]
 
 from devplug.configdra import default_driver_name
 from devplug.daemon.handover import handover_bound
+from devplug.frontends.dra.frontend import instance_name
 from devplug.frontends.dra.registration import registration_socket, service_socket
 from devplug.resource_names import MAX_SOCKET_PATH
 from devplug.tomlwrite import dumps_toml
@@ -780,27 +781,12 @@ def test_a_kubelet_root_component_moves_every_kubelet_folder_devplug_mounts(
     assert _assembled_config(plain)["kubelet"]["plugins_dir"] == "/var/lib/kubelet/plugins"
 
 
-#: A pod's UID, the DRA sockets' instance name in a DaemonSet (DEVPLUG_INSTANCE, the downward API's metadata.uid).
+#: A pod's UID (the downward API's metadata.uid, ``POD_UID``), from which the DRA sockets' instance name begins.
 POD_UID = "5a0e0000-0000-4000-8000-000000000001"
 
 
 @pytest.mark.parametrize("variant", [v for v in SHIPPED if v.startswith("dra/")])
-@pytest.mark.parametrize(
-    "component",
-    [
-        "",
-        "kubelet-root/k0s",
-        pytest.param(
-            "kubelet-root/microk8s",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the DRA socket names carry the pod's UID (devplug.frontends.dra.registration): under "
-                "microk8s's kubelet root the service socket is 112 bytes, the registration socket as the kubelet "
-                "dials it 121, more than a unix socket's 107 (issue 40, item 2; left to the DRA front end's owner)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("component", ["", "kubelet-root/k0s", "kubelet-root/microk8s"])
 def test_the_dra_sockets_fit_a_unix_socket_path_where_the_kubelet_dials_them(
     kubectl: str, variant: str, component: str
 ) -> None:
@@ -812,9 +798,10 @@ def test_the_dra_sockets_fit_a_unix_socket_path_where_the_kubelet_dials_them(
     registry_on_host = Path(host[str(config["kubelet"]["plugins_registry_dir"])])
     for name, table in config["resources"].items():
         driver = (table.get("dra") or {}).get("driver_name") or default_driver_name(name)
+        instance = instance_name(POD_UID)
         for path in (
-            registration_socket(registry_on_host, driver, POD_UID),
-            service_socket(Path(config["kubelet"]["plugins_dir"]), driver, POD_UID),
+            registration_socket(registry_on_host, driver, instance),
+            service_socket(Path(config["kubelet"]["plugins_dir"]), driver, instance),
         ):
             assert len(str(path).encode()) <= MAX_SOCKET_PATH, f"{path}: {len(str(path).encode())} bytes"
 
