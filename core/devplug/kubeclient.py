@@ -1,8 +1,9 @@
 """devplug's Kubernetes client: an async lightkube client from the pod's service account or a kubeconfig.
 
 One way to the API server for everything that talks to it: the DRA front end
-(ResourceSlices, ResourceClaims) and the per-node profiles (the daemon's Node).
-lightkube (async, server-side apply, typed ``resource.k8s.io/v1`` models) is
+(ResourceSlices, ResourceClaims, discovery of the ``resource.k8s.io`` versions
+served) and the per-node profiles (the daemon's Node). lightkube (async,
+server-side apply, typed ``resource.k8s.io`` models of v1, v1beta2 and v1beta1) is
 imported only when a client is made: a daemon that needs neither runs without it
 installed (``pip install 'devplug[kubernetes]'`` brings it), and the modules that
 use it import it inside their functions, and only for typing at module level.
@@ -28,6 +29,14 @@ redirect (which the API server never sends) is an error naming where it points,
 not lightkube's ``KeyError: 'Content-Type'``. A watch's stream has no overall
 deadline (its answer lasts); its start has, and no line of it may exceed the cap.
 These are :class:`~devplug.errors.KubeApiError`.
+
+Paths that are no resource (discovery: ``/apis/resource.k8s.io``, ``/version``)
+are read with :func:`get_json`. A ``404`` is either an object that is not there
+(a ``Status`` naming it) or a path the server does not serve: a group or version
+it does not serve answers the handler chain's plain-text ``404 page not found``
+(Go's ``http.NotFound``, up to Kubernetes 1.36), which lightkube raises as httpx's
+``HTTPStatusError``, not as an ``ApiError``. :func:`not_served` tells the second
+kind apart, and :func:`describe_api_error` words both.
 
 Nothing else is tried (no ``~/.kube/config``, no ``$KUBECONFIG``): a daemon
 talks to the cluster its config says, and a missing piece is a
@@ -57,7 +66,9 @@ __all__ = [
     "KubeClientConfigError",
     "cluster_config",
     "describe_api_error",
+    "get_json",
     "make_client",
+    "not_served",
 ]
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -303,9 +314,36 @@ def _bounded_transport(inner: httpx2.AsyncBaseTransport, deadline: float, max_an
     return BoundedTransport()
 
 
+async def get_json(client: AsyncClient, path: str) -> Any:
+    """The JSON answer to ``GET <path>`` of a path that is no resource (``apis/resource.k8s.io``, ``version``),
+    through the client's transport (credentials, deadline, cap); an HTTP error raises as lightkube's requests do
+    (``ApiError`` for a ``Status``, else httpx's ``HTTPStatusError``)."""
+    from lightkube.core.generic_client import BasicRequest
+
+    generic: Any = client._client  # lightkube's GenericAsyncClient: the same transport, credentials and timeouts
+    response = await generic.send(generic.build_adapter_request(BasicRequest(method="GET", url=path.lstrip("/"))))
+    generic.raise_for_status(response)
+    return response.json()
+
+
+def not_served(exc: BaseException) -> bool:
+    """True when a request failed because the server does not serve its path (a group, version or resource it does
+    not have): a ``404`` whose body is no ``Status`` (the handler chain's ``404 page not found``), or a ``Status``
+    that names no object (go-restful's "the server could not find the requested resource"); False for a named
+    object that is not there (``resourceclaims.resource.k8s.io "c1" not found``) and for every other failure."""
+    import httpx2
+    from lightkube import ApiError
+
+    if isinstance(exc, ApiError):
+        details = exc.status.details
+        return exc.status.code == 404 and not (details is not None and details.name)
+    return isinstance(exc, httpx2.HTTPStatusError) and exc.response.status_code == 404
+
+
 def describe_api_error(exc: Exception) -> tuple[str, float | None]:
     """A one-line account of a failed API request (the ``Status`` of an HTTP error, else the exception), and the
     ``Retry-After`` seconds the server gave, if any."""
+    import httpx2
     from lightkube import ApiError
 
     if isinstance(exc, ApiError):
@@ -315,6 +353,13 @@ def describe_api_error(exc: Exception) -> tuple[str, float | None]:
             with contextlib.suppress(TypeError, ValueError):
                 retry = float(exc.response.headers.get("Retry-After", ""))
         return f"{status.code} {status.reason}: {status.message}", retry
+    if isinstance(exc, httpx2.HTTPStatusError):  # an answer that is no Status: its status line and first line
+        response = exc.response
+        text = ""
+        with contextlib.suppress(Exception):  # a stream's body may be unread
+            text = response.text.strip().splitlines()[0][:200] if response.text.strip() else ""
+        shown = f": {text}" if text else ""
+        return f"{response.status_code} {response.reason_phrase}{shown} ({_what(exc.request)})", None
     if isinstance(exc, KubeApiError):
         return str(exc), None
     text = str(exc)
