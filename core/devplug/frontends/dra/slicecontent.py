@@ -1,4 +1,6 @@
-"""What a node's pool of ResourceSlices holds: the device table's devices as ``resource.k8s.io/v1`` slice specs.
+"""What a node's pool of ResourceSlices holds: the device table's devices as ``resource.k8s.io/v1`` slice specs
+(the publisher converts them at the edge for a server that serves ``v1beta2`` or ``v1beta1`` only:
+:mod:`~devplug.frontends.dra.apiversions`).
 
 Pure (no API calls): :func:`build_pool` turns a
 :class:`~devplug.engine.devicetable.DeviceTable` into the pool's slices, and the
@@ -41,10 +43,12 @@ device with a ``NoSchedule`` taint its claim does not tolerate), they keep the
 device visible (claims already holding it still resolve), and ``NoSchedule``
 evicts nobody (``NoExecute`` would). A slice with a tainted device holds at most
 64 devices (``ResourceSliceMaxDevicesWithAdvancedFeatures``), otherwise 128
-(``ResourceSliceMaxDevices``). On an API server without the gate (1.34, 1.35 by
+(``ResourceSliceMaxDevices``). On an API server without the gate (1.33 to 1.35 by
 default) the field is dropped on write (``dropDisabledDRADeviceTaintsFields``,
-``pkg/registry/resource/resourceslice/strategy.go``): the publisher sees that and
-builds with ``taints=False``, which leaves such devices out of the pool instead.
+``pkg/registry/resource/resourceslice/strategy.go``), and a 1.32 server's v1beta1
+has no such field at all (an apply carrying it is refused): the front end finds
+out before its first write (a dry run, :mod:`~devplug.frontends.dra.apiversions`)
+and builds with ``taints=False``, which leaves such devices out of the pool instead.
 A retired resource publishes an empty pool.
 
 **Slices.** Names are stable (``<pool>-<driver>-<index>``, hashed when that is no

@@ -43,9 +43,19 @@ how it is written:
   that cannot be built (a device name collision, a bad attribute from the driver)
   is logged and shown the same way and waits for the next table change. The task
   never ends by itself: it runs until cancelled;
-* **device taints dropped** by an API server without ``DRADeviceTaints``: seen
-  in the answer to the apply, logged once, and the pool is published from then on
-  with unavailable devices left out (``state.taints`` says which);
+* **the API version** (:class:`~devplug.frontends.dra.apiversions.DraApi`): the
+  slices are written, listed, watched and deleted through the ``resource.k8s.io``
+  version discovery chose (``v1``, ``v1beta2`` or ``v1beta1``), built in v1's
+  shape and converted at the edge; whether unavailable devices are tainted or
+  left out is the choice made before the first write (a dry run). A request that
+  finds the version not served any more (``404`` for the path), and a restart of
+  the watch (the API server restarted: an upgrade among others), make the next
+  sync discover the version again first. A caller without discovery gives none:
+  ``v1`` with taints is assumed;
+* **device taints dropped** after all (the second line: the server dropped taints
+  the dry run kept, a gate turned off since): seen in the answer to the apply,
+  logged once, and the pool is published from then on with unavailable devices
+  left out (``state.taints`` says which) until the next discovery;
 * **shutdown**: :meth:`SlicePublisher.shutdown` stops publishing and, when the
   caller says this is the driver's last instance on the node
   (``last_instance=True``), deletes the node's slices of the driver; while another
@@ -65,6 +75,7 @@ from typing import TYPE_CHECKING, Any, cast
 from devplug.engine.asynctools import Backoff
 from devplug.engine.devicetable import DeviceTable
 from devplug.errors import DevplugError
+from devplug.frontends.dra.apiversions import DraApi, slice_from_wire, slice_to_wire
 from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap
 from devplug.frontends.dra.slicecontent import (
     DIGEST_ANNOTATION,
@@ -75,7 +86,7 @@ from devplug.frontends.dra.slicecontent import (
     build_pool,
 )
 from devplug.frontends.dra.sliceswatch import WATCH_SILENCE, follow_slices
-from devplug.kubeclient import describe_api_error
+from devplug.kubeclient import describe_api_error, not_served
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -116,8 +127,10 @@ class PublisherState:
     #: Why the last attempt failed (None: in step), and how many attempts failed in a row.
     error: str | None = None
     failures: int = 0
-    #: True while unavailable devices are tainted; False once the API server dropped taints (left out instead).
+    #: True while unavailable devices are tainted; False when the API server keeps no taints (left out instead).
     taints: bool = True
+    #: The ``resource.k8s.io`` version the slices are written in.
+    api_version: str = "resource.k8s.io/v1"
 
     @property
     def in_sync(self) -> bool:
@@ -142,6 +155,7 @@ class SlicePublisher:
         clock: Callable[[], float] = time.time,
         watch: bool = True,
         watch_silence: float = WATCH_SILENCE,
+        api: DraApi | None = None,
     ) -> None:
         self.driver = driver
         self.node = node
@@ -154,6 +168,11 @@ class SlicePublisher:
                 f"watch_silence {watch_silence} > 0"
             )
         self._client = client
+        #: The ``resource.k8s.io`` version and taints choice (shared with the claim reader); v1 with taints when
+        #: none is given.
+        self.api = api or DraApi.fixed(client)
+        #: Set when the version in use may be gone (a 404 for its path, a restarted watch): discover it again first.
+        self._stale = False
         self._describe = describe
         self._debounce = debounce
         self._resync_interval = resync_interval
@@ -174,7 +193,7 @@ class SlicePublisher:
         self._open.set()
         self._quiet = asyncio.Event()  # cleared while a sync talks to the API server
         self._quiet.set()
-        self.state = PublisherState()
+        self.state = PublisherState(taints=self.api.choice.taints, api_version=self.api.choice.api_version)
 
     # --- what other parts ask
 
@@ -231,8 +250,20 @@ class SlicePublisher:
         (an event of its own write seen before the write's answer costs one list, no write).
         """
         await follow_slices(
-            self._client, self.node, self.driver, silence=self._watch_silence, seen=self._seen, restarted=self.resync
+            self._client,
+            self.node,
+            self.driver,
+            silence=self._watch_silence,
+            seen=self._seen,
+            restarted=self._watch_restarted,
+            resource=self.api.slice_resource,
         )
+
+    def _watch_restarted(self) -> None:
+        """The watch had to start again: the API server may have restarted as another version (an upgrade), so the
+        resync it asks for discovers the version first."""
+        self._stale = True
+        self.resync()
 
     def _seen(self, kind: str, name: str, version: str) -> None:
         if kind == "DELETED":
@@ -267,6 +298,9 @@ class SlicePublisher:
                     reason, retry_after = str(exc), exc.retry_after
                 else:
                     reason, retry_after = describe_api_error(exc)
+                if not_served(exc):  # the version in use is gone (a downgrade, a server restarted without it)
+                    self._stale = True
+                    reason = f"{self.api.choice.api_version} is not served: {reason}; discovering the version again"
                 delay = max(self._backoff.next(), retry_after or 0.0)
                 self._failed(reason, delay, error=exc)
                 check = True
@@ -317,7 +351,7 @@ class SlicePublisher:
             driver=self.driver,
             pool=self.pool,
             node=self.node,
-            taints=self.state.taints,
+            taints=self.api.choice.taints,
             describe=self._describe,
             taint_times=self._taint_times,
         )
@@ -325,10 +359,11 @@ class SlicePublisher:
     # --- the API server
 
     async def _list(self) -> list[dict[str, Any]]:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
-        found = self._client.list(ResourceSlice, fields={"spec.nodeName": self.node, "spec.driver": self.driver})
-        return [s.to_dict() async for s in found]
+        version = self.api.version
+        found = self._client.list(
+            self.api.slice_resource(), fields={"spec.nodeName": self.node, "spec.driver": self.driver}
+        )
+        return [slice_from_wire(version, s.to_dict()) async for s in found]
 
     async def _node_uid(self) -> str:
         from lightkube import ApiError
@@ -375,9 +410,17 @@ class SlicePublisher:
         return generation
 
     async def _sync(self, pool: Pool, version: int) -> bool:
-        """Make the API server hold ``pool``; False when it dropped the taints (build again without them)."""
+        """Make the API server hold ``pool``; False when the pool must be built again first (the taints choice
+        changed: the server dropped the taints, or a new discovery chose otherwise)."""
         self._quiet.clear()
         try:
+            if self._stale:
+                taints = self.api.choice.taints
+                await self.api.refresh("the slices' watch started again, or the version in use was not served")
+                self._stale = False
+                self.state = replace(self.state, api_version=self.api.choice.api_version)
+                if self.api.choice.taints != taints:
+                    return False
             return await self._sync_now(pool, version)
         finally:
             self._quiet.set()
@@ -410,6 +453,7 @@ class SlicePublisher:
                 self.node,
                 extra={"driver": self.driver},
             )
+            self.api.taints_dropped("dropped from the answer to an apply (feature gate DRADeviceTaints off)")
             self.state = replace(self.state, taints=False)
             return False
         self._synced(pool, version)
@@ -421,6 +465,8 @@ class SlicePublisher:
             log.info("ResourceSlices of %s on node %s: in step again", self.driver, self.node)
         self.state = replace(
             self.state,
+            taints=self.api.choice.taints,
+            api_version=self.api.choice.api_version,
             generation=self._generation,
             slices=len(pool.slices),
             devices=pool.device_count,
@@ -446,10 +492,8 @@ class SlicePublisher:
         self._taint_times = times
 
     async def _apply(self, name: str, spec: Mapping[str, Any], pool: Pool, generation: int, uid: str) -> dict[str, Any]:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
+        version = self.api.version
         body = {
-            "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
             "metadata": {
                 "name": name,
@@ -464,20 +508,18 @@ class SlicePublisher:
                 "pool": {**spec["pool"], "generation": generation, "resourceSliceCount": len(pool.slices)},
             },
         }
-        obj = cast(ResourceSlice, ResourceSlice.from_dict(body))
+        obj = cast(Any, self.api.slice_resource().from_dict(slice_to_wire(version, body)))
         applied = await self._client.apply(obj, field_manager=self.field_manager, force=True)
-        result: dict[str, Any] = applied.to_dict()
-        return result
+        return slice_from_wire(version, applied.to_dict())
 
     async def _delete(self, slices: list[dict[str, Any]]) -> list[str]:
         from lightkube import ApiError
-        from lightkube.resources.resource_v1 import ResourceSlice
 
         deleted = []
         for found in slices:
             name = found["metadata"]["name"]
             try:
-                await self._client.delete(ResourceSlice, name)
+                await self._client.delete(self.api.slice_resource(), name)
             except ApiError as exc:
                 if exc.status.code != 404:
                     raise

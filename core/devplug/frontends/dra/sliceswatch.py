@@ -4,7 +4,8 @@
 telling the caller (who resyncs: events may have been missed meanwhile), when it fails, ends, or delivers no valid
 event or bookmark for ``silence`` seconds: it asks for bookmarks, which the API server sends about every minute,
 so only a dead, held or junk stream is that quiet (a connection that died without a FIN, a proxy holding it
-open). It runs until cancelled.
+open). It runs until cancelled. Each start watches through the ResourceSlice class ``resource()`` gives then: the
+``resource.k8s.io`` version in use (:mod:`~devplug.frontends.dra.apiversions`), which a restart may have changed.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ async def follow_slices(
     silence: float,
     seen: Callable[[str, str, str], None],
     restarted: Callable[[], None],
+    resource: Callable[[], Any] | None = None,
 ) -> None:
     """Call ``seen(type, name, resourceVersion)`` for each valid change event of the watch, and ``restarted()``
-    each time it is started again (after a backoff) because it failed, ended or was silent (see the module)."""
+    each time it is started again (after a backoff) because it failed, ended or was silent (see the module);
+    ``resource()``: lightkube's ResourceSlice class to watch through (default: v1's)."""
     backoff = Backoff(initial=0.5, cap=30.0, jitter=0.2)
     loop = asyncio.get_running_loop()
     while True:
-        events = watch_slices(client, node, driver)
+        events = watch_slices(client, node, driver, resource() if resource is not None else None)
         junk = 0
         try:
             quiet_until = loop.time() + silence
@@ -123,8 +126,11 @@ class _WatchedMeta(dict[str, Any]):
         return value if isinstance(value, str) and value else None
 
 
-def watch_slices(client: AsyncClient, node: str, driver: str) -> AsyncGenerator[tuple[str, WatchedObject], None]:
-    """A watch of the node's ResourceSlices of ``driver`` with bookmarks allowed: ``(type, object)`` events.
+def watch_slices(
+    client: AsyncClient, node: str, driver: str, resource: Any = None
+) -> AsyncGenerator[tuple[str, WatchedObject], None]:
+    """A watch of the node's ResourceSlices of ``driver`` with bookmarks allowed: ``(type, object)`` events, through
+    lightkube's ResourceSlice class ``resource`` (default: ``resource.k8s.io/v1``'s).
 
     lightkube's ``AsyncClient.watch`` takes no ``allowWatchBookmarks`` and decodes each object as a ResourceSlice
     (a bookmark is none), so the request is prepared by its generic client with the parameter added and the
@@ -136,7 +142,7 @@ def watch_slices(client: AsyncClient, node: str, driver: str) -> AsyncGenerator[
     generic = client._client  # lightkube's GenericAsyncClient: the same transport, credentials and timeouts
     request = generic.prepare_request(
         "list",
-        res=ResourceSlice,
+        res=resource if resource is not None else ResourceSlice,
         watch=True,
         params={
             "timeoutSeconds": WATCH_TIMEOUT,  # ended by the server and resumed, as informers do

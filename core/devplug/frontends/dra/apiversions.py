@@ -1,0 +1,324 @@
+"""Which ``resource.k8s.io`` version the DRA front end talks, found by discovery, and the shape of each version.
+
+A kubelet of 1.32 or 1.33 may run under a control plane of 1.34 or later (the supported skew), and a control plane
+of 1.32 or 1.33 serves no ``resource.k8s.io/v1`` at all: its DRA API is ``v1beta1`` (1.32; ``--runtime-config=
+resource.k8s.io/v1beta1=true``) or ``v1beta1`` and ``v1beta2`` (1.33). :class:`DraApi` is the version in use, shared by
+the slice publisher, its watch and the claim reader:
+
+* **discovery** (:meth:`DraApi.discover`, at start): ``GET /apis/resource.k8s.io`` lists the versions served; the
+  newest of :data:`SUPPORTED` (``v1``, ``v1beta2``, ``v1beta1``) wins. Not the ``preferredVersion``: a 1.33 server
+  prefers ``v1beta1`` (its ``install.go`` lists it first). None served: :class:`DraApiVersionError`, naming the
+  versions found, the server's version and the ones devplug needs; the resource's start fails with that message
+  (and is retried: an upgraded control plane is found);
+* **device taints** (the publisher marks unavailable devices with a taint): whether the server keeps them is known
+  before the first write, by a server-side dry run (``dryRun=All``) of an apply of a slice carrying one, named
+  ``devplug-probe-<hash>``, which stores nothing. Three answers: the taint comes back (used); it is gone (the
+  version has the field, the feature gate ``DRADeviceTaints`` is off: 1.33 to 1.35 by default, dropped by
+  ``dropDisabledDRADeviceTaintsFields``); the apply is refused because the version has no such field (1.32's
+  v1beta1: ``field not declared in schema``). Discovery cannot tell a gate, and OpenAPI would show the field whatever
+  the gate says; the dry run answers both. Without taints the publisher leaves unavailable devices out of the slices
+  instead, chosen up front; an apply's answer without the taints it carried stays a second line
+  (:meth:`DraApi.taints_dropped`);
+* **found again** (:meth:`DraApi.refresh`) when the version in use is not served any more (a request of it answers
+  ``404`` for the path, :func:`~devplug.kubeclient.not_served`) and after the slices' watch had to be started again
+  (an API server that restarted, for an upgrade among others, cut it): both discovery and the dry run, once for all
+  users however many ask at once;
+* **shapes**: the front end builds and reads ``v1`` (:mod:`~devplug.frontends.dra.slicecontent`); at the edge a
+  ``v1beta1`` slice wraps each device's fields but its name in ``basic`` (``pkg/apis/resource/v1beta1/
+  conversion.go``, ``Convert_resource_Device_To_v1beta1_Device``) and its ``nodeName`` ``""`` means unset;
+  ``v1beta2`` has v1's shape for everything devplug writes and reads. A claim's ``status.allocation`` (all the
+  front end reads of a claim) has one shape in the three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import importlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
+
+from devplug.errors import KubeApiError
+from devplug.frontends.dra.slicecontent import TAINT_EFFECT, TAINT_KEY
+from devplug.kubeclient import describe_api_error, get_json, not_served
+
+if TYPE_CHECKING:
+    from lightkube import AsyncClient
+
+__all__ = [
+    "GROUP",
+    "SUPPORTED",
+    "DraApi",
+    "DraApiChoice",
+    "DraApiVersionError",
+    "discover_or_close",
+    "probe_name",
+    "slice_from_wire",
+    "slice_to_wire",
+]
+
+log = logging.getLogger("devplug.frontends.dra")
+
+GROUP = "resource.k8s.io"
+#: The versions devplug speaks, newest first: the first the server serves is used.
+SUPPORTED = ("v1", "v1beta2", "v1beta1")
+#: The field manager of the dry run (it writes nothing, but apply needs one).
+_PROBE_MANAGER = "devplug-probe"
+
+
+class DraApiVersionError(KubeApiError):
+    """The API server serves no ``resource.k8s.io`` version devplug speaks; the message names those it serves, the
+    server's version and the ones devplug needs."""
+
+
+@dataclass(frozen=True)
+class DraApiChoice:
+    """The version in use and what the server said of it."""
+
+    #: ``v1``, ``v1beta2`` or ``v1beta1``.
+    version: str
+    #: Every ``resource.k8s.io`` version the server serves, in its discovery order.
+    served: tuple[str, ...]
+    #: Whether the server keeps device taints (else unavailable devices are left out of the slices), and why.
+    taints: bool
+    taints_reason: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{GROUP}/{self.version}"
+
+    def describe(self) -> dict[str, Any]:
+        """For ``devplug status``."""
+        return {
+            "version": self.api_version,
+            "served": list(self.served),
+            "taints": self.taints,
+            "taints_reason": self.taints_reason,
+        }
+
+
+def probe_name(pool: str, driver: str) -> str:
+    """The name of the dry run's slice: never stored, and no name a publisher uses (``<pool>-<driver>-<n>``)."""
+    return "devplug-probe-" + hashlib.sha256(f"{pool}\0{driver}".encode()).hexdigest()[:16]
+
+
+def _resources(version: str) -> Any:
+    """lightkube's typed models of ``version`` (``lightkube.resources.resource_v1beta1``, ...)."""
+    return importlib.import_module(f"lightkube.resources.resource_{version}")
+
+
+def slice_to_wire(version: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceSlice (or its spec's devices) built in v1's shape, as ``version`` takes it."""
+    out = copy.deepcopy(dict(body))
+    out["apiVersion"] = f"{GROUP}/{version}"
+    if version == "v1beta1":
+        spec = out.get("spec") or {}
+        spec["devices"] = [
+            {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}} for d in spec.get("devices") or ()
+        ]
+    return out
+
+
+def slice_from_wire(version: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceSlice as ``version`` gives it, in v1's shape (what the publisher compares with what it builds)."""
+    out = copy.deepcopy(dict(body))
+    if version == "v1beta1":
+        spec = out.get("spec") or {}
+        devices = []
+        for device in spec.get("devices") or ():
+            basic = device.get("basic") if isinstance(device, Mapping) else None
+            flat = {k: v for k, v in device.items() if k != "basic"}
+            devices.append({**flat, **(basic if isinstance(basic, Mapping) else {})})
+        if "devices" in spec:
+            spec["devices"] = devices
+        if spec.get("nodeName") == "":
+            del spec["nodeName"]
+    return out
+
+
+class DraApi:
+    """The ``resource.k8s.io`` version the front end talks (see the module's docstring): whole when built, by
+    :meth:`discover` (a daemon) or :meth:`fixed` (no discovery: a test, or a caller that knows)."""
+
+    def __init__(
+        self, client: AsyncClient, choice: DraApiChoice, *, node: str | None = None, driver: str = "", pool: str = ""
+    ) -> None:
+        self._client = client
+        self._choice = choice
+        #: Where the dry run writes (None: no dry run; :meth:`refresh` keeps the taints choice).
+        self._node = node
+        self._driver = driver
+        self._pool = pool or (node or "")
+        self._lock = asyncio.Lock()
+        #: How many times the version was found (1: at start).
+        self.discoveries = 1
+
+    @classmethod
+    def fixed(cls, client: AsyncClient, version: str = "v1", *, taints: bool = True) -> DraApi:
+        """``version``, taken as served, without discovery or dry run (the caller knows the server)."""
+        if version not in SUPPORTED:
+            raise ValueError(f"devplug speaks resource.k8s.io {', '.join(SUPPORTED)}, not {version!r}")
+        reason = "assumed (no discovery)"
+        return cls(client, DraApiChoice(version, (version,), taints, reason))
+
+    @classmethod
+    async def discover(cls, client: AsyncClient, *, node: str, driver: str, pool: str) -> DraApi:
+        """The newest supported version the server serves, and whether it keeps device taints (a dry run of a slice
+        of ``driver`` on ``node`` in ``pool``). Raises :class:`DraApiVersionError` when it serves none devplug
+        speaks, :class:`~devplug.errors.KubeApiError` when the server cannot be asked."""
+        choice = await _choose(client, node=node, driver=driver, pool=pool)
+        return cls(client, choice, node=node, driver=driver, pool=pool)
+
+    # --- what users read
+
+    @property
+    def choice(self) -> DraApiChoice:
+        return self._choice
+
+    @property
+    def version(self) -> str:
+        return self._choice.version
+
+    def slice_resource(self) -> Any:
+        """lightkube's ResourceSlice class of the version in use."""
+        return _resources(self._choice.version).ResourceSlice
+
+    def claim_resource(self) -> Any:
+        """lightkube's ResourceClaim class of the version in use."""
+        return _resources(self._choice.version).ResourceClaim
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._choice.describe(), "discoveries": self.discoveries}
+
+    # --- finding it again
+
+    async def refresh(self, why: str, *, seen: DraApiChoice | None = None) -> DraApiChoice:
+        """Discover the version (and the taints, by dry run) again, because of ``why``; when ``seen`` is given and
+        another caller found the version since that choice, its answer stands (one discovery for all who ask).
+        Raises as :meth:`discover` does; the version in use stays until an answer comes."""
+        async with self._lock:
+            if seen is not None and self._choice is not seen:
+                return self._choice
+            if self._node is None:  # fixed: nothing to discover
+                return self._choice
+            log.info("resource.k8s.io: discovering the version to use again (%s)", why)
+            choice = await _choose(self._client, node=self._node, driver=self._driver, pool=self._pool)
+            if choice != self._choice:
+                log.warning(
+                    "resource.k8s.io: now %s (device taints: %s), was %s (device taints: %s)",
+                    choice.api_version,
+                    "used" if choice.taints else "not used",
+                    self._choice.api_version,
+                    "used" if self._choice.taints else "not used",
+                )
+            self._choice = choice
+            self.discoveries += 1
+            return choice
+
+    def taints_dropped(self, why: str) -> None:
+        """The server dropped taints it was sent (found after the fact, in a write's answer): none are sent from now
+        on, until the next discovery."""
+        if self._choice.taints:
+            self._choice = replace(self._choice, taints=False, taints_reason=why)
+
+
+async def discover_or_close(client: AsyncClient, *, node: str, driver: str, pool: str) -> DraApi:
+    """:meth:`DraApi.discover`; when it fails the client is closed before the error goes on (the front end's start
+    fails with it, and the next start makes a client of its own)."""
+    try:
+        return await DraApi.discover(client, node=node, driver=driver, pool=pool)
+    except BaseException:
+        await client.close()
+        raise
+
+
+async def _served(client: AsyncClient) -> tuple[str, ...]:
+    """The ``resource.k8s.io`` versions discovery lists (none when the group is not served)."""
+    try:
+        group = await get_json(client, f"apis/{GROUP}")
+    except Exception as exc:
+        if not_served(exc):
+            return ()
+        raise KubeApiError(f"discovery of {GROUP} failed: {describe_api_error(exc)[0]}") from exc
+    versions = [v.get("version") for v in (group.get("versions") or ()) if isinstance(v, Mapping)]
+    return tuple(v for v in versions if isinstance(v, str))
+
+
+async def _server_version(client: AsyncClient) -> str:
+    """The server's ``gitVersion`` (``/version``), or a phrase saying it is unknown."""
+    try:
+        info = await get_json(client, "version")
+    except Exception as exc:
+        return f"version unknown: {describe_api_error(exc)[0]}"
+    found = info.get("gitVersion") if isinstance(info, Mapping) else None
+    return f"Kubernetes {found}" if isinstance(found, str) and found else "version unknown"
+
+
+async def _choose(client: AsyncClient, *, node: str, driver: str, pool: str) -> DraApiChoice:
+    served = await _served(client)
+    usable = [v for v in SUPPORTED if v in served]
+    if not usable:
+        found = ", ".join(served) if served else "none"
+        raise DraApiVersionError(
+            f"the API server ({await _server_version(client)}) serves no {GROUP} version devplug speaks: it "
+            f"serves {found}; devplug needs {', '.join(SUPPORTED[:-1])} or {SUPPORTED[-1]} (Kubernetes 1.34 and "
+            f"later serve v1; on 1.32 and 1.33 enable the beta with the API server's --runtime-config="
+            f"{GROUP}/v1beta1=true, and {GROUP}/v1beta2=true on 1.33)"
+        )
+    version = usable[0]
+    taints, reason = await _probe_taints(client, version, node=node, driver=driver, pool=pool)
+    log.info(
+        "%s: using %s (served: %s); device taints %s: %s",
+        GROUP,
+        version,
+        ", ".join(served),
+        "used" if taints else "not used, unavailable devices are left out of the slices",
+        reason,
+    )
+    return DraApiChoice(version, served, taints, reason)
+
+
+async def _probe_taints(client: AsyncClient, version: str, *, node: str, driver: str, pool: str) -> tuple[bool, str]:
+    """Whether ``version`` of the server keeps a device's taint: a dry-run apply of a slice carrying one."""
+    from lightkube import ApiError
+
+    body = slice_to_wire(
+        version,
+        {
+            "kind": "ResourceSlice",
+            "metadata": {"name": probe_name(pool, driver)},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": pool, "generation": 0, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "probe", "taints": [{"key": TAINT_KEY, "value": "probe", "effect": TAINT_EFFECT}]}
+                ],
+            },
+        },
+    )
+    model = _resources(version).ResourceSlice
+    try:
+        answer = await client.apply(
+            cast(Any, model.from_dict(body)), field_manager=_PROBE_MANAGER, force=True, dry_run=True
+        )
+    except ApiError as exc:
+        if "field not declared in schema" in (exc.status.message or "") and "taints" in (exc.status.message or ""):
+            return False, f"{GROUP}/{version} of this API server has no device taints (it refused the field)"
+        raise KubeApiError(
+            f"the dry run of a ResourceSlice with a device taint ({GROUP}/{version}) failed: "
+            f"{describe_api_error(exc)[0]}"
+        ) from exc
+    except Exception as exc:
+        raise KubeApiError(
+            f"the dry run of a ResourceSlice with a device taint ({GROUP}/{version}) failed: "
+            f"{describe_api_error(exc)[0]}"
+        ) from exc
+    kept = slice_from_wire(version, answer.to_dict())
+    devices = (kept.get("spec") or {}).get("devices") or ()
+    if any(d.get("taints") for d in devices if isinstance(d, Mapping)):
+        return True, "kept by the API server (a dry run)"
+    return False, "dropped by the API server (a dry run): its feature gate DRADeviceTaints is off"
