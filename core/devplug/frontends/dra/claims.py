@@ -2,7 +2,17 @@
 
 The kubelet's ``NodePrepareResources`` names each claim by namespace, name and
 UID only; the allocation is in the claim's status (``resource.k8s.io/v1``,
-``k8s.io/api/resource/v1/types.go`` v0.36.3):
+``k8s.io/api/resource/v1/types.go`` v0.36.3; read through the version discovery
+chose, :mod:`~devplug.frontends.dra.apiversions`: ``status.allocation`` has the
+same shape in v1beta1 and v1beta2. A claim read that finds the version not served
+any more discovers it again and reads once more):
+
+* ``status.allocation.nodeSelector``: the nodes the allocation is for; it must
+  match this node's name and labels (:mod:`~devplug.frontends.dra.nodeselector`:
+  the labels are read only for a selector that names some, kept a while, and read
+  again before a claim is refused for them), or the claim is refused naming the
+  node and the selector. An allocation without one (devices reachable from any
+  node: network-attached) passes, and the pool check below decides;
 
 * ``status.allocation.devices.results[]``: one entry per allocated device,
   ``{request, driver, pool, device, adminAccess, shareID, ...}``; this driver's
@@ -27,8 +37,9 @@ for it, since its namespace and name would make the URL), a pod in
 folders), not found, a claim recreated
 under the same name (another UID), not allocated, no device of this driver and
 pool, devices of this driver in another pool too, a device name this node does
-not publish. An API server that does not
-answer is a :class:`ClaimReadError` (the kubelet retries the call).
+not publish, an allocation for another node. An API server that does not
+answer (or cannot give the node's labels) is a :class:`ClaimReadError` (the
+kubelet retries the call).
 
 Finding prepared claims whose unprepare will never come (the claim was deleted
 while the daemon was down): :meth:`ClaimReader.presence` gets each prepared claim
@@ -48,7 +59,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from devplug.errors import DevplugError, KubeApiError, RequestError
-from devplug.kubeclient import describe_api_error
+from devplug.frontends.dra.apiversions import DraApi
+from devplug.frontends.dra.nodeselector import NodeLabels, NodeLabelsError, NodeSelector, selector_of
+from devplug.kubeclient import describe_api_error, not_served
 from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem, uid_problem
 from devplug.logsafe import shorten
 
@@ -61,6 +74,7 @@ __all__ = [
     "ClaimDeviceUnknownError",
     "ClaimError",
     "ClaimIdentifierError",
+    "ClaimNodeMismatchError",
     "ClaimNotAllocatedError",
     "ClaimNotFoundError",
     "ClaimPoolMismatchError",
@@ -131,6 +145,10 @@ class ClaimNotAllocatedError(ClaimError):
     """The claim has no allocation (yet, or any more)."""
 
 
+class ClaimNodeMismatchError(ClaimError):
+    """The claim's allocation is for another node: its node selector does not match this node's name and labels."""
+
+
 class NoDeviceOfOursError(ClaimError):
     """The allocation holds no device of this driver in this node's pool."""
 
@@ -196,6 +214,10 @@ class ClaimAllocation:
         return [c for c in self.configs if c.applies_to(request)]
 
 
+class _NotServedError(Exception):
+    """The claim's read answered that its path is not served (the message: how)."""
+
+
 class ClaimPresence(enum.Enum):
     """Whether a claim prepared earlier is still there, as the API server has it."""
 
@@ -214,33 +236,71 @@ class ClaimPresence(enum.Enum):
 
 
 class ClaimReader:
-    """Reads claims for one driver and pool; ``device_id`` maps a published device name back to its device ID."""
+    """Reads claims for one driver and pool; ``device_id`` maps a published device name back to its device ID.
 
-    def __init__(self, client: AsyncClient, *, driver: str, pool: str, device_id: Callable[[str], str | None]) -> None:
+    ``api``: the ``resource.k8s.io`` version to read through (none: v1); ``node``: this node's labels, to check an
+    allocation's node selector against (none: no node check, the pool alone decides; the front end always gives one).
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        driver: str,
+        pool: str,
+        device_id: Callable[[str], str | None],
+        api: DraApi | None = None,
+        node: NodeLabels | None = None,
+    ) -> None:
         self._client = client
         self._reads = asyncio.Semaphore(READS_AT_ONCE)
         self.driver = driver
         self.pool = pool
         self._device_id = device_id
+        self._api = api or DraApi.fixed(client)
+        self._node = node
 
     async def _get(self, claim: ClaimRef) -> dict[str, Any] | None:
         """The claim as stored, or None when there is none (404); :class:`ClaimReadError` on any other failure."""
-        from lightkube import ApiError
-        from lightkube.resources.resource_v1 import ResourceClaim
-
         problem = claim.problem()
         if problem is not None:  # its namespace and name would make the URL
             raise ClaimIdentifierError(claim, problem)
+        choice = self._api.choice
+        try:
+            return await self._get_once(claim)
+        except _NotServedError as gone:
+            try:  # the version in use is gone (the API server changed): find it again, and read once more
+                await self._api.refresh(f"reading {claim} answered {gone}", seen=choice)
+            except Exception as exc:
+                raise ClaimReadError(
+                    f"{claim}: the API server does not serve {choice.api_version} ({gone}), and finding the version "
+                    f"to use failed: {describe_api_error(exc)[0]}"
+                ) from exc
+            try:
+                return await self._get_once(claim)
+            except _NotServedError as again:
+                raise ClaimReadError(
+                    f"{claim}: the API server does not serve {self._api.choice.api_version}: {again}"
+                ) from again
+
+    async def _get_once(self, claim: ClaimRef) -> dict[str, Any] | None:
+        from lightkube import ApiError
+
         try:
             async with self._reads:
-                found = await self._client.get(ResourceClaim, claim.name, namespace=claim.namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise ClaimReadError(f"{claim}: the API server failed to give it: {describe_api_error(exc)[0]}") from exc
-        except KubeApiError as exc:  # too late, too large, a redirect: the message names the request
-            raise ClaimReadError(f"{claim}: the API server's answer cannot be used: {exc}") from exc
-        except Exception as exc:  # the network's: refused, reset, timed out
+                found = await self._client.get(self._api.claim_resource(), claim.name, namespace=claim.namespace)
+        except Exception as exc:
+            if not_served(exc):
+                raise _NotServedError(describe_api_error(exc)[0]) from exc
+            if isinstance(exc, ApiError):
+                if exc.status.code == 404:
+                    return None
+                raise ClaimReadError(
+                    f"{claim}: the API server failed to give it: {describe_api_error(exc)[0]}"
+                ) from exc
+            if isinstance(exc, KubeApiError):  # too late, too large, a redirect: the message names the request
+                raise ClaimReadError(f"{claim}: the API server's answer cannot be used: {exc}") from exc
+            # the network's: refused, reset, timed out
             raise ClaimReadError(f"{claim}: the API server did not answer: {describe_api_error(exc)[0]}") from exc
         stored: dict[str, Any] = found.to_dict()
         return stored
@@ -250,10 +310,46 @@ class ClaimReader:
         stored = await self._get(claim)
         if stored is None:
             raise ClaimNotFoundError(claim, "not found in the API server (deleted?)")
+        allocation = self._allocation(claim, stored)
+        await self._check_node(claim, allocation)
         return self.allocation_of(claim, stored)
 
-    def allocation_of(self, claim: ClaimRef, stored: Mapping[str, Any]) -> ClaimAllocation:
-        """:meth:`read`'s answer from a claim already fetched (a dict as the API server sends it)."""
+    async def _check_node(self, claim: ClaimRef, allocation: Mapping[str, Any]) -> None:
+        """:class:`ClaimNodeMismatchError` unless the allocation's node selector matches this node (none: passes)."""
+        if self._node is None:
+            return
+        selector = selector_of(allocation)
+        if selector is None:
+            return
+        name = self._node.name
+        labels = await self._labels(claim, selector, fresh=False)
+        if selector.matches(name, labels):
+            return
+        if selector.needs_labels:  # a label set since they were read: read them again before refusing
+            labels = await self._labels(claim, selector, fresh=True)
+            if selector.matches(name, labels):
+                return
+        keys = sorted({r.key for term in selector.terms for r in term if not r.field})
+        shown = ", ".join(f"{k}={labels[k]}" if k in labels else f"no {k}" for k in keys)
+        problems = selector.problems()
+        raise ClaimNodeMismatchError(
+            claim,
+            f"allocated for another node: its allocation's node selector {shorten(str(selector), 512)} does not "
+            f"match node {name}"
+            + (f" (labels: {shorten(shown, 256)})" if keys else "")
+            + (f"; it does not parse: {shorten('; '.join(problems), 256)}" if problems else ""),
+        )
+
+    async def _labels(self, claim: ClaimRef, selector: NodeSelector, *, fresh: bool) -> Mapping[str, str]:
+        if self._node is None or not selector.needs_labels:
+            return {}
+        try:
+            return await self._node.get(fresh=fresh)
+        except NodeLabelsError as exc:
+            raise ClaimReadError(f"{claim}: its allocation's node selector needs this node's labels: {exc}") from exc
+
+    def _allocation(self, claim: ClaimRef, stored: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The claim's ``status.allocation``, once its UID says it is the kubelet's claim and it has one."""
         uid = (stored.get("metadata") or {}).get("uid")
         if not isinstance(uid, str) or not uid:
             raise ClaimReadError(
@@ -267,7 +363,14 @@ class ClaimReader:
         status = stored.get("status") or {}
         if not status.get("allocation"):
             raise ClaimNotAllocatedError(claim, "not allocated (it has no status.allocation)")
-        allocation = status["allocation"].get("devices") or {}
+        found: Mapping[str, Any] = status["allocation"]
+        return found
+
+    def allocation_of(self, claim: ClaimRef, stored: Mapping[str, Any]) -> ClaimAllocation:
+        """:meth:`read`'s answer from a claim already fetched (a dict as the API server sends it), without the node
+        check (which needs the node's labels: :meth:`read` makes it)."""
+        status = stored.get("status") or {}
+        allocation = self._allocation(claim, stored).get("devices") or {}
         results = allocation.get("results") or []
         ours = [r for r in results if r.get("driver") == self.driver]
         here = [r for r in ours if r.get("pool") == self.pool]
