@@ -205,7 +205,9 @@ class DraFrontEnd:
     # --- the life
 
     async def started(self, lifecycle: DeviceLifecycle, ledger_lost: bool) -> None:
+        from devplug.frontends.dra.apiversions import discover_or_close
         from devplug.frontends.dra.claims import ClaimReader
+        from devplug.frontends.dra.nodeselector import NodeLabels
         from devplug.frontends.dra.slices import SlicePublisher
 
         kept = await self.cdi.kept() if ledger_lost else []
@@ -228,11 +230,19 @@ class DraFrontEnd:
         for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):  # a line per request: the slices' state says more
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
         client = self._make_client()
+        api = await discover_or_close(client, node=self.node, driver=self.driver, pool=self.pool)  # or refuse
         self._client = client
         self.publisher = SlicePublisher(
-            driver=self.driver, node=self.node, pool=self.pool, table=self.table, client=client
+            driver=self.driver, node=self.node, pool=self.pool, table=self.table, client=client, api=api
         )
-        reader = ClaimReader(client, driver=self.driver, pool=self.pool, device_id=self.publisher.device_id)
+        reader = ClaimReader(
+            client,
+            driver=self.driver,
+            pool=self.pool,
+            device_id=self.publisher.device_id,
+            api=api,
+            node=NodeLabels(client, self.node),
+        )
         self.preparer = ClaimPreparer(
             lifecycle,
             reader.read,
@@ -444,6 +454,7 @@ class DraFrontEnd:
             out["kubelet"].update(self.reregistration.describe())
         if self.publisher is not None:
             state = self.publisher.state
+            out["api"] = self.publisher.api.describe()  # resource.k8s.io version in use, device taints or not
             out["slices"] = {
                 "generation": state.generation,
                 "slices": state.slices,
