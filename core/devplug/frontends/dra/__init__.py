@@ -1,5 +1,9 @@
-"""The DRA front end: the kubelet's Dynamic Resource Allocation API (``resource.k8s.io/v1``) over the core.
+"""The DRA front end: the kubelet's Dynamic Resource Allocation API (``resource.k8s.io``) over the core.
 
+``apiversions`` (which ``resource.k8s.io`` version the API server serves, v1,
+v1beta2 or v1beta1, found by discovery, whether it keeps device taints, and each
+version's shape), ``nodeselector`` (whether a claim's allocation is for this
+node: its node selector against the node's name and labels),
 ``devicenames`` (devplug device IDs as ResourceSlice device names, both ways),
 ``slicecontent`` (the device table as a pool of ResourceSlices: attributes,
 replicas, taints for unavailable devices, the split into slices),
