@@ -10,6 +10,7 @@ leaving the slices (which the new one adopts unchanged) and the claims' CDI spec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import random
@@ -23,7 +24,7 @@ from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, KubeletError
 from devplug.process import DaemonProcess
 from devplug.testing.apiserver import ApiServer
-from devplug.testing.dranode import DraNode
+from devplug.testing.dranode import TEST_DRA, DraNode
 from devplug.testing.scheduler import SchedulingError
 from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, NS, dra_node, eventually
@@ -91,17 +92,26 @@ def check_alternating(lab: DraNode) -> None:
             assert (before, after) != ("allocate", "allocate"), f"{device} allocated twice unreleased: {hooks}"
 
 
+def _unregistered(exc: BaseException) -> bool:
+    """The kubelet failed a call because no instance of the driver is registered (1.32's words, then 1.33's)."""
+    return any(words in str(exc) for words in ("not found in the list of registered DRA plugins", "is not registered"))
+
+
 class ClaimChurn:
     """Pods with a claim each, admitted (prepared) and finished (unprepared, the claim deleted) until stopped or
     ``PODS_MAX`` were admitted; it asks only for devices that are free, so every refusal is the handover's."""
 
-    def __init__(self, lab: DraNode, api: ApiServer, rng: random.Random) -> None:
+    def __init__(self, lab: DraNode, api: ApiServer, rng: random.Random, *, gaps: bool = False) -> None:
         self.lab = lab
         self.api = api
         self.rng = rng
+        #: Whether the driver may be unregistered for a moment (a kubelet keying plugins by name): a pod refused
+        #: then ("DRA driver ... is not registered") is synced again, as the pod worker does, and counted.
+        self.gaps = gaps
         self.running: dict[str, int] = {}  # pod -> devices its claim holds
         self.admitted = 0
         self.refused: list[str] = []
+        self.gap_refusals: list[str] = []
         self.unprepare_failures: list[str] = []
         self.stop = False
 
@@ -124,8 +134,11 @@ class ClaimChurn:
         try:
             await self.lab.kubelet.finish_pod(name)
         except KubeletError as exc:
-            self.unprepare_failures.append(f"{name}: {exc}")
-            raise
+            if not (self.gaps and _unregistered(exc)):
+                self.unprepare_failures.append(f"{name}: {exc}")
+                raise
+            self.gap_refusals.append(f"{name}: {exc}")
+            await self._sync_until_unprepared(name)
         self.lab.scheduler.deallocate(NS, name)  # the resourceclaim controller, once no pod uses the claim
         self.api.delete("resourceclaims", name, NS)
         await eventually(lambda: self._untainted(devices), f"{name}'s devices {devices} published free", 30.0)
@@ -147,9 +160,40 @@ class ClaimChurn:
             try:
                 await self.lab.kubelet.admit_pod(pod)
             except ClaimPrepareError as exc:
-                self.refused.append(f"{name}: {exc}")
-                raise
+                if not (self.gaps and _unregistered(exc)):
+                    self.refused.append(f"{name}: {exc}")
+                    raise
+                self.gap_refusals.append(f"{name}: {exc}")
+                await self._sync_until_prepared(name)
             await asyncio.sleep(0)
+
+    async def _sync_until_unprepared(self, name: str) -> None:
+        """The terminating pod's syncs (each tries its unprepare again in the background) until the kubelet's claim
+        cache no longer holds its claim: only then is the claim unused, for the resourceclaim controller to
+        deallocate (bounded in time)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while any(c.name == name for c in self.lab.kubelet.dra_claims()):
+            if loop.time() > deadline:
+                self.unprepare_failures.append(f"{name}: still prepared 30 s after the driver came back")
+                raise AssertionError(self.unprepare_failures[-1])
+            await asyncio.sleep(0.1)
+            await self.lab.kubelet.sync_pod(name)
+
+    async def _sync_until_prepared(self, name: str) -> None:
+        """The pod worker's next syncs of a pod whose claims could not be prepared (or unprepared) while the driver
+        was unregistered, until they are (bounded in time)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while True:
+            await asyncio.sleep(0.1)
+            try:
+                await self.lab.kubelet.sync_pod(name)
+                return
+            except KubeletError as exc:
+                if not _unregistered(exc) or loop.time() > deadline:
+                    self.refused.append(f"{name}: {exc}")
+                    raise
 
     async def drain(self) -> None:
         for name in sorted(self.running):
@@ -161,17 +205,23 @@ class ClaimChurn:
         return lambda: self.admitted > start + more or worker.done()
 
 
-def test_rolling_upgrades_of_a_dra_node_under_claim_churn(api: ApiServer) -> None:
+@pytest.mark.parametrize("release", ["1.32", "1.36"])
+def test_rolling_upgrades_of_a_dra_node_under_claim_churn(api: ApiServer, release: str) -> None:
+    """On a kubelet keying DRA plugins by endpoint (1.33+) the upgrades are gap-free; on one keying them by name
+    (1.32) each new instance is dropped when the old one's socket goes and registers again: pods refused in that
+    moment are synced again, and nothing else differs."""
     seed = int(os.environ.get("DEVPLUG_HANDOVER_SEED", random.SystemRandom().randrange(1 << 30)))
     print(f"DRA rolling upgrade seed {seed} (replay: DEVPLUG_HANDOVER_SEED={seed})")
+    by_name = release == "1.32"
 
     async def scenario() -> None:
-        async with dra_node(api, _devices(), handover=HANDOVER) as lab:
+        kubelet = dataclasses.replace(TEST_DRA, release=release)
+        async with dra_node(api, _devices(), handover=HANDOVER, kubelet_dra=kubelet) as lab:
             await lab.published(DEVICES)
             assert lab.daemon is not None
             published_at = api.storage.revision
             first_kept = len(lab.kubelet.events_of("resource-slices-kept", DRIVER))
-            churn = ClaimChurn(lab, api, random.Random(seed))
+            churn = ClaimChurn(lab, api, random.Random(seed), gaps=by_name)
             worker = asyncio.ensure_future(churn.run())
             current, processes = lab.daemon, [lab.daemon]
             try:
@@ -199,22 +249,31 @@ def test_rolling_upgrades_of_a_dra_node_under_claim_churn(api: ApiServer) -> Non
             await eventually(lambda: releases_balanced(lab), "every allocation released once", details=current.log_text)
             check_alternating(lab)
             assert lab.records() == []
-            # The pool never shrank nor went away (its releasing taints may come and go: a release outlasting the
-            # publisher's debounce is published).
-            writes = slice_events(api, published_at)
-            assert all(kind == "MODIFIED" and devices == DEVICES for kind, _, devices in writes), writes
-            # No moment without a connected instance (the kubelet would have scheduled the slices' wipe).
-            assert len(lab.kubelet.events_of("resource-slices-kept", DRIVER)) == first_kept
-            assert lab.kubelet.events_of("resource-slices-wiped", DRIVER) == []
             endpoints = registered_endpoints(lab)
-            assert len(endpoints) == 1 + UPGRADES and len(set(endpoints)) == len(endpoints), endpoints
+            if by_name:
+                # Each new instance registered twice: before the old one stopped, and again after its socket's
+                # deregistration dropped it (the kubelet wiped the slices then; the new instance wrote them again).
+                assert len(endpoints) == 1 + 2 * UPGRADES and len(set(endpoints)) == 1 + UPGRADES, endpoints
+                assert len(lab.kubelet.events_of("resource-slices-wiped", DRIVER)) == UPGRADES
+                await lab.published(DEVICES)
+            else:
+                assert churn.gap_refusals == []
+                # The pool never shrank nor went away (its releasing taints may come and go: a release outlasting
+                # the publisher's debounce is published).
+                writes = slice_events(api, published_at)
+                assert all(kind == "MODIFIED" and devices == DEVICES for kind, _, devices in writes), writes
+                # No moment without a connected instance (the kubelet would have scheduled the slices' wipe).
+                assert len(lab.kubelet.events_of("resource-slices-kept", DRIVER)) == first_kept
+                assert lab.kubelet.events_of("resource-slices-wiped", DRIVER) == []
+                assert len(endpoints) == 1 + UPGRADES and len(set(endpoints)) == len(endpoints), endpoints
             [view] = lab.kubelet.dra_plugins(DRIVER)  # each old instance removed its registration socket
             assert view.endpoint == endpoints[-1] and view.connected
             held = sum(
                 1 for p in processes[:-1] for line in p.log_text().splitlines() if "answered by the successor" in line
             )
             print(
-                f"{churn.admitted} pods, {len(churn.refused)} refused, {UPGRADES} upgrades, "
+                f"kubelet {release}: {churn.admitted} pods, {len(churn.refused)} refused, "
+                f"{len(churn.gap_refusals)} refused while re-registering and synced again, {UPGRADES} upgrades, "
                 f"{held} calls answered through the successor"
             )
 
