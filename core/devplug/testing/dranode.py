@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import platform
 import shutil
@@ -59,6 +60,7 @@ __all__ = [
     "node_info",
     "node_object",
     "short_root",
+    "wipe_slices",
     "write_kubeconfig",
 ]
 
@@ -279,6 +281,19 @@ class DraNode:
         return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
+def wipe_slices(api: ApiServer, node: str, driver: str) -> None:
+    """What the kubelet's wipe does in the API server: ``DeleteCollection`` of the node's ResourceSlices of
+    ``driver`` ("": of every driver), by the field selectors ``spec.nodeName`` and ``spec.driver``
+    (``wipeResourceSlices`` in ``pkg/kubelet/cm/dra/plugin``)."""
+    for found in api.objects("resourceslices"):
+        spec = found.get("spec") or {}
+        if spec.get("nodeName") != node or (driver and spec.get("driver") != driver):
+            continue
+        name = found["metadata"]["name"]
+        with contextlib.suppress(Exception):  # deleted meanwhile (the garbage collector, the driver): as the kubelet
+            api.delete("resourceslices", name)
+
+
 def _config(
     root: Path,
     kubeconfig: Path,
@@ -410,7 +425,12 @@ async def dra_node(
             metrics_port=metrics_port,
             handover=handover,
         )
-        kubelet = DevKubelet(root / "device-plugins", dra=kubelet_dra, pod_resources_rate=None)
+        kubelet = DevKubelet(
+            root / "device-plugins",
+            dra=kubelet_dra,
+            pod_resources_rate=None,
+            on_wipe=functools.partial(wipe_slices, api, NODE),
+        )
         await kubelet.start()
         node = DraNode(root, api, kubelet, folder, config_path, resource, driver, class_name, dict(env or {}))
         try:

@@ -59,6 +59,20 @@ def registered_at(lab: DraNode, endpoint: str) -> bool:
     return len(views) == 1 and views[0].endpoint == endpoint
 
 
+def unregistered_for(lab: DraNode) -> float:
+    """How long the kubelet last had no instance of the driver: from a deregistration that left none to the next
+    registration (its events' times)."""
+    left = None
+    for event in lab.kubelet.events:
+        if event.resource != DRIVER:
+            continue
+        if event.kind == "dra-plugin-deregistered" and "0 instance(s) left" in event.detail:
+            left = event.time
+        elif event.kind == "dra-plugin-registered" and left is not None:
+            gap = event.time - left
+    return gap
+
+
 async def admit(lab: DraNode, name: str) -> None:
     lab.make_claim(name)
     pod, _ = lab.schedule_pod(name, [name])
@@ -99,6 +113,9 @@ def test_a_handover_leaves_the_new_instance_registered_on_every_kubelet(api: Api
                     registration = dra["registration"]
                     assert registration["reregistrations"] == 1, registration
                     assert "keys DRA plugins by name" in registration["reregistered_because"], registration
+                    # on evidence: the kubelet's wipe, not the 2.5 s bound
+                    assert "(it wiped the slices)" in registration["reregistered_because"], registration
+                    print(f"kubelet {release}: unregistered for {unregistered_for(lab):.3f} s")
                     assert registration["reregistration_confirmed_s"] is not None
                     assert dra["kubelet"]["drops_handled"] == 1
                 else:

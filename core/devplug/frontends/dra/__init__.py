@@ -15,7 +15,10 @@ ResourceClaim's allocation and configuration for this driver and pool, and
 which prepared claims still exist).
 
 The kubelet plugin: ``registration`` (the plugin-watcher registration socket,
-made again when the kubelet loses it), ``service`` (NodePrepareResources and
+made again when the kubelet loses it), ``kubeletrule`` (whether the node's
+kubelet keys DRA plugins by driver name, 1.32, or by endpoint, 1.33 on),
+``reregistration`` (registering again when a kubelet keying by name dropped
+this instance), ``service`` (NodePrepareResources and
 NodeUnprepareResources through the core's lifecycle), ``claimcdi`` (a prepared
 claim's CDI spec), ``health`` (the KEP-4680 health stream, with the driver's
 reasons), ``reconcile`` (releases no unprepare asks for: claims deleted while the

@@ -233,7 +233,13 @@ class DraFrontEnd:
         api = await discover_or_close(client, node=self.node, driver=self.driver, pool=self.pool)  # or refuse
         self._client = client
         self.publisher = SlicePublisher(
-            driver=self.driver, node=self.node, pool=self.pool, table=self.table, client=client, api=api
+            driver=self.driver,
+            node=self.node,
+            pool=self.pool,
+            table=self.table,
+            client=client,
+            api=api,
+            on_deleted=self._slice_deleted,
         )
         reader = ClaimReader(
             client,
@@ -266,15 +272,25 @@ class DraFrontEnd:
             status=self.status,
             on_registered=publisher.resync,
             on_change=self._on_change,
+            on_other_gone=self._other_instance_gone,
         )
         self.reregistration = Reregistration(self.registration, self.rule)
-        self.registration.on_other_gone = self.reregistration.other_gone
         for record in list(lifecycle.records()):  # a reboot may have emptied the CDI spec dir
             if record.claim_uid is not None and not record.releasing:
                 try:
                     await self.cdi.restore(record.claim_uid)
                 except OSError as exc:
                     log.error("[%s] cannot restore the CDI spec of %s: %s", self.name, claim_ref(record), exc)
+
+    def _other_instance_gone(self, name: str) -> None:
+        """Another instance's registration socket ``name`` went (the registration server saw it)."""
+        if self.reregistration is not None:
+            self.reregistration.other_gone(name)
+
+    def _slice_deleted(self, _name: str) -> None:
+        """Someone else deleted one of the slices the publisher wrote."""
+        if self.reregistration is not None:
+            self.reregistration.slices_wiped()
 
     async def _serve_services(self) -> None:
         assert self.preparer is not None and self.health is not None

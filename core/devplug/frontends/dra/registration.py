@@ -186,6 +186,7 @@ class RegistrationServer:
         status: ResourceStatus,
         on_registered: Callable[[], None] = lambda: None,
         on_change: Callable[[], None] = lambda: None,
+        on_other_gone: Callable[[str], None] = lambda _name: None,
     ) -> None:
         self.driver = driver
         self.registry_dir = registry_dir
@@ -207,7 +208,7 @@ class RegistrationServer:
         self._changed_names: set[str] = set()  # the registry folder's entries that changed (watcher's thread)
         self._others: set[str] = set()  # other instances' registration sockets of the driver seen in the folder
         #: Called with the name of another instance's registration socket of the driver that was removed.
-        self.on_other_gone: Callable[[str], None] = lambda _name: None
+        self._on_other_gone = on_other_gone
 
     # --- what the kubelet calls
 
@@ -278,7 +279,7 @@ class RegistrationServer:
         return name != self.socket_path.name and name.startswith(f"{self.driver}-") and name.endswith("-reg.sock")
 
     def _notice_others(self) -> None:
-        """Tell :attr:`on_other_gone` of each other instance's socket removed since the last look."""
+        """Tell ``on_other_gone`` of each other instance's socket removed since the last look."""
         changed, self._changed_names = self._changed_names, set()
         for name in sorted(changed):
             if not self._other_name(name):
@@ -287,7 +288,7 @@ class RegistrationServer:
                 self._others.add(name)
             elif name in self._others:
                 self._others.discard(name)
-                self.on_other_gone(name)
+                self._on_other_gone(name)
 
     async def register_again(self, why: str) -> None:
         """Make the socket afresh, so that the kubelet's watcher sees a new socket and registers this instance

@@ -82,7 +82,6 @@ class Reregistration:
         if not self.rule.by_name or self.registration.state.registered is not True:
             return  # a kubelet keying by endpoint drops that endpoint only; an unregistered instance loses nothing
         self._other_gone = name
-        self._wiped.clear()
         self._wake.set()
 
     def slices_wiped(self) -> None:
@@ -119,6 +118,14 @@ class Reregistration:
     async def _dropped(self) -> str | None:
         """Why the kubelet dropped this instance (after it has), or None when it did not."""
         rule = f"the kubelet ({self.rule.kubelet_version or 'version unknown'}) keys DRA plugins by name"
+        if self._other_gone is None and self._wiped.is_set() and await self._registered_itself():
+            log.info(
+                "DRA driver %s: the node's slices were wiped and the kubelet registered this instance again itself "
+                "(a kubelet restart)",
+                self.registration.driver,
+            )
+            self._wiped.clear()
+            return None
         gone, self._other_gone = self._other_gone, None
         if gone is not None:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -127,19 +134,25 @@ class Reregistration:
             return f"the registration socket {gone} of another instance was removed and {rule} ({seen})"
         if not self._wiped.is_set():
             return None
-        calls = self.registration.state.get_info_calls
-        if await self.registration.asked_since(calls, self._unexpected_wait):
-            log.info(
-                "DRA driver %s: the node's slices were wiped and the kubelet registered this instance again itself "
-                "(a kubelet restart)",
-                self.registration.driver,
-            )
-            self._wiped.clear()
-            return None
         return (
             f"someone wiped the node's slices of the driver and the kubelet did not register this instance again "
             f"in {self._unexpected_wait:g} s; {rule}, so a deregistration under the name dropped it"
         )
+
+    async def _registered_itself(self) -> bool:
+        """After a wipe: whether the kubelet registers this instance of its own accord (GetInfo) within
+        ``unexpected_wait`` seconds; False at once when another instance's socket is seen gone meanwhile (the
+        wipe was that deregistration's)."""
+        loop = asyncio.get_running_loop()
+        calls = self.registration.state.get_info_calls
+        deadline = loop.time() + self._unexpected_wait
+        while loop.time() < deadline:
+            if self.registration.state.get_info_calls > calls:
+                return True
+            if self._other_gone is not None:
+                return False
+            await asyncio.sleep(0.05)  # two facts from two sources; a short poll is simpler than a joint wait
+        return False
 
     def describe(self) -> dict[str, object]:
         return {"drops_handled": self.drops, "last": self.last or None}

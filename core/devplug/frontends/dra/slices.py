@@ -156,6 +156,7 @@ class SlicePublisher:
         watch: bool = True,
         watch_silence: float = WATCH_SILENCE,
         api: DraApi | None = None,
+        on_deleted: Callable[[str], None] = lambda _name: None,
     ) -> None:
         self.driver = driver
         self.node = node
@@ -188,6 +189,11 @@ class SlicePublisher:
         self._names_version = -1
         #: The slices as this publisher last wrote or adopted them: name -> resourceVersion.
         self._written: dict[str, str | None] = {}
+        #: The names of slices this publisher deleted itself (their DELETED events are no one else's).
+        self._deleting: set[str] = set()
+        #: Called with a slice's name when someone else deleted one this publisher wrote (the kubelet wipes a
+        #: driver's slices when it deregisters the driver).
+        self._on_deleted = on_deleted
         self._task: asyncio.Task[None] | None = None
         self._open = asyncio.Event()  # cleared while a handover holds the publisher (see hold)
         self._open.set()
@@ -267,8 +273,9 @@ class SlicePublisher:
 
     def _seen(self, kind: str, name: str, version: str) -> None:
         if kind == "DELETED":
-            if name in self._written:
+            if name in self._written and name not in self._deleting:
                 self.resync()
+                self._on_deleted(name)
         elif self._written.get(name, "") != version:
             self.resync()
 
@@ -480,6 +487,7 @@ class SlicePublisher:
 
     def _note_written(self, slices: list[dict[str, Any]]) -> None:
         self._written = {s["metadata"]["name"]: s["metadata"].get("resourceVersion") for s in slices}
+        self._deleting -= self._written.keys()  # written again: a deletion from now on is someone else's
 
     def _note_taint_times(self, slices: list[dict[str, Any]]) -> None:
         """Keep each taint's ``timeAdded`` (the API server may set it), to write it back unchanged."""
@@ -518,6 +526,7 @@ class SlicePublisher:
         deleted = []
         for found in slices:
             name = found["metadata"]["name"]
+            self._deleting.add(name)  # its DELETED event is this publisher's own (kept: a late event stays ours)
             try:
                 await self._client.delete(self.api.slice_resource(), name)
             except ApiError as exc:
