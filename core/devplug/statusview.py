@@ -107,6 +107,24 @@ def _dra_lines(frontend: dict[str, Any] | None) -> list[str]:
         said = {None: "not yet", True: "registered", False: "REFUSED"}[reg.get("registered")]
         error = f": {reg['error']}" if reg.get("error") else ""
         lines.append(f"    kubelet plugin watcher: {said}{error} (registrations {reg.get('registrations', 0)})")
+        if reg.get("reregistrations"):
+            confirmed = reg.get("reregistration_confirmed_s")
+            lines.append(
+                f"    registered again {reg['reregistrations']} time(s), last because {reg.get('reregistered_because')}"
+                f" ({'not confirmed yet' if confirmed is None else f'confirmed in {confirmed} s'})"
+            )
+    kubelet = frontend.get("kubelet")
+    if kubelet:
+        lines.append(
+            f"    kubelet {kubelet.get('kubelet_version') or '(version unknown)'} keys DRA plugins "
+            f"{str(kubelet.get('plugin_keying', 'unknown')).replace('-', ' ')} (from {kubelet.get('learnt_from')})"
+        )
+    api = frontend.get("api")
+    if api:
+        taints = "used" if api.get("taints") else f"not used: {api.get('taints_reason')}"
+        lines.append(
+            f"    API {api.get('version')} (served {', '.join(api.get('served') or []) or '-'}), device taints {taints}"
+        )
     sl = frontend.get("slices")
     if sl:
         state = "in sync" if sl.get("in_sync") else f"NOT IN SYNC ({sl.get('failures', 0)} failures in a row)"

@@ -45,7 +45,7 @@ from devplug.engine.resourcereport import (
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.tenantexit import ExitEvidence
-from devplug.errors import DevplugError, DriverError, StateError
+from devplug.errors import DevplugError, DriverError, KubeApiError, StateError
 from devplug.resource_names import resource_state_dir
 
 __all__ = ["FrontEndFactory", "Resource", "ResourceState"]
@@ -200,7 +200,9 @@ class Resource:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                expected = isinstance(exc, DriverError | StateError)
+                # the driver's, the state dir's, the API server's (DRA: no resource.k8s.io version it serves):
+                # each message says what and where; a traceback would only hide it
+                expected = isinstance(exc, DriverError | StateError | KubeApiError)
                 self._status.state = ResourceState.FAILED
                 self._note_error(str(exc) if expected else f"start failed: {type(exc).__name__}: {exc}")
                 delay = backoff.next()

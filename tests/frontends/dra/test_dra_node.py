@@ -76,6 +76,8 @@ def test_a_pods_claim_is_prepared_used_and_unprepared_once(api: ApiServer) -> No
             shown_text = format_status(read_status(lab.root / "state"))
             assert f"DRA driver {DRIVER}, pool {NODE}" in shown_text
             assert "kubelet plugin watcher: registered" in shown_text
+            assert "keys DRA plugins by endpoint (from Node node-a status.nodeInfo.kubeletVersion)" in shown_text
+            assert "API resource.k8s.io/v1 (served v1), device taints used" in shown_text
             assert "ResourceSlices: 1, generation" in shown_text and "in sync" in shown_text
             assert "claims: 1 prepared now; since start 1 prepared, 0 unprepared, 0 refused" in shown_text
             assert f"{NS}/c1 (uid {uid}): {device}; pods {pod.uid}" in shown_text

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from devplug.daemon.status import read_status
+from devplug.devkubelet.dra import DRA_RELEASES
 from devplug.errors import StateError
 from devplug.process import DaemonProcess
 from devplug.testing.apiserver import ApiServer
@@ -27,8 +28,8 @@ from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, RESOURCE, dra_node, eventually
 from tests.frontends.dra.test_dra_handover import HANDOVER, successor
 
-#: The kubelet releases whose DRA rules differ (the dev kubelet's matrix), and those keying plugins by name.
-RELEASES = ("1.32", "1.33", "1.36")
+#: The kubelet releases the dev kubelet models, and those keying DRA plugins by name.
+RELEASES = DRA_RELEASES
 BY_NAME = frozenset({"1.32"})
 DEVICES = {"mock0": "", "mock1": "", "mock2": ""}
 
