@@ -140,3 +140,35 @@ def test_only_sockets_nobody_serves_are_removed() -> None:
                 await live.stop()
 
     run(scenario, 30)
+
+
+def test_a_socket_the_kubelet_never_asks_about_is_said_in_the_status() -> None:
+    """Issue 37: an instance the kubelet never registers (its socket in a folder the kubelet does not watch) says so,
+    naming the socket, rather than staying "registering" without a word."""
+
+    async def scenario() -> None:
+        with short_root() as root:
+            status = ResourceStatus()
+            server = RegistrationServer(
+                driver=DRIVER,
+                registry_dir=root / "plugins_registry",
+                endpoint=service_socket(root / "plugins", DRIVER, "i1"),
+                instance="i1",
+                services=SERVICES,
+                status=status,
+                no_word_after=0.3,
+            )
+            await server.start()
+            loop = asyncio.ensure_future(server.run())
+            try:
+                said = await eventually(lambda: status.last_error, "the status saying the kubelet never asked")
+                assert f"has not called GetInfo on {server.socket_path}" in said
+                assert status.state is ResourceState.REGISTERING
+                await _info(server.socket_path)  # the kubelet finds it after all, and registers it
+                await _notify(server.socket_path, True)
+                assert _summary(status) == (ResourceState.REGISTERED, 1, None)
+            finally:
+                loop.cancel()
+                await server.stop()
+
+    run(scenario)

@@ -67,6 +67,9 @@ SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 #: How often the socket's presence is checked when no inotify event comes (a missing folder, polling mode).
 CHECK_INTERVAL_S = 1.0
+#: How long a socket may go without the kubelet's GetInfo before the status says so (the kubelet's watcher finds
+#: a new socket within its reconciler's second; dialling it may take 10 s).
+NO_WORD_S = 30.0
 
 
 def registration_socket(registry_dir: Path, driver: str, instance: str) -> Path:
@@ -187,6 +190,7 @@ class RegistrationServer:
         on_registered: Callable[[], None] = lambda: None,
         on_change: Callable[[], None] = lambda: None,
         on_other_gone: Callable[[str], None] = lambda _name: None,
+        no_word_after: float = NO_WORD_S,
     ) -> None:
         self.driver = driver
         self.registry_dir = registry_dir
@@ -205,6 +209,9 @@ class RegistrationServer:
         self._registered = asyncio.Event()  # set by the kubelet's NotifyRegistrationStatus(registered)
         self._asked = asyncio.Event()  # set by each GetInfo
         self._making = asyncio.Lock()  # held while the socket is made (afresh)
+        self._no_word_after = no_word_after
+        self._made_at: float | None = None  # the event loop's clock when the socket was last made
+        self._asked_since_made = False  # a GetInfo came on the socket as last made
         self._changed_names: set[str] = set()  # the registry folder's entries that changed (watcher's thread)
         self._others: set[str] = set()  # other instances' registration sockets of the driver seen in the folder
         #: Called with the name of another instance's registration socket of the driver that was removed.
@@ -214,6 +221,7 @@ class RegistrationServer:
 
     def info(self) -> Any:
         self.state.get_info_calls += 1
+        self._asked_since_made = True
         self._asked.set()
         return reg_pb.PluginInfo(
             type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(self.services)
@@ -371,6 +379,7 @@ class RegistrationServer:
         self._server = server
         st = self.socket_path.stat()
         self._inode = (st.st_dev, st.st_ino)
+        self._made_at, self._asked_since_made = asyncio.get_running_loop().time(), False
         if self.status.state is not ResourceState.REGISTERED:
             self.status.state = ResourceState.REGISTERING
         self._on_change()
@@ -395,6 +404,7 @@ class RegistrationServer:
             self._notice_others()
             if self._making.locked():  # register_again makes it afresh right now: its deletion is no news
                 continue
+            self._say_if_unasked()
             if self._server is not None:
                 if self._socket_there():
                     continue
@@ -416,6 +426,22 @@ class RegistrationServer:
                 self.status.last_error = f"cannot serve the registration socket {self.socket_path}: {exc}"
                 log.error("DRA driver %s: %s; trying again", self.driver, self.status.last_error)
                 self._on_change()
+
+    def _say_if_unasked(self) -> None:
+        """The status says so when the kubelet has not called GetInfo on the socket ``no_word_after`` seconds
+        after it was made: it never found it (another folder than the kubelet's), or never dialled it."""
+        if self._asked_since_made or self._made_at is None or self.status.last_error is not None:
+            return
+        waited = asyncio.get_running_loop().time() - self._made_at
+        if waited < self._no_word_after:
+            return
+        self.status.last_error = (
+            f"the kubelet has not called GetInfo on {self.socket_path} in {waited:.0f} s since it was made: its "
+            "plugin watcher finds the sockets of its own plugins_registry folder (is [kubelet] plugins_registry_dir "
+            "that folder, mounted from the host?)"
+        )
+        log.error("DRA driver %s: %s", self.driver, self.status.last_error, extra={"driver": self.driver})
+        self._on_change()
 
     async def stop(self) -> None:
         """Remove the socket first (the kubelet deregisters the instance), then stop serving it; never again."""
