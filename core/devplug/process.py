@@ -76,8 +76,8 @@ class DaemonProcess:
         return self.process is not None and self.process.poll() is None
 
     def stopped(self) -> bool:
-        """Whether the process is stopped by a signal (state ``T`` in ``/proc/<pid>/stat``), as a daemon stops itself
-        at a handover step a test names (``DEVPLUG_HANDOVER_STOP_AT``)."""
+        """Whether the process is stopped by a signal (state ``T`` in ``/proc/<pid>/stat``), as a test's daemon stops
+        itself at a handover step (see :func:`devplug.daemon.handover.observe_steps`)."""
         text = Path(f"/proc/{self.pid}/stat").read_text()
         return text[text.rfind(")") + 2 :].split()[0] == "T"
 

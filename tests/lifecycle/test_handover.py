@@ -25,13 +25,14 @@ import grpc
 import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS, STOP_AT_ENV
+from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS
 from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
 from devplug.process import DaemonProcess
 from devplug.resource_names import instance_tag, socket_file_name
 from devplug.testing.configs import write_toml
 from devplug.testing.plugin import cgroup_layout_for
 from devplug_mock import read_calls
+from tests.support.handoverstop import StoppingDaemon
 
 if TYPE_CHECKING:
     from devplug.testing.plugin import RunningDaemon
@@ -53,10 +54,18 @@ def _no_daemon_left_behind() -> Iterator[None]:
         _SPAWNED.pop().kill()
 
 
-def successor(lab: Lab, old: RunningDaemon, instance: str, env: dict[str, str] | None = None) -> DaemonProcess:
-    """A second ``devplug run`` on the old one's config (its state dir), as instance ``instance``."""
+def successor(
+    lab: Lab, old: RunningDaemon, instance: str, env: dict[str, str] | None = None, stop_at: str | None = None
+) -> DaemonProcess:
+    """A second ``devplug run`` on the old one's config (its state dir), as instance ``instance``; one stopping
+    itself right after handover step ``stop_at`` if given (:class:`~tests.support.handoverstop.StoppingDaemon`)."""
     log = old.root / f"daemon-{instance}.log"
-    process = DaemonProcess(old.config_path, log, env={**old.env, "DEVPLUG_INSTANCE": instance, **(env or {})})
+    env = {**old.env, "DEVPLUG_INSTANCE": instance, **(env or {})}
+    process = (
+        DaemonProcess(old.config_path, log, env=env)
+        if stop_at is None
+        else StoppingDaemon(stop_at, old.config_path, log, env=env)
+    )
     _SPAWNED.append(process)
     return process
 
@@ -331,7 +340,7 @@ def test_rolling_upgrades_under_pod_churn(lab: Lab, dev_kubelet: DevKubeletThrea
 
 # --- kill -9 at each step ---------------------------------------------------------------------------------------
 
-#: (which instance dies, right after which step); see devplug.daemon.handover.STOP_AT_ENV.
+#: (which instance dies, right after which step); see tests.support.handoverstop.
 KILL_POINTS = [*(("old", step) for step in OLD_INSTANCE_STEPS), *(("new", step) for step in NEW_INSTANCE_STEPS)]
 KILL_HANDOVER = {"enabled": True, "timeout": 4.0}
 
@@ -345,12 +354,12 @@ def test_kill_9_at_each_step_of_a_handover_loses_nothing(lab: Lab, victim: str, 
     old = lab.start(handover=KILL_HANDOVER)
     if victim == "old":  # the same daemon again, stopping itself at the step
         old.process.stop()
-        old.process.env[STOP_AT_ENV] = step
+        old.process = StoppingDaemon.like(old.process, step)
         lab.restart_process()
     held = [lab.admit("a", 1), lab.admit("b", 1)]
     lab.wait(lambda: pods_in_ledger(lab) == {"default/a", "default/b"}, what="both pods in the ledger")
     registrations = lab.kubelet.registrations(RESOURCE)
-    new = successor(lab, old, "kill-b", env={STOP_AT_ENV: step} if victim == "new" else None).start()
+    new = successor(lab, old, "kill-b", stop_at=step if victim == "new" else None).start()
     dying = old.process if victim == "old" else new
     lab.wait(dying.stopped, what=f"the {victim} instance stopped at {step}")
     dying.kill()
@@ -363,8 +372,7 @@ def test_kill_9_at_each_step_of_a_handover_loses_nothing(lab: Lab, victim: str, 
         else:
             if victim == "new":  # after the commit: the old one leaves, and the new one's restart serves
                 assert old.process.wait(20.0) == 0, old.log_text()
-                new.env.pop(STOP_AT_ENV)
-                new.start()
+                new = successor(lab, old, "kill-b").start()  # the same instance, stopping nowhere
                 survivor = new
             lab.wait(
                 lambda: (

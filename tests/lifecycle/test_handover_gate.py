@@ -22,10 +22,10 @@ import grpc
 import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.daemon.handover import STOP_AT_ENV
 from devplug.daemon.lockholder import process_start_ticks
 from devplug.process import DaemonProcess
 from devplug.resource_names import instance_tag, socket_file_name
+from tests.support.handoverstop import StoppingDaemon
 
 if TYPE_CHECKING:
     from devplug.testing.plugin import RunningDaemon
@@ -46,10 +46,15 @@ def _no_daemon_left_behind() -> Iterator[None]:
         process.kill()
 
 
-def instance(old: RunningDaemon, name: str, **env: str) -> DaemonProcess:
-    """Another ``devplug run`` on the old one's config (its state dir), as instance ``name``."""
-    process = DaemonProcess(
-        old.config_path, old.root / f"daemon-{name}.log", env={**old.env, "DEVPLUG_INSTANCE": name, **env}
+def instance(old: RunningDaemon, name: str, stop_at: str | None = None) -> DaemonProcess:
+    """Another ``devplug run`` on the old one's config (its state dir), as instance ``name``; one stopping itself
+    right after handover step ``stop_at`` if given (:class:`~tests.support.handoverstop.StoppingDaemon`)."""
+    log = old.root / f"daemon-{name}.log"
+    env = {**old.env, "DEVPLUG_INSTANCE": name}
+    process = (
+        DaemonProcess(old.config_path, log, env=env)
+        if stop_at is None
+        else StoppingDaemon(stop_at, old.config_path, log, env=env)
     )
     _SPAWNED.append(process)
     return process
@@ -58,7 +63,7 @@ def instance(old: RunningDaemon, name: str, **env: str) -> DaemonProcess:
 def stop_old_at(lab: Lab, old: RunningDaemon, step: str) -> None:
     """Restart the old daemon so that it stops itself (SIGSTOP) right after handover step ``step``."""
     old.process.stop()
-    old.process.env[STOP_AT_ENV] = step
+    old.process = StoppingDaemon.like(old.process, step)
     lab.restart_process()
 
 
@@ -83,7 +88,7 @@ def test_a_third_instance_during_a_handover_exits_naming_it_and_never_takes_the_
     old = lab.start(handover={"enabled": True, "timeout": 4.0})
     stop_old_at(lab, old, "holding")
     held = lab.admit("before", 1)
-    b = instance(old, "instance-b", **{STOP_AT_ENV: "request"}).start()  # asks, then is slow (stopped)
+    b = instance(old, "instance-b", stop_at="request").start()  # asks, then is slow (stopped)
     lab.wait(b.stopped, what="instance-b stopped right after its request")
     lab.wait(old.process.stopped, what="the old instance stopped holding the calls for instance-b")
     c = instance(old, "instance-c").start()
@@ -138,7 +143,7 @@ def test_a_forged_handover_request_freezes_nothing(lab: Lab) -> None:
 def test_the_old_instance_serves_on_the_moment_the_new_one_dies_before_taking_the_lock(lab: Lab) -> None:
     old = lab.start(handover={"enabled": True, "timeout": 15.0})
     socket = served_socket(lab, old)
-    b = instance(old, "dies", **{STOP_AT_ENV: "request"}).start()
+    b = instance(old, "dies", stop_at="request").start()
     lab.wait(b.stopped, what="the new instance stopped right after its request")
     lab.wait(lambda: "state lock released for dies" in old.process.log_text(), what="the old instance granting")
     answers: dict[str, Any] = {}

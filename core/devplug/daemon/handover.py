@@ -52,8 +52,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,12 +66,12 @@ from devplug.watch import DirectoryWatcher
 __all__ = [
     "NEW_INSTANCE_STEPS",
     "OLD_INSTANCE_STEPS",
-    "STOP_AT_ENV",
     "HandoverError",
     "HandoverRecord",
     "Predecessor",
     "StateDirEvents",
     "handover_bound",
+    "observe_steps",
     "step",
     "take_over",
 ]
@@ -90,20 +88,32 @@ ANSWER_MARGIN_S = 2.0
 IDLE_RECHECK_S = 30.0
 #: How often the old instance looks whether hooks and releases still run (hooks have no completion event).
 QUIET_POLL_S = 0.02
-#: Fault injection for tests of ``kill -9`` at each step: the process stops itself (SIGSTOP) right after the step
-#: this names, so a test can kill it exactly there. Steps: the old instance's ``holding`` (calls held, ledgers not
-#: yet flushed), ``granted`` (lock released), ``drivers-stopped``; the new one's ``request``, ``taken``, ``serving``.
-STOP_AT_ENV = "DEVPLUG_HANDOVER_STOP_AT"
-#: The steps :data:`STOP_AT_ENV` can name, of the old instance and of the new one, in the order they are taken.
+#: The steps :func:`step` reports, of the old instance and of the new one, in the order they are taken: the old
+#: instance's ``holding`` (calls held, ledgers not yet flushed), ``granted`` (lock released), ``drivers-stopped``;
+#: the new one's ``request``, ``taken``, ``serving``.
 OLD_INSTANCE_STEPS = ("holding", "granted", "drivers-stopped")
 NEW_INSTANCE_STEPS = ("request", "taken", "serving")
 
+#: Who is told of each step (:func:`observe_steps`): nobody, unless a test's launcher installed someone.
+_step_observers: list[Callable[[str], None]] = []
+
+
+def observe_steps(observer: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``observer(name)`` right after each handover step this process takes (a name of
+    :data:`OLD_INSTANCE_STEPS` or :data:`NEW_INSTANCE_STEPS`), in the thread taking it, before the next one;
+    returns the function that removes it.
+
+    For tests: a test's launcher installs an observer that stops the process (SIGSTOP) at a step, so the test can
+    kill it exactly there. The daemon installs none; what an observer raises is raised where the step is taken."""
+    _step_observers.append(observer)
+    return lambda: _step_observers.remove(observer)
+
 
 def step(name: str) -> None:
-    """A step of the handover was taken (see :data:`STOP_AT_ENV`)."""
+    """A step of the handover was taken: logged, and told to every observer (:func:`observe_steps`)."""
     log.debug("handover step: %s", name)
-    if os.environ.get(STOP_AT_ENV) == name:
-        os.kill(os.getpid(), signal.SIGSTOP)
+    for observer in tuple(_step_observers):
+        observer(name)
 
 
 def handover_bound(timeout: float, grace: float = 5.0) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS, STOP_AT_ENV
+from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, KubeletError
 from devplug.process import DaemonProcess
@@ -28,6 +28,7 @@ from devplug.testing.dranode import TEST_DRA, DraNode
 from devplug.testing.scheduler import SchedulingError
 from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, NS, dra_node, eventually
+from tests.support.handoverstop import StoppingDaemon
 
 HANDOVER = {"enabled": True, "timeout": 10.0}
 DEVICES = 4
@@ -333,7 +334,7 @@ def test_a_dra_node_handed_over_keeps_its_prepared_claims_and_specs(api: ApiServ
 
 # --- kill -9 at each step ---------------------------------------------------------------------------------------
 
-#: (which instance dies, right after which step); see devplug.daemon.handover.STOP_AT_ENV.
+#: (which instance dies, right after which step); see tests.support.handoverstop.
 KILL_POINTS = [*(("old", step) for step in OLD_INSTANCE_STEPS), *(("new", step) for step in NEW_INSTANCE_STEPS)]
 
 
@@ -346,8 +347,9 @@ def test_kill_9_at_each_step_of_a_dra_handover_loses_nothing(api: ApiServer, vic
     async def scenario() -> None:
         async with dra_node(api, _devices(), handover={"enabled": True, "timeout": 4.0}, start=False) as lab:
             if victim == "old":  # the old daemon stops itself at the step
-                lab.env = {**lab.env, STOP_AT_ENV: step}
-            old = lab.start_daemon()
+                old = lab.daemon = StoppingDaemon(step, lab.config_path, lab.root / "daemon.log", env=lab.env).start()
+            else:
+                old = lab.start_daemon()
             await lab.registered()
             await lab.published(DEVICES)
             published_at = api.storage.revision
@@ -357,7 +359,9 @@ def test_kill_9_at_each_step_of_a_dra_handover_loses_nothing(api: ApiServer, vic
                 pods[name], _ = lab.schedule_pod(name, [name])
                 await lab.kubelet.admit_pod(pods[name])
             assert claims_in_ledger(lab) == {f"{NS}/a", f"{NS}/b"}
-            new = successor(lab, "kill-b", env={STOP_AT_ENV: step} if victim == "new" else {STOP_AT_ENV: ""})
+            new = successor(lab, "kill-b")
+            if victim == "new":  # the new daemon stops itself at the step
+                new = StoppingDaemon.like(new, step)
             new.start()
             dying = old if victim == "old" else new
             await eventually(dying.stopped, f"the {victim} instance stopped at {step}")
@@ -370,8 +374,7 @@ def test_kill_9_at_each_step_of_a_dra_handover_loses_nothing(api: ApiServer, vic
                 else:
                     if victim == "new":  # after the commit: the old one leaves, and the new one's restart serves
                         assert await asyncio.to_thread(old.wait, 20.0) == 0, old.log_text()
-                        new.env.pop(STOP_AT_ENV)
-                        new.start()
+                        new = successor(lab, "kill-b").start()  # the same instance, stopping nowhere
                         survivor = new
                     old_endpoint = registered_endpoints(lab)[0]
 
