@@ -1,7 +1,9 @@
 """Sphinx configuration of devplug's documentation site (``make docs``; checked by tests/test_docs_site.py).
 
-Markdown sources (MyST), diagrams from Graphviz sources in ``diagrams/`` rendered to SVG by Debian's ``dot``
-during the build (tools/docs/setup.sh installs it), Sphinx's own theme: nothing is fetched from the network.
+Markdown sources (MyST); diagrams from Graphviz sources in ``diagrams/`` rendered to SVG by Debian's ``dot``
+during the build (tools/docs/setup.sh installs it); the Furo theme, whose tables scroll inside the content column,
+with code that wraps (``_static/devplug.css``). Furo uses the system's fonts and ships its scripts: nothing is
+fetched from the network.
 """
 
 from __future__ import annotations
@@ -31,16 +33,10 @@ myst_heading_anchors = 3
 graphviz_output_format = "svg"
 graphviz_dot_args = ["-Gfontname=sans-serif", "-Nfontname=sans-serif", "-Efontname=sans-serif"]
 
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = f"devplug {release}"
-html_theme_options = {
-    "page_width": "1180px",
-    "sidebar_width": "250px",
-    "description": "Kubernetes device plugins with the whole device lifecycle",
-    "show_relbars": True,
-    "font_family": "sans-serif",
-    "head_font_family": "sans-serif",
-}
-html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
+html_static_path = ["_static"]
+html_css_files = ["devplug.css"]
+html_theme_options = {"top_of_page_buttons": []}  # no "edit this page" (a link to a forge the site cannot check)
 html_show_sourcelink = False
 html_copy_source = False

@@ -1,6 +1,6 @@
 """The documentation site (docs/) builds offline with Sphinx, warnings as errors, its diagrams rendered by Graphviz from
-their text sources, every internal link and anchor resolving and nothing loaded from the network; the README links
-every page of it."""
+their text sources, its wide tables scrolling inside the column, every internal link and anchor resolving and nothing
+loaded from the network; the README links every page of it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from functools import cache
+from html.parser import HTMLParser
 from pathlib import Path
 from types import ModuleType
 
@@ -20,16 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
 
-def _checklinks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("checklinks", ROOT / "tools" / "docs" / "checklinks.py")
+def _tool(name: str) -> ModuleType:
+    """A module of tools/docs/ (not a package: the docs build puts the folder on its path)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "docs" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["checklinks"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-checklinks = _checklinks()
+checklinks = _tool("checklinks")
 
 
 @cache
@@ -106,6 +108,84 @@ def test_the_diagrams_are_rendered_from_their_text_sources(site: Path) -> None:
         source = (DOCS / "diagrams" / f"{name}.dot").read_text()
         first_label = re.search(r'label="([^"\\]+)', source)
         assert first_label is not None and first_label.group(1) in svg.replace("&#39;", "'"), name
+
+
+class _Elements(HTMLParser):
+    """A page's elements with their attributes and the chain of elements around each, and each one's text."""
+
+    VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[tuple[str, dict[str, str]]] = []
+        #: (tag, attributes, the enclosing elements innermost first, text)
+        self.found: list[tuple[str, dict[str, str], list[tuple[str, dict[str, str]]], list[str]]] = []
+        self._open: list[list[str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {name: value or "" for name, value in attrs}
+        text: list[str] = []
+        self.found.append((tag, attributes, list(reversed(self.stack)), text))
+        if tag not in self.VOID:
+            self.stack.append((tag, attributes))
+            self._open.append(text)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self.VOID:
+            return
+        while self.stack:
+            opened, _ = self.stack.pop()
+            self._open.pop()
+            if opened == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for text in self._open:
+            text.append(data)
+
+    def of(self, tag: str) -> list[tuple[dict[str, str], list[tuple[str, dict[str, str]]], str]]:
+        return [(a, around, "".join(t).strip()) for found, a, around, t in self.found if found == tag]
+
+
+def _elements(page: Path) -> _Elements:
+    parsed = _Elements()
+    parsed.feed(page.read_text(encoding="utf-8"))
+    return parsed
+
+
+def _classes(attributes: dict[str, str]) -> set[str]:
+    return set(attributes.get("class", "").split())
+
+
+def _stylesheets(page: Path) -> list[Path]:
+    sheets = [a["href"].split("?")[0] for a, _, _ in _elements(page).of("link") if a.get("rel") == "stylesheet"]
+    return [(page.parent / sheet).resolve() for sheet in sheets]
+
+
+def test_wide_tables_scroll_inside_the_column_and_code_wraps(site: Path) -> None:
+    """Issue 40: tables wider than the column were cut at 1400 px; long code lines hid their comments."""
+    tables = 0
+    for page in sorted(site.rglob("*.html")):
+        for _attributes, around, _ in _elements(page).of("table"):
+            tables += 1
+            parent_tag, parent = around[0]
+            assert parent_tag == "div" and "table-wrapper" in _classes(parent), (
+                f"{page.relative_to(site)}: a table outside Furo's scrolling wrapper"
+            )
+        sheets = [s.relative_to(site).as_posix() for s in _stylesheets(page)]
+        assert "_static/styles/furo.css" in sheets and "_static/devplug.css" in sheets, page
+    assert tables >= 30
+    furo = (site / "_static" / "styles" / "furo.css").read_text()
+    assert re.search(r"\.table-wrapper[^{}]*\{[^}]*overflow-x:\s*auto", furo), "Furo's table wrapper no longer scrolls"
+    ours = (site / "_static" / "devplug.css").read_text()
+    assert re.search(r'div\[class\*="highlight-"\][^{]*pre\s*\{[^}]*white-space:\s*pre-wrap', ours)
+    # the install steps' commands with their comments are highlighted blocks, which the rule wraps
+    install = _elements(site / "operator" / "install.html")
+    blocks = [(around, text) for _, around, text in install.of("pre") if "# validates drivers" in text]
+    assert blocks and any("highlight-sh" in _classes(a) for _, a in blocks[0][0])
+    # the metrics and configuration references, the widest tables, are wrapped like the others
+    for name in ("metrics", "configuration"):
+        assert _elements(site / "operator" / f"{name}.html").of("table"), name
 
 
 def test_the_link_checker_finds_what_is_broken(tmp_path: Path) -> None:
