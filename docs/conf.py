@@ -1,9 +1,9 @@
 """Sphinx configuration of devplug's documentation site (``make docs``; checked by tests/test_docs_site.py).
 
 Markdown sources (MyST); diagrams from Graphviz sources in ``diagrams/`` rendered to SVG by Debian's ``dot``
-during the build (tools/docs/setup.sh installs it); the Furo theme, whose tables scroll inside the content column,
-with code that wraps (``_static/devplug.css``). Furo uses the system's fonts and ships its scripts: nothing is
-fetched from the network.
+during the build (tools/docs/setup.sh installs it), each shown at the page's width and linked to itself at full size
+(tools/docs/diagrams.py); the Furo theme, whose tables scroll inside the content column, with code that wraps
+(``_static/devplug.css``). Furo uses the system's fonts and ships its scripts: nothing is fetched from the network.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "core"))
+sys.path.insert(0, str(ROOT / "tools" / "docs"))  # the extensions: diagrams
 
 import devplug  # noqa: E402  (after the path: the version of the tree being documented)
 
@@ -21,7 +22,7 @@ author = "the devplug authors"
 copyright = "the devplug authors, Apache-2.0"
 version = release = devplug.__version__
 
-extensions = ["myst_parser", "sphinx.ext.graphviz"]
+extensions = ["myst_parser", "diagrams"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build"]
