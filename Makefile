@@ -50,8 +50,11 @@ unit: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python tools/gen_proto.py
 
+# Then the run's figures become the figures of record, bench/record.json, which the documentation quotes
+# (tools/docs/benchfigures.py): commit it with what the run measured.
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.record
 
 # The wheels and sdists users install (PEP 517, `python -m build`: each sdist, then its wheel built from it), the
 # core's and every driver's, into dist/; their third-party dependencies, those of every extra for users included
@@ -78,9 +81,10 @@ dist: $(STAMP)
 image: dist
 	PYTHON=$(BIN)/python bash tools/image/build.sh $(DIST) build/image
 
-# The documentation site: docs/ built by Sphinx (MyST Markdown, Graphviz diagrams from docs/diagrams/) into
-# build/docs, warnings as errors (a link to a missing page or heading is one), then every internal link and anchor of
-# the built site checked and anything loaded from the network refused (tools/docs/checklinks.py). Offline.
+# The documentation site: docs/ built by Sphinx (MyST Markdown, the Furo theme, Graphviz diagrams from
+# docs/diagrams/, the bench figures of bench/record.json) into build/docs, warnings as errors (a link to a missing
+# page or heading is one, and so is a bench key the record lacks), then every internal link and anchor of the built
+# site checked and anything loaded from the network refused (tools/docs/checklinks.py). Offline.
 DOCS_OUT ?= build/docs
 docs: $(STAMP) docs-tools
 	rm -rf $(DOCS_OUT)

@@ -1,12 +1,16 @@
 """The documentation keeps step with the code: every hook with its signature (the driver guide), every config key
-(the configuration reference), every metric (the metrics reference), the modules of the architecture page, and the
-README's two commands."""
+(the configuration reference), every metric (the metrics reference), the modules of the architecture page, the
+README's two commands, and the figures of record `make bench` leaves for the pages to quote."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import json
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 from devplug import hookspecs
 from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
@@ -147,3 +151,49 @@ def test_the_architecture_page_names_every_module_of_the_core_and_only_modules_t
         assert (package / folder / name).is_file(), (
             f"docs/internals/architecture.md names {folder}{name}: no such module"
         )
+
+
+def _bench(name: str) -> Any:
+    """A module of the benchmark (bench/ is not installed: it runs from the checkout)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(name)
+
+
+def test_make_bench_records_a_full_run_as_the_docs_figures(tmp_path: Path) -> None:
+    """`make bench` ends with `python -m bench.record`, whose bench/record.json the docs quote (issue 40)."""
+    record_module, report = _bench("bench.record"), _bench("bench.report")
+    figures = {key.name: 1.5 for key in (*report.GOAL_KEYS, *report.CONTEXT_KEYS)}
+    figures["idle_rss_mb"] = 44.5
+    del figures[report.GOAL_KEYS[0].name]  # a key the run did not measure (as root-only ones are without root)
+    results = {"machine": {"cpu_model": "Xeon", "cores": 2}, "quick": False, **figures}
+    results_path = tmp_path / "results.json"
+    report.write_results(results, results_path)
+    out = tmp_path / "record.json"
+    assert record_module.main([str(results_path), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["machine"] == {"cpu_model": "Xeon", "cores": 2}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record["recorded"])
+    assert [row["key"] for row in record["goals"]] == [key.name for key in report.GOAL_KEYS]
+    assert record["goals"][0]["figure"] is None
+    idle = next(row for row in record["goals"] if row["key"] == "idle_rss_mb")
+    assert idle == {"key": "idle_rss_mb", "figure": 44.5, "goal": "<= 42", "met": False, "what": idle["what"]}
+    assert [row["key"] for row in record["context"]] == [key.name for key in report.CONTEXT_KEYS]
+    assert out.read_text() == record_module.dumps(record)  # one row a line
+    # a --quick run's figures are refused, and so is a file that is no run's results
+    report.write_results({**results, "quick": True}, results_path)
+    assert record_module.main([str(results_path), "--out", str(out)]) == 1
+    results_path.write_text("{}")
+    assert record_module.main([str(results_path), "--out", str(out)]) == 1
+    assert json.loads(out.read_text()) == record  # left as it was
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\t$(BIN)/python -m bench\n\t$(BIN)/python -m bench.record\n" in makefile
+
+
+def test_the_committed_record_has_every_row_the_docs_quote() -> None:
+    record = json.loads((ROOT / "bench" / "record.json").read_text())
+    assert {"recorded", "commit", "source", "machine", "goals", "context"} <= set(record)
+    for row in record["goals"]:
+        assert set(row) == {"key", "figure", "goal", "met", "what"}, row
+    for row in record["context"]:
+        assert set(row) == {"key", "figure", "what"}, row

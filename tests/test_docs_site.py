@@ -1,6 +1,7 @@
 """The documentation site (docs/) builds offline with Sphinx, warnings as errors, its diagrams rendered by Graphviz from
 their text sources, legible at the page's width and opening at full size, its wide tables scrolling inside the column,
-every internal link and anchor resolving and nothing loaded from the network; the README links every page of it."""
+the bench figures it quotes taken from the committed record of `make bench`, every internal link and anchor resolving
+and nothing loaded from the network; the README links every page of it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def _tool(name: str) -> ModuleType:
 
 
 checklinks = _tool("checklinks")
+benchfigures = _tool("benchfigures")
+RECORD = ROOT / "bench" / "record.json"
 #: The width of Furo's content column (46em, at 16 px to the em), which a diagram is scaled down to: in the column of
 #: the theme before, issue 40 found its labels about 5 px high.
 COLUMN_PX = 736
@@ -228,6 +231,61 @@ def test_the_architecture_diagram_names_only_modules_that_exist() -> None:
     for name in set(re.findall(r"\b([a-z_]+\.py)\b", source)):
         assert name in modules, f"docs/diagrams/architecture.dot names {name}: no such module in core/devplug"
     assert "(next)" not in source and "frontends/dra/" in source  # the DRA front end exists (issue 40)
+
+
+def _figure_rows(page: Path) -> list[tuple[str, str]]:
+    """The (key, figure) of every row of the page's tables whose first cell is a key."""
+    rows: dict[int, list[str]] = {}
+    for _, around, text in _elements(page).of("td"):
+        rows.setdefault(id(around[0][1]), []).append(text)  # grouped by their <tr>
+    return [(c[0], c[1]) for c in rows.values() if len(c) > 1 and re.fullmatch(r"[a-z0-9_]+", c[0])]
+
+
+def test_the_bench_figures_are_those_of_the_committed_record(site: Path) -> None:
+    """Issue 40: the pages quote the last `make bench` (bench/record.json) through the build, never by hand."""
+    record = benchfigures.Record.load(RECORD)
+    source = (DOCS / "performance" / "index.md").read_text()
+    assert "```{bench-figures}" in source
+    copied = [line for line in source.splitlines() if re.match(r"\| `[a-z0-9_]+` \| -?[0-9]", line)]
+    assert copied == [], "docs/performance/index.md copies figures by hand: use {bench-figures} or {bench}`key`"
+    rows = record.data["goals"] + record.data["context"]
+    expected = [(r["key"], benchfigures.fmt(r["figure"]) if r["figure"] is not None else "-") for r in rows]
+    page = site / "performance" / "index.html"
+    assert _figure_rows(page) == expected
+    text = page.read_text()
+    assert record.data["recorded"] in text and record.machine in text
+    # every figure a page quotes with {bench}`...` is the record's, and says where it comes from
+    quoted = 0
+    for html in sorted(site.rglob("*.html")):
+        for attributes, _, shown in _elements(html).of("abbr"):
+            if "bench-figure" in _classes(attributes):
+                quoted += 1
+                expression = attributes["title"].split(": make bench of ")[0]
+                assert shown == record.quote(expression), f"{html.relative_to(site)}: {expression}"
+                assert attributes["title"].endswith(f"make bench of {record.data['recorded']} (bench/record.json)")
+    assert quoted >= 5
+
+
+def test_a_bench_figure_the_record_lacks_is_an_error(tmp_path: Path) -> None:
+    record = benchfigures.Record.load(RECORD)
+    with pytest.raises(KeyError, match="no key 'idle_rss_kb'"):
+        record.quote("idle_rss_kb")
+    first, second = record.data["goals"][0], record.data["goals"][1]
+    difference = benchfigures.fmt(second["figure"] - first["figure"])
+    assert record.quote(f"{second['key']} - {first['key']}") == difference
+    assert benchfigures.fmt(44.5) == "44.5" and benchfigures.fmt(1.2979) == "1.298" and benchfigures.fmt(5) == "5.000"
+    # and the build says so, naming the key, in the page that asks for it
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'tools' / 'docs')!r})\n"
+        f"extensions = ['myst_parser', 'benchfigures']\nbench_record = {str(RECORD)!r}\n"
+    )
+    (docs / "index.md").write_text("# Figures\n\nIdle RSS {bench}`idle_rss_kb` MiB.\n")
+    command = [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", str(docs), str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "index.md:3" in done.stderr and "no key 'idle_rss_kb'" in done.stderr, done.stderr
 
 
 def test_the_link_checker_finds_what_is_broken(tmp_path: Path) -> None:
