@@ -1,14 +1,19 @@
 """Small asyncio helpers the engine shares: waiting on several events, walking long lists in slices, capped
-backoff, background tasks, blocking calls in threads that never hold up the exit."""
+backoff, background tasks, blocking calls in threads that never hold up the exit.
+
+:class:`Backoff` is devplug's one backoff (:mod:`devplug.backoff`, the driver kit's
+:class:`~devplug.kit.retries.CappedBackoff` counted over a run of failures), named here for the engine and the
+front ends that import it from here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
+
+from devplug.backoff import Backoff
 
 __all__ = ["Backoff", "BackgroundTasks", "in_daemon_thread", "sliced", "wait_any"]
 
@@ -33,33 +38,6 @@ async def sliced(items: Iterable[T], every: int) -> AsyncIterator[T]:
         yield item
         if number % every == 0:
             await asyncio.sleep(0)
-
-
-class Backoff:
-    """Capped exponential backoff: ``initial``, doubling, at most ``cap`` seconds; with ``jitter`` (0 to 1) each
-    delay is shortened by a random part of up to that fraction, so retries of many failures spread out.
-
-    Our own rather than a retry library's: the core depends only on pluggy, grpcio, protobuf and click, and its
-    retries are schedules kept per record and per connection, not calls a decorator could wrap.
-    """
-
-    def __init__(self, initial: float = 0.05, cap: float = 5.0, jitter: float = 0.0) -> None:
-        if not 0.0 <= jitter <= 1.0:
-            raise ValueError(f"Backoff: jitter must be from 0 to 1, got {jitter!r}")
-        self.initial = initial
-        self.cap = cap
-        self.jitter = jitter
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._next * 2, self.cap)
-        if self.jitter:
-            delay *= 1.0 - self.jitter * random.random()
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 class BackgroundTasks:

@@ -24,6 +24,11 @@ loop's retry), so the loop does not add its own attempts to the engine's
 between two of them. Both use :class:`CappedBackoff`: ``retry_min`` seconds
 after the first failure, doubling after each further one, at most
 ``retry_max``.
+
+:class:`CappedBackoff` is devplug's one backoff (defined in
+:mod:`devplug.backoff`, so that the engine, which does not import the kit,
+waits by it too); besides ``retry_min`` and ``retry_max`` it takes a
+``factor``, ``jitter`` and a server's ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -33,33 +38,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from devplug.backoff import CappedBackoff
+
 __all__ = ["DEVICE_RETRY_MAX", "CappedBackoff", "DeviceRetries"]
 
 #: The longest wait :class:`DeviceRetries` puts between two attempts on one device by default (a minute, as the
 #: engine's ``[release] max_retry_interval``).
 DEVICE_RETRY_MAX = 60.0
-
-
-@dataclass(frozen=True)
-class CappedBackoff:
-    """The wait before the next attempt after ``failures`` failures in a row: ``retry_min`` after the first,
-    doubling after each further one, at most ``retry_max`` (never below ``retry_min``)."""
-
-    retry_min: float
-    retry_max: float
-
-    def __post_init__(self) -> None:
-        if not self.retry_min > 0:
-            raise ValueError(f"CappedBackoff: retry_min must be a number of seconds > 0, got {self.retry_min!r}")
-        if not self.retry_max >= self.retry_min:
-            raise ValueError(
-                f"CappedBackoff: retry_max must be a number of seconds >= retry_min ({self.retry_min:g}), "
-                f"got {self.retry_max!r}"
-            )
-
-    def delay(self, failures: int) -> float:
-        """Seconds to wait after ``failures`` (>= 1) failures in a row."""
-        return float(min(self.retry_max, self.retry_min * 2 ** min(max(failures, 1) - 1, 60)))
 
 
 @dataclass

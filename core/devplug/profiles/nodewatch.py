@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BACKOFF_MAX_S", "BACKOFF_START_S", "NodeWatch"]
+from devplug.backoff import Backoff, CappedBackoff
+
+__all__ = ["BACKOFF_JITTER", "BACKOFF_MAX_S", "BACKOFF_START_S", "NodeWatch"]
 
 log = logging.getLogger("devplug.profiles")
 
-#: The first wait after a failure, doubled after each failure in a row up to :data:`BACKOFF_MAX_S`.
+#: The first wait after a failure, doubled after each failure in a row up to :data:`BACKOFF_MAX_S`, each
+#: lengthened or shortened by up to :data:`BACKOFF_JITTER` (devplug's one backoff, :mod:`devplug.backoff`).
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+BACKOFF_JITTER = 0.2
 #: The watch's ``timeoutSeconds``: the server ends each stream after this long, and it is started again.
 WATCH_TIMEOUT_S = 300
 
@@ -63,12 +66,12 @@ class NodeWatch:
         """Follow the Node until cancelled; reads it first unless :meth:`read` already did."""
         from lightkube import ApiError
 
-        backoff = BACKOFF_START_S
+        backoff = Backoff(schedule=CappedBackoff(BACKOFF_START_S, BACKOFF_MAX_S, jitter=BACKOFF_JITTER, centred=True))
         while True:
             try:
                 if not self.resource_version:
                     await self.read()
-                    backoff = BACKOFF_START_S  # the API answers again
+                    backoff.reset()  # the API answers again
                 await self._follow()
             except asyncio.CancelledError:
                 raise
@@ -82,11 +85,11 @@ class NodeWatch:
                     )
                     self.resource_version = ""
                     continue
-                backoff = await self._retry(f"the API server answered {exc.status.code}: {exc.status.message}", backoff)
+                await self._retry(f"the API server answered {exc.status.code}: {exc.status.message}", backoff)
             except Exception as exc:  # unreachable, timed out, cut, a body lightkube cannot decode: all retried
-                backoff = await self._retry(f"{type(exc).__name__}: {exc}", backoff)
+                await self._retry(f"{type(exc).__name__}: {exc}", backoff)
             else:  # the watch ended without an error: lightkube's never does, but a loop must not spin
-                backoff = await self._retry("the watch ended", backoff)
+                await self._retry("the watch ended", backoff)
 
     async def _follow(self) -> None:
         from lightkube.resources.core_v1 import Node
@@ -106,12 +109,11 @@ class NodeWatch:
                 log.warning("node %s: the Node object was deleted; the running config stays", self.name)
                 self.detail = "the Node object was deleted"
 
-    async def _retry(self, reason: str, backoff: float) -> float:
-        """Say why, wait ``backoff`` (with jitter) and return the next one; reading the Node comes first then."""
+    async def _retry(self, reason: str, backoff: Backoff) -> None:
+        """Say why and wait ``backoff``'s next delay; reading the Node comes first then."""
         self.failures += 1
         self.state, self.detail = "retrying", reason
         self.resource_version = ""  # after an outage, read the Node again: changes may be past the window
-        wait = backoff * random.uniform(0.8, 1.2)
+        wait = backoff.next()
         log.warning("node %s: cannot read or watch the Node (%s); retrying in %.1f s", self.name, reason, wait)
         await asyncio.sleep(wait)
-        return min(backoff * 2, BACKOFF_MAX_S)
