@@ -4,26 +4,13 @@ A driver under test appends each hook call to ``<folder>/.calls.jsonl``
 with :class:`HookRecorder`; tests read them back, typed, with
 :func:`read_hook_calls`. :class:`~devplug.testing.conformance.DriverConformance`
 observes a driver through this record.
+
+Every name in :mod:`devplug.hookrecord`'s ``__all__`` is here, under the one
+list that module keeps (production code may not import the test kit, so the
+record lives there and this module names it for tests).
 """
 
-from __future__ import annotations
+from devplug import hookrecord
+from devplug.hookrecord import *  # noqa: F403  (the record's public names: the one list is hookrecord.__all__)
 
-from devplug.hookrecord import (
-    CALLS_FILE,
-    RELEASE_HOOKS,
-    STARTED_SUFFIX,
-    HookCall,
-    HookRecorder,
-    read_call_log,
-    read_hook_calls,
-)
-
-__all__ = [
-    "CALLS_FILE",
-    "RELEASE_HOOKS",
-    "STARTED_SUFFIX",
-    "HookCall",
-    "HookRecorder",
-    "read_call_log",
-    "read_hook_calls",
-]
+__all__ = hookrecord.__all__
