@@ -32,8 +32,8 @@
 
     [metrics]
     enabled = false       # the Prometheus endpoint and the probes (needs devplug[metrics])
-    address = "127.0.0.1"
-    port = 9400
+    address = "127.0.0.1" # default: $POD_IP (in a DaemonSet, the downward API's status.podIP), else 127.0.0.1
+    port = 19400
 
     [cdi]
     enabled = false       # write CDI spec files and answer Allocate with CDI device names
@@ -65,6 +65,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -100,11 +101,13 @@ else:  # pragma: no cover
 __all__ = [
     "CdiConfig",
     "Config",
+    "DEFAULT_METRICS_PORT",
     "DraConfig",
     "HandoverConfig",
     "KubernetesConfig",
     "NodeConfig",
     "MetricsConfig",
+    "POD_IP_ENV",
     "KubeletConfig",
     "LivenessConfig",
     "ReleaseConfig",
@@ -196,13 +199,25 @@ class HandoverConfig:
     timeout: float = 30.0
 
 
+#: The environment variable whose IP address ``[metrics] address`` defaults to: in a DaemonSet, the pod's IP from
+#: the downward API (``status.podIP``), which the kubelet's probes and Prometheus reach, and nothing else (under
+#: ``hostNetwork`` the node's primary address, not every address of the node as ``0.0.0.0`` would be).
+POD_IP_ENV = "POD_IP"
+
+#: ``[metrics] port``'s default. Prometheus's list of exporters' default ports (its wiki's "Default port
+#: allocations") has every port of 9100-9999 taken; devplug's earlier default, 9400, is NVIDIA dcgm-exporter's, which
+#: runs on the same GPU nodes. 19400 is on no such list, nor among Kubernetes' or OpenShift's host ports.
+DEFAULT_METRICS_PORT = 19400
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     """The Prometheus endpoint (``/metrics``) and the probes (``/healthz``, ``/readyz``): off by default."""
 
     enabled: bool = False
+    #: Without ``address`` in the config: ``$POD_IP`` when set (:data:`POD_IP_ENV`), else this.
     address: str = "127.0.0.1"
-    port: int = 9400
+    port: int = DEFAULT_METRICS_PORT
 
 
 @dataclass(frozen=True)
@@ -375,16 +390,20 @@ def _parse_metrics(data: Mapping[str, Any], source: str) -> MetricsConfig:
     _check_keys(table, _METRICS, source, "metrics")
     defaults = MetricsConfig()
     enabled = _bool(table.get("enabled", defaults.enabled), _where(source, "metrics", "enabled"))
-    address = table.get("address", defaults.address)
-    where = _where(source, "metrics", "address")
+    if "address" in table:
+        address, where = table["address"], _where(source, "metrics", "address")
+    else:  # the pod's IP in a DaemonSet (the downward API's status.podIP), else this node only
+        address = os.environ.get(POD_IP_ENV, "") or defaults.address
+        where = f"{source}: [metrics] address from the environment variable {POD_IP_ENV}"
     if not isinstance(address, str):
         raise ConfigError(f"{where}: expected an IP address as a string, got {address!r}")
     try:
         ipaddress.ip_address(address)
     except ValueError:
         raise ConfigError(
-            f'{where}: {address!r} is not an IP address; use "127.0.0.1" (this node only, the default), '
-            'or "0.0.0.0" / "::" to let Prometheus scrape it from elsewhere'
+            f'{where}: {address!r} is not an IP address; use "127.0.0.1" (this node only), the pod\'s IP '
+            f'(unset, with {POD_IP_ENV} from the downward API\'s status.podIP), or "0.0.0.0" / "::" for every '
+            "address"
         ) from None
     port = table.get("port", defaults.port)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:

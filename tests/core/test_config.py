@@ -172,9 +172,10 @@ def test_drivers_cli_lists_mock_with_its_hooks() -> None:
     assert "deallocate" in rows["mock"]["hooks"] and "list_devices" in rows["mock"]["hooks"]
 
 
-def test_metrics_and_cdi_defaults_and_values(tmp_path: Path) -> None:
+def test_metrics_and_cdi_defaults_and_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_IP", raising=False)
     config = load_config(_write(tmp_path, GOOD))
-    assert (config.metrics.enabled, config.metrics.address, config.metrics.port) == (False, "127.0.0.1", 9400)
+    assert (config.metrics.enabled, config.metrics.address, config.metrics.port) == (False, "127.0.0.1", 19400)
     assert (config.cdi.enabled, config.cdi.spec_dir, config.cdi.fallback) == (False, Path("/var/run/cdi"), True)
     assert config.resources[0].cdi_kind == "example.com/mock"
     text = GOOD.replace(

@@ -56,6 +56,7 @@ def test_the_smoke_test_translates_every_shipped_daemonset(kubectl: str, variant
     [container] = spec["containers"]
     assert sorted(env) == sorted(e["name"] for e in container.get("env", []))
     assert env["DEVPLUG_INSTANCE"] == "uid-of-this-pod"  # the instance's name in a handover
+    assert env["POD_IP"] == smoke.POD_IP == "127.0.0.1"  # the HTTP server's address: the container's loopback
     if variant.startswith("dra/"):
         assert env["POD_UID"] == "uid-of-this-pod" and env["NODE_NAME"] == smoke.NODE_NAME
     assert run.config_path.endswith("config.toml")

@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from devplug.config import DEFAULT_METRICS_PORT, POD_IP_ENV
 from devplug.configdra import default_driver_name
 from devplug.daemon.handover import handover_bound
 from devplug.frontends.dra.frontend import instance_name
@@ -43,7 +44,13 @@ OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if (p / "kusto
 KUBERNETES_VERSIONS = ("1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
 
 #: Components an operator adds in an overlay of their own (the others are parts of the shipped overlays).
-OPTIONAL_COMPONENTS = ("cdi", "podmonitor", "node-profiles", "kubelet-root/microk8s", "kubelet-root/k0s")
+OPTIONAL_COMPONENTS = (
+    "cdi",
+    "podmonitor",
+    "node-profiles",
+    "kubelet-root/microk8s",
+    "kubelet-root/k0s",
+)
 
 #: Kubelet root dirs of the kubelet-root components.
 KUBELET_ROOTS = {
@@ -371,9 +378,14 @@ def test_probes_reach_the_daemons_http_server(kubectl: str, overlay: str) -> Non
     objects = _render(kubectl, overlay)
     daemonset, config = _one(objects, "DaemonSet"), _config(objects)
     metrics = config["metrics"]
-    # The kubelet probes the pod's IP: the server must be on and listen beyond loopback.
-    assert metrics["enabled"] is True and metrics["address"] == "0.0.0.0"
+    # The kubelet probes the pod's IP: the server must be on and listen there, and there alone (under hostNetwork,
+    # 0.0.0.0 would be every address of the node): no address in the config, POD_IP from the downward API.
+    assert metrics["enabled"] is True and "address" not in metrics
     container = _container(daemonset)
+    env = {e["name"]: e for e in container["env"]}
+    assert env[POD_IP_ENV] == {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    # The default port, which no common exporter has (9400, the earlier one, is NVIDIA dcgm-exporter's)
+    assert metrics["port"] == DEFAULT_METRICS_PORT != 9400
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = container[probe]["httpGet"]
         assert (get["path"], get["port"]) == (path, metrics["port"]), f"{overlay}: {probe}"

@@ -55,6 +55,9 @@ MOCK_DEVICES = 4
 NODE_NAME = "smoke-node"
 #: The pod's UID the downward API gives (``DEVPLUG_INSTANCE``, ``POD_UID``): the instance's name in a handover.
 POD_UID = "5a0e0000-0000-4000-8000-000000000001"
+#: The pod's IP the downward API gives (``POD_IP``, the HTTP server's address): the only address a container of
+#: ``--network none`` has, and one of the host's under ``--network host``.
+POD_IP = "127.0.0.1"
 #: The UID of the rolling update's new pod.
 NEXT_POD_UID = "5a0e0000-0000-4000-8000-000000000002"
 #: The host's cgroup tree (container liveness): on the stand-in node, a cgroup v2 root with the kubelet's
@@ -144,7 +147,7 @@ def pod_run(
     objects: Sequence[dict[str, Any]], node: Path, config_dir: Path, *, kernel_trees: bool, pod_uid: str = POD_UID
 ) -> PodRun:
     """Translate the rendered DaemonSet's container: mounts, security context, limits, env (the downward API's
-    node name and ``pod_uid``), command."""
+    node name, ``pod_uid`` and the pod's IP), command."""
     daemonset = one(objects, "DaemonSet")
     spec = daemonset["spec"]["template"]["spec"]
     (container,) = spec["containers"]
@@ -207,6 +210,8 @@ def pod_run(
             value = NODE_NAME
         if value is None and field == "metadata.uid":
             value = pod_uid
+        if value is None and field == "status.podIP":  # the container's address: loopback (--network none or host)
+            value = POD_IP
         if value is None:
             raise SmokeFailure(f"env {env['name']}: a source the smoke test does not translate")
         options += ["--env", f"{env['name']}={value}"]
