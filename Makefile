@@ -22,10 +22,12 @@ demo: $(STAMP)
 	$(BIN)/devplug demo
 
 # What the tests need from the machine besides the virtual environment: Debian's Graphviz for the documentation's
-# diagrams (docs-tools). Set-up apart from testing: run once before the tests, idempotent, a no-op (no apt, no root)
-# when everything is installed; apt waits for another apt's lock (tools/apt-get), as on a fresh VM whose
+# diagrams (docs-tools) and promtool for the alerts' tests (Debian's prometheus package, .ci/setup-promtool, which
+# never starts its server). Set-up apart from testing: run once before the tests, idempotent, a no-op (no apt, no
+# root) when everything is installed; apt waits for another apt's lock (tools/apt-get), as on a fresh VM whose
 # unattended-upgrades holds it. .ci/run also sets up QEMU and etcd (.ci/setup-vm, .ci/setup-etcd).
 setup: docs-tools
+	bash .ci/setup-promtool
 
 # The machine's set-up, lint, type-check (strict for core/), then every test (tests/test_docs_site.py builds the
 # documentation site and checks its links).

@@ -23,6 +23,7 @@ SETUP_SCRIPTS = [
     ROOT / "tools" / "vm" / "fetch-assets.sh",
     ROOT / ".ci" / "setup-etcd",
     ROOT / ".ci" / "setup-vm",
+    ROOT / ".ci" / "setup-promtool",
 ]
 LOCKED = "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 4242 (apt-get)\n"
 
@@ -125,11 +126,25 @@ def test_the_docs_set_up_is_a_no_op_when_graphviz_is_installed(tmp_path: Path) -
     assert _calls(tmp_path) == []
 
 
+def test_the_promtool_set_up_is_a_no_op_when_promtool_is_installed(tmp_path: Path) -> None:
+    """``make test`` runs it every time too (issue 40, item 8): with promtool there, no apt and no root."""
+    env = _fake_apt(tmp_path, refusals=0)
+    promtool = tmp_path / "promtool"
+    promtool.write_text("#!/bin/sh\necho 'promtool, version 2.42.0+ds'\n")
+    promtool.chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "setup-promtool")], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert _calls(tmp_path) == [] and "promtool, version 2.42.0+ds" in result.stderr
+
+
 def test_make_test_sets_up_the_machine_before_the_tests_run() -> None:
     result = subprocess.run(
         ["make", "-n", "--no-print-directory", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
     )
     commands = result.stdout.splitlines()
     setup = next(i for i, c in enumerate(commands) if "tools/docs/setup.sh" in c)
+    promtool = next(i for i, c in enumerate(commands) if ".ci/setup-promtool" in c)
     tests = next(i for i, c in enumerate(commands) if "/pytest" in c)
-    assert setup < tests
+    assert setup < tests and promtool < tests

@@ -6,6 +6,9 @@
 * ``tests/deploy/test_manifests.py`` renders ``deploy/`` with ``kubectl kustomize`` (kubectl is on the machine image
   of this project's machines). Without kubectl its tests skip loudly; with ``DEVPLUG_REQUIRE_KUBECTL=1`` (CI) they
   fail instead.
+* ``tests/deploy/test_monitoring.py`` runs ``promtool`` (Debian's prometheus package; ``.ci/setup-promtool``
+  installs it) on the alerts of ``components/prometheusrule``. Without it those tests skip loudly; with
+  ``DEVPLUG_REQUIRE_PROMTOOL=1`` (CI) they fail instead.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ DIST = ROOT / "dist"
 
 REQUIRE_DIST = os.environ.get("DEVPLUG_REQUIRE_DIST") == "1"
 REQUIRE_KUBECTL = os.environ.get("DEVPLUG_REQUIRE_KUBECTL") == "1"
+REQUIRE_PROMTOOL = os.environ.get("DEVPLUG_REQUIRE_PROMTOOL") == "1"
 
 _skipped: dict[str, str] = {}
 
@@ -110,6 +114,21 @@ def kubectl() -> str:
             "kubectl is not on PATH (it renders deploy/ with `kubectl kustomize`)",
             REQUIRE_KUBECTL,
             "DEVPLUG_REQUIRE_KUBECTL",
+        )
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """The path of promtool; a loud skip (or failure in CI) without it."""
+    found = shutil.which("promtool")
+    if found is None:
+        _skip_or_fail(
+            "alert tests (tests/deploy/test_monitoring.py)",
+            "promtool is not on PATH (bash .ci/setup-promtool installs Debian's prometheus package, which has it)",
+            REQUIRE_PROMTOOL,
+            "DEVPLUG_REQUIRE_PROMTOOL",
         )
     assert found is not None
     return found

@@ -50,6 +50,9 @@ OPTIONAL_COMPONENTS = (
     "node-profiles",
     "kubelet-root/microk8s",
     "kubelet-root/k0s",
+    "metrics-networkpolicy",
+    "prometheusrule",
+    "grafana-dashboard",
 )
 
 #: Kubelet root dirs of the kubelet-root components.
@@ -122,7 +125,8 @@ def _one(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
 
 def _config_text(objects: tuple[dict[str, Any], ...]) -> str:
     """The config the daemon runs on: config.toml, with the CDI component's cdi.toml appended as its command does."""
-    data = _one(objects, "ConfigMap")["data"]
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap" and "config.toml" in o["data"]]
+    data = configmap["data"]
     return str(data["config.toml"]) + str(data.get("cdi.toml", ""))
 
 
@@ -154,6 +158,12 @@ def _kinds(overlay: str, components: tuple[str, ...]) -> list[str]:
         kinds.append("PodMonitor")
     if "node-profiles" in components:  # reading and watching Nodes, cluster-wide (no RBAC rule says "its own")
         kinds += ["ClusterRole", "ClusterRoleBinding"]
+    if "metrics-networkpolicy" in components:
+        kinds.append("NetworkPolicy")
+    if "prometheusrule" in components:
+        kinds.append("PrometheusRule")
+    if "grafana-dashboard" in components:  # the dashboard's ConfigMap, beside the config's
+        kinds.append("ConfigMap")
     return sorted(kinds)
 
 
