@@ -3,6 +3,13 @@
 #   docker build -t devplug:0.1.0 .          (or buildah bud, kaniko: any builder of Dockerfiles; the DaemonSet of
 #                                            deploy/ runs devplug:0.1.0)
 #
+# For amd64 and arm64 alike (python:3.11-slim-bookworm has both; pip takes each platform's binary wheels), with the
+# OCI labels make image sets, and an SBOM attached by BuildKit:
+#
+#   docker buildx build --platform linux/amd64,linux/arm64 --sbom=true \
+#     --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" \
+#     --build-arg CREATED="$(git log -1 --format=%cI)" --build-arg SOURCE=https://... -t REGISTRY/devplug:0.1.0 .
+#
 # Without a Docker engine, `make image` builds the same layout from Debian's packages (tools/image/build.sh).
 # The DaemonSet (deploy/) mounts the config at /etc/devplug/config.toml.
 
@@ -26,11 +33,21 @@ RUN python -m venv --without-pip /opt/devplug \
     && python -m pip --python /opt/devplug/bin/python install --no-cache-dir --only-binary=:all: \
         --requirement /wheels/requirements.txt
 
-# 3. The runtime: the base image and the environment alone; no wheels, no build tools, no pip cache.
+# 3. The runtime: the base image and the environment alone; no wheels, no build tools, no pip cache. The labels are
+#    make image's (tools/image/metadata.py): the version, the commit and its time, and where the source is, given
+#    as build arguments (empty when not given).
 FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG CREATED=""
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="devplug" \
       org.opencontainers.image.description="Kubernetes device plugins with the whole device lifecycle" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}"
 COPY --from=install /opt/devplug /opt/devplug
 ENV PATH=/opt/devplug/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -5,7 +5,8 @@
 1. ``podman load`` takes the OCI archive; the DaemonSet's image (``kubectl kustomize deploy/overlays/mock``) must
    be ``REFERENCE`` and resolve to the loaded image by that very name.
 2. ``devplug --version`` and ``devplug drivers --json`` in it: this version, every driver of ``drivers/``, none
-   broken.
+   broken; its OCI labels (``org.opencontainers.image.*``), and the SBOM at ``/opt/devplug/sbom.cdx.json``: the
+   build's, listing every distribution the image's Python has.
 3. ``devplug check-config`` in it on the config of every overlay of ``deploy/overlays``, alone and with the CDI
    component, as the DaemonSet runs it: the ConfigMap's files where the pod mounts them, the container's own
    command (the CDI component assembles the config in it), the host folders the config names (the FPGA
@@ -256,6 +257,41 @@ def check_version_and_drivers(podman: Podman, reference: str, version: str) -> N
     say(f"drivers: {listed}")
 
 
+#: The OCI labels every image carries (tools/image/metadata.py; ``source`` only where the build knew it).
+REQUIRED_LABELS = ("title", "description", "version", "licenses", "revision", "created")
+#: Where the image keeps the SBOM of its Python environment.
+SBOM_IN_IMAGE = "/opt/devplug/sbom.cdx.json"
+
+
+def check_labels_and_sbom(podman: Podman, reference: str, version: str, sbom: Path | None) -> None:
+    """The image's OCI labels (``podman image inspect``: its config's), and the SBOM in it: the build's copy, listing
+    every distribution of /opt/devplug at the version the image's own Python reports."""
+    found = json.loads(podman.run("image", "inspect", "--format", "{{json .Labels}}", reference).stdout) or {}
+    prefix = "org.opencontainers.image."
+    missing = [key for key in REQUIRED_LABELS if not found.get(prefix + key)]
+    if missing or found.get(prefix + "version") != version:
+        raise SmokeFailure(f"the image's OCI labels lack {missing} or say another version: {found}")
+    say("OCI labels: " + ", ".join(f"{k.removeprefix(prefix)}={v}" for k, v in sorted(found.items())))
+    if sbom is None:
+        return
+    inside = podman.run("run", "--rm", *ULIMITS, "--network", "none", "--entrypoint", "cat", reference, SBOM_IN_IMAGE)
+    document = json.loads(inside.stdout)
+    if document != json.loads(sbom.read_text()):
+        raise SmokeFailure(f"{SBOM_IN_IMAGE} in the image is not the build's {sbom}")
+    listing = (
+        "import json, importlib.metadata as m; "
+        "print(json.dumps({d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))"
+    )
+    run = ["run", "--rm", *ULIMITS, "--network", "none", "--entrypoint", "/opt/devplug/bin/python", reference]
+    installed = json.loads(podman.run(*run, "-c", listing).stdout)
+    components = [*document.get("components", []), document.get("metadata", {}).get("component", {})]
+    listed = {c["name"].lower().replace("_", "-"): c.get("version") for c in components if c.get("name")}
+    wrong = sorted(f"{name} {v}" for name, v in installed.items() if listed.get(name) != v)
+    if wrong:
+        raise SmokeFailure(f"the SBOM does not list {', '.join(wrong)}, which the image holds")
+    say(f"SBOM: CycloneDX {document.get('specVersion')}, all {len(installed)} distributions of the image listed")
+
+
 def check_configs(podman: Podman, reference: str, scratch: Path) -> int:
     """``devplug check-config`` in the image on the config of every variant of ``deploy/`` (each overlay and each
     DRA variant, alone and with the CDI component), through the DaemonSet's own mounts and environment."""
@@ -498,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The image's smoke test (make image).")
     parser.add_argument("archive", type=Path, help="the OCI archive make image built")
     parser.add_argument("reference", help="the name it carries, devplug:VERSION")
+    parser.add_argument("--sbom", type=Path, help="the SBOM the build wrote, which the image must hold")
     args = parser.parse_args(argv)
     version = args.reference.rpartition(":")[2]
     started = time.monotonic()
@@ -507,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             check_load(podman, args.archive, args.reference, scratch)
             check_version_and_drivers(podman, args.reference, version)
+            check_labels_and_sbom(podman, args.reference, version, args.sbom)
             checked = check_configs(podman, args.reference, scratch)
             for index, components in enumerate((["cdi"], ["kubelet-root/microk8s"])):
                 check_daemon(podman, args.reference, scratch, components, index)
