@@ -144,3 +144,43 @@ def test_run_options_take_either_form() -> None:
         "--log-format": "text",
         "--log-level": "debug",
     }
+
+
+# A device node the mock driver hands out (issue 40, item 6): check-config on the node refuses what `devplug run` would
+# refuse at start ("is not a character or block device"); --offline, off the node, still checks keys and values only.
+_NOT_A_DEVICE_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="the check runs only in MockDriver.start; it belongs in MockOptions.__post_init__ under "
+    "devplug.options.node_checks() (drivers/mock, outside this change): drop this mark with that fix",
+)
+
+
+def _mock_config(tmp_path: Path, device_node: Path) -> Path:
+    path = tmp_path / "devplug.toml"
+    path.write_text(
+        f'[kubelet]\ndevice_plugin_dir = "{tmp_path}/plugins"\n[state]\ndir = "{tmp_path}/state"\n'
+        f'[resources."example.com/mock"]\ndriver = "mock"\n'
+        f'options = {{ directory = "{tmp_path}/devs", count = 1, device_node = "{device_node}" }}\n'
+    )
+    return path
+
+
+@_NOT_A_DEVICE_XFAIL
+def test_check_config_refuses_a_device_node_that_is_not_one(tmp_path: Path) -> None:
+    regular = tmp_path / "notadev"
+    regular.write_text("")
+    result = _devplug("check-config", str(_mock_config(tmp_path, regular)))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{regular} is not a character or block device" in result.stderr
+    assert not (tmp_path / "devs").exists(), "checked, nothing started"
+
+
+def test_check_config_offline_skips_the_device_node_check(tmp_path: Path) -> None:
+    result = _devplug("check-config", "--offline", str(_mock_config(tmp_path, tmp_path / "notadev")))
+    assert result.returncode == 0, result.stderr
+    assert "(offline: keys and values; nothing of the node checked)" in result.stdout
+
+
+def test_check_config_accepts_a_real_device_node(tmp_path: Path) -> None:
+    result = _devplug("check-config", str(_mock_config(tmp_path, Path("/dev/null"))))
+    assert result.returncode == 0, result.stderr
