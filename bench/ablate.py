@@ -11,6 +11,10 @@ answers wrongly (no journal, no driver, or an empty answer) by design.
 With ``--handler-cpu PATH`` each Allocate handler's on-CPU time (the event-loop
 thread's ``thread_time_ns`` around ``DevicePluginService.allocate``; it never
 suspends) is written to ``PATH``, one integer per line, when the daemon exits.
+With ``--spans PATH`` the DRA prepare and unprepare path is timed stage by stage
+(:mod:`bench.spans`), written to ``PATH`` when the daemon exits. With
+``--profile PATH`` the event loop's thread runs under ``cProfile``, its
+statistics dumped to ``PATH`` at exit (read them with ``pstats``).
 
 The parts (every one names the code it replaces, and fails loudly when that
 code has moved, rather than measure a daemon it did not change):
@@ -123,15 +127,32 @@ def _time_handler(out: Path) -> None:
 class AblatedDaemonProcess(DaemonProcess):
     """A :class:`DaemonProcess` run through ``python -m bench.ablate`` (from the checkout's root)."""
 
-    def __init__(self, config_path: Path, log_path: Path, *, parts: Sequence[str], handler_cpu: Path) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        log_path: Path,
+        *,
+        parts: Sequence[str] = (),
+        handler_cpu: Path | None = None,
+        spans: Path | None = None,
+        profile: Path | None = None,
+    ) -> None:
         root = str(Path(__file__).resolve().parent.parent)
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         super().__init__(config_path, log_path, log_level="info", env={"PYTHONPATH": path})
         self.parts = tuple(parts)
         self.handler_cpu = handler_cpu
+        self.spans = spans
+        self.profile = profile
 
     def command(self) -> list[str]:
-        wrapper = [sys.executable, "-m", "bench.ablate", "--handler-cpu", str(self.handler_cpu)]
+        wrapper = [sys.executable, "-m", "bench.ablate"]
+        if self.handler_cpu is not None:
+            wrapper += ["--handler-cpu", str(self.handler_cpu)]
+        if self.spans is not None:
+            wrapper += ["--spans", str(self.spans)]
+        if self.profile is not None:
+            wrapper += ["--profile", str(self.profile)]
         if self.parts:
             wrapper += ["--parts", ",".join(self.parts)]
         return [*wrapper, "--", *self.run_arguments()]
@@ -143,10 +164,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ablate", description="devplug with parts taken out")
     parser.add_argument("--parts", default="", help=f"comma-separated: {', '.join(PARTS)}")
     parser.add_argument("--handler-cpu", type=Path, help="write each Allocate handler's CPU time (ns) here at exit")
+    parser.add_argument("--spans", type=Path, help="write the DRA path's timing spans here at exit (bench.spans)")
+    parser.add_argument("--profile", type=Path, help="profile the event loop's thread; the stats go here at exit")
     options = parser.parse_args(args[:split])
     apply([p for p in options.parts.split(",") if p])
     if options.handler_cpu is not None:
         _time_handler(options.handler_cpu)
+    if options.spans is not None:
+        from bench.spans import DRA_SPANS, install
+
+        install(DRA_SPANS, options.spans)
+    if options.profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        atexit.register(lambda: (profiler.disable(), profiler.dump_stats(options.profile)))
     sys.argv = ["devplug", *args[split + 1 :]]
     runpy.run_module("devplug", run_name="__main__", alter_sys=True)
 

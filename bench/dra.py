@@ -1,18 +1,39 @@
-"""DRA prepare and unprepare round trips: devplug's DRA front end against a bare grpcio DRAPlugin floor, same run.
+"""DRA prepare and unprepare round trips: devplug's DRA front end against bare grpcio DRAPlugin floors, same run.
 
 ``python -m bench.dra`` (``--quick`` for a tiny run; ``--json`` for the figures
-as JSON); ``make bench`` (``python -m bench``) runs it too and reports its
-figures as the ``dra_*`` keys (:func:`results_keys`). devplug's side is the real thing: ``devplug run`` serving the mock
-driver through DRA (a child process), the API server stand-in over HTTP on
+as JSON; ``--profile PATH`` to profile the daemon's event loop as well); ``make
+bench`` (``python -m bench``) runs it too and reports its figures as the
+``dra_*`` keys (:func:`results_keys`). devplug's side is the real thing:
+``devplug run`` serving the mock driver through DRA (a child process, at the log
+level an operator runs it with, ``info``), the API server stand-in over HTTP on
 loopback (each prepare reads its claim from it, as on a node), claims allocated
 as the scheduler writes them, each call a ``v1.DRAPlugin`` call over the
 daemon's unix socket, one claim per call. Each round prepares one claim then
 unprepares it (so the ledger holds one claim at most; the devices cycle
-through 8 mock devices). The floor: a bare grpcio server in its own process
-answering the same calls with a precomputed answer and no work at all, called
-from the same client, interleaved call by call with devplug's so that both see
-the same machine load. The figures are p50 and p99 in milliseconds and their
-ratios to the floor's; nothing is asserted.
+through 8 mock devices).
+
+**The floors**, each a bare server in its own process, called from the same
+client (a process of its own, as the kubelet is), interleaved call by call with
+devplug's so that all see the same machine load:
+
+* ``lightkube``, **the floor** the ratios are against: a grpc.aio plugin that, for
+  each claim of a prepare, GETs it from the same API server stand-in with
+  lightkube (the client and HTTP stack devplug uses), checks its UID, and answers
+  its devices of the driver with the claim's CDI ID: what any plugin pays. Its
+  unprepare reads nothing (the kubelet's request names the claim, and a plugin
+  forgets what it prepared), so that floor is a bare answer;
+* ``raw``: the same with a plain httpx2 GET and ``json.loads`` (lightkube's model
+  and its request building left out);
+* ``nowork``: a sync grpcio server answering a precomputed answer, reading
+  nothing (the floor before issue 37; context).
+
+**Where devplug's time goes** (:mod:`bench.spans`): the daemon runs through
+:mod:`bench.ablate`, which times its prepare and unprepare path stage by stage
+(the handler, the claim's read and its HTTP part, the admission, the ledger's
+writes and their fdatasync, the driver's hook and its thread hop, the CDI spec,
+the event loop's CPU time) in the same run; each call's stages are the spans
+that started while the client waited for it. The figures are p50 and p99 in
+milliseconds and the ratios to the floor's; nothing is asserted.
 
 **Health.** The time from a device's health changing (its mock device file
 rewritten: ``unhealthy=<reason>``, then healthy again) to the kubelet's health
@@ -54,7 +75,7 @@ FLOOR_DRIVER = "floor.example.com"
 
 
 def _floor_main(sock: Path) -> None:
-    """The floor: v1.DRAPlugin with precomputed answers (a prepared device with its CDI ID; an empty error)."""
+    """The no-work floor: v1.DRAPlugin with precomputed answers (a prepared device with its CDI ID; an empty error)."""
     from concurrent import futures
 
     from devplug.api.gen.dra.v1 import api_pb2 as v1
@@ -102,6 +123,103 @@ def _floor_main(sock: Path) -> None:
     server.start()
     signal.sigwait({signal.SIGTERM})
     server.stop(None)
+
+
+def _reading_floor_main(sock: Path, client: str, api: str, driver: str) -> None:
+    """A floor that reads each claim from the API server, as any DRA plugin must: a bare grpc.aio v1.DRAPlugin
+    that GETs the claim (``client``: ``lightkube``'s typed get, or ``raw``, httpx2 and ``json.loads``), checks its
+    UID, takes its devices of ``driver`` in the node's pool and answers them with the claim's CDI ID.
+    NodeUnprepareResources reads nothing (the kubelet's request names the claim; a plugin forgets what it
+    prepared), so it answers as the no-work floor does."""
+    import json as jsonlib
+
+    import grpc.aio
+    import httpx2
+
+    from devplug.api.gen.dra.v1 import api_pb2 as v1
+    from devplug.testing.dranode import NODE
+
+    async def serve() -> None:
+        if client == "lightkube":
+            from lightkube import AsyncClient
+            from lightkube.config.kubeconfig import KubeConfig
+            from lightkube.config.models import Cluster, User
+            from lightkube.resources.resource_v1 import ResourceClaim
+
+            kube = AsyncClient(KubeConfig.from_one(cluster=Cluster(server=api), user=User()), trust_env=False)
+
+            async def devices(namespace: str, name: str, uid: str) -> list[tuple[str, str]]:
+                claim = await kube.get(ResourceClaim, name, namespace=namespace)
+                if claim.metadata is None or claim.metadata.uid != uid:
+                    raise ValueError(f"claim {namespace}/{name} was replaced")
+                allocation = claim.status.allocation if claim.status is not None else None
+                if allocation is None or allocation.devices is None:
+                    raise ValueError(f"claim {namespace}/{name} is not allocated")
+                return [
+                    (r.request, r.device) for r in allocation.devices.results if r.driver == driver and r.pool == NODE
+                ]
+
+        else:
+            http = httpx2.AsyncClient(base_url=api, trust_env=False)
+
+            async def devices(namespace: str, name: str, uid: str) -> list[tuple[str, str]]:
+                answer = await http.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+                answer.raise_for_status()
+                claim = jsonlib.loads(answer.content)
+                if claim["metadata"]["uid"] != uid:
+                    raise ValueError(f"claim {namespace}/{name} was replaced")
+                results = claim["status"]["allocation"]["devices"]["results"]
+                return [(r["request"], r["device"]) for r in results if r["driver"] == driver and r["pool"] == NODE]
+
+        async def prepare(request: Any, context: Any) -> Any:
+            response = v1.NodePrepareResourcesResponse()
+            for claim in request.claims:
+                entry = response.claims[claim.uid]
+                try:
+                    found = await devices(claim.namespace, claim.name, claim.uid)
+                except Exception as exc:
+                    entry.error = f"{claim.namespace}/{claim.name}: {exc}"
+                    continue
+                for request_name, device in found:
+                    entry.devices.add(
+                        request_names=[request_name],
+                        pool_name=NODE,
+                        device_name=device,
+                        cdi_device_ids=[f"{driver}/claim={claim.uid}-{request_name}"],
+                    )
+            return response
+
+        async def unprepare(request: Any, context: Any) -> Any:
+            response = v1.NodeUnprepareResourcesResponse()
+            for claim in request.claims:
+                response.claims[claim.uid].error = ""
+            return response
+
+        handler = grpc.method_handlers_generic_handler(
+            "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+            {
+                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                    prepare,
+                    v1.NodePrepareResourcesRequest.FromString,
+                    v1.NodePrepareResourcesResponse.SerializeToString,
+                ),
+                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                    unprepare,
+                    v1.NodeUnprepareResourcesRequest.FromString,
+                    v1.NodeUnprepareResourcesResponse.SerializeToString,
+                ),
+            },
+        )
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix:{sock}")
+        await server.start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(None)
+
+    asyncio.run(serve())
 
 
 def _health_floor_main(root: Path) -> None:
@@ -223,7 +341,29 @@ def allocated_claims(node: Any, count: int) -> list[tuple[str, str]]:
     return made
 
 
-async def _measure(rounds: int, warmup: int, root: Path, health_rounds: int) -> dict[str, Any]:
+#: The floors, each a server of its own: ``(name, the arguments of python -m bench.dra that start it)``. The reading
+#: floors get the API server's URL and the driver's name added.
+FLOORS = ("nowork", "raw", "lightkube")
+#: The floor the ratios are against (see the module's docstring).
+FLOOR = "lightkube"
+
+
+def _start_floor(name: str, sock: Path, api: str, driver: str) -> subprocess.Popen[bytes]:
+    args = ["--floor", str(sock)]
+    if name != "nowork":
+        args += ["--read", name, "--api", api, "--driver", driver]
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.dra", *args],
+        env=dict(os.environ, GRPC_VERBOSITY="ERROR"),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+async def _measure(
+    rounds: int, warmup: int, root: Path, health_rounds: int, profile: Path | None = None
+) -> dict[str, Any]:
+    from bench.ablate import AblatedDaemonProcess
+    from bench.spans import breakdown, read_spans
     from devplug.testing.apiserver import ApiServer
     from devplug.testing.dranode import NS, dra_node
 
@@ -231,58 +371,112 @@ async def _measure(rounds: int, warmup: int, root: Path, health_rounds: int) -> 
     folder.mkdir()
     for i in range(DEVICES):
         (folder / f"mock{i}").write_text("")
-    floor_sock = root / "floor.sock"
-    floor = subprocess.Popen(
-        [sys.executable, "-m", "bench.dra", "--floor", str(floor_sock)],
-        env=dict(os.environ, GRPC_VERBOSITY="ERROR"),
-        stdin=subprocess.DEVNULL,
-    )
+    spans = root / "spans.txt"
+    floors: dict[str, subprocess.Popen[bytes]] = {}
     try:
         with ApiServer() as api:
             table = {"driver": "mock", "options": {"directory": str(folder)}}
-            async with dra_node(api, "example.com/mock", table, folder, driver="mock.example.com") as node:
+            async with dra_node(api, "example.com/mock", table, folder, driver="mock.example.com", start=False) as node:
+                # the daemon as an operator runs it (log level info), its stages timed (bench.spans)
+                node.daemon = AblatedDaemonProcess(
+                    node.config_path, node.root / "daemon.log", spans=spans, profile=profile
+                ).start()
+                await node.registered()
                 await node.published(DEVICES)
                 claims = allocated_claims(node, rounds + warmup)
                 [sock] = sorted((node.root / "plugins" / node.driver).glob("dra-*.sock"))
-                while not floor_sock.exists():
-                    if floor.poll() is not None:
-                        raise RuntimeError("the floor server did not start")
-                    await asyncio.sleep(0.01)
-                figures = await asyncio.to_thread(_series, sock, floor_sock, claims, warmup, NS)
+                sockets = {name: root / f"floor-{name}.sock" for name in FLOORS}
+                for name in FLOORS:
+                    floors[name] = _start_floor(name, sockets[name], api.url, node.driver)
+                for name in FLOORS:
+                    while not sockets[name].exists():
+                        if floors[name].poll() is not None:
+                            raise RuntimeError(f"the {name} floor server did not start")
+                        await asyncio.sleep(0.01)
+                figures, windows = await _series(sock, sockets, claims, warmup, NS, root)
                 figures.update(await _health_series(node, root, health_rounds))
-                return figures
+            figures["breakdown"] = breakdown(read_spans(spans), windows)  # written as the daemon exited
+            return figures
     finally:
-        floor.send_signal(signal.SIGTERM)
-        floor.wait(10)
+        for floor in floors.values():
+            floor.send_signal(signal.SIGTERM)
+        for floor in floors.values():
+            floor.wait(10)
 
 
-def _series(sock: Path, floor_sock: Path, claims: list[tuple[str, str]], warmup: int, ns: str) -> dict[str, Any]:
-    devplug, floor = DraStub(sock), DraStub(floor_sock)
-    samples: dict[str, list[int]] = {"prepare": [], "unprepare": [], "floor_prepare": [], "floor_unprepare": []}
+def _calls(
+    sock: Path, floor_socks: dict[str, Path], claims: list[tuple[str, str]], warmup: int, ns: str
+) -> tuple[dict[str, list[int]], dict[str, list[tuple[int, int]]]]:
+    """Each round prepares one claim on every floor then on devplug, and unprepares it the same way; each kind of
+    call's times (ns), and when each measured devplug call started and ended (``perf_counter_ns``, for
+    :func:`bench.spans.breakdown`)."""
+    devplug = DraStub(sock)
+    stubs = {name: DraStub(path) for name, path in floor_socks.items()}
+    order = [*((f"floor_{n}", stubs[n]) for n in FLOORS), ("devplug", devplug)]
+    samples: dict[str, list[int]] = {}
+    windows: dict[str, list[tuple[int, int]]] = {"prepare": [], "unprepare": []}
     try:
         for i, (name, uid) in enumerate(claims):
-            for key, stub, prepare in (
-                ("floor_prepare", floor, True),
-                ("prepare", devplug, True),
-                ("floor_unprepare", floor, False),
-                ("unprepare", devplug, False),
-            ):
-                start = time.perf_counter_ns()
-                if prepare:
-                    stub.prepare(ns, name, uid)
-                else:
-                    stub.unprepare(ns, name, uid)
-                took = time.perf_counter_ns() - start
-                if i >= warmup:
-                    samples[key].append(took)
+            for op in ("prepare", "unprepare"):
+                for who, stub in order:
+                    start = time.perf_counter_ns()
+                    if op == "prepare":
+                        stub.prepare(ns, name, uid)
+                    else:
+                        stub.unprepare(ns, name, uid)
+                    end = time.perf_counter_ns()
+                    if i >= warmup:
+                        key = op if who == "devplug" else f"{who}_{op}"
+                        samples.setdefault(key, []).append(end - start)
+                        if who == "devplug":
+                            windows[op].append((start, end))
     finally:
-        devplug.close()
-        floor.close()
+        for stub in (devplug, *stubs.values()):
+            stub.close()
+    return samples, windows
+
+
+def _client_main(plan: Path) -> None:
+    """The calls of :func:`_calls`, as ``plan`` (JSON) names them; their times as JSON on stdout."""
+    given = json.loads(plan.read_text())
+    floor_socks = {name: Path(path) for name, path in given["floors"].items()}
+    claims = [(name, uid) for name, uid in given["claims"]]
+    samples, windows = _calls(Path(given["devplug"]), floor_socks, claims, given["warmup"], given["namespace"])
+    print(json.dumps({"samples": samples, "windows": windows}))
+
+
+async def _series(
+    sock: Path, floor_socks: dict[str, Path], claims: list[tuple[str, str]], warmup: int, ns: str, root: Path
+) -> tuple[dict[str, Any], dict[str, list[tuple[int, int]]]]:
+    """:func:`_calls` in a process of its own, as the kubelet is: its answers are not held up by this process's
+    threads (the API server stand-in, the dev kubelet handling the health stream); the figures, and the windows."""
+    plan = root / "calls.json"
+    floors = {name: str(path) for name, path in floor_socks.items()}
+    plan.write_text(
+        json.dumps({"devplug": str(sock), "floors": floors, "claims": claims, "warmup": warmup, "namespace": ns})
+    )
+    client = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.dra",
+        "--client",
+        str(plan),
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, GRPC_VERBOSITY="ERROR"),
+    )
+    out, _ = await client.communicate()
+    if client.returncode != 0:
+        raise RuntimeError(f"the DRA bench's client failed (exit {client.returncode}); its error is above")
+    result = json.loads(out)
+    samples: dict[str, list[int]] = result["samples"]
+    windows = {op: [(start, end) for start, end in spans] for op, spans in result["windows"].items()}
     figures = {key: summary_ms(values) for key, values in samples.items()}
     for op in ("prepare", "unprepare"):
+        figures[f"floor_{op}"] = figures[f"floor_{FLOOR}_{op}"]
         figures[op]["ratio_p50"] = figures[op]["p50"] / figures[f"floor_{op}"]["p50"]
         figures[op]["ratio_p99"] = figures[op]["p99"] / figures[f"floor_{op}"]["p99"]
-    return figures
+    return figures, windows
 
 
 async def _health_series(node: Any, root: Path, rounds: int) -> dict[str, Any]:
@@ -339,13 +533,27 @@ async def _health_series(node: Any, root: Path, rounds: int) -> dict[str, Any]:
     return figures
 
 
-def measure(rounds: int, warmup: int, health_rounds: int) -> dict[str, Any]:
+def measure(rounds: int, warmup: int, health_rounds: int, profile: Path | None = None) -> dict[str, Any]:
     """The figures (as ``--json`` prints them) of ``rounds`` prepare and unprepare rounds after ``warmup`` ones, and
-    ``health_rounds`` health flips, in a fresh folder under /tmp (socket paths hold 107 bytes)."""
+    ``health_rounds`` health flips, in a fresh folder under /tmp (socket paths hold 107 bytes); ``profile``: the
+    daemon's event loop profiled, its statistics written there (a diagnostic: the figures are then slower)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="devplug-bench-dra-", dir="/tmp") as tmp:
-        return asyncio.run(_measure(rounds, warmup, Path(tmp), health_rounds))
+        return asyncio.run(_measure(rounds, warmup, Path(tmp), health_rounds, profile))
+
+
+#: The stages of the breakdown (:mod:`bench.spans`) given as results.json keys, by the name in their key.
+BREAKDOWN_KEYS = {
+    "grpc": "grpc",
+    "read": "read",
+    "admission": "admission",
+    "release": "release",
+    "ledger": "ledger",
+    "hook": "hook",
+    "cdi": "cdi",
+    "handler.cpu": "loop_cpu",
+}
 
 
 def results_keys(figures: dict[str, Any]) -> dict[str, float]:
@@ -363,6 +571,15 @@ def results_keys(figures: dict[str, Any]) -> dict[str, float]:
                 f"dra_{op}_floor_p99_ms": floor["p99"],
             }
         )
+        for name in FLOORS:
+            if name != FLOOR:
+                other = figures[f"floor_{name}_{op}"]
+                out[f"dra_{op}_floor_{name}_p50_ms"] = other["p50"]
+                out[f"dra_{op}_floor_{name}_p99_ms"] = other["p99"]
+        stages = figures["breakdown"][op]
+        for stage, key in BREAKDOWN_KEYS.items():
+            if stage in stages:
+                out[f"dra_{op}_{key}_p50_ms"] = stages[stage]["p50"]
     health, floor, sliced = figures["health"], figures["floor_health"], figures["slice"]
     out.update(
         dra_health_to_kubelet_p50_ms=health["p50"],
@@ -378,7 +595,8 @@ def results_keys(figures: dict[str, Any]) -> dict[str, float]:
 
 def _table(figures: dict[str, Any], rounds: int) -> str:
     lines = [
-        f"DRA calls, one claim each, {rounds} rounds, interleaved with a bare grpcio DRAPlugin floor",
+        f"DRA calls, one claim each, {rounds} rounds, interleaved with bare grpcio DRAPlugin floors; the ratios are "
+        f"against the {FLOOR} floor (it reads the claim)",
         "",
         "| call | p50 (ms) | p99 (ms) | floor p50 | floor p99 | p50 / floor | p99 / floor |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -387,10 +605,30 @@ def _table(figures: dict[str, Any], rounds: int) -> str:
         f, g = figures[op], figures[f"floor_{op}"]
         lines.append(
             f"| {op} | {f['p50']:.3f} | {f['p99']:.3f} | {g['p50']:.3f} | {g['p99']:.3f} | "
-            f"{f['ratio_p50']:.1f} | {f['ratio_p99']:.1f} |"
+            f"{f['ratio_p50']:.2f} | {f['ratio_p99']:.2f} |"
         )
     f = figures["slice"]
     lines.append(f"| slice | {f['p50']:.3f} | {f['p99']:.3f} | - | - | - | - |")
+    lines += [
+        "",
+        "| floor | prepare p50 | prepare p99 | unprepare p50 | unprepare p99 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name in FLOORS:
+        p, u = figures[f"floor_{name}_prepare"], figures[f"floor_{name}_unprepare"]
+        lines.append(f"| {name} | {p['p50']:.3f} | {p['p99']:.3f} | {u['p50']:.3f} | {u['p99']:.3f} |")
+    lines += ["", "Where devplug's time goes (each stage's p50 and p99 over the calls, ms; runs per call):", ""]
+    lines += [
+        "| stage | prepare p50 | p99 | runs | unprepare p50 | p99 | runs |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    prepare, unprepare = figures["breakdown"]["prepare"], figures["breakdown"]["unprepare"]
+    for stage in dict.fromkeys([*prepare, *unprepare]):
+        cells = []
+        for side in (prepare, unprepare):
+            got = side.get(stage)
+            cells.append(f"{got['p50']:.3f} | {got['p99']:.3f} | {got['runs']:.0f}" if got else "- | - | -")
+        lines.append(f"| {stage} | {cells[0]} | {cells[1]} |")
     lines.append("")
     lines.append(
         "health: a device's health change to the kubelet's health cache; slice: to its ResourceSlice (no floor)"
@@ -403,11 +641,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny run (checks the benchmark works)")
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--profile", type=Path, help="profile the daemon's event loop (cProfile stats to this file)")
     parser.add_argument("--floor", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--read", choices=("raw", "lightkube"), help=argparse.SUPPRESS)
+    parser.add_argument("--api", help=argparse.SUPPRESS)
+    parser.add_argument("--driver", help=argparse.SUPPRESS)
     parser.add_argument("--health-floor", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--client", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.client is not None:
+        _client_main(args.client)
+        return
     if args.floor is not None:
-        _floor_main(args.floor)
+        if args.read is None:
+            _floor_main(args.floor)
+        else:
+            _reading_floor_main(args.floor, args.read, args.api, args.driver)
         return
     if args.health_floor is not None:
         _health_floor_main(args.health_floor)
@@ -416,7 +665,7 @@ def main(argv: list[str] | None = None) -> None:
 
     s = QUICK if args.quick else FULL
     rounds = s.dra_rounds if args.quick else args.rounds
-    figures = measure(rounds, s.dra_warmup, s.dra_health_rounds)
+    figures = measure(rounds, s.dra_warmup, s.dra_health_rounds, args.profile and args.profile.resolve())
     print(json.dumps(figures, indent=1) if args.json else _table(figures, rounds))
 
 

@@ -59,8 +59,12 @@ def test_quick_bench_writes_every_key(tmp_path: Path) -> None:
     # stream and to the updated ResourceSlice (p99), and issue 30's handover of a DRA node (the new daemon's start to
     # the old one's exit, the longest prepare meanwhile)
     # issue 35's longest Allocate holds right after a rejected pod, a short pod and beside busy devices, and the time
-    # to withhold a busy device (cgroup v2, as root)
+    # to withhold a busy device (cgroup v2, as root); issue 37 gave the four DRA ratios a goal (against the floor
+    # that reads the claim) and added no key to this table
     assert len(keys) == 44
+    assert {
+        k.name: k.goal for k in _bench_module("bench.report").GOAL_KEYS if k.name.startswith("dra_") and k.goal
+    } == {f"dra_{op}_ratio_{p}": "<= 2" for op in ("prepare", "unprepare") for p in ("p50", "p99")}
     if os.geteuid() != 0:
         root_only = ("exit_release_p99_ms_v2", "hold_rejected_max_ms", "hold_short_pod_max_ms")
         for key in (*root_only, "hold_beside_busy_max_ms", "withhold_max_ms"):
@@ -131,5 +135,21 @@ def test_quick_dra_bench_reports_prepare_and_unprepare_against_the_floor() -> No
         for key in ("p50", "p99", "ratio_p50", "ratio_p99"):
             assert figures[op][key] > 0, f"{op}.{key} is not positive: {figures[op][key]!r}"
         assert figures[f"floor_{op}"]["n"] == figures[op]["n"] == 20
+        for floor in ("nowork", "raw", "lightkube"):  # the ratios are against the one that reads the claim
+            assert figures[f"floor_{floor}_{op}"]["n"] == 20 and figures[f"floor_{floor}_{op}"]["p50"] > 0, floor
+        assert figures[f"floor_{op}"] == figures[f"floor_lightkube_{op}"]
+    # where devplug's time went, from the spans timed inside its daemon in the same run: every stage of the path ran in
+    # every call (the handler and the claim's read once)
+    prepare, unprepare = figures["breakdown"]["prepare"], figures["breakdown"]["unprepare"]
+    for stages, names in (
+        (prepare, ("handler", "read", "read.http", "admission", "ledger", "hook", "hook.driver", "cdi", "handler.cpu")),
+        (unprepare, ("handler", "release", "ledger", "ledger.sync", "hook", "hook.driver", "cdi", "handler.cpu")),
+    ):
+        for stage in names:
+            assert stages[stage]["runs"] >= 1 and stages[stage]["p50"] > 0, (stage, stages.get(stage))
+        assert stages["handler"]["runs"] == 1
+        assert stages["call"]["p50"] >= stages["handler"]["p50"]
+    assert prepare["read"]["runs"] == 1
+    assert "read" not in unprepare and "release" not in prepare
     for key in ("health", "floor_health", "slice"):  # 3 rounds of unhealthy and healthy again
         assert figures[key]["n"] == 6 and figures[key]["p50"] > 0, key
