@@ -73,6 +73,7 @@ DRA_SPANS: tuple[Span, ...] = (
     Span("hook.driver", "devplug.drivers.facade", "DriverFacade.call_deallocate"),
     Span("cdi", "devplug.frontends.dra.claimcdi", "ClaimCdiSpecs.write", cpu=True),
     Span("cdi", "devplug.frontends.dra.claimcdi", "ClaimCdiSpecs.remove", cpu=True),
+    Span("cdi.files", "devplug.frontends.dra.claimcdi", "_write_both"),
 )
 
 #: The stages of the breakdown, in the order shown (a dotted name is a part of the stage its name starts with).

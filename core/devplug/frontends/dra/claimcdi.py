@@ -21,8 +21,20 @@ the devices of that request. So each request becomes one CDI device:
 * a copy is kept in the resource's state folder (``keep_dir``): the spec dir is
   usually a tmpfs (``/var/run``) that a reboot empties while the kubelet still
   holds the claim prepared (``dra_manager_state``) and starts its containers
-  again; :meth:`ClaimCdiSpecs.restore` writes a missing spec back from its copy
-  (at start for every prepared claim, and when the kubelet prepares it again).
+  again; :meth:`ClaimCdiSpecs.restore` writes a spec back from its copy when it
+  is missing or differs (at start for every prepared claim, and when the kubelet
+  prepares it again).
+
+**Durability.** Both files are replaced atomically (a temporary file renamed over
+the name: never a mix, whenever the daemon is killed). Only the kept copy is
+fdatasync'ed (and its folder fsync'ed) before the kubelet gets its answer: it is
+what survives a power loss, and what the spec is made again from. The spec in the
+spec dir is written without syncs (one write and a rename): on the usual tmpfs a
+sync does nothing, and on a disk a power loss that tore or lost it is repaired
+by :meth:`ClaimCdiSpecs.restore` at start, which compares it with the kept copy.
+Both are written in one trip to a worker thread. A removal unlinks both without
+a sync: a kept copy a power loss brings back has no record of its claim, and the
+reconciliation removes it.
 
 A request with nothing for the container (no env, device node or mount) gets
 no CDI device (CDI refuses a device without edits), a claim with none no file.
@@ -40,10 +52,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import json
 import logging
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -58,9 +70,35 @@ __all__ = ["ClaimCdiSpecs"]
 log = logging.getLogger("devplug.frontends.dra")
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes, *, sync: bool = True) -> None:
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    write_atomic(path, data, SPEC_FILE_MODE)
+    write_atomic(path, data, SPEC_FILE_MODE, sync=sync)
+
+
+def _write_both(kept: Path, spec: Path, data: bytes) -> None:
+    """The kept copy, durable (see the module's docstring), then the spec, atomic but not synced."""
+    _write(kept, data)
+    _write(spec, data, sync=False)
+
+
+def _holds(path: Path, data: bytes) -> bool | None:
+    """Whether ``path`` is a regular file holding ``data`` (None: there is nothing). Opened without following a
+    link or blocking on a FIFO: anything but a regular file holds something else, and is replaced."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+            return False
+        return os.read(fd, len(data) + 1) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _remove(path: Path) -> bool:
@@ -128,22 +166,25 @@ class ClaimCdiSpecs:
         spec = build_spec(self.kind, described, name=lambda request: f"{claim_uid}-{request}")
         assert spec is not None  # a device described
         data = (json.dumps(spec, indent=2) + "\n").encode()
-        await asyncio.to_thread(functools.partial(_write, self._kept(claim_uid), data))
-        await asyncio.to_thread(functools.partial(_write, self.path(claim_uid), data))
+        await asyncio.to_thread(_write_both, self._kept(claim_uid), self.path(claim_uid), data)
         return {request: self.device_id(claim_uid, request) for request, _ in described}
 
     async def restore(self, claim_uid: str) -> dict[str, str]:
         """The CDI device IDs of the claim's requests (as :meth:`write` gave them), its spec written back from the
-        kept copy if the spec dir lost it; empty when the claim has no spec. Raises ``OSError`` when it cannot."""
+        kept copy if the spec dir lost it or holds other bytes (a power loss tore it); empty when the claim has no
+        spec. Raises ``OSError`` when it cannot."""
 
         def restore() -> dict[str, str]:
             try:
                 data = self._kept(claim_uid).read_bytes()
             except FileNotFoundError:
                 return {}
-            if not self.path(claim_uid).exists():
-                _write(self.path(claim_uid), data)
-                log.warning("restored the CDI spec %s of a prepared claim (the spec dir lost it)", self.path(claim_uid))
+            spec = self.path(claim_uid)
+            found = _holds(spec, data)
+            if found is not True:
+                _write(spec, data, sync=False)
+                why = "the spec dir lost it" if found is None else "the spec dir held something else"
+                log.warning("restored the CDI spec %s of a prepared claim (%s)", spec, why)
             prefix = f"{claim_uid}-"
             names = [str(d["name"]) for d in json.loads(data)["devices"]]
             return {n[len(prefix) :]: f"{self.kind}={n}" for n in names if n.startswith(prefix)}
