@@ -121,9 +121,10 @@ class Releaser:
         start = time.monotonic()
         owed = tuple(record.all_devices())
         if not record.releasing:
+            # On disk with the first hook's intent below (one write, synced), before any hook runs: a crash
+            # before that write finds the record as it was, the release not begun, and nothing done.
             record = self.ledger.begin_release(record_id)
             self.guard.sync_withheld()
-            await self.ledger.save()
         log.info("[%s] releasing %s (%s)", self.resource_name, id_list(owed), reason, extra={"device": id_list(owed)})
         retried = False
         try:
