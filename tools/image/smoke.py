@@ -67,9 +67,34 @@ CGROUP_TREE = "/sys/fs/cgroup"
 
 
 def stand_in_cgroups(source: Path) -> None:
-    """The stand-in node's cgroup tree: what devplug looks for (``cgroup.controllers``, ``kubepods/``)."""
+    """The stand-in node's cgroup tree: what devplug looks for (``cgroup.controllers``, ``kubepods/``). Where a daemon
+    runs, :func:`kernel_cgroups` puts a real cgroup there first (devplug reads only the kernel's cgroups)."""
     (source / "kubepods").mkdir(parents=True, exist_ok=True)
-    (source / "cgroup.controllers").touch()
+    if not (source / "cgroup.controllers").exists():
+        (source / "cgroup.controllers").touch()
+
+
+@contextmanager
+def kernel_cgroups(tree: Path) -> Iterator[None]:
+    """At ``tree`` (the stand-in node's cgroup tree), a cgroup of this machine's cgroup2 hierarchy made for this run,
+    with an empty ``kubepods`` in it, bind-mounted; removed at the end. devplug reads only the kernel's cgroups: a
+    folder imitating one is refused (container liveness unknown, so /readyz answers 503 under ``[liveness]
+    required``, as the DaemonSet's config sets)."""
+    fields = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    roots = [Path(f[4]) for f in fields if "-" in f and f[f.index("-") + 1] == "cgroup2"]
+    if not roots:
+        raise SmokeFailure("no cgroup2 hierarchy is mounted here: the node's cgroup tree cannot be stood in for")
+    own = roots[0] / f"devplug-smoke-{os.getpid()}-{time.monotonic_ns()}"
+    (own / "kubepods").mkdir(parents=True)
+    tree.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(own), str(tree)], check=True, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(tree)], check=False, capture_output=True, timeout=30)
+        for folder in (own / "kubepods", own):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 class SmokeFailure(Exception):
@@ -403,6 +428,7 @@ def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequ
     # The dev kubelet reaches the node's folders through a short link, so the socket paths it dials are as short as a
     # kubelet's at / (the kubelet-root components' longest is 97 bytes, within a unix address's 107).
     with (
+        kernel_cgroups(node / CGROUP_TREE.lstrip("/")),
         _short_link(node) as short,
         dev_kubelet(short / plugin_dir.relative_to(node), short / pod_resources.relative_to(node)) as kubelet,
     ):
