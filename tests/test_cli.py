@@ -148,13 +148,6 @@ def test_run_options_take_either_form() -> None:
 
 # A device node the mock driver hands out (issue 40, item 6): check-config on the node refuses what `devplug run` would
 # refuse at start ("is not a character or block device"); --offline, off the node, still checks keys and values only.
-_NOT_A_DEVICE_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="the check runs only in MockDriver.start; it belongs in MockOptions.__post_init__ under "
-    "devplug.options.node_checks() (drivers/mock, outside this change): drop this mark with that fix",
-)
-
-
 def _mock_config(tmp_path: Path, device_node: Path) -> Path:
     path = tmp_path / "devplug.toml"
     path.write_text(
@@ -165,7 +158,6 @@ def _mock_config(tmp_path: Path, device_node: Path) -> Path:
     return path
 
 
-@_NOT_A_DEVICE_XFAIL
 def test_check_config_refuses_a_device_node_that_is_not_one(tmp_path: Path) -> None:
     regular = tmp_path / "notadev"
     regular.write_text("")

@@ -33,7 +33,7 @@ from devplug import (
     hookimpl,
 )
 from devplug.kit import DriverRuntime
-from devplug.options import refuse_kernel_trees
+from devplug.options import node_checks, refuse_kernel_trees
 from devplug.testing.devnodes import is_device_node, mknod_char_device
 from devplug.testing.recorder import HookRecorder
 from devplug.watch import DirectoryWatcher
@@ -91,6 +91,9 @@ class MockOptions:
             if not isinstance(node, str | Path) or not str(node).startswith("/"):
                 raise ValueError(f"device_node: expected an absolute path to a device node, got {node!r}")
             object.__setattr__(self, "device_node", Path(node))
+            # on the node (not `check-config --offline`): found at check-config, not only at start
+            if node_checks() and not is_device_node(Path(node)):
+                raise ValueError(f"device_node: {node} is not a character or block device")
 
 
 def _shared(replicas: Replicas | None) -> dict[str, Any]:

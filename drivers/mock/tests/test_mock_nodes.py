@@ -17,6 +17,7 @@ import pytest
 
 from devplug import DriverContext, DriverError
 from devplug.drivers import DriverHooks
+from devplug.options import without_node_checks
 from devplug.testing.devnodes import is_device_node
 from devplug.testing.kubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.testing.sink import RecordingSink
@@ -91,9 +92,14 @@ def test_the_node_folder_never_shows_as_a_device(started: tuple[Path, DriverHook
 
 
 def test_device_node_must_be_a_device(tmp_path: Path) -> None:
+    """Refused when the options are read (so `check-config` finds it), and again at start (the node may be gone)."""
     regular = tmp_path / "not-a-node"
     regular.write_text("")
-    hooks = DriverHooks(RESOURCE, MockDriver(MockOptions(directory=tmp_path / "devices", device_node=regular)))
+    with pytest.raises(ValueError, match=f"device_node: {regular} is not a character or block device"):
+        MockOptions(directory=tmp_path / "devices", device_node=regular)
+    with without_node_checks():  # check-config --offline reads the options off the node: no look at the file
+        options = MockOptions(directory=tmp_path / "devices", device_node=regular)
+    hooks = DriverHooks(RESOURCE, MockDriver(options))
     (tmp_path / "state").mkdir()
     with pytest.raises(DriverError, match=f"device_node {regular} is not a character or block device"):
         hooks.start(DriverContext(RESOURCE, tmp_path / "state", RecordingSink()))
