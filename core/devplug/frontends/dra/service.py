@@ -42,12 +42,13 @@ per claim UID):
 (:meth:`~devplug.engine.lifecycle.DeviceLifecycle.release`: ``post_stop``, then
 ``deallocate``, each written to the ledger before and after the hook, so a
 daemon killed in between finishes it after its restart, the hooks flagged as
-retries), then its CDI spec is deleted. A claim with no record (never prepared
-here, or already unprepared) is a success, as the kubelet expects; its CDI spec
-is deleted only if its kept copy says this daemon wrote it (a daemon stopped
-between the release and the deletion). A release
-that fails is that claim's error; the record stays releasing (its devices
-withheld) and the kubelet calls again.
+retries), and its CDI spec is deleted meanwhile, in a worker thread (no
+container uses it once the kubelet unprepares: its pods' containers are gone).
+A claim with no record (never prepared here, or already unprepared) is a
+success, as the kubelet expects; its CDI spec is deleted only if its kept copy
+says this daemon wrote it (a daemon stopped between the release and the
+deletion). A release that fails is that claim's error; the record stays
+releasing (its devices withheld) and the kubelet calls again.
 
 **How many claims one call may name.** The kubelet sends one call per pod and
 driver, with that pod's claims of the driver (``pkg/kubelet/cm/dra/manager.go``,
@@ -252,6 +253,8 @@ class ClaimPreparer:
     async def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, list[PreparedDevice] | str]:
         """Each claim's devices, or its error (a string naming the claim)."""
         wanted = list(dict.fromkeys(claims))
+        if len(wanted) == 1:  # the usual call (one pod, one claim): no task to run it in
+            return {wanted[0].uid: await self._prepare_one(wanted[0])}
         answers = await asyncio.gather(*(self._prepare_one(c) for c in wanted))
         return {c.uid: a for c, a in zip(wanted, answers, strict=True)}
 
@@ -412,6 +415,8 @@ class ClaimPreparer:
     async def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str]:
         """Each claim's error ("" when unprepared, or never prepared here)."""
         wanted = list(dict.fromkeys(claims))
+        if len(wanted) == 1:
+            return {wanted[0].uid: await self._unprepare_one(wanted[0])}
         answers = await asyncio.gather(*(self._unprepare_one(c) for c in wanted))
         return {c.uid: a for c, a in zip(wanted, answers, strict=True)}
 
@@ -425,19 +430,23 @@ class ClaimPreparer:
             return message
         async with self._lock(ref.uid):
             record = self.lifecycle.for_claim(ref.uid)
-            if record is not None:
-                try:
+            # The spec goes in a worker thread while the release runs: no container uses it once the kubelet
+            # unprepares the claim (its pods' containers are gone), whatever the release's outcome.
+            removal = asyncio.ensure_future(self.cdi.remove(ref.uid, recorded=record is not None, claim=str(ref)))
+            try:
+                if record is not None:
                     await self.lifecycle.release(record.id, f"the kubelet unprepared {ref}")
-                except DevplugError as exc:  # the driver's hook, or the ledger that cannot be written
-                    self.observer.claim_unprepare_failed("release_failed", time.monotonic() - start)
-                    log.error("[%s] unprepare of %s failed: %s", self.name, ref, exc)
-                    return f"{ref}: releasing its devices failed: {exc}; they stay withheld until it succeeds"
-                except Exception as exc:  # a bug: this claim's error, with a traceback in the log
-                    self.observer.claim_unprepare_failed("internal_error", time.monotonic() - start)
-                    log.exception("[%s] unprepare of %s failed unexpectedly", self.name, ref)
-                    return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
-                self.unprepared += 1
-            await self.cdi.remove(ref.uid, recorded=record is not None, claim=str(ref))
+                    self.unprepared += 1
+            except DevplugError as exc:  # the driver's hook, or the ledger that cannot be written
+                self.observer.claim_unprepare_failed("release_failed", time.monotonic() - start)
+                log.error("[%s] unprepare of %s failed: %s", self.name, ref, exc)
+                return f"{ref}: releasing its devices failed: {exc}; they stay withheld until it succeeds"
+            except Exception as exc:  # a bug: this claim's error, with a traceback in the log
+                self.observer.claim_unprepare_failed("internal_error", time.monotonic() - start)
+                log.exception("[%s] unprepare of %s failed unexpectedly", self.name, ref)
+                return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
+            finally:
+                await removal  # logs its own failure; never raises
             self.observer.claim_unprepared(time.monotonic() - start)
             return ""
 
