@@ -259,7 +259,10 @@ def _driver_mounts(driver: str, options: dict[str, Any]) -> dict[str, tuple[str,
                 folder = str(Path(options[key]).parent)
                 mounts[folder] = (folder, True)
         return mounts
-    return {}  # mock (files in the pod), shared (the network and the API server)
+    if driver == "mock":  # its folder, at the same path on the node: the Allocate answer names its files
+        directory = str(options["directory"])
+        return {directory: (directory, False)}
+    return {}  # shared (the network and the API server)
 
 
 def _needed_mounts(config: dict[str, Any]) -> dict[str, tuple[str, bool]]:
