@@ -349,3 +349,37 @@ def test_the_core_the_daemon_and_each_front_end_name_every_module_in_their_docst
             if path.stem != "__init__" and f"``{path.stem}``" not in doc
         ]
     assert missing == []
+
+
+def test_code_outside_the_engine_uses_only_its_published_interface() -> None:
+    """Issue 39: one engine interface. Front ends, the daemon, the CLI, the test kit and drivers import from
+    ``devplug.engine`` itself and only names of its ``__all__``, never from one of its modules; the architecture
+    page lists the same names."""
+    from devplug import engine
+
+    published = set(engine.__all__)
+    offences = []
+    sources = [p for p in _sources(CORE) if "engine" not in p.relative_to(CORE).parts[:1]]
+    for path in [*sources, *_sources(ROOT / "drivers")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                offences += [f"{where} imports {a.name}" for a in node.names if a.name.startswith("devplug.engine.")]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.startswith("devplug.engine."):
+                    offences.append(f"{where} imports from {node.module}, a module of the engine")
+                elif node.module == "devplug.engine":
+                    offences += [
+                        f"{where} imports {a.name}, unpublished" for a in node.names if a.name not in published
+                    ]
+    assert offences == []
+    assert sorted(n for names in engine.PUBLISHED.values() for n in names) == sorted(published)
+    for name in published:  # each resolves to what its module defines
+        assert getattr(engine, name) is getattr(
+            importlib.import_module(f"devplug.engine.{engine._MODULE_OF[name]}"), name
+        )
+    page = (ROOT / "docs" / "internals" / "architecture.md").read_text()
+    listed = set(
+        re.findall(r"`([A-Za-z_]+)`", page.split("## The engine's published interface", 1)[-1].split("\n## ")[0])
+    )
+    assert "## The engine's published interface" in page and listed == published, sorted(listed ^ published)

@@ -607,7 +607,7 @@ def _quarantine_targets(config_path: Path, resource: str | None) -> tuple[Path, 
 @click.option("--resource", help="Only this resource.")
 def quarantine_list(config_path: Path, resource: str | None) -> None:
     """List the quarantined ledger records (key, devices, why), as the ledgers on disk hold them."""
-    from devplug.engine.quarantine import read_quarantined
+    from devplug.engine import read_quarantined
 
     try:
         state_dir, names = _quarantine_targets(config_path, resource)
@@ -639,8 +639,7 @@ def quarantine_clear(
     import time as clock
 
     from devplug.daemon.lock import StateLock
-    from devplug.engine.ledger import Ledger
-    from devplug.engine.quarantine import clear_offline, read_quarantined, write_clear_request
+    from devplug.engine import Ledger, clear_offline, read_quarantined, write_clear_request
     from devplug.errors import AlreadyRunningError, ConfigError, StateError
     from devplug.logsafe import shorten
     from devplug.resource_names import resource_state_dir

@@ -27,7 +27,7 @@ from devplug.daemon.status import read_status
 from devplug.devkubelet import CgroupLayout, ContainerSpec, DevKubeletThread, PodSpec
 from devplug.devkubelet.cgroups import unique_cgroup_root
 from devplug.devkubelet.daemonconfig import no_containers_liveness
-from devplug.engine.ledger import read_ledger_records
+from devplug.engine import read_ledger_records
 from devplug.errors import ConfigError, StateError
 from devplug.hookrecord import read_hook_calls
 from devplug.process import DaemonProcess

@@ -5,8 +5,7 @@ resource keeps its own current file (:class:`~devplug.engine.cdi.CdiSpecs`)."""
 from __future__ import annotations
 
 from devplug.config import Config
-from devplug.engine.cdi import remove_stale_specs, spec_file_name
-from devplug.engine.resource import Resource
+from devplug.engine import Resource, remove_stale_specs, spec_file_name
 from devplug.errors import ConfigError
 
 __all__ = ["remove_spec_of", "remove_stale_cdi_specs"]

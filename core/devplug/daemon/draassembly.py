@@ -10,9 +10,7 @@ from typing import Any
 
 from devplug.config import Config, ResourceConfig
 from devplug.configdra import API_DRA
-from devplug.engine.devicetable import DeviceTable
-from devplug.engine.frontend import FrontEnd
-from devplug.engine.resourcestatus import ResourceStatus
+from devplug.engine import DeviceTable, FrontEnd, ResourceStatus
 from devplug.errors import ConfigError
 
 __all__ = ["check_dra_client", "dra_frontend"]

@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from devplug.engine.resourcereport import ResourceFigures
+from devplug.engine import ResourceFigures
 
 __all__ = ["CLAIM_CALL_BUCKETS", "REGISTRATION_STATES", "DraCounters", "DraResourceCounters", "dra_families"]
 

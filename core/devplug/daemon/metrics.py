@@ -43,8 +43,7 @@ import devplug
 from devplug.contract import HOOK_CONTRACT
 from devplug.daemon.drametrics import DraCounters, DraResourceCounters, dra_families
 from devplug.daemon.httpserve import DEFAULT_LIMITS, HttpLimits, LimitedHttpServer, Response
-from devplug.engine.observer import ResourceObserver
-from devplug.engine.resourcereport import ResourceFigures
+from devplug.engine import ResourceFigures, ResourceObserver
 from devplug.hookspecs import HOOK_NAMES
 
 __all__ = [

@@ -15,9 +15,7 @@ from typing import Any
 from devplug.config import Config
 from devplug.daemon.metrics import Metrics, MetricsServer, NodeFigures
 from devplug.daemon.readiness import NodeFacts, ResourceFacts, pod_resources_bound, reasons
-from devplug.engine.resource import Resource
-from devplug.engine.resourcereport import ResourceFigures
-from devplug.engine.tenantexit import ExitEvidence
+from devplug.engine import ExitEvidence, Resource, ResourceFigures
 from devplug.errors import ConfigError
 from devplug.frontends.deviceplugin.reconciler import Reconciler
 

@@ -44,15 +44,18 @@ from devplug.daemon.lock import StateLock
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile, status_fingerprint
 from devplug.daemon.takeover import Takeover
-from devplug.engine.devicetable import DeviceTable
-from devplug.engine.frontend import FrontEnd
-from devplug.engine.liveness import ContainerLiveness
-from devplug.engine.observer import NULL_OBSERVER
-from devplug.engine.resource import Resource
-from devplug.engine.resourcestatus import ResourceStatus
-from devplug.engine.serial import SerialThread
-from devplug.engine.statedir import check_replaceable, prepare_state_dir
-from devplug.engine.tenantexit import ExitEvidence
+from devplug.engine import (
+    NULL_OBSERVER,
+    ContainerLiveness,
+    DeviceTable,
+    ExitEvidence,
+    FrontEnd,
+    Resource,
+    ResourceStatus,
+    SerialThread,
+    check_replaceable,
+    prepare_state_dir,
+)
 from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
 from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder

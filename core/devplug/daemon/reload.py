@@ -43,8 +43,7 @@ from typing import Any, Protocol
 
 from devplug.config import Config, ResourceConfig, load_config
 from devplug.daemon.cdicleanup import remove_spec_of
-from devplug.engine.asynctools import BackgroundTasks, in_daemon_thread
-from devplug.engine.resource import Resource
+from devplug.engine import BackgroundTasks, Resource, in_daemon_thread
 from devplug.errors import ConfigError, DevplugError
 
 __all__ = ["FIXED_KEYS", "ReloadPlan", "ReloadRecord", "ReloadTarget", "Reloader", "plan_reload"]

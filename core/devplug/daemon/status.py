@@ -23,14 +23,11 @@ from devplug.atomic import write_atomic
 from devplug.daemon.lock import StateLock
 from devplug.daemon.lockholder import prove_holder
 from devplug.daemon.statusschema import check_status
-from devplug.engine.asynctools import BackgroundTasks
-from devplug.engine.resource import Resource
-from devplug.engine.resourcereport import DeviceEntries
-from devplug.engine.serial import SerialThread
+from devplug.engine import BackgroundTasks, DeviceEntries, Resource, SerialThread
 from devplug.errors import StateError
 
 if TYPE_CHECKING:
-    from devplug.engine.tenantexit import ExitEvidence
+    from devplug.engine import ExitEvidence
     from devplug.frontends.deviceplugin.reconciler import Reconciler
 
 __all__ = ["STATUS_FILE", "StatusBuilder", "StatusFile", "read_status", "status_fingerprint"]

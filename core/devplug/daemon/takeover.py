@@ -21,7 +21,7 @@ from devplug.daemon.handover import HandoverError, HandoverRecord, StateDirEvent
 from devplug.daemon.handover import step as handover_step
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import GATE_RETRY_S, GATE_TRIES, StateLock, handover_gate
-from devplug.engine.resource import Resource
+from devplug.engine import Resource
 from devplug.errors import AlreadyRunningError, ConfigError
 
 if TYPE_CHECKING:

@@ -34,3 +34,140 @@ through a front end; its modules, by unit:
   daemon threads), ``serial`` (blocking calls in order in one thread),
   ``observer`` (the events a resource reports to the metrics).
 """
+
+
+# --- the published interface ------------------------------------------------------------------------------------
+# What code outside the engine (front ends, the daemon, the CLI, the test kit, drivers) may import: from
+# ``devplug.engine`` itself, never from its modules (tests/test_architecture.py checks every file). Each name is
+# loaded from its module when first asked for (PEP 562), so ``devplug status`` reading a state file does not import
+# the whole engine. docs/internals/architecture.md lists the same names.
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+#: Each published name and the engine module that defines it, by what uses it.
+PUBLISHED: dict[str, dict[str, str]] = {
+    "what a front end drives and is told": {
+        "DeviceLifecycle": "lifecycle",
+        "FrontEnd": "frontend",
+        "TenantEnd": "admission",
+        "DraClaim": "admission",
+        "ClaimTenant": "ledger",
+        "AllocationRecord": "ledger",
+        "DeviceTable": "devicetable",
+        "ExitEvidence": "tenantexit",
+        "ReleaseQueue": "releasequeue",
+        "ResourceState": "resourcestatus",
+        "ResourceStatus": "resourcestatus",
+        "ContainerLiveness": "liveness",
+    },
+    "what the daemon assembles and reports": {
+        "Resource": "resource",
+        "Ledger": "ledger",
+        "ResourceObserver": "observer",
+        "NULL_OBSERVER": "observer",
+        "ResourceFigures": "resourcereport",
+        "DeviceEntries": "resourcereport",
+        "check_replaceable": "statedir",
+        "prepare_state_dir": "statedir",
+        "supervise": "supervise",
+    },
+    "CDI spec files (the DRA front end's claim specs, the daemon's clean-up)": {
+        "SPEC_FILE_MODE": "cdi",
+        "build_spec": "cdi",
+        "cdi_device_name": "cdi",
+        "remove_stale_specs": "cdi",
+        "spec_file_name": "cdi",
+    },
+    "what the CLI reads and asks offline": {
+        "read_ledger_records": "ledger",
+        "read_quarantined": "quarantine",
+        "clear_offline": "quarantine",
+        "write_clear_request": "quarantine",
+    },
+    "async helpers": {
+        "BackgroundTasks": "asynctools",
+        "Backoff": "asynctools",
+        "SerialThread": "serial",
+        "in_daemon_thread": "asynctools",
+        "sliced": "asynctools",
+        "wait_any": "asynctools",
+    },
+}
+_MODULE_OF = {name: module for names in PUBLISHED.values() for name, module in names.items()}
+
+if TYPE_CHECKING:
+    from devplug.engine.admission import DraClaim, TenantEnd
+    from devplug.engine.asynctools import BackgroundTasks, Backoff, in_daemon_thread, sliced, wait_any
+    from devplug.engine.cdi import SPEC_FILE_MODE, build_spec, cdi_device_name, remove_stale_specs, spec_file_name
+    from devplug.engine.devicetable import DeviceTable
+    from devplug.engine.frontend import FrontEnd
+    from devplug.engine.ledger import AllocationRecord, ClaimTenant, Ledger, read_ledger_records
+    from devplug.engine.lifecycle import DeviceLifecycle
+    from devplug.engine.liveness import ContainerLiveness
+    from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
+    from devplug.engine.quarantine import clear_offline, read_quarantined, write_clear_request
+    from devplug.engine.releasequeue import ReleaseQueue
+    from devplug.engine.resource import Resource
+    from devplug.engine.resourcereport import DeviceEntries, ResourceFigures
+    from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+    from devplug.engine.serial import SerialThread
+    from devplug.engine.statedir import check_replaceable, prepare_state_dir
+    from devplug.engine.supervise import supervise
+    from devplug.engine.tenantexit import ExitEvidence
+
+# A name that is also its module's (``supervise``) is bound now: once the module is imported, Python sets the
+# package attribute of that name to the module, which a lazy name would never replace.
+from devplug.engine.supervise import supervise  # noqa: E402  (after PUBLISHED, which it does not need)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(
+            f"module 'devplug.engine' has no attribute {name!r}: code outside the engine uses only the published "
+            f"names (devplug.engine.__all__)"
+        )
+    value = getattr(import_module(f"devplug.engine.{module}"), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+__all__ = [
+    "AllocationRecord",
+    "BackgroundTasks",
+    "Backoff",
+    "build_spec",
+    "cdi_device_name",
+    "check_replaceable",
+    "ClaimTenant",
+    "clear_offline",
+    "ContainerLiveness",
+    "DeviceEntries",
+    "DeviceLifecycle",
+    "DeviceTable",
+    "DraClaim",
+    "ExitEvidence",
+    "FrontEnd",
+    "in_daemon_thread",
+    "Ledger",
+    "NULL_OBSERVER",
+    "prepare_state_dir",
+    "read_ledger_records",
+    "read_quarantined",
+    "ReleaseQueue",
+    "remove_stale_specs",
+    "Resource",
+    "ResourceFigures",
+    "ResourceObserver",
+    "ResourceState",
+    "ResourceStatus",
+    "SerialThread",
+    "sliced",
+    "SPEC_FILE_MODE",
+    "spec_file_name",
+    "supervise",
+    "TenantEnd",
+    "wait_any",
+    "write_clear_request",
+]

@@ -43,7 +43,7 @@ from typing import Any
 
 from devplug.configdra import default_driver_name
 from devplug.devkubelet import ContainerSpec, DevKubelet, DRAConfig, PodClaim, PodSpec, ResourceClaimRef
-from devplug.engine.ledger import read_ledger_records
+from devplug.engine import read_ledger_records
 from devplug.process import DaemonProcess
 from devplug.resource_names import resource_state_dir
 from devplug.testing.apiserver import ApiServer

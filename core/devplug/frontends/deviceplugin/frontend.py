@@ -15,11 +15,7 @@ from devplug.api.convert import encode_device_entry, encode_list_and_watch, opti
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import KubeletConfig
 from devplug.drivers import DriverCapabilities
-from devplug.engine.admission import TenantEnd
-from devplug.engine.devicetable import DeviceTable
-from devplug.engine.ledger import AllocationRecord
-from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.engine.resourcestatus import ResourceStatus
+from devplug.engine import AllocationRecord, DeviceLifecycle, DeviceTable, ResourceStatus, TenantEnd
 from devplug.frontends.callgate import CallGate
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView
 from devplug.frontends.deviceplugin.pluginserver import PluginServer

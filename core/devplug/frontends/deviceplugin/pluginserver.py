@@ -23,8 +23,7 @@ import grpc.aio
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import KubeletConfig
-from devplug.engine.asynctools import Backoff, wait_any
-from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+from devplug.engine import Backoff, ResourceState, ResourceStatus, wait_any
 from devplug.frontends.deviceplugin.registration_client import API_VERSION, register
 from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver
 

@@ -51,13 +51,17 @@ import grpc.aio
 
 from devplug.api.checkpoint import KubeletCheckpoint
 from devplug.config import ReleaseConfig
-from devplug.engine.asynctools import BackgroundTasks, sliced, wait_any
-from devplug.engine.ledger import AllocationRecord
-from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.engine.releasequeue import ReleaseQueue
-from devplug.engine.resource import Resource
-from devplug.engine.supervise import supervise
-from devplug.engine.tenantexit import ExitEvidence
+from devplug.engine import (
+    AllocationRecord,
+    BackgroundTasks,
+    DeviceLifecycle,
+    ExitEvidence,
+    ReleaseQueue,
+    Resource,
+    sliced,
+    supervise,
+    wait_any,
+)
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView, pods_holding
 from devplug.frontends.deviceplugin.podresources_client import DeviceUse, PodResourcesClient
 from devplug.frontends.deviceplugin.sightings import KubeletSightings

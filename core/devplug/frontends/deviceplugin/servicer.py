@@ -28,8 +28,7 @@ import grpc.aio
 
 from devplug.api.convert import encode_allocate_response
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.engine.devicetable import DeviceTable
-from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine import DeviceLifecycle, DeviceTable
 from devplug.errors import (
     DeviceBusyError,
     DevplugError,

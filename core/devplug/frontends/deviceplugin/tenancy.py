@@ -39,10 +39,7 @@ import time
 from collections.abc import Callable
 
 from devplug.api.checkpoint import KubeletCheckpoint
-from devplug.engine.admission import TenantEnd
-from devplug.engine.asynctools import BackgroundTasks
-from devplug.engine.ledger import AllocationRecord
-from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine import AllocationRecord, BackgroundTasks, DeviceLifecycle, TenantEnd
 from devplug.frontends.deviceplugin.checkpointview import CheckpointView, pods_holding
 from devplug.frontends.deviceplugin.sightings import KubeletSightings
 

@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from devplug.atomic import write_atomic
-from devplug.engine.cdi import SPEC_FILE_MODE, build_spec
+from devplug.engine import SPEC_FILE_MODE, build_spec
 from devplug.kubeids import is_uid
 from devplug.logsafe import shorten
 from devplug.types import ContainerAllocation

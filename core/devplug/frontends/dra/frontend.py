@@ -54,12 +54,15 @@ from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from devplug.api.gen.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.config import KubeletConfig
 from devplug.configdra import DraConfig
-from devplug.engine.admission import TenantEnd
-from devplug.engine.devicetable import DeviceTable
-from devplug.engine.ledger import AllocationRecord
-from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.engine.releasequeue import ReleaseQueue
-from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+from devplug.engine import (
+    AllocationRecord,
+    DeviceLifecycle,
+    DeviceTable,
+    ReleaseQueue,
+    ResourceState,
+    ResourceStatus,
+    TenantEnd,
+)
 from devplug.errors import ConfigError, DeviceBusyError
 from devplug.frontends.callgate import CallGate
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs

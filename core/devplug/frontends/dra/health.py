@@ -34,7 +34,7 @@ from typing import Any
 
 from devplug.api.gen.drahealth.v1alpha1 import api_pb2 as health_pb
 from devplug.api.gen.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
-from devplug.engine.devicetable import DeviceTable
+from devplug.engine import DeviceTable
 from devplug.frontends.dra.devicenames import device_name
 
 __all__ = ["MAX_MESSAGE_BYTES", "RESEND_S", "TIMEOUT_S", "HealthService", "health_report"]

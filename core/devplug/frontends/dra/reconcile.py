@@ -31,9 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from devplug.engine.ledger import AllocationRecord
-from devplug.engine.lifecycle import DeviceLifecycle
-from devplug.engine.releasequeue import ReleaseQueue
+from devplug.engine import AllocationRecord, DeviceLifecycle, ReleaseQueue
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import ClaimPresence, ClaimReadError, ClaimRef
 

@@ -85,10 +85,7 @@ from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.engine.admission import DraClaim
-from devplug.engine.cdi import cdi_device_name
-from devplug.engine.ledger import AllocationRecord, ClaimTenant
-from devplug.engine.lifecycle import DeviceLifecycle
+from devplug.engine import AllocationRecord, ClaimTenant, DeviceLifecycle, DraClaim, cdi_device_name
 from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
 from devplug.frontends.callgate import CallGate, gated_call
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs

@@ -68,7 +68,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplug.engine.devicetable import DeviceTable
+from devplug.engine import DeviceTable
 from devplug.frontends.dra.devicenames import DeviceNameMap, device_name
 from devplug.types import Device
 

@@ -72,8 +72,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from devplug.engine.asynctools import Backoff
-from devplug.engine.devicetable import DeviceTable
+from devplug.engine import Backoff, DeviceTable
 from devplug.errors import DevplugError
 from devplug.frontends.dra.apiversions import DraApi, slice_from_wire, slice_to_wire
 from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from devplug.engine.asynctools import Backoff
+from devplug.engine import Backoff
 from devplug.kubeclient import describe_api_error
 
 if TYPE_CHECKING:
