@@ -18,6 +18,13 @@
    serving that folder's kubelet sockets: it must register, advertise its four devices healthy, answer an
    Allocate (the CDI device named, its spec file in the node's CDI folder), answer its probes (``/healthz``,
    ``/readyz``; ``/metrics``) and, on SIGTERM, exit 0 having removed its socket.
+5. A pod's container with the allocated device, run for real: the Allocate answer (or, with the CDI component, the
+   device's edits in the node's CDI spec) turned into ``podman run`` options as the node's container runtime would
+   carry it out, each host path it names read on the stand-in node (``/dev`` is this machine's): a path on no
+   hostPath volume of the DaemonSet is a file of the daemon's own pod, which no runtime finds, and fails the test.
+   In the container (the image, as an unprivileged user with no capabilities): each device node is a character or
+   block device with the host node's numbers, opened for reading and writing; each mount is the very file the
+   daemon reads as the device (same inode), read-only where the answer says so; the envs are the answer's.
 
 Every container gets ``--ulimit nofile=1024:1024 --ulimit nproc=1000:1000`` (podman from Debian's packages cannot
 start containers here without) and runs with runc (tools/image/setup.sh says why). podman keeps its images and
@@ -464,8 +471,11 @@ def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequ
                 if device not in names:
                     raise SmokeFailure(f"{label}: the node's CDI spec {spec} does not describe {device}: {names}")
                 say(f"{label}: Allocate of {device} named {wanted}; {spec.relative_to(node)} describes it")
+                edits = cdi_edits(json.loads(spec.read_text()), [c.name for c in allocation.cdi_devices])
             else:
                 say(f"{label}: Allocate of {device} answered {allocation.devices[0].host_path}")
+                edits = answer_edits(allocation)
+            check_workload(podman, reference, edits, node, run.host_paths, f"{name}-pod", label)
             (container,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
             port = int(container["ports"][0]["containerPort"])
             for path, body in (("/healthz", "ok"), ("/readyz", "ready")):
@@ -496,6 +506,170 @@ def check_daemon(podman: Podman, reference: str, scratch: Path, components: Sequ
         finally:
             for each in containers:
                 podman.run("rm", "--force", each, check=False, timeout=60)
+
+
+#: The host tree an Allocate answer may name on any node: the stand-in node's is this machine's own.
+NODE_DEVICE_TREE = "/dev"
+
+
+@dataclass(frozen=True)
+class Edits:
+    """What a container gets for its devices, as the node's container runtime applies it (the Allocate answer's
+    device specs, mounts and envs, or a CDI device's ``containerEdits``); paths on the host as the answer names them."""
+
+    devices: tuple[tuple[str, str, str], ...] = ()  # (host path, container path, permissions)
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only)
+    envs: tuple[tuple[str, str], ...] = ()
+
+
+def answer_edits(allocation: Any) -> Edits:
+    """The edits of a kubelet's Allocate answer for a container (a ``devplug.types.ContainerAllocation``)."""
+    return Edits(
+        devices=tuple((d.host_path, d.container_path, d.permissions) for d in allocation.devices),
+        mounts=tuple((m.host_path, m.container_path, bool(m.read_only)) for m in allocation.mounts),
+        envs=tuple(sorted(allocation.envs.items())),
+    )
+
+
+def cdi_edits(spec: dict[str, Any], names: Sequence[str]) -> Edits:
+    """The edits a CDI runtime applies for the fully qualified device ``names`` (``vendor/class=device``) of one
+    spec: the spec's own ``containerEdits``, then each named device's (CDI's ``specs-go``: a device node's
+    ``hostPath`` defaults to its ``path``; a mount is read-only when its options hold ``ro``)."""
+    kind = spec["kind"]
+    devices = {f"{kind}={d['name']}": d for d in spec.get("devices", [])}
+    missing = [n for n in names if n not in devices]
+    if missing:
+        raise SmokeFailure(f"the CDI spec of {kind} describes no {', '.join(missing)}: {sorted(devices)}")
+    edits = [spec.get("containerEdits", {})] + [devices[n].get("containerEdits", {}) for n in names]
+    return Edits(
+        devices=tuple(
+            (node.get("hostPath", node["path"]), node["path"], node.get("permissions", "rwm"))
+            for e in edits
+            for node in e.get("deviceNodes", [])
+        ),
+        mounts=tuple(
+            (m["hostPath"], m["containerPath"], "ro" in m.get("options", []))
+            for e in edits
+            for m in e.get("mounts", [])
+        ),
+        envs=tuple((key, value) for e in edits for key, _, value in (v.partition("=") for v in e.get("env", []))),
+    )
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def node_source(path: str, node: Path, host_paths: dict[str, str]) -> str:
+    """Where the node's container runtime finds ``path``, a host path an answer names, on the stand-in node: in
+    ``/dev``, this machine's own; on a hostPath volume of the DaemonSet, under ``node``. Anything else is no file of
+    the node (the daemon named a path of its own pod: an emptyDir, its image), which fails the test."""
+    if _under(path, NODE_DEVICE_TREE):
+        return path
+    if any(_under(path, host) for host in host_paths):
+        return str(node / path.lstrip("/"))
+    raise SmokeFailure(
+        f"the answer names {path}, on no hostPath volume of the DaemonSet ({', '.join(sorted(host_paths))}): a "
+        "path in the daemon's pod only, which the node's container runtime cannot mount"
+    )
+
+
+def daemon_file(path: str, node: Path, host_paths: dict[str, str]) -> Path | None:
+    """The file the daemon means by ``path`` (its own view), on the stand-in node: through the hostPath volume
+    mounted deepest above it; None when no hostPath volume holds it."""
+    mounted = [(target, host) for host, target in host_paths.items() if _under(path, target)]
+    if not mounted:
+        return None
+    target, host = max(mounted, key=lambda m: len(m[0]))
+    return node / host.lstrip("/") / os.path.relpath(path, target)
+
+
+def workload_options(edits: Edits, node: Path, host_paths: dict[str, str]) -> list[str]:
+    """``edits`` as podman options on the stand-in node (see :func:`node_source`)."""
+    options: list[str] = []
+    for host, target, permissions in edits.devices:
+        options += ["--device", f"{node_source(host, node, host_paths)}:{target}:{permissions}"]
+    for host, target, read_only in edits.mounts:
+        options += ["--volume", f"{node_source(host, node, host_paths)}:{target}:{'ro' if read_only else 'rw'}"]
+    for key, value in edits.envs:
+        options += ["--env", f"{key}={value}"]
+    return options
+
+
+#: Run in the workload's container by the image's Python: what the container sees of its devices, as JSON.
+WORKLOAD_PROBE = """
+import json, os, stat, sys
+wanted = json.loads(sys.argv[1])
+seen = {"devices": {}, "mounts": {}, "envs": {k: os.environ.get(k) for k in wanted["envs"]}}
+for path in wanted["devices"]:
+    st = os.stat(path)
+    entry = {"char": stat.S_ISCHR(st.st_mode), "block": stat.S_ISBLK(st.st_mode),
+             "rdev": [os.major(st.st_rdev), os.minor(st.st_rdev)]}
+    try:
+        with open(path, "r+b", buffering=0) as f:
+            f.write(b"devplug smoke")
+        entry["opened"] = "rw"
+    except OSError as e:
+        entry["opened"] = str(e)
+    seen["devices"][path] = entry
+for path in wanted["mounts"]:
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        f.read()
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        writable = "yes"
+    except OSError as e:
+        writable = os.strerror(e.errno)
+    seen["mounts"][path] = {"ino": [st.st_dev, st.st_ino], "writable": writable}
+print(json.dumps(seen))
+"""
+
+#: The workload's user: a pod's unprivileged container, no capabilities.
+WORKLOAD_USER = "65534:65534"
+
+
+def check_workload(
+    podman: Podman, reference: str, edits: Edits, node: Path, host_paths: dict[str, str], name: str, label: str
+) -> None:
+    """A container with ``edits`` run for real from the image (no pull): its device nodes are the host's, usable,
+    its mounts the daemon's device files, its envs the answer's."""
+    if not edits.devices or not edits.mounts:
+        raise SmokeFailure(f"{label}: the container would get no device node or no mount: {edits}")
+    wanted = {
+        "devices": [target for _, target, _ in edits.devices],
+        "mounts": [target for _, target, _ in edits.mounts],
+        "envs": [key for key, _ in edits.envs],
+    }
+    options = workload_options(edits, node, host_paths)
+    argv = ["run", "--rm", "--name", name, *ULIMITS, "--network", "none", "--cap-drop", "all"]
+    argv += ["--user", WORKLOAD_USER, *options, "--entrypoint", "/opt/devplug/bin/python", reference]
+    done = podman.run(*argv, "-c", WORKLOAD_PROBE, json.dumps(wanted), timeout=120)
+    seen = json.loads(done.stdout)
+    problems = []
+    for host, target, _ in edits.devices:
+        source = os.stat(node_source(host, node, host_paths)).st_rdev
+        got = seen["devices"][target]
+        if not (got["char"] or got["block"]) or got["rdev"] != [os.major(source), os.minor(source)]:
+            problems.append(f"{target} is not the node's {host} ({os.major(source)}:{os.minor(source)}): {got}")
+        elif got["opened"] != "rw":
+            problems.append(f"{target} cannot be opened for reading and writing: {got['opened']}")
+    for host, target, read_only in edits.mounts:
+        meant = daemon_file(host, node, host_paths)
+        got = seen["mounts"][target]
+        if meant is None or not meant.exists():
+            problems.append(f"{target}: the daemon's {host} is no file of the node")
+        elif got["ino"] != [os.stat(meant).st_dev, os.stat(meant).st_ino]:
+            problems.append(f"{target} is not the daemon's device file {host}")
+        if read_only and got["writable"] == "yes":
+            problems.append(f"{target} is writable, though the answer mounts it read-only")
+    if dict(edits.envs) != seen["envs"]:
+        problems.append(f"envs {seen['envs']}, the answer's are {dict(edits.envs)}")
+    if problems:
+        raise SmokeFailure(f"{label}: in the pod's container: " + "; ".join(problems))
+    nodes = ", ".join(f"{t} <- {h}" for h, t, _ in edits.devices)
+    files = ", ".join(f"{t} <- {h}" for h, t, _ in edits.mounts)
+    say(f"{label}: a container ran with the device: {nodes} (opened rw); {files} (the daemon's file, read-only)")
 
 
 def check_rolling_update(
