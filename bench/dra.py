@@ -323,9 +323,11 @@ class DraStub:
 
 
 def allocated_claims(node: Any, count: int) -> list[tuple[str, str]]:
-    """``count`` claims, each allocated one mock device as the scheduler writes it (round robin)."""
+    """``count`` claims, each allocated one mock device as the scheduler writes it (round robin): the device, and
+    the node selector of a node-local device (``metadata.name`` of the node, which devplug checks)."""
     from devplug.testing.dranode import NODE, NS
 
+    here = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
     made = []
     for i in range(count):
         claim = node.make_claim(f"bench-{i}")
@@ -333,7 +335,8 @@ def allocated_claims(node: Any, count: int) -> list[tuple[str, str]]:
             "allocation": {
                 "devices": {
                     "results": [{"request": "dev", "driver": node.driver, "pool": NODE, "device": f"mock{i % DEVICES}"}]
-                }
+                },
+                "nodeSelector": here,
             }
         }
         stored = node.api.update("resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status")
@@ -341,8 +344,7 @@ def allocated_claims(node: Any, count: int) -> list[tuple[str, str]]:
     return made
 
 
-#: The floors, each a server of its own: ``(name, the arguments of python -m bench.dra that start it)``. The reading
-#: floors get the API server's URL and the driver's name added.
+#: The floors, each a server of its own (see the module's docstring).
 FLOORS = ("nowork", "raw", "lightkube")
 #: The floor the ratios are against (see the module's docstring).
 FLOOR = "lightkube"
