@@ -3,6 +3,8 @@ calls them (v1 and v1beta1): per-claim errors beside prepared claims, repeated c
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +16,7 @@ from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.process import DaemonProcess
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
 from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
@@ -216,5 +219,47 @@ def test_each_request_of_a_claim_is_a_cdi_device_of_its_own_devices(api: ApiServ
             assert [n["path"] for n in two["deviceNodes"]] == ["/dev/mock/mock1", "/dev/mock/mock2"]
             # the driver's allocate answers once for the claim: every request gets that part
             assert "MOCK_DEVICES=mock0,mock1,mock2" in one["env"] and "MOCK_DEVICES=mock0,mock1,mock2" in two["env"]
+
+    run(scenario, 90)
+
+
+def test_a_claim_recorded_before_a_crash_but_never_given_its_cdi_spec_is_prepared_afresh(api: ApiServer) -> None:
+    """A daemon killed between the ledger's record of a claim and the claim's CDI spec never answered the kubelet,
+    which asks again: the claim is not answered as prepared without its CDI devices (its container would start
+    without them) but released and prepared afresh."""
+
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            claim = _allocate_by_hand(lab, "c", ["mock1"])
+            uid = _uid(claim)
+            request = v1.NodePrepareResourcesRequest(claims=[_claim("c", uid)])
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
+                first = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(request)
+            [device] = first.claims[uid].devices
+            assert list(device.cdi_device_ids), "the mock's devices describe what a container gets"
+            assert lab.daemon is not None
+            os.kill(lab.daemon.pid, signal.SIGKILL)
+            lab.daemon.wait(10.0)
+            written = [p for p in lab.root.rglob(f"*{uid}*.json")]  # the spec and its kept copy
+            assert len(written) == 2, written
+            for path in written:  # as if the run had ended before writing them
+                path.unlink()
+            old = lab.service_target()
+            lab.daemon = DaemonProcess(lab.config_path, lab.root / "daemon-2.log", env=lab.env).start()
+
+            def new_endpoint() -> str | None:
+                views = [v for v in lab.kubelet.dra_plugins(DRIVER) if v.connected and f"unix:{v.endpoint}" != old]
+                return f"unix:{views[0].endpoint}" if len(views) == 1 else None
+
+            target = await eventually(new_endpoint, "the restarted daemon connected", details=lab.daemon.log_text)
+            async with grpc.aio.insecure_channel(target) as channel:
+                again = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(request)
+            assert again.claims[uid].error == ""
+            assert [list(d.cdi_device_ids) for d in again.claims[uid].devices] == [list(device.cdi_device_ids)]
+            assert all(p.exists() for p in written), "the spec and its kept copy written this time"
+            hooks = [c["hook"] for c in lab.calls() if c["hook"] in ("allocate", "post_stop", "deallocate")]
+            assert hooks == ["allocate", "post_stop", "deallocate", "allocate"], hooks
+            assert "prepare ended before its CDI spec was written" in lab.daemon.log_text()
 
     run(scenario, 90)

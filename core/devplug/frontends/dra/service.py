@@ -283,7 +283,10 @@ class ClaimPreparer:
         allocation = await self._read(ref)
         record = self.lifecycle.for_claim(ref.uid)
         if record is not None and not record.releasing and not record.pending:
-            return await self._again(ref, allocation, record)
+            again = await self._again(ref, allocation, record)
+            if again is not None:
+                return again
+            record = None  # released: prepared afresh below
         if record is not None and record.releasing:
             raise _ClaimRefused(
                 f"{ref}: being unprepared (its release has not finished); try again later", "being_unprepared"
@@ -346,8 +349,10 @@ class ClaimPreparer:
 
     async def _again(
         self, ref: ClaimRef, allocation: ClaimAllocation, record: AllocationRecord
-    ) -> list[PreparedDevice]:
-        """A claim prepared earlier: the same answer (its devices must be the record's)."""
+    ) -> list[PreparedDevice] | None:
+        """A claim prepared earlier: the same answer (its devices must be the record's). None when the earlier
+        prepare never finished (a run that ended between the ledger's record and the claim's CDI spec, so the
+        kubelet had no answer): its devices are released, for the claim to be prepared afresh."""
         if sorted(allocation.device_ids) != sorted(record.devices):
             raise _ClaimRefused(
                 f"{ref}: prepared earlier with {id_list(record.devices)}, but its allocation now names "
@@ -366,8 +371,27 @@ class ClaimPreparer:
                 f"{exc.strerror or exc}",
                 "cdi_spec_unwritable",
             ) from exc
+        if not cdi_ids and self._described(record):
+            # Its devices describe what a container gets, so its first prepare wrote a spec, or ended before it.
+            log.warning(
+                "[%s] %s was recorded as prepared by a run that ended before writing its CDI spec (the kubelet had "
+                "no answer): releasing %s and preparing it afresh",
+                self.name,
+                ref,
+                id_list(record.devices),
+            )
+            await self.lifecycle.release(record.id, f"{ref}: its prepare ended before its CDI spec was written")
+            return None
         cdi_devices = tuple(CDIDevice(n) for n in record.prepared.get("cdi_devices", ()))
         return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_ids)
+
+    def _described(self, record: AllocationRecord) -> bool:
+        """Whether one of the record's devices describes what a container gets (its claim then has a CDI spec)."""
+        for device in record.devices:
+            found = self.lifecycle.table.reported(device)
+            if found is not None and found.allocation is not None and found.allocation != ContainerAllocation():
+                return True
+        return False
 
     def _check_free(self, ref: ClaimRef, allocation: ClaimAllocation) -> None:
         """Refuse admin access, and devices a live record of another claim holds."""
