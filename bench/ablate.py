@@ -179,7 +179,13 @@ def main(argv: list[str] | None = None) -> None:
 
         profiler = cProfile.Profile()
         profiler.enable()
-        atexit.register(lambda: (profiler.disable(), profiler.dump_stats(options.profile)))
+        profile_path = options.profile
+
+        def dump() -> None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+
+        atexit.register(dump)
     sys.argv = ["devplug", *args[split + 1 :]]
     runpy.run_module("devplug", run_name="__main__", alter_sys=True)
 

@@ -155,9 +155,8 @@ def _reading_floor_main(sock: Path, client: str, api: str, driver: str) -> None:
                 allocation = claim.status.allocation if claim.status is not None else None
                 if allocation is None or allocation.devices is None:
                     raise ValueError(f"claim {namespace}/{name} is not allocated")
-                return [
-                    (r.request, r.device) for r in allocation.devices.results if r.driver == driver and r.pool == NODE
-                ]
+                results = allocation.devices.results or []
+                return [(r.request, r.device) for r in results if r.driver == driver and r.pool == NODE]
 
         else:
             http = httpx2.AsyncClient(base_url=api, trust_env=False)
