@@ -207,7 +207,6 @@ class RegistrationServer:
         self._watcher: DirectoryWatcher | None = None
         self._closing = False  # set by stop: the socket is never served again
         self._registered = asyncio.Event()  # set by the kubelet's NotifyRegistrationStatus(registered)
-        self._asked = asyncio.Event()  # set by each GetInfo
         self._making = asyncio.Lock()  # held while the socket is made (afresh)
         self._no_word_after = no_word_after
         self._made_at: float | None = None  # the event loop's clock when the socket was last made
@@ -222,7 +221,6 @@ class RegistrationServer:
     def info(self) -> Any:
         self.state.get_info_calls += 1
         self._asked_since_made = True
-        self._asked.set()
         return reg_pb.PluginInfo(
             type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(self.services)
         )
@@ -319,20 +317,6 @@ class RegistrationServer:
             extra={"driver": self.driver},
         )
         await self._serve()
-
-    async def asked_since(self, calls: int, timeout: float) -> bool:
-        """Whether the kubelet calls GetInfo (more than ``calls`` in all) within ``timeout`` seconds: it registers
-        the socket of its own accord (a kubelet restart walks the folder)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.state.get_info_calls <= calls:
-            self._asked.clear()
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._asked.wait(), remaining)
-        return True
 
     async def confirmed(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the kubelet's NotifyRegistrationStatus(registered) after
