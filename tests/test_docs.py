@@ -14,10 +14,9 @@ from typing import Any
 
 from devplug import hookspecs
 from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
-from devplug.daemon.metrics import EngineCollector, Metrics, NodeFigures
 from devplug.drivers import HOOK_NAMES
-from devplug.engine.resourcereport import ResourceFigures
 from devplug.profiles.model import _PROFILE_KEYS
+from tests.support.metricfamilies import every_family
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -62,44 +61,7 @@ def test_every_config_key_is_documented() -> None:
 
 
 def test_every_metric_is_in_the_metrics_table() -> None:
-    metrics = Metrics()
-    metrics.observer("example.com/a", "mock")
-    metrics.handover("to", "done", 0.5)  # the handover series exist once one happened
-    dra = metrics.observer("example.com/b", "mock")  # a resource served through DRA: every DRA series
-    dra.claim_prepared(0.001)
-    dra.claim_prepare_failed("claim_not_found", 0.001)
-    dra.claim_unprepare_failed("release_failed", 0.001)
-    dra.claim_gone("deleted")
-    figures = [
-        ResourceFigures(
-            "example.com/a",
-            1,
-            0,
-            registered=True,
-            registrations=1,
-            kubelet_restarts=0,
-            shared=[("gpu0", 4, 1, 1)],
-            unhealthy_reasons=[("gpu1", "fan stopped")],
-        ),
-        ResourceFigures(
-            "example.com/b",
-            1,
-            0,
-            registered=True,
-            registrations=1,
-            kubelet_restarts=0,
-            frontend={
-                "driver": "b.example.com",
-                "pool": "node-a",
-                "registration": {"registered": True, "socket_recreated": 0},
-                "slices": {"generation": 1, "slices": 1, "in_sync": True, "synced_at": 1.0, "failures": 0},
-                "claims": {"held": 0},
-            },
-        ),
-    ]
-    node = NodeFigures(profiles=("big",), node_watched=True)  # the profile metrics, which need profiles
-    metrics.registry.register(EngineCollector(lambda: figures, lambda: node))
-    families = list(metrics.registry.collect())
+    families = every_family()
     process = [f for f in families if f.name.startswith("process_")]  # prometheus-client's, documented as a group
     assert process and "| `process_*` |" in METRICS
     families = [f for f in families if f not in process]

@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from devplug.daemon.metrics import EngineCollector, Metrics, NodeFigures
-from devplug.engine.resourcereport import ResourceFigures
+from tests.support.metricfamilies import every_family
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -38,44 +37,7 @@ def exported_names() -> frozenset[str]:
     """Every sample name a scrape of a daemon can give: each family devplug's metrics module registers, with a
     resource of each front end (the DRA families exist only for a DRA resource) and every event counted once, as
     ``tests/test_docs.py`` collects them for the metrics reference."""
-    metrics = Metrics()
-    metrics.observer("example.com/a", "mock")
-    metrics.handover("to", "done", 0.5)
-    dra = metrics.observer("example.com/b", "mock")
-    dra.claim_prepared(0.001)
-    dra.claim_prepare_failed("claim_not_found", 0.001)
-    dra.claim_unprepare_failed("release_failed", 0.001)
-    dra.claim_gone("deleted")
-    figures = [
-        ResourceFigures(
-            "example.com/a",
-            1,
-            1,
-            registered=True,
-            registrations=1,
-            kubelet_restarts=0,
-            shared=[("gpu0", 4, 1, 1)],
-            unhealthy_reasons=[("gpu1", "fan stopped")],
-        ),
-        ResourceFigures(
-            "example.com/b",
-            1,
-            0,
-            registered=True,
-            registrations=1,
-            kubelet_restarts=0,
-            frontend={
-                "driver": "b.example.com",
-                "pool": "node-a",
-                "registration": {"registered": True, "socket_recreated": 0},
-                "slices": {"generation": 1, "slices": 1, "in_sync": True, "synced_at": 1.0, "failures": 0},
-                "claims": {"held": 0},
-            },
-        ),
-    ]
-    node = NodeFigures(profiles=("big",), node_watched=True)
-    metrics.registry.register(EngineCollector(lambda: figures, lambda: node))
-    return frozenset(sample.name for family in metrics.registry.collect() for sample in family.samples)
+    return frozenset(sample.name for family in every_family() for sample in family.samples)
 
 
 def _unknown_metrics(expr: str) -> list[str]:
