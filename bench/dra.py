@@ -74,6 +74,25 @@ DEVICES = 8
 FLOOR_DRIVER = "floor.example.com"
 
 
+def _floor_handler(prepare: Any, unprepare: Any) -> Any:
+    """The floors' ``v1.DRAPlugin`` service: ``prepare`` and ``unprepare`` behind the generated (de)serializers."""
+    from devplug.api.gen.dra.v1 import api_pb2 as v1
+
+    return grpc.method_handlers_generic_handler(
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+        {
+            "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                prepare, v1.NodePrepareResourcesRequest.FromString, v1.NodePrepareResourcesResponse.SerializeToString
+            ),
+            "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                unprepare,
+                v1.NodeUnprepareResourcesRequest.FromString,
+                v1.NodeUnprepareResourcesResponse.SerializeToString,
+            ),
+        },
+    )
+
+
 def _floor_main(sock: Path) -> None:
     """The no-work floor: v1.DRAPlugin with precomputed answers (a prepared device with its CDI ID; an empty error)."""
     from concurrent import futures
@@ -103,19 +122,7 @@ def _floor_main(sock: Path) -> None:
             response.claims[claim.uid].error = ""
         return response
 
-    handler = grpc.method_handlers_generic_handler(
-        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-        {
-            "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
-                prepare, v1.NodePrepareResourcesRequest.FromString, v1.NodePrepareResourcesResponse.SerializeToString
-            ),
-            "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
-                unprepare,
-                v1.NodeUnprepareResourcesRequest.FromString,
-                v1.NodeUnprepareResourcesResponse.SerializeToString,
-            ),
-        },
-    )
+    handler = _floor_handler(prepare, unprepare)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix:{sock}")
@@ -194,21 +201,7 @@ def _reading_floor_main(sock: Path, client: str, api: str, driver: str) -> None:
                 response.claims[claim.uid].error = ""
             return response
 
-        handler = grpc.method_handlers_generic_handler(
-            "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-            {
-                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
-                    prepare,
-                    v1.NodePrepareResourcesRequest.FromString,
-                    v1.NodePrepareResourcesResponse.SerializeToString,
-                ),
-                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
-                    unprepare,
-                    v1.NodeUnprepareResourcesRequest.FromString,
-                    v1.NodeUnprepareResourcesResponse.SerializeToString,
-                ),
-            },
-        )
+        handler = _floor_handler(prepare, unprepare)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(f"unix:{sock}")
