@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from devplug.process import DaemonProcess
+from devplug.testing.process import DaemonProcess
 
 __all__ = ["PARTS", "AblatedDaemonProcess", "apply", "main", "replace_attribute"]
 
@@ -59,8 +59,8 @@ def _without_call_record() -> None:
     def nothing(self: object, *args: object, **kwargs: object) -> None:
         return None
 
-    replace_attribute("devplug.hookrecord", "HookRecorder.begin", nothing)
-    replace_attribute("devplug.hookrecord", "HookRecorder.record", nothing)
+    replace_attribute("devplug.kit.hookrecord", "HookRecorder.begin", nothing)
+    replace_attribute("devplug.kit.hookrecord", "HookRecorder.record", nothing)
 
 
 def _without_driver() -> None:

@@ -46,7 +46,7 @@ from devplug.testing.daemon import DaemonThread
 
 RESOURCE = "example.com/mock"
 #: Files under these parts of the tree are not the path (the stand-ins, the test kit, generated code).
-_EXCLUDED = ("/devplug/devkubelet/", "/devplug/testing/", "/devplug/api/gen/", "/devplug/logs.py")
+_EXCLUDED = ("/devplug/devkubelet/", "/devplug/testing/", "/devplug/api/gen/", "/devplug/cli/logs.py")
 #: The core: returns into it are a front end using it.
 CORE = "devplug/engine/"
 

@@ -44,8 +44,8 @@ from bench.settings import FULL, QUICK, Settings
 from bench.stats import percentile, summary_ms
 from bench.workspace import Node, Workspace
 from devplug.engine.ledger import read_ledger_records
-from devplug.hookrecord import read_hook_calls
-from devplug.resource_names import resource_state_dir
+from devplug.kit.hookrecord import read_hook_calls
+from devplug.kube.names import resource_state_dir
 
 __all__ = [
     "VARIANTS",

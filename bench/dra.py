@@ -41,7 +41,7 @@ cache showing it (the dev kubelet's DRA side, fed by ``NodeWatchResources``),
 and to the node's ResourceSlice showing the device tainted (or no longer). The
 health floor: a bare plugin in its own process, registered with the same dev
 kubelet under another driver name, that watches a folder with the same inotify
-watcher the mock uses (:class:`devplug.watch.DirectoryWatcher`) and sends a
+watcher the mock uses (:class:`devplug.host.watch.DirectoryWatcher`) and sends a
 ``NodeWatchResourcesResponse`` on each change: the trigger and the kubelet's side
 are the same, only devplug's path (the mock's hot-plug, the device table, the
 health service) differs. In the runs so far this bare plugin was slower than
@@ -222,7 +222,7 @@ def _health_floor_main(root: Path) -> None:
     from devplug.api.gen.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
     from devplug.api.gen.pluginregistration.v1 import api_pb2 as reg_pb
     from devplug.api.gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-    from devplug.watch import DirectoryWatcher
+    from devplug.host.watch import DirectoryWatcher
 
     folder, service = root / "floor-devices", root / "plugins" / FLOOR_DRIVER / "dra.sock"
 

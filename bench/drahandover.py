@@ -69,9 +69,9 @@ class _PrepareLoop:
 
 
 async def _measure(root: Path, handovers: int, steady: int) -> dict[str, float]:
-    from devplug.process import DaemonProcess
     from devplug.testing.apiserver import ApiServer
     from devplug.testing.dranode import NS, dra_node
+    from devplug.testing.process import DaemonProcess
 
     folder = root / "mock"
     folder.mkdir()

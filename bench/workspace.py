@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devplug.resource_names import socket_file_name
+from devplug.kube.names import socket_file_name
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.process import DaemonProcess
+from devplug.testing.process import DaemonProcess
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.cli_run import parse_run_args
+from devplug.cli.run import parse_run_args
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.waiting import poll_until
 
@@ -113,7 +113,7 @@ def test_run_does_not_load_click_or_importlib_metadata(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "missing.toml" in proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "devplug.cli_run" in imported
+    assert "devplug.cli.run" in imported
     unwanted = {"click", "importlib.metadata", "hashlib", "argparse", "shutil", "bz2", "lzma"}
     assert not imported & unwanted, sorted(imported & unwanted)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from devplug import hookspecs
 from devplug.config import _CDI, _KUBELET, _LIVENESS, _METRICS, _RELEASE, _RESOURCE, _SHUTDOWN, _STATE
+from devplug.config.profiles import _PROFILE_KEYS
 from devplug.drivers import HOOK_NAMES
-from devplug.profiles.model import _PROFILE_KEYS
 from tests.support.metricfamilies import every_family
 
 ROOT = Path(__file__).resolve().parent.parent

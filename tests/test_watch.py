@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from devplug import watch
+from devplug.host import watch
+from devplug.host.watch import DirectoryWatcher
 from devplug.kit.retries import CappedBackoff
-from devplug.watch import DirectoryWatcher
 
 WAIT = 5.0  # seconds: a generous bound on "soon", never an assertion on timing
 POLL = 0.02  # the fallback's interval in these tests
@@ -335,7 +335,7 @@ def test_a_raising_callback_is_logged_and_the_watcher_goes_on(
         if "boom" in names:
             raise RuntimeError("callback exploded")
 
-    caplog.set_level(logging.ERROR, logger="devplug.watch")
+    caplog.set_level(logging.ERROR, logger="devplug.host.watch")
     with DirectoryWatcher(tmp_path, callback, poll_interval=POLL) as watcher:
         (tmp_path / "boom").write_text("")
         assert recorder.wait_names("boom")
@@ -343,7 +343,7 @@ def test_a_raising_callback_is_logged_and_the_watcher_goes_on(
         assert recorder.wait_names("after")
         assert watcher._thread is not None
         assert watcher._thread.is_alive()
-    failures = [r for r in caplog.records if r.name == "devplug.watch" and r.exc_info]
+    failures = [r for r in caplog.records if r.name == "devplug.host.watch" and r.exc_info]
     assert failures
     assert "callback exploded" in str(failures[0].exc_info[1])  # type: ignore[index]
 

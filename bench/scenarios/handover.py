@@ -25,7 +25,7 @@ from bench.settings import Settings
 from bench.stats import percentile
 from bench.workspace import Node
 from devplug.devkubelet import DevKubeletThread
-from devplug.process import DaemonProcess
+from devplug.testing.process import DaemonProcess
 
 __all__ = ["handover_figures", "measure"]
 

@@ -30,7 +30,7 @@ from bench.stats import percentile
 from bench.workspace import Node
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, KubeletError, PodSpec
 from devplug.engine.ledger import read_ledger_records
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 
 __all__ = ["FAILING", "HOLDING", "WINDOW_EXIT_S", "measure"]
 

@@ -20,7 +20,7 @@ from bench.stats import percentile
 from bench.workspace import Node
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.ledger import read_ledger_records
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 from devplug_mock import read_calls
 
 __all__ = ["deallocated_at", "measure"]

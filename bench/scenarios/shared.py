@@ -30,7 +30,7 @@ from typing import Any
 from bench.stats import percentile
 from devplug.engine.ledger import read_ledger_records
 from devplug.errors import KubeletError
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 from devplug_shared.demo import RESOURCE, SharedNode
 
 __all__ = ["measure"]

@@ -7,14 +7,15 @@ For driver authors, the public surface is :data:`PUBLIC_MODULES`: this package's
 * :mod:`devplug.options` -- how a driver's ``Options`` dataclass is checked;
 * :mod:`devplug.atomic` -- crash-safe writes for a driver's own state;
 * :mod:`devplug.allocation` -- the default NUMA-packing preferred allocation;
-* :mod:`devplug.watch` -- directory watching (inotify) for hot-plug;
-* :mod:`devplug.sysfs` -- the one door to sysfs, so tests can put a kernel model behind it;
-* :mod:`devplug.pci` -- PCI functions moved to vfio-pci and back (shared by vfio and sriov);
-* :mod:`devplug.kit` -- the driver kit: what drivers share (the external command runner);
+* :mod:`devplug.host.watch` -- directory watching (inotify) for hot-plug;
+* :mod:`devplug.host.sysfs` -- the one door to sysfs, so tests can put a kernel model behind it;
+* :mod:`devplug.kit` -- the driver kit: what drivers share (the external command runner, :mod:`devplug.kit.pci`:
+  PCI functions moved to vfio-pci and back, shared by vfio and sriov);
 * :mod:`devplug.devkubelet` -- the dev kubelet, for tests and demos;
 * :mod:`devplug.testing` -- the pytest plugin, the conformance checks and kernel models.
 
-Everything else (the engine, the generated protobuf code, the CLI) is internal.
+Everything else (the engine, the generated protobuf code, the CLI) is internal. The names in
+:data:`DEPRECATED_MODULES` still import, with a ``DeprecationWarning``, until devplug 1.0.
 """
 
 from __future__ import annotations
@@ -58,18 +59,25 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "devplug.options",
     "devplug.atomic",
     "devplug.allocation",
-    "devplug.watch",
-    "devplug.sysfs",
-    "devplug.pci",
+    "devplug.host.watch",
+    "devplug.host.sysfs",
     "devplug.kit",
     "devplug.devkubelet",
     "devplug.testing",
 )
 
+#: Old names of public modules, kept until devplug 1.0: importing one warns and gives the module it names.
+DEPRECATED_MODULES: dict[str, str] = {
+    "devplug.sysfs": "devplug.host.sysfs",
+    "devplug.pci": "devplug.kit.pci",
+    "devplug.watch": "devplug.host.watch",
+}
+
 #: Marks a driver method as the implementation of a hook of the same name.
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 __all__ = [
+    "DEPRECATED_MODULES",
     "HOOK_CONTRACT",
     "PUBLIC_MODULES",
     "AllocationConflictError",

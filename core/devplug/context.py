@@ -126,7 +126,7 @@ class DriverContext:
 
         For a long-running part of the driver that is broken while the
         resource still serves: a folder watch whose folder became a file
-        (:class:`devplug.watch.DirectoryWatcher` takes this method as its
+        (:class:`devplug.host.watch.DirectoryWatcher` takes this method as its
         ``on_problem``), an event stream that keeps failing. While a problem
         is set, ``devplug status`` names it under the resource
         (``driver_problem``) and exits non-zero, and ``/readyz`` answers 503.

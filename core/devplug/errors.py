@@ -18,11 +18,11 @@
     │   ├── StateWriteError           a state file could not be written (full disk): request refused
     │   └── AlreadyRunningError       another daemon holds the state dir's lock
     ├── KubeApiError                  an API server's answer that cannot be used: later than the call's
-    │                                 deadline, larger than the cap, a redirect (devplug.kubeclient)
+    │                                 deadline, larger than the cap, a redirect (devplug.kube.client)
     └── KubeletError                  the dev kubelet refused or failed a request
 
 Expected errors (bad config, bad requests, a driver saying no) carry a message
-meant for the operator. Only ``devplug.cli`` turns them into exit codes.
+meant for the operator. Only ``devplug.cli`` (the command line) turns them into exit codes.
 """
 
 from __future__ import annotations

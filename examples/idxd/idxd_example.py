@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, HealthReport, hookimpl
+from devplug.host.sysfs import HostSysfs, SysfsAccess, check_roots
 from devplug.kit import DriverRuntime, SysBus
-from devplug.sysfs import HostSysfs, SysfsAccess, check_roots
 
 
 class IdxdDriver:

@@ -26,9 +26,9 @@ from devplug import (
     ResourceSettings,
     hookimpl,
 )
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.kit import CommandError, DriverRuntime, run_command
 from devplug.options import refuse_kernel_trees
-from devplug.sysfs import HostSysfs, SysfsAccess
 
 
 class NvmeDriver:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from devplug.kubeclient import make_client
+from devplug.kube.client import make_client
 from devplug.profiles import nodewatch
 from devplug.profiles.nodeprofiles import FIELD_MANAGER, node_client
 from devplug.profiles.nodewatch import NodeWatch

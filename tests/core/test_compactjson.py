@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from devplug.compactjson import compact_json
-from devplug.hookrecord import HookCall, _call_line
+from devplug.kit.hookrecord import HookCall, _call_line
+from devplug.text.compactjson import compact_json
 
 _ALPHABET = 'ab-_.:/09"\\\x00\x1f\x7f\u00e9\u4e2d\U0001f600 '
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from devplug.config import Config, parse_config
-from devplug.configdra import NODE_NAME_ENV, DraConfig, default_driver_name, dns_subdomain_problem
+from devplug.config.dra import NODE_NAME_ENV, DraConfig, default_driver_name, dns_subdomain_problem
 from devplug.errors import ConfigError
 
 

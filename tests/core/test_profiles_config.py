@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devplug.config import Config, load_config
-from devplug.configdra import NODE_NAME_ENV
+from devplug.config.dra import NODE_NAME_ENV
 from devplug.errors import ConfigError
 from devplug.profiles.compose import check_profiles, compose
 from devplug.profiles.select import select
@@ -290,8 +290,8 @@ def test_the_docs_three_kinds_of_node_get_the_profiles_the_page_says(tmp_path: P
     else:  # pragma: no cover
         import tomli as tomllib
 
-    from devplug.profiles.merge import check_references, merge
-    from devplug.profiles.model import ProfileSet, parse_profiles
+    from devplug.config.profilemerge import check_references, merge
+    from devplug.config.profiles import ProfileSet, parse_profiles
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "operator" / "profiles.md").read_text()
     (block,) = re.findall(r"```toml\n(.*?)```", page, re.S)

@@ -191,8 +191,8 @@ def test_a_lowered_count_withholds_free_replicas_beyond_the_count_while_the_exce
 
 
 def test_devplug_status_shows_each_shared_devices_tenants() -> None:
+    from devplug.cli.statusview import format_status
     from devplug.daemon.statusschema import check_status
-    from devplug.statusview import format_status
 
     share = {"device": "gpu0", "replicas": 4, "in_use": 2, "tenants": 2, "releasing": 0, "pods": ["default/a"]}
     sharing = {"replicas": 4, "configured_as": "example.com/gpu", "fail_requests_greater_than_one": False}

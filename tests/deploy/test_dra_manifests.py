@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from devplug.configdra import default_driver_name
+from devplug.config.dra import default_driver_name
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -107,11 +107,11 @@ def test_a_resource_served_through_dra_needs_the_kubernetes_extra() -> None:
 
 
 def test_per_node_profiles_need_the_kubernetes_extra() -> None:
-    """[profiles] make the daemon read and watch its Node through lightkube (devplug.kubeclient)."""
+    """[profiles] make the daemon read and watch its Node through lightkube (devplug.kube.client)."""
     config = tomllib.loads((DEPLOY / "base" / "config.toml").read_text())
     config["profiles"] = {"fpga-regions": {"remove": []}}
     assert _lacking(config, frozenset({"metrics"}), contents.shipped_drivers()) == ["extra 'kubernetes'"]
-    assert "from devplug.kubeclient import" in (ROOT / "core" / "devplug" / "profiles" / "nodeprofiles.py").read_text()
+    assert "from devplug.kube.client import" in (ROOT / "core" / "devplug" / "profiles" / "nodeprofiles.py").read_text()
     assert "from lightkube import" in (ROOT / "core" / "devplug" / "kubeclient.py").read_text()
 
 

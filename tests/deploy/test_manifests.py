@@ -24,12 +24,12 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from devplug.config import DEFAULT_METRICS_PORT, POD_IP_ENV
-from devplug.configdra import default_driver_name
+from devplug.config.dra import default_driver_name
+from devplug.config.tomlwrite import dumps_toml
 from devplug.daemon.handover import handover_bound
 from devplug.frontends.dra.frontend import instance_name
 from devplug.frontends.dra.registration import registration_socket, service_socket
-from devplug.resource_names import MAX_SOCKET_PATH
-from devplug.tomlwrite import dumps_toml
+from devplug.kube.names import MAX_SOCKET_PATH
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -235,7 +235,7 @@ def _driver_mounts(driver: str, options: dict[str, Any]) -> dict[str, tuple[str,
     The roots are the driver's sysfs_root and dev_root options (where the container sees the host's trees)."""
     sys_root = str(options.get("sysfs_root", "/sys"))
     dev_root = str(options.get("dev_root", "/dev"))
-    pci = {  # devplug.pci.PciBus: bus/pci/{devices,drivers,drivers_probe}, and where devices/ links lead
+    pci = {  # devplug.kit.pci.PciBus: bus/pci/{devices,drivers,drivers_probe}, and where devices/ links lead
         "/sys/bus/pci": (f"{sys_root}/bus/pci", False),
         "/sys/devices": (f"{sys_root}/devices", False),
     }

@@ -16,7 +16,7 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.config import Config, parse_config
 from devplug.devkubelet import DevKubelet, DevKubeletThread, ResourceView
 from devplug.engine.resource import Resource
-from devplug.resource_names import socket_file_name
+from devplug.kube.names import socket_file_name
 from devplug.testing.configs import dev_config
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.waiting import poll_until

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, Health, Mount, hookimpl
+from devplug.cli.statusview import format_status
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.drivers import HOOK_NAMES, DriverHooks
 from devplug.hookspecs import ChecksResources, DriverClass
-from devplug.statusview import format_status
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.devnodes import make_char_device
 

@@ -19,7 +19,7 @@ import pytest
 
 from devplug.config import LivenessConfig
 from devplug.engine.liveness import ContainerLiveness, PodState, find_pod_cgroups, read_pod
-from devplug.kubecgroups import kubepods_name, literal_path, pod_name
+from devplug.host.cgroups import kubepods_name, literal_path, pod_name
 from devplug.testing.waiting import poll_until
 
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -67,7 +67,7 @@ class Layout:
         return LivenessConfig(cgroup_mount=self.mount, cgroup_root=self.root, cgroup_driver=self.driver, **extra)  # type: ignore[arg-type]
 
     def pod_path(self, uid: str, qos: str) -> Path:
-        """The pod's cgroup, relative to a hierarchy, as the kubelet names it (devplug.kubecgroups)."""
+        """The pod's cgroup, relative to a hierarchy, as the kubelet names it (devplug.host.cgroups)."""
         return Path(literal_path(pod_name(self.root, qos, uid), self.driver).lstrip("/"))
 
     def start_kubepods(self) -> None:

@@ -33,7 +33,7 @@ from devplug.engine.liveness import (
     find_pod_cgroups,
     read_pod,
 )
-from devplug.kubecgroups import literal_path, pod_name
+from devplug.host.cgroups import literal_path, pod_name
 from devplug.testing.waiting import poll_until
 
 T = TypeVar("T")

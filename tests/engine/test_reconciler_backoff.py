@@ -8,7 +8,7 @@ from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.ledger import read_ledger_records
 from devplug.errors import StateError
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 from devplug_mock import read_calls

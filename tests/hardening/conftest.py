@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from devplug.devkubelet import DevKubeletThread
-from devplug.resource_names import resource_state_dir, socket_file_name
+from devplug.kube.names import resource_state_dir, socket_file_name
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.conformance import poll_until

@@ -4,7 +4,7 @@ A FIFO at the config path used to hang ``check-config``, ``run`` and a reload
 for ever (the reload then held its lock, so later good reloads were ignored, and
 SIGTERM could no longer end the daemon); a config of hundreds of megabytes was
 read and parsed whole. Config files must be regular files of at most
-:data:`devplug.configfile.MAX_CONFIG_BYTES`, opened without blocking, for every
+:data:`devplug.config.file.MAX_CONFIG_BYTES`, opened without blocking, for every
 command alike. Real FIFOs, real files, a real daemon; every command is bounded
 by a timeout so that a hang fails the test instead of the suite.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from devplug.configfile import MAX_CONFIG_BYTES, read_config_bytes
+from devplug.config.file import MAX_CONFIG_BYTES, read_config_bytes
 from devplug.errors import ConfigError
 from devplug.testing.configs import write_toml
 

@@ -28,7 +28,7 @@ from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem, is_uid, uid_problem
+from devplug.kube.ids import dns1123_label_problem, dns1123_subdomain_problem, is_uid, uid_problem
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
@@ -264,7 +264,7 @@ def test_a_ledger_lost_while_the_daemon_was_down_is_a_warning_at_start(api: ApiS
     run(scenario, 120)
 
 
-# --- the forms themselves (devplug.kubeids), at their edges
+# --- the forms themselves (devplug.kube.ids), at their edges
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import pytest
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, PodSpec
 from devplug.engine.ledger import read_ledger_records
-from devplug.resource_names import legacy_state_folder_names
+from devplug.kube.names import legacy_state_folder_names
 from devplug.testing.daemon import DaemonProcess
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
-from devplug.logsafe import MESSAGE_BYTES
+from devplug.text.logsafe import MESSAGE_BYTES
 from devplug_mock import read_calls
 
 if TYPE_CHECKING:

@@ -71,12 +71,11 @@ def test_a_hold_is_given_back_when_the_work_raises() -> None:
 
 
 def test_the_kit_and_the_engine_name_the_one_type() -> None:
-    import devplug.devicelocks
     import devplug.engine.devicelocks
     import devplug.kit.devicelocks
 
-    assert DeviceLocks is devplug.kit.devicelocks.DeviceLocks is devplug.devicelocks.DeviceLocks
-    assert devplug.engine.devicelocks.DeviceLocks is devplug.devicelocks.DeviceLocks
+    assert DeviceLocks is devplug.kit.devicelocks.DeviceLocks is devplug.kit.devicelocks.DeviceLocks
+    assert devplug.engine.devicelocks.DeviceLocks is devplug.kit.devicelocks.DeviceLocks
     assert issubclass(devplug.engine.devicelocks.LockTimeout, TimeoutError)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from devplug import DriverError
 from devplug.kit import SysBus
-from devplug.pci import VFIO_PCI, PciBus
+from devplug.kit.pci import VFIO_PCI, PciBus
 from devplug.testing.bussysfs import SysBusModel
 from devplug.testing.pcisysfs import PciSysfsModel
 
@@ -136,7 +136,7 @@ def test_pcibus_is_the_pci_case_and_keeps_its_messages(caplog: pytest.LogCapture
         bus.restore("0000:00:05.0", "e1000e")
         assert (bus.driver("0000:00:05.0"), bus.override("0000:00:05.0")) == ("e1000e", None)
         model.grab("0000:00:05.0", "igb")
-        with caplog.at_level(logging.WARNING, logger="devplug.pci"):
+        with caplog.at_level(logging.WARNING, logger="devplug.kit.pci"):
             bus.restore("0000:00:05.0", "e1000e")
         assert "0000:00:05.0: now held by igb, not e1000e; leaving it there" in caplog.text
         model.unload_driver("e1000e")

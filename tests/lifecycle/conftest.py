@@ -29,7 +29,7 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, KubeletEvent, PodSpec, ResourceView
 from devplug.engine.journal import segments
 from devplug.engine.ledger import FORMAT_VERSION, read_ledger_records
-from devplug.resource_names import resource_state_dir, socket_file_name
+from devplug.kube.names import resource_state_dir, socket_file_name
 from devplug.testing.plugin import RunningDaemon
 from devplug.testing.waiting import poll_until as kit_poll_until
 from devplug_mock import read_calls

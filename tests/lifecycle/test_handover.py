@@ -27,10 +27,10 @@ import pytest
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS
 from devplug.devkubelet import ContainerSpec, ContainerStartError, DevKubeletThread, KubeletError, PodSpec
-from devplug.process import DaemonProcess
-from devplug.resource_names import instance_tag, socket_file_name
+from devplug.kube.names import instance_tag, socket_file_name
 from devplug.testing.configs import write_toml
 from devplug.testing.plugin import cgroup_layout_for
+from devplug.testing.process import DaemonProcess
 from devplug_mock import read_calls
 from tests.support.handoverstop import StoppingDaemon
 

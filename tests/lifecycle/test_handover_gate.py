@@ -23,8 +23,8 @@ import pytest
 
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.daemon.lockholder import process_start_ticks
-from devplug.process import DaemonProcess
-from devplug.resource_names import instance_tag, socket_file_name
+from devplug.kube.names import instance_tag, socket_file_name
+from devplug.testing.process import DaemonProcess
 from tests.support.handoverstop import StoppingDaemon
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devplug.cli.statusview import status_exit_code, status_problems
 from devplug.daemon.status import read_status
 from devplug.errors import StateError
-from devplug.statusview import status_exit_code, status_problems
 
 RESOURCE = "example.com/mock"
 GRACE = 3.0  # [release] grace_period: PodResources unreadable longer than this is a problem (interval 0.1 s)

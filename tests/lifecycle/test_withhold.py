@@ -19,7 +19,7 @@ import pytest
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, PodSpec
 from devplug.errors import KubeletError
-from devplug.process import DaemonProcess
+from devplug.testing.process import DaemonProcess
 from tests.lifecycle.conftest import RESOURCE_B
 
 if TYPE_CHECKING:

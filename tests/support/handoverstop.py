@@ -1,7 +1,7 @@
 """A daemon that stops itself (SIGSTOP) right after a handover step, so a test can ``kill -9`` it exactly there.
 
 Fault injection lives here, in the tests, and nowhere in the shipped daemon (issue 39): no variable of the
-environment makes ``devplug run`` stop. A :class:`StoppingDaemon` is a :class:`~devplug.process.DaemonProcess`
+environment makes ``devplug run`` stop. A :class:`StoppingDaemon` is a :class:`~devplug.testing.process.DaemonProcess`
 whose child runs this file instead of ``python -m devplug``::
 
     python tests/support/handoverstop.py STEP run --config CONFIG --log-level LEVEL
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS, observe_steps
-from devplug.process import DaemonProcess
+from devplug.testing.process import DaemonProcess
 
 __all__ = ["STEPS", "StoppingDaemon"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.bussysfs import SysBusModel
 from devplug.testing.devnodes import is_device_node
 from devplug.testing.sysfsfiles import SysfsFiles

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.classsysfs import SysfsClassModel
 from devplug.testing.devnodes import is_device_node
 
@@ -57,7 +57,7 @@ def test_another_process_reads_what_the_model_shows(sysfs_class_tree: SysfsClass
     _nvme(sysfs_class_tree)
     sysfs_class_tree.set_attribute("nvme", "nvme0", "model", "Other Ctrl")
     code = (
-        "import sys; from pathlib import Path; from devplug.sysfs import HostSysfs; "
+        "import sys; from pathlib import Path; from devplug.host.sysfs import HostSysfs; "
         "print(HostSysfs(Path(sys.argv[1])).read_text(Path(sys.argv[1]) / 'class/nvme/nvme0/model'))"
     )
     out = subprocess.run(

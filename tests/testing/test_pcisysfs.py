@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.pcisysfs import PciSysfsModel
 
 NIC = "0000:3b:00.0"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.sysfs import SysfsAccess
+from devplug.host.sysfs import SysfsAccess
 from devplug.testing.sysfsfiles import SysfsFiles
 
 

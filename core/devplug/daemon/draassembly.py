@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.config import Config, ResourceConfig
-from devplug.configdra import API_DRA
+from devplug.config.dra import API_DRA
 from devplug.engine import DeviceTable, FrontEnd, ResourceStatus
 from devplug.errors import ConfigError
 
@@ -42,7 +42,7 @@ def dra_frontend(
     resource of the driver follows when it stops (a reload), ``on_change`` is told of status changes."""
     from devplug.frontends.dra.frontend import DraFrontEnd
     from devplug.frontends.dra.slices import field_manager_of
-    from devplug.kubeclient import make_client
+    from devplug.kube.client import make_client
 
     assert rc.dra is not None  # the config gives every DRA resource its table
     kubeconfig, manager = config.kubernetes.kubeconfig, field_manager_of(rc.dra.driver_name)

@@ -61,7 +61,7 @@ from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import StateLock, gate_holder
 from devplug.daemon.lockholder import process_start_ticks
 from devplug.errors import AlreadyRunningError, StateError
-from devplug.watch import DirectoryWatcher
+from devplug.host.watch import DirectoryWatcher
 
 __all__ = [
     "NEW_INSTANCE_STEPS",

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig
-from devplug.configdra import API_DRA
+from devplug.config.dra import API_DRA
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
 from devplug.daemon.draassembly import check_dra_client, dra_frontend
 from devplug.daemon.handover import Predecessor
@@ -61,7 +61,7 @@ from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePlu
 from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
 from devplug.frontends.deviceplugin.reconciler import Reconciler
 from devplug.frontends.deviceplugin.sightings import KubeletSightings
-from devplug.resource_names import instance_tag, resource_state_dir
+from devplug.kube.names import instance_tag, resource_state_dir
 
 if TYPE_CHECKING:
     from devplug.daemon.metrics import Metrics

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from devplug.kubecgroups import (
+from devplug.host.cgroups import (
     QOS_CLASSES,
     SLICE,
     expand_slice,

@@ -40,7 +40,7 @@ from devplug.devkubelet.daemonconfig import daemon_settings
 from devplug.devkubelet.kubelet import DevKubelet
 from devplug.devkubelet.model import MAX_POD_LIST_DELAY, AdmittedPod, ContainerSpec, PodSpec, check_delay
 from devplug.errors import KubeletError
-from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem
+from devplug.kube.ids import dns1123_label_problem, dns1123_subdomain_problem
 from devplug.types import ContainerAllocation
 
 __all__ = [

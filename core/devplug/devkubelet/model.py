@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from devplug.devkubelet.cgroups import QOS_CLASSES
 from devplug.devkubelet.dra.model import ContainerClaim, PodClaim
-from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem
+from devplug.kube.ids import dns1123_label_problem, dns1123_subdomain_problem
 from devplug.types import ContainerAllocation, Health
 
 __all__ = [
@@ -223,7 +223,7 @@ class PodSpec:
 
     ``name`` is a DNS-1123 subdomain and ``namespace`` a DNS-1123 label, as
     the API server requires (``ValidatePodName``: ``NameIsDNSSubdomain``;
-    ``ValidateNamespaceName``: ``NameIsDNSLabel``; :mod:`devplug.kubeids`):
+    ``ValidateNamespaceName``: ``NameIsDNSLabel``; :mod:`devplug.kube.ids`):
     no ``/``, ``..`` or control character reaches a log line or a path.
     """
 

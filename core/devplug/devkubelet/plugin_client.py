@@ -30,7 +30,7 @@ from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from devplug.devkubelet.model import DeviceInfo, PluginOptions
 from devplug.errors import KubeletError
-from devplug.resource_names import MAX_SOCKET_PATH
+from devplug.kube.names import MAX_SOCKET_PATH
 from devplug.types import ContainerAllocation
 
 __all__ = ["PRE_START_TIMEOUT", "PluginCallError", "PluginClient", "unix_target"]

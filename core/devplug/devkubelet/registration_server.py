@@ -16,7 +16,7 @@ import grpc.aio
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from devplug.errors import KubeletError
-from devplug.resource_names import invalid_resource_name_reason
+from devplug.kube.names import invalid_resource_name_reason
 
 __all__ = [
     "SUPPORTED_VERSIONS",

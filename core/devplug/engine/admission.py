@@ -66,7 +66,7 @@ from devplug.engine.requestcheck import RequestChecks
 from devplug.engine.sharing import shared_env_name
 from devplug.engine.tenantexit import ExitEvidence, ExitVerdict
 from devplug.errors import DeviceBusyError, DriverError, HookTimeoutError, RequestError, StateWriteError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 from devplug.types import Claim, ContainerAllocation
 
 __all__ = ["Admission", "DraClaim", "TenancyJudge", "TenantEnd"]

@@ -42,7 +42,7 @@ from devplug.atomic import write_atomic
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.driver import AsyncDriver
 from devplug.errors import AllocationConflictError, DriverError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 from devplug.types import CDIDevice, Claim, ContainerAllocation, Replicas, merge_allocations
 
 __all__ = [

@@ -17,7 +17,7 @@ from devplug.engine.driver import AsyncDriver
 from devplug.engine.requestcheck import RequestChecks
 from devplug.engine.sharing import SharingView
 from devplug.errors import DeviceBusyError, HookTimeoutError, RequestError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 from devplug.types import Device, Replicas
 
 __all__ = ["DeviceChoice"]

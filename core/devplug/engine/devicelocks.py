@@ -12,13 +12,13 @@ devices: the operation that called it hands their locks to the running call
 (:meth:`DeviceLocks.keep_until`), so they stay locked, and no other hook
 touches them, until the call really returns.
 
-The type is devplug's one device lock, :mod:`devplug.devicelocks`, which
+The type is devplug's one device lock, :mod:`devplug.kit.devicelocks`, which
 drivers use through the kit (from their threads, with ``with``); the engine's
 names are kept here.
 """
 
 from __future__ import annotations
 
-from devplug.devicelocks import DeviceLocks, HeldLocks, LockTimeout
+from devplug.kit.devicelocks import DeviceLocks, HeldLocks, LockTimeout
 
 __all__ = ["DeviceLocks", "HeldLocks", "LockTimeout"]

@@ -40,7 +40,7 @@ from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger
 from devplug.engine.sharing import SharingView
 from devplug.errors import DriverError, HookTimeoutError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 
 __all__ = ["DeviceGuard"]
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devplug.compactjson import compact_json
 from devplug.engine.statedir import read_state_file
+from devplug.text.compactjson import compact_json
 
 __all__ = [
     "JournalSegment",

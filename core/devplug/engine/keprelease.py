@@ -21,7 +21,7 @@ from devplug.engine.ledger import AllocationRecord, Ledger
 from devplug.engine.release import Releaser
 from devplug.engine.requestcheck import RequestChecks
 from devplug.errors import DriverError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 
 __all__ = ["KepRelease"]
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from devplug.compactjson import compact_json
 from devplug.engine.journal import encode_frame, frame_payload
 from devplug.engine.ledgerfile import COMPACT_BYTES, FORMAT_VERSION, MIN_FREE_BYTES, LedgerFile
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
@@ -40,6 +39,7 @@ from devplug.engine.records import (
     record_json,
 )
 from devplug.errors import StateError
+from devplug.text.compactjson import compact_json
 from devplug.types import ContainerAllocation
 
 __all__ = [

@@ -8,7 +8,7 @@ worker is still killing its containers within their grace period
 (``pkg/kubelet/pod_workers.go``). Neither can tell a plugin that the old
 containers still run; the node's cgroups can. Every container of a pod runs in
 the pod's cgroup, named after the pod's UID under the kubelet's ``kubepods``
-cgroup, in one of three QoS places, as :mod:`devplug.kubecgroups` spells it for
+cgroup, in one of three QoS places, as :mod:`devplug.host.cgroups` spells it for
 the cgroupfs and systemd drivers (``kubepods/besteffort/pod<uid>``;
 ``kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice``
 with every ``-`` of the UID written ``_``; under a ``--cgroup-root`` of its own
@@ -41,7 +41,7 @@ hierarchy's own file system: a FIFO planted where ``cgroup.events`` belongs
 would otherwise block the event loop in ``open``. A pod folder that is not a
 folder (a link, a FIFO, a loop of links) or a path that cannot be resolved is
 ``unknown``, never "no cgroup"; and a pod UID that is not a Kubernetes UID
-(:mod:`devplug.kubeids`) never names a path: its liveness is ``unknown``.
+(:mod:`devplug.kube.ids`) never names a path: its liveness is ``unknown``.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ from pathlib import Path
 from typing import Any
 
 from devplug.config import LivenessConfig
-from devplug.inotify import IN_IGNORED, IN_MODIFY, inotify
-from devplug.kubecgroups import QOS_CLASSES, kubepods_name, literal_path, pod_name
-from devplug.kubeids import uid_problem
+from devplug.host.cgroups import QOS_CLASSES, kubepods_name, literal_path, pod_name
+from devplug.host.inotify import IN_IGNORED, IN_MODIFY, inotify
+from devplug.kube.ids import uid_problem
 
 __all__ = ["ContainerLiveness", "PodCgroups", "PodLiveness", "PodState", "find_pod_cgroups", "read_pod"]
 

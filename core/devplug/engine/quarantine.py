@@ -27,7 +27,7 @@ from devplug.atomic import write_atomic
 from devplug.engine.ledger import Ledger, QuarantinedRecord, load_readonly
 from devplug.engine.statedir import existing_resource_dir
 from devplug.errors import StateError
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 
 __all__ = [
     "CLEAR_REQUEST",

@@ -27,7 +27,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from devplug.compactjson import compact_json
+from devplug.text.compactjson import compact_json
 from devplug.types import ContainerAllocation
 
 __all__ = [

@@ -34,7 +34,7 @@ from devplug.engine.guard import DeviceGuard
 from devplug.engine.ledger import AllocationRecord, Ledger
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.errors import DriverError, HookTimeoutError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 from devplug.types import Replicas
 
 __all__ = ["Release", "ReleaseFailure", "Releaser"]

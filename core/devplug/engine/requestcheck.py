@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.ledger import Ledger
 from devplug.errors import DeviceBusyError, RequestError
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 
 __all__ = ["RequestChecks"]
 

@@ -46,7 +46,7 @@ from devplug.engine.resourcestatus import ResourceState, ResourceStatus
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import DevplugError, DriverError, KubeApiError, StateError
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 
 __all__ = ["FrontEndFactory", "Resource", "ResourceState"]
 

@@ -39,7 +39,7 @@ import stat
 from pathlib import Path
 
 from devplug.errors import StateError
-from devplug.resource_names import legacy_state_folder_names, resource_state_dir
+from devplug.kube.names import legacy_state_folder_names, resource_state_dir
 
 __all__ = [
     "check_own_dir",

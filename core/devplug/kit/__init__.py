@@ -21,7 +21,7 @@
 * :mod:`devplug.kit.sysbus` -- the devices of a ``/sys/bus/<bus>`` and the
   moves between kernel drivers (bind, unbind, rebind, the ``driver_override``
   way and back), each verified on the ``driver`` link afterwards;
-  :class:`devplug.pci.PciBus` is its ``pci`` case.
+  :class:`devplug.kit.pci.PciBus` is its ``pci`` case.
 * :mod:`devplug.kit.retries` -- capped backoff, and a schedule per device for
   failed work a driver retries itself, so that a device that keeps failing is
   tried less and less often and costs the others nothing.

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from devplug.errors import DriverError
 from devplug.kit.cgroupjail import CommandCgroup, command_cgroup, command_failed_to_join, kill_cgroup_of
-from devplug.logsafe import escape
+from devplug.text.logsafe import escape
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",

@@ -1,7 +1,7 @@
 """Devices on a ``/sys/bus/<bus>`` and the moves between drivers, bind, unbind and rebind, each verified.
 
 Every bus the driver core registers has the same files (``drivers/base/bus.c``),
-so one helper serves them all; :class:`devplug.pci.PciBus` is the ``pci`` case of
+so one helper serves them all; :class:`devplug.kit.pci.PciBus` is the ``pci`` case of
 it. What each file does, as the kernel documents it (the ABI files are under
 ``Documentation/ABI/``):
 
@@ -30,9 +30,9 @@ it. What each file does, as the kernel documents it (the ABI files are under
 Hence the helper never trusts a write alone: after each move it reads the
 ``driver`` link again and raises :class:`devplug.DriverError` when the kernel did
 not do what was asked (a refused write is one too, naming the device and the
-file). Everything goes through a :class:`devplug.sysfs.SysfsAccess`, so a test
+file). Everything goes through a :class:`devplug.host.sysfs.SysfsAccess`, so a test
 gives it :class:`devplug.testing.bussysfs.SysBusModel` where production gives
-:class:`devplug.sysfs.HostSysfs`::
+:class:`devplug.host.sysfs.HostSysfs`::
 
     bus = SysBus(access, "dsa")
     bus.rebind("wq0.1", "user")            # whoever held it, "user" does now, or DriverError
@@ -45,7 +45,7 @@ import logging
 from pathlib import Path
 
 from devplug.errors import DriverError
-from devplug.sysfs import SysfsAccess
+from devplug.host.sysfs import SysfsAccess
 
 __all__ = ["SysBus"]
 

@@ -6,7 +6,7 @@ labels choose.
 * :mod:`.compose` -- the config a node runs (base + profiles, checked as any config), and ``check-config``'s check
   of every profile;
 * :mod:`.select` -- which profiles a node's labels choose;
-* :mod:`.nodewatch` -- reading and watching the daemon's own Node (through :mod:`devplug.kubeclient`'s lightkube
+* :mod:`.nodewatch` -- reading and watching the daemon's own Node (through :mod:`devplug.kube.client`'s lightkube
   client, imported only when a config has profiles);
 * :mod:`.nodeprofiles` -- the daemon's side: the labels seen, the profiles chosen and applied through the live
   reload, and what ``devplug status`` shows about them.

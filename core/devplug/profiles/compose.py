@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from devplug.config import Config, parse_config
+from devplug.config.profilemerge import check_conflicts, merge
+from devplug.config.profiles import Profile
 from devplug.errors import ConfigError
-from devplug.profiles.merge import check_conflicts, merge
-from devplug.profiles.model import Profile
 
 __all__ = ["ProfileCheck", "check_pairs", "check_profiles", "compose", "describe_profiles"]
 

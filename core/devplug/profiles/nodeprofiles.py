@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from devplug.config import Config
-from devplug.configdra import NODE_NAME_ENV
+from devplug.config.dra import NODE_NAME_ENV
+from devplug.config.profiles import PROFILE_LABEL
 from devplug.errors import ConfigError
 from devplug.profiles.compose import compose
-from devplug.profiles.model import PROFILE_LABEL
 from devplug.profiles.nodewatch import NodeWatch
 from devplug.profiles.select import Selection, select
 
@@ -38,10 +38,10 @@ FIELD_MANAGER = "devplug-profiles"
 
 
 def node_client(kubeconfig: Path | None) -> tuple[Any, str | None]:
-    """A client of the API server (:func:`devplug.kubeclient.make_client`) and None, or None and why there is none
+    """A client of the API server (:func:`devplug.kube.client.make_client`) and None, or None and why there is none
     (no client library, no credentials)."""
     try:
-        from devplug.kubeclient import KubeClientConfigError, make_client
+        from devplug.kube.client import KubeClientConfigError, make_client
 
         return make_client(kubeconfig, field_manager=FIELD_MANAGER), None
     except ImportError as exc:

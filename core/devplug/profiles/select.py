@@ -2,7 +2,7 @@
 
 A node gets, in this order:
 
-1. the profiles its label :data:`~devplug.profiles.model.PROFILE_LABEL` names (``devplug.io/profile=fpga-regions``,
+1. the profiles its label :data:`~devplug.config.profiles.PROFILE_LABEL` names (``devplug.io/profile=fpga-regions``,
    several joined by ``.``: ``devplug.io/profile=fpga-regions.vf32``);
 2. the profiles whose ``match_labels`` its labels all match (NFD's ``feature.node.kubernetes.io/...`` labels, say),
    in the config file's order.
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from devplug.config.profilemerge import check_conflicts
+from devplug.config.profiles import NAME_SEPARATOR, PROFILE_LABEL, ProfileSet
 from devplug.errors import ConfigError
-from devplug.profiles.merge import check_conflicts
-from devplug.profiles.model import NAME_SEPARATOR, PROFILE_LABEL, ProfileSet
 
 __all__ = ["Selection", "select"]
 

@@ -58,7 +58,7 @@ What it models, and where the kernel says so (``bus.c`` is ``drivers/base/bus.c`
 Drivers match devices by name patterns (``fnmatch``, standing for a driver's ID
 table: ``load_driver("user", matches=["wq*"])``), and a driver may make a node
 for each device it holds (``node="dsa/{name}"``: idxd's ``user`` driver makes
-``/dev/dsa/wq0.1``). The model is a :class:`devplug.sysfs.SysfsAccess`; other
+``/dev/dsa/wq0.1``). The model is a :class:`devplug.host.sysfs.SysfsAccess`; other
 writes are those of :class:`devplug.testing.sysfsfiles.SysfsFiles`.
 
 Checked against a real kernel: the store methods are the driver core's, the same

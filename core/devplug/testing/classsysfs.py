@@ -5,7 +5,7 @@ discover devices there (NVMe controllers, accelerators, ``misc`` devices, ...).
 (``root/sys`` is ``/sys``, ``root/dev`` is ``/dev``), shaped as the kernel's,
 and keeps nothing in memory: a test builds devices and changes them in its own
 process while the daemon under test, a child process, reads the same folder
-(through :class:`devplug.sysfs.HostSysfs` on ``root/sys`` and ``root/dev``, as
+(through :class:`devplug.host.sysfs.HostSysfs` on ``root/sys`` and ``root/dev``, as
 it would read the host's, or through a model of its own on ``root``)::
 
     sys/devices/<parent>/<class>/<name>/   the device: its attributes, and
@@ -44,9 +44,9 @@ What it models, and where the kernel says so:
   makes one attribute's reads fail with an errno, through the model's
   :meth:`~SysfsClassModel.read_text`.
 
-The model implements :class:`devplug.sysfs.SysfsAccess`, so a driver that
+The model implements :class:`devplug.host.sysfs.SysfsAccess`, so a driver that
 reads and writes through that door gets it in unit tests where it would get
-a :class:`~devplug.sysfs.HostSysfs`. The ``sysfs_class_tree`` fixture of
+a :class:`~devplug.host.sysfs.HostSysfs`. The ``sysfs_class_tree`` fixture of
 devplug's pytest plugin gives a test a fresh one.
 """
 
@@ -191,7 +191,7 @@ class SysfsClassModel(SysfsFiles):
         """The device's node, ``/dev/<name>`` of the model."""
         return self._dev / name
 
-    # --- the door: devplug.sysfs.SysfsAccess ------------------------------------------------------------------
+    # --- the door: devplug.host.sysfs.SysfsAccess ------------------------------------------------------------------
 
     def _where(self, path: Path) -> tuple[str, str, str] | None:
         """(class, device, attribute) of a path under ``sys/class``, or None."""

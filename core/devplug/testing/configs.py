@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devplug.tomlwrite import dumps_toml, write_toml
+from devplug.config.tomlwrite import dumps_toml, write_toml
 
 __all__ = ["dev_config", "dumps_toml", "write_toml"]
 

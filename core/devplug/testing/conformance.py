@@ -75,7 +75,7 @@ from typing import Any, ClassVar
 import pytest
 
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
-from devplug.hookrecord import RELEASE_HOOKS, HookCall, read_hook_calls
+from devplug.kit.hookrecord import RELEASE_HOOKS, HookCall, read_hook_calls
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.entrypoints import entry_point_env
 from devplug.testing.plugin import RunningDaemon

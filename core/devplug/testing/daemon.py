@@ -1,4 +1,4 @@
-"""The daemon for tests: as a child process (:class:`DaemonProcess`, from :mod:`devplug.process`) or in a thread."""
+"""The daemon for tests: as a child process (:class:`DaemonProcess`, :mod:`devplug.testing.process`) or in a thread."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from devplug.config import Config
-from devplug.process import DaemonProcess
+from devplug.testing.process import DaemonProcess
 
 __all__ = ["DaemonProcess", "DaemonThread"]
 

@@ -142,7 +142,7 @@ class ModelCard:
 class DflModel(SysfsFiles):
     """The DFL part of a machine, as files under ``root`` (see the module docstring).
 
-    Implements the FPGA driver's door: the :class:`devplug.sysfs.SysfsAccess`
+    Implements the FPGA driver's door: the :class:`devplug.host.sysfs.SysfsAccess`
     reads, ``write_text`` with the kernel's effects, ``resolve`` and ``ioctl``.
     """
 

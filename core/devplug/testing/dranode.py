@@ -6,7 +6,7 @@
   DeviceClass selecting the driver (with ``extendedResourceName``: the
   resource name), and the scheduler stand-in (:mod:`devplug.testing.scheduler`)
   allocating claims to pods;
-* ``devplug run`` as a child process (:class:`~devplug.process.DaemonProcess`)
+* ``devplug run`` as a child process (:class:`~devplug.testing.process.DaemonProcess`)
   serving the resource with ``api = "dra"``;
 * the dev kubelet's DRA side (:class:`~devplug.devkubelet.DevKubelet` with
   ``dra=``) on the caller's event loop, talking to the daemon over real unix
@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devplug.configdra import default_driver_name
+from devplug.config.dra import default_driver_name
 from devplug.devkubelet import ContainerSpec, DevKubelet, DRAConfig, PodClaim, PodSpec, ResourceClaimRef
 from devplug.engine import read_ledger_records
-from devplug.process import DaemonProcess
-from devplug.resource_names import resource_state_dir
+from devplug.kube.names import resource_state_dir
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.process import DaemonProcess
 from devplug.testing.recorder import read_call_log
 from devplug.testing.scheduler import SchedulerStandIn, SchedulingError
 

@@ -7,10 +7,10 @@ folder, shaped like the kernel's (``bus/pci/devices/<addr>`` links to
 links; ``bus/pci/drivers/<name>/{bind,unbind,new_id,remove_id}``;
 ``bus/pci/drivers_probe``; ``kernel/iommu_groups/<n>/devices``; and a dev
 root with ``vfio/vfio`` and ``vfio/<group>``). It implements
-:class:`devplug.sysfs.SysfsAccess`: reads see the files, and every write is
+:class:`devplug.host.sysfs.SysfsAccess`: reads see the files, and every write is
 applied synchronously with the effect the kernel documents, after which the
 tree is redrawn. A driver under test gets the model where it would get a
-:class:`devplug.sysfs.HostSysfs`.
+:class:`devplug.host.sysfs.HostSysfs`.
 
 What it models, and where the kernel says so (``sysfs-bus-pci`` is
 ``Documentation/ABI/testing/sysfs-bus-pci``):
@@ -116,7 +116,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from devplug.sysfs import SysfsAccess
+from devplug.host.sysfs import SysfsAccess
 from devplug.testing.devnodes import make_char_device
 from devplug.testing.sysfsfiles import SysfsFiles
 

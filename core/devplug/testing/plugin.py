@@ -37,7 +37,7 @@ Fixtures:
   stopped at the end of the test;
 * ``sysfs_class_tree`` -- a fresh :class:`~devplug.testing.classsysfs.SysfsClassModel` under ``tmp_path``
   (``/sys/class/<class>/`` device trees: add devices with ``add_device``; a driver reads ``model.sysfs_root``
-  and ``model.dev_root``, or the model itself as its :class:`~devplug.sysfs.SysfsAccess`);
+  and ``model.dev_root``, or the model itself as its :class:`~devplug.host.sysfs.SysfsAccess`);
 * ``sysfs_bus`` -- a factory of :class:`~devplug.testing.bussysfs.SysBusModel`: ``sysfs_bus("dsa")`` is a
   model of ``/sys/bus/dsa`` under ``tmp_path`` (devices, drivers, bind, unbind, ``driver_override``,
   ``drivers_probe``), the model a :class:`devplug.kit.sysbus.SysBus` is tested on;
@@ -82,9 +82,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from devplug.process import DaemonProcess
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.entrypoints import entry_point_env, installed_driver_names, missing_driver_message
+from devplug.testing.process import DaemonProcess
 
 if TYPE_CHECKING:
     from devplug.devkubelet import DevKubelet, DevKubeletThread

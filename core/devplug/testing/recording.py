@@ -42,8 +42,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from devplug.hookrecord import CALLS_FILE, HookRecorder
 from devplug.hookspecs import PROJECT_NAME
+from devplug.kit.hookrecord import CALLS_FILE, HookRecorder
 from devplug.types import Device, Replicas
 
 __all__ = ["RecordingDriver", "driver_class_named", "recording_driver", "recording_entry_point"]

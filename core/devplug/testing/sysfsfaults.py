@@ -1,6 +1,6 @@
 """Faults put between a driver and its sysfs: a crash after the n-th write, writes that wait.
 
-A driver that reaches the machine only through a :class:`devplug.sysfs.SysfsAccess`
+A driver that reaches the machine only through a :class:`devplug.host.sysfs.SysfsAccess`
 (its ``access``) can be handed one of these wrappers around the real door or a
 kernel model (:class:`devplug.testing.pcisysfs.PciSysfsModel`, ...):
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from devplug.sysfs import SysfsAccess
+from devplug.host.sysfs import SysfsAccess
 
 __all__ = ["CrashingSysfs", "SimulatedCrash", "SlowWrites", "SysfsWrapper"]
 
@@ -31,7 +31,7 @@ class SimulatedCrash(BaseException):
 
 
 class SysfsWrapper:
-    """A :class:`~devplug.sysfs.SysfsAccess` passing every operation to ``inner``; subclasses change some."""
+    """A :class:`~devplug.host.sysfs.SysfsAccess` passing every operation to ``inner``; subclasses change some."""
 
     def __init__(self, inner: SysfsAccess) -> None:
         self.inner = inner

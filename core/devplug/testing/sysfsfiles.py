@@ -1,8 +1,8 @@
-"""A :class:`devplug.sysfs.SysfsAccess` on kernel models kept as real files (``root/sys`` standing for ``/sys``,
+"""A :class:`devplug.host.sysfs.SysfsAccess` on kernel models kept as real files (``root/sys`` standing for ``/sys``,
 ``root/dev`` for ``/dev``): what the PCI, DFL, class-tree and bus models share, and the base of a model of
 your own.
 
-Reads go through :class:`devplug.sysfs.HostSysfs` on the model's folders, so a
+Reads go through :class:`devplug.host.sysfs.HostSysfs` on the model's folders, so a
 driver reads a model exactly as it reads a host. Writes are those of a tree of
 plain attributes, as sysfs treats them (``Documentation/filesystems/sysfs.rst``,
 "Reading/Writing Attribute Data"; ``fs/kernfs/file.c``, ``kernfs_fop_open``):
@@ -28,13 +28,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from devplug.sysfs import HostSysfs
+from devplug.host.sysfs import HostSysfs
 
 __all__ = ["SysfsFiles"]
 
 
 class SysfsFiles:
-    """A model's ``sys/`` and ``dev/`` under ``root``, read as a host's: a :class:`devplug.sysfs.SysfsAccess`.
+    """A model's ``sys/`` and ``dev/`` under ``root``, read as a host's: a :class:`devplug.host.sysfs.SysfsAccess`.
     ``_lock`` guards each call (a model that redraws its tree in place sets a lock of its own; files replaced
     atomically need none)."""
 

@@ -104,7 +104,7 @@ class ModelBackend:
 
     @property
     def sysfs(self) -> Any:
-        """The model, which is a :class:`devplug.sysfs.SysfsAccess`."""
+        """The model, which is a :class:`devplug.host.sysfs.SysfsAccess`."""
         return self.model
 
 

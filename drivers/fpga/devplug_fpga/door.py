@@ -1,7 +1,7 @@
 """The one door to the kernel: DFL sysfs attributes, device nodes and the DFL ioctls.
 
 Everything the driver reads or changes on the machine goes through a
-:class:`DflAccess` (the sysfs door of :mod:`devplug.sysfs`, with ``resolve``
+:class:`DflAccess` (the sysfs door of :mod:`devplug.host.sysfs`, with ``resolve``
 and ``ioctl`` added): :class:`HostDfl` on a node (real files under
 configurable roots, real ``ioctl(2)`` calls), or
 :class:`devplug.testing.dflsysfs.DflModel` in tests and the demo. The ioctl numbers and the PR argument follow
@@ -18,7 +18,7 @@ import struct
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 
 __all__ = [
     "DFL_FPGA_FME_PORT_PR",
@@ -40,7 +40,7 @@ _PORT_PR = struct.Struct("=IIIIQ")
 
 @runtime_checkable
 class DflAccess(SysfsAccess, Protocol):
-    """What the FPGA driver may do with the machine: the sysfs door (:class:`devplug.sysfs.SysfsAccess`), plus
+    """What the FPGA driver may do with the machine: the sysfs door (:class:`devplug.host.sysfs.SysfsAccess`), plus
     following links and the DFL ioctls."""
 
     def resolve(self, path: Path) -> Path:

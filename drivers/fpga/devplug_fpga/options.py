@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from devplug.host.sysfs import check_roots
 from devplug.options import node_checks, refuse_kernel_trees
-from devplug.sysfs import check_roots
 
 __all__ = ["Backend", "FpgaOptions", "Mode", "PLACEHOLDERS", "expand", "normal_afu_id"]
 

@@ -25,7 +25,7 @@ import pytest
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.engine.ledger import read_ledger_records
-from devplug.resource_names import resource_state_dir, socket_file_name
+from devplug.kube.names import resource_state_dir, socket_file_name
 from devplug.testing.devnodes import make_char_device
 from devplug.testing.dflsysfs import DflModel, model_image
 from devplug.testing.fakecommand import FakeCommand

@@ -5,7 +5,7 @@ for what a device file may say), and read what the engine asked of it in the
 call log (:mod:`devplug_mock.calllog`, kept by the kit's
 :class:`devplug.testing.recorder.HookRecorder`). Files added, removed or
 edited reach the engine at once through the :class:`devplug.DriverContext`,
-by way of a :class:`devplug.watch.DirectoryWatcher` on the folder.
+by way of a :class:`devplug.host.watch.DirectoryWatcher` on the folder.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from devplug import (
     Replicas,
     hookimpl,
 )
+from devplug.host.watch import DirectoryWatcher
 from devplug.kit import DriverRuntime
 from devplug.options import node_checks, refuse_kernel_trees
 from devplug.testing.devnodes import is_device_node, mknod_char_device
 from devplug.testing.recorder import HookRecorder
-from devplug.watch import DirectoryWatcher
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
 
 __all__ = ["NODE_FOLDER", "MockDriver", "MockOptions"]

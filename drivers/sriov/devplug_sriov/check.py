@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from devplug.host.sysfs import HostSysfs
 from devplug.kit import DeviceOwners
+from devplug.kit.pci import PciBus
 from devplug.options import node_checks
-from devplug.pci import PciBus
-from devplug.sysfs import HostSysfs
 from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import matches_pf, resolve_pfs
 from devplug_sriov.sriov import PhysFn, SriovBus

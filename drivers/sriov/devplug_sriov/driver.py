@@ -4,7 +4,7 @@ Per resource, ``start`` finishes what a crash interrupted, sets the PFs up
 (:mod:`devplug_sriov.setup`), and advertises the pooled VFs by PCI address
 with their NUMA node. ``allocate`` gives ``PCIDEVICE_<RESOURCE>`` (the SR-IOV
 CNI convention) and, in ``vfio-pci`` mode, binds each VF to vfio-pci
-(:mod:`devplug.pci`, shared with devplug-vfio) and hands out its
+(:mod:`devplug.kit.pci`, shared with devplug-vfio) and hands out its
 ``/dev/vfio`` nodes; RDMA verbs devices go along when the VF has them.
 ``deallocate`` resets a kernel-mode VF through netlink on its PF
 (:mod:`devplug_sriov.reset`: each setting on its own, then read back and
@@ -31,10 +31,10 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.kit import DeviceLocks, DeviceRetries, DriverRuntime, RecordTable
+from devplug.kit.pci import VFIO_PCI, PciBus
 from devplug.kit.rescan import RESCAN_RETRY_MIN
-from devplug.pci import VFIO_PCI, PciBus
-from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug_sriov.netlink import LINK_STATES, NetlinkVfLinks, VfLinks, VfSettings
 from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import resolve_pfs, selects_vf

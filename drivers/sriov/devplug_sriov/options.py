@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from devplug.host.sysfs import check_roots
 from devplug.kit.rescan import check_rescan_interval
-from devplug.sysfs import check_roots
 
 __all__ = ["LinkState", "PfSelector", "SriovOptions", "VfDriverMode", "VfRange", "parse_pf_selector", "parse_vf_range"]
 

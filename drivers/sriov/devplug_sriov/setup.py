@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from devplug import ConfigError, DriverError
+from devplug.host.sysfs import HostSysfs
+from devplug.kit.pci import PciBus
 from devplug.options import parse_options
-from devplug.pci import PciBus
-from devplug.sysfs import HostSysfs
 from devplug_sriov.options import SriovOptions
 from devplug_sriov.selection import resolve_pfs
 from devplug_sriov.sriov import PhysFn, SriovBus

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplug import DriverError
-from devplug.pci import PciBus, PciDevice
+from devplug.kit.pci import PciBus, PciDevice
 
 __all__ = ["PhysFn", "SriovBus", "VirtFn"]
 
@@ -53,7 +53,7 @@ class PhysFn:
 
 
 class SriovBus:
-    """Reads PFs and VFs and writes the set-up knobs, through a :class:`devplug.pci.PciBus`."""
+    """Reads PFs and VFs and writes the set-up knobs, through a :class:`devplug.kit.pci.PciBus`."""
 
     def __init__(self, bus: PciBus) -> None:
         self.bus = bus

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import pytest
 
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.kit.retries import DEVICE_RETRY_MAX
-from devplug.sysfs import HostSysfs, SysfsAccess
 from devplug.testing.clock import ManualClock
 from devplug.testing.harness import DriverHarness
 from devplug.testing.pcisysfs import (

@@ -25,7 +25,7 @@ import pytest
 from devplug.config import parse_config
 from devplug.devkubelet import DevKubeletThread
 from devplug.devkubelet.model import ContainerSpec, PodSpec
-from devplug.sysfs import SysfsAccess
+from devplug.host.sysfs import SysfsAccess
 from devplug.testing.configs import dev_config
 from devplug.testing.daemon import DaemonThread
 from devplug.testing.pcisysfs import PciSysfsModel

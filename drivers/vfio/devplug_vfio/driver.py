@@ -5,7 +5,7 @@ groups them by IOMMU group (:mod:`devplug_vfio.selection`) and advertises the
 members of every usable group, by PCI address. In ``on-allocate`` mode a free
 device stays on its own driver; ``allocate`` moves its whole group to
 vfio-pci and ``deallocate`` gives each device back to the driver it had
-(:mod:`devplug.pci`). In ``at-start`` mode the groups move at ``start``
+(:mod:`devplug.kit.pci`). In ``at-start`` mode the groups move at ``start``
 and stay. Each move is recorded before sysfs is touched
 (:mod:`devplug_vfio.state`, on the kit's record store), so a crash part-way is
 finished on restart. The kit's rescan loop looks for hot-plugged and removed
@@ -27,9 +27,9 @@ from dataclasses import replace
 from typing import ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, Topology, hookimpl
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.kit import DeviceOwners, DriverRuntime, RecordTable
-from devplug.pci import VFIO_PCI, PciBus, PciDevice
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.kit.pci import VFIO_PCI, PciBus, PciDevice
 from devplug_vfio.claims import Claims
 from devplug_vfio.options import VfioOptions
 from devplug_vfio.selection import GroupPlan, plan_groups, selects
@@ -48,7 +48,7 @@ class VfioDriver:
 
     ``access`` replaces the host's sysfs (tests pass a kernel model such as
     :class:`devplug.testing.pcisysfs.PciSysfsModel`); by default it is
-    :class:`devplug.sysfs.HostSysfs` on the ``sysfs_root`` and ``dev_root`` options.
+    :class:`devplug.host.sysfs.HostSysfs` on the ``sysfs_root`` and ``dev_root`` options.
     """
 
     #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from devplug.pci import PciDevice
+from devplug.kit.pci import PciDevice
 from devplug_vfio.options import VfioOptions
 
 __all__ = ["Group", "GroupPlan", "plan_groups", "selects"]

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from devplug.sysfs import HostSysfs, SysfsAccess
+from devplug.host.sysfs import HostSysfs, SysfsAccess
 from devplug.testing import vm
 from devplug.testing.harness import DriverHarness
 from devplug.testing.pcisysfs import PciSysfsModel, device_attribute, device_driver, device_iommu_group

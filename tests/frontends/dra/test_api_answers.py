@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from devplug import kubeclient
 from devplug.frontends.dra.claims import ClaimReader, ClaimReadError, ClaimRef
-from devplug.kubeclient import make_client
+from devplug.kube import client as kubeclient
+from devplug.kube.client import make_client
 
 from .conftest import run
 

@@ -21,7 +21,7 @@ from devplug.frontends.dra.apiversions import DraApi, DraApiVersionError, discov
 from devplug.frontends.dra.claims import ClaimNodeMismatchError, ClaimReader, ClaimRef
 from devplug.frontends.dra.nodeselector import NodeLabels, NodeSelector
 from devplug.frontends.dra.slices import SlicePublisher
-from devplug.kubeclient import make_client
+from devplug.kube.client import make_client
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.scheduler import SchedulerStandIn
 from devplug.types import Device, Health

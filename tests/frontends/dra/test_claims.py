@@ -24,7 +24,7 @@ from devplug.frontends.dra.claims import (
 )
 from devplug.frontends.dra.devicenames import DeviceNameMap, device_name
 from devplug.frontends.dra.slices import SlicePublisher
-from devplug.kubeclient import make_client
+from devplug.kube.client import make_client
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.scheduler import SchedulerStandIn
 from devplug.types import Device

@@ -22,9 +22,9 @@ import pytest
 from devplug.daemon.handover import NEW_INSTANCE_STEPS, OLD_INSTANCE_STEPS
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, KubeletError
-from devplug.process import DaemonProcess
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.dranode import TEST_DRA, DraNode
+from devplug.testing.process import DaemonProcess
 from devplug.testing.scheduler import SchedulingError
 from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, NS, dra_node, eventually

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from devplug.cli.statusview import format_status
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ClaimPrepareError, ClaimUnprepareError, ContainerSpec, PodPhase, PodSpec
 from devplug.devkubelet.dra.model import HealthStatus
-from devplug.statusview import format_status
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
 from tests.frontends.dra.dranode import DRIVER, NS, RESOURCE, dra_node, eventually

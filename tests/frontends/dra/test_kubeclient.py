@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devplug.kubeclient import (
+from devplug.kube.client import (
     KubeClientConfigError,
     cluster_config,
     describe_api_error,

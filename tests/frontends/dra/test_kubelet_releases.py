@@ -20,9 +20,9 @@ import pytest
 from devplug.daemon.status import read_status
 from devplug.devkubelet.dra import DRA_RELEASES
 from devplug.errors import StateError
-from devplug.process import DaemonProcess
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.dranode import TEST_DRA, DraNode
+from devplug.testing.process import DaemonProcess
 from tests.devkubelet.draplugin import DRAPlugin
 from tests.frontends.dra.conftest import run
 from tests.frontends.dra.dranode import DRIVER, RESOURCE, dra_node, eventually

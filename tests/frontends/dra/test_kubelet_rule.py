@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devplug.frontends.dra.kubeletrule import KubeletRule, PluginKeying, keying_of, learn_rule
-from devplug.kubeclient import make_client
+from devplug.kube.client import make_client
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, node, run
 

@@ -16,8 +16,8 @@ from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.process import DaemonProcess
 from devplug.testing.apiserver import ApiServer
+from devplug.testing.process import DaemonProcess
 from tests.frontends.dra.conftest import NODE, run
 from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
 

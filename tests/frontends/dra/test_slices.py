@@ -16,7 +16,7 @@ from devplug.engine.devicetable import DeviceTable
 from devplug.frontends.dra.devicenames import device_name
 from devplug.frontends.dra.slicecontent import TAINT_KEY, DeviceDescription, Version
 from devplug.frontends.dra.slices import SlicePublisher
-from devplug.kubeclient import make_client
+from devplug.kube.client import make_client
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.scheduler import SchedulerStandIn
 from devplug.types import Device, Health, HealthReport, Topology

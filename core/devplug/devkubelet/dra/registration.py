@@ -63,7 +63,7 @@ import grpc.aio
 from devplug.api.gen.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug.api.gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.errors import KubeletError
-from devplug.inotify import (
+from devplug.host.inotify import (
     IN_CREATE,
     IN_DELETE,
     IN_DELETE_SELF,

@@ -22,7 +22,7 @@ from devplug.frontends.deviceplugin.pluginserver import PluginServer
 from devplug.frontends.deviceplugin.servicer import DevicePluginService, StreamObserver
 from devplug.frontends.deviceplugin.sightings import KubeletSightings
 from devplug.frontends.deviceplugin.tenancy import CheckpointTenancy
-from devplug.resource_names import socket_file_name
+from devplug.kube.names import socket_file_name
 from devplug.types import Device
 
 __all__ = ["DevicePluginCodec", "DevicePluginFrontEnd", "kubelet_options"]
@@ -64,7 +64,7 @@ class DevicePluginFrontEnd:
         on_change: Callable[[], None] = lambda: None,
         instance: str | None = None,
     ) -> None:
-        """``instance``: the daemon instance's tag (:func:`~devplug.resource_names.instance_tag`), which makes
+        """``instance``: the daemon instance's tag (:func:`~devplug.kube.names.instance_tag`), which makes
         the socket name unique per instance (handover); None keeps the name fixed per resource. ``sightings``: what
         the daemon saw the kubelet do (its runs, its checkpoint's rewrites), shared by every resource."""
         self.name = name

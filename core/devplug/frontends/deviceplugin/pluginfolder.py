@@ -13,7 +13,7 @@ from pathlib import Path
 from devplug.errors import ConfigError
 from devplug.frontends.deviceplugin.frontend import DevicePluginFrontEnd
 from devplug.frontends.deviceplugin.sightings import KubeletSightings
-from devplug.watch import DirectoryWatcher
+from devplug.host.watch import DirectoryWatcher
 
 __all__ = ["PluginFolder"]
 

@@ -8,7 +8,7 @@ driver that fails gets INTERNAL (DEADLINE_EXCEEDED for a hook timeout), each
 with the message. Device IDs no kubelet could send (not a
 valid :class:`~devplug.types.Device` ID: control characters, whitespace, too
 long) are refused before anything else looks at the request. Messages and log
-lines repeat request data escaped and bounded (:mod:`devplug.logsafe`).
+lines repeat request data escaped and bounded (:mod:`devplug.text.logsafe`).
 ListAndWatch sends pre-encoded bytes from the device table, and Allocate
 its answer encoded by :func:`~devplug.api.convert.encode_allocate_response`
 (identity serializers), so neither builds protobuf objects per device.
@@ -38,7 +38,7 @@ from devplug.errors import (
     StateWriteError,
 )
 from devplug.frontends.callgate import CallGate, gated_call
-from devplug.logsafe import bounded, id_list
+from devplug.text.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
 __all__ = ["SERVICE_NAME", "DevicePluginService", "StreamObserver"]

@@ -20,7 +20,7 @@ the slice publisher, its watch and the claim reader:
   instead, chosen up front; an apply's answer without the taints it carried stays a second line
   (:meth:`DraApi.taints_dropped`);
 * **found again** (:meth:`DraApi.refresh`) when the version in use is not served any more (a request of it answers
-  ``404`` for the path, :func:`~devplug.kubeclient.not_served`) and after the slices' watch had to be started again
+  ``404`` for the path, :func:`~devplug.kube.client.not_served`) and after the slices' watch had to be started again
   (an API server that restarted, for an upgrade among others, cut it): both discovery and the dry run, once for all
   users however many ask at once;
 * **shapes**: the front end builds and reads ``v1`` (:mod:`~devplug.frontends.dra.slicecontent`); at the edge a
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from devplug.errors import KubeApiError
 from devplug.frontends.dra.slicecontent import TAINT_EFFECT, TAINT_KEY
-from devplug.kubeclient import describe_api_error, get_json, not_served
+from devplug.kube.client import describe_api_error, get_json, not_served
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -41,7 +41,7 @@ no CDI device (CDI refuses a device without edits), a claim with none no file.
 Container annotations cannot be carried by CDI; they are dropped (and logged).
 
 File names come only from claim UIDs that are Kubernetes UIDs
-(:func:`devplug.kubeids.is_uid`), and each path must stay in its folder; any
+(:func:`devplug.kube.ids.is_uid`), and each path must stay in its folder; any
 other UID names no file (an ``OSError``, ``EINVAL``), whoever passed it. A spec
 is removed only when something says this daemon wrote it: a ledger record of
 the claim, or the kept copy (written with the spec, it is the record of the
@@ -61,8 +61,8 @@ from pathlib import Path
 
 from devplug.atomic import write_atomic
 from devplug.engine import SPEC_FILE_MODE, build_spec
-from devplug.kubeids import is_uid
-from devplug.logsafe import shorten
+from devplug.kube.ids import is_uid
+from devplug.text.logsafe import shorten
 from devplug.types import ContainerAllocation
 
 __all__ = ["ClaimCdiSpecs"]

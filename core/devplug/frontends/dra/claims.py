@@ -61,9 +61,9 @@ from typing import TYPE_CHECKING, Any
 from devplug.errors import DevplugError, KubeApiError, RequestError
 from devplug.frontends.dra.apiversions import DraApi
 from devplug.frontends.dra.nodeselector import NodeLabels, NodeLabelsError, NodeSelector, selector_of
-from devplug.kubeclient import describe_api_error, not_served
-from devplug.kubeids import dns1123_label_problem, dns1123_subdomain_problem, uid_problem
-from devplug.logsafe import shorten
+from devplug.kube.client import describe_api_error, not_served
+from devplug.kube.ids import dns1123_label_problem, dns1123_subdomain_problem, uid_problem
+from devplug.text.logsafe import shorten
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -109,7 +109,7 @@ class ClaimRef:
     def problem(self) -> str | None:
         """Why no API server could have named a claim so (``"its uid '../x' is not a Kubernetes UID (...)"``), or
         None: the UID must be a Kubernetes UID, the namespace a DNS-1123 label, the name a DNS-1123 subdomain
-        (:mod:`devplug.kubeids`). A claim with a problem names no file and no URL."""
+        (:mod:`devplug.kube.ids`). A claim with a problem names no file and no URL."""
         for field, problem in (
             ("uid", uid_problem(self.uid)),
             ("namespace", dns1123_label_problem(self.namespace)),

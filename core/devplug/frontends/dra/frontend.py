@@ -53,7 +53,7 @@ from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from devplug.api.gen.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.config import KubeletConfig
-from devplug.configdra import DraConfig
+from devplug.config.dra import DraConfig
 from devplug.engine import (
     AllocationRecord,
     DeviceLifecycle,
@@ -80,7 +80,7 @@ from devplug.frontends.dra.registration import (
 )
 from devplug.frontends.dra.reregistration import SETTLE_S, Reregistration
 from devplug.frontends.dra.service import ClaimPreparer, DraPluginV1, DraPluginV1beta1
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from devplug.kubeclient import describe_api_error
+from devplug.kube.client import describe_api_error
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -187,7 +187,7 @@ class NodeLabels:
         API server cannot give them."""
         from lightkube.resources.core_v1 import Node
 
-        from devplug.kubeclient import describe_api_error
+        from devplug.kube.client import describe_api_error
 
         async with self._lock:
             age = self.age

@@ -43,7 +43,7 @@ import grpc.aio
 from devplug.api.gen.pluginregistration.v1 import api_pb2 as reg_pb
 from devplug.api.gen.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.engine import ResourceState, ResourceStatus
-from devplug.watch import DirectoryWatcher
+from devplug.host.watch import DirectoryWatcher
 
 __all__ = [
     "HEALTH_SERVICE",

@@ -103,7 +103,7 @@ from devplug.frontends.dra.claims import (
     NoDeviceOfOursError,
     OpaqueConfig,
 )
-from devplug.logsafe import id_list
+from devplug.text.logsafe import id_list
 from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation, merge_allocations
 
 __all__ = [

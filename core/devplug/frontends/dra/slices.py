@@ -85,7 +85,7 @@ from devplug.frontends.dra.slicecontent import (
     build_pool,
 )
 from devplug.frontends.dra.sliceswatch import WATCH_SILENCE, follow_slices
-from devplug.kubeclient import describe_api_error, not_served
+from devplug.kube.client import describe_api_error, not_served
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from devplug.engine import Backoff
-from devplug.kubeclient import describe_api_error
+from devplug.kube.client import describe_api_error
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from devplug.errors import ConfigError
-from devplug.hookrecord import read_hook_calls
+from devplug.kit.hookrecord import read_hook_calls
 
 __all__ = ["run_dra_demo"]
 

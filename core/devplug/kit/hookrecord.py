@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devplug.compactjson import compact_json
+from devplug.text.compactjson import compact_json
 
 __all__ = [
     "CALLS_FILE",
@@ -74,7 +74,7 @@ RELEASE_HOOKS = ("post_stop", "deallocate")
 _CORE_FIELDS = ("hook", "device_ids", "time", "retry", "error")
 _CORE_FIELDS_HEAD = frozenset(_CORE_FIELDS[:3])
 
-log = logging.getLogger("devplug.hookrecord")
+log = logging.getLogger("devplug.kit.hookrecord")
 
 
 @dataclass(frozen=True)

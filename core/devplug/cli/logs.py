@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Literal
 
-from devplug.logsafe import escape
+from devplug.text.logsafe import escape
 
 __all__ = ["JsonFormatter", "setup_logging"]
 

@@ -20,8 +20,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from devplug.config.profiles import UNSET, Profile, ProfileSet, quote_key
 from devplug.errors import ConfigError
-from devplug.profiles.model import UNSET, Profile, ProfileSet, quote_key
 
 __all__ = ["check_conflicts", "check_references", "merge"]
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devplug.configfile import read_config_bytes
+from devplug.config.file import read_config_bytes
 from devplug.daemon.lock import StateLock
 from devplug.daemon.lockholder import LockHolder, prove_holder
 from devplug.daemon.status import read_status

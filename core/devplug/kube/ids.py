@@ -25,14 +25,14 @@ The forms, as Kubernetes validates them (``k8s.io/apimachinery``):
 None of these can hold ``/``, a NUL, a control character, or be ``.`` or ``..``.
 Each ``*_problem`` function returns why a value is not of its form (for a
 message), or None when it is; values are shown escaped and shortened
-(:mod:`devplug.logsafe`), since they may carry anything.
+(:mod:`devplug.text.logsafe`), since they may carry anything.
 """
 
 from __future__ import annotations
 
 import re
 
-from devplug.logsafe import shorten
+from devplug.text.logsafe import shorten
 
 __all__ = [
     "DNS1123_LABEL_MAX",

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devplug.configdra import (
+from devplug.config.dra import (
     API_DEVICE_PLUGIN,
     NODE_NAME_ENV,
     DraConfig,
@@ -83,14 +83,14 @@ from devplug.configdra import (
     parse_kubernetes,
     parse_node,
 )
-from devplug.configfile import read_config_bytes
+from devplug.config.file import read_config_bytes
+from devplug.config.profilemerge import check_references
+from devplug.config.profiles import ProfileSet, parse_profiles
 from devplug.drivers.construction import check_driver_resources
 from devplug.drivers.discovery import load_driver_class
 from devplug.errors import ConfigError, DriverLoadError
+from devplug.kube.names import invalid_resource_name_reason
 from devplug.options import describe_type, node_checks, parse_options, unknown_key_hint
-from devplug.profiles.merge import check_references
-from devplug.profiles.model import ProfileSet, parse_profiles
-from devplug.resource_names import invalid_resource_name_reason
 from devplug.types import ResourceSettings
 
 if sys.version_info >= (3, 11):
@@ -735,7 +735,7 @@ def _resolve_option_paths(schema: Any, table: Mapping[str, Any], base: Path | No
 
 
 def load_config(path: Path) -> Config:
-    """Read and check the config file at ``path`` (a regular file of bounded size: :mod:`devplug.configfile`)."""
+    """Read and check the config file at ``path`` (a regular file of bounded size: :mod:`devplug.config.file`)."""
     path = Path(path)
     raw = read_config_bytes(path)
     try:

@@ -1,6 +1,6 @@
 """``devplug run`` without click or argparse: the daemon is the one long-lived process, and what it imports stays
 resident (click about 1.3 MiB; argparse pulls in gettext, locale and shutil, which loads the zlib, bz2 and lzma
-modules). The options, defaults and exit codes are those of the click command in :mod:`devplug.cli`, which runs
+modules). The options, defaults and exit codes are those of the click command in :mod:`devplug.cli.commands`, which runs
 the same :func:`run_command`; ``devplug run --help`` is click's."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def fail(exc: DevplugError) -> NoReturn:
 
 def run_command(config_path: Path, log_format: str, log_level: str) -> None:
     """Run the daemon until SIGTERM/SIGINT; exits non-zero on a bad config, a taken state dir, abandoned hooks."""
+    from devplug.cli.logs import setup_logging
     from devplug.config import load_config
-    from devplug.logs import setup_logging
 
     setup_logging(log_level, "json" if log_format == "json" else "text")
     try:

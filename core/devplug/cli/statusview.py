@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from devplug.daemon.readiness import EXIT_NOT_RUNNING, Reason, exit_code, facts_from_status, reasons
-from devplug.logsafe import escape
+from devplug.text.logsafe import escape
 
 __all__ = ["format_status", "status_exit_code", "status_problems", "status_reasons"]
 

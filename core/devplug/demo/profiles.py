@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devplug.config.tomlwrite import write_toml
 from devplug.daemon.status import read_status
 from devplug.devkubelet import ContainerSpec, DevKubeletThread, PodSpec
 from devplug.devkubelet.daemonconfig import no_containers_liveness
 from devplug.errors import StateError
-from devplug.hookrecord import read_hook_calls
-from devplug.process import DaemonProcess
-from devplug.tomlwrite import write_toml
+from devplug.kit.hookrecord import read_hook_calls
+from devplug.testing.process import DaemonProcess
 
 __all__ = ["run_profiles_demo"]
 

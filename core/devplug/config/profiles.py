@@ -12,7 +12,7 @@
 
 A profile's name is a DNS label (lowercase letters, digits, ``-``): it is written in a node label's value
 (:data:`PROFILE_LABEL`), where several names are joined by :data:`NAME_SEPARATOR`. What the tables *mean* over the
-base config (the merge) is :mod:`devplug.profiles.merge`; whether the merged config is valid is the config's own
+base config (the merge) is :mod:`devplug.config.profilemerge`; whether the merged config is valid is the config's own
 check, run per profile by :func:`devplug.profiles.compose.check_profiles`.
 """
 

@@ -23,16 +23,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from devplug.config.tomlwrite import write_toml
 from devplug.daemon.status import read_status
 from devplug.devkubelet import CgroupLayout, ContainerSpec, DevKubeletThread, PodSpec
 from devplug.devkubelet.cgroups import unique_cgroup_root
 from devplug.devkubelet.daemonconfig import no_containers_liveness
 from devplug.engine import read_ledger_records
 from devplug.errors import ConfigError, StateError
-from devplug.hookrecord import read_hook_calls
-from devplug.process import DaemonProcess
-from devplug.resource_names import resource_state_dir
-from devplug.tomlwrite import write_toml
+from devplug.kit.hookrecord import read_hook_calls
+from devplug.kube.names import resource_state_dir
+from devplug.testing.process import DaemonProcess
 from devplug.types import ContainerAllocation
 
 if sys.version_info >= (3, 11):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
-from devplug.cli_run import (
+from devplug.cli.run import (
     EXIT_CONFIG,
     EXIT_STATE,
     LOG_FORMATS,
@@ -103,8 +103,8 @@ def _describe_resource(resource: ResourceConfig) -> str:
 
 def _check_profiles(config: Config) -> None:
     """Every profile composed on its own over the base: what it changes, or its error; exit 2 if any fails."""
+    from devplug.config.profiles import NAME_SEPARATOR, PROFILE_LABEL
     from devplug.profiles.compose import check_pairs, check_profiles
-    from devplug.profiles.model import NAME_SEPARATOR, PROFILE_LABEL
 
     checks = check_profiles(config)
     click.echo(
@@ -326,8 +326,8 @@ def kubelet(
     import logging
     import warnings
 
+    from devplug.cli.logs import setup_logging
     from devplug.devkubelet import DeviceNodeDeprecationWarning, run_foreground
-    from devplug.logs import setup_logging
 
     setup_logging("info")
     # A container taken although its device path is no device node: said in the log, each time.
@@ -510,11 +510,11 @@ def demo(kep: bool, keep: bool, profiles: bool, api: str) -> None:
     """Watch the whole device lifecycle on config.example.toml, with a dev kubelet, in a temporary folder."""
     try:
         if profiles:
-            from devplug.demoprofiles import run_profiles_demo
+            from devplug.demo.profiles import run_profiles_demo
 
             sys.exit(0 if run_profiles_demo(keep=keep, echo=click.echo) else EXIT_DEMO_FAILED)
         if api == "dra":
-            from devplug.demodra import run_dra_demo
+            from devplug.demo.dra import run_dra_demo
 
             ok = run_dra_demo(keep=keep, echo=click.echo)
         else:
@@ -536,7 +536,7 @@ def reload(config_path: Path | None, state_dir: Path | None, timeout: float) -> 
     Exits 2 when the daemon refused the new config (it keeps the old one), 3 when no daemon runs on the state dir
     or it did not answer in time.
     """
-    from devplug.reloadclient import request_reload, state_dir_of
+    from devplug.cli.reload import request_reload, state_dir_of
 
     try:
         if state_dir is None:
@@ -561,8 +561,8 @@ def status(config_path: Path | None, state_dir: Path | None, as_json: bool) -> N
     container liveness unknown while required), named under PROBLEM:; 7 when a resource can serve nothing (every
     device unhealthy); 3 when no daemon runs with that state dir.
     """
+    from devplug.cli.statusview import format_status, status_exit_code
     from devplug.daemon.status import read_status
-    from devplug.statusview import format_status, status_exit_code
 
     try:
         if state_dir is None:
@@ -641,8 +641,8 @@ def quarantine_clear(
     from devplug.daemon.lock import StateLock
     from devplug.engine import Ledger, clear_offline, read_quarantined, write_clear_request
     from devplug.errors import AlreadyRunningError, ConfigError, StateError
-    from devplug.logsafe import shorten
-    from devplug.resource_names import resource_state_dir
+    from devplug.kube.names import resource_state_dir
+    from devplug.text.logsafe import shorten
 
     try:
         if not keys and not clear_all:
