@@ -462,3 +462,20 @@ def test_a_moved_public_module_still_imports_by_its_old_name_with_a_warning(old:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert f"{old} is now {DEPRECATED_MODULES[old]}" in proc.stdout, proc.stdout
+
+
+def test_the_engine_loads_neither_sysfs_nor_the_kits_command_runner() -> None:
+    """The engine takes the one device-lock type from the kit; importing it must not load what drivers use the kit
+    for (sysfs, external commands) into the daemon: the kit's package imports its names on first use."""
+    engine = sorted(f"devplug.engine.{p.stem}" for p in (CORE / "engine").glob("*.py") if p.stem != "__init__")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {engine!r}:\n"
+        "    importlib.import_module(name)\n"
+        "unwanted = ('devplug.host.sysfs', 'devplug.kit.command', 'devplug.kit.sysbus')\n"
+        "print(sorted(m for m in sys.modules if m in unwanted))\n"
+        "print('devplug.kit.devicelocks' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[]", "True"], proc.stdout

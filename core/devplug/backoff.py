@@ -7,8 +7,9 @@ and the mock's folder watch. A caller keeping its own count of failures asks :me
 that only retries until something works keeps a :class:`Backoff` (the count, over a schedule) and calls
 :meth:`Backoff.next` after each failure and :meth:`Backoff.reset` after a success.
 
-It lives here, outside both the engine and the kit, because both use it and neither imports the other (the kit's
-package pulls the command runner and sysfs helpers the engine must not see).
+It lives in the package root, beside the driver contract, because the host package (the directory watcher)
+uses it and the kit imports the host package: in the kit it would make the two import each other. Drivers import
+it from :mod:`devplug.kit` as before.
 
 Our own rather than a retry library's (tenacity, backoff): the core depends only on pluggy, grpcio, protobuf and
 click, and its retries are schedules kept per device, per record and per connection, waited on with events that
