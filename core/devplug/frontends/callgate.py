@@ -9,20 +9,34 @@ so the kubelet refuses no pod. If the handover fails the held calls run here
 after all (:meth:`CallGate.release`); once the successor serves, they and every
 later call go to its socket (:meth:`CallGate.forward_to`, :func:`forward_unary`),
 answered by the instance that owns the ledger.
+
+The gate is called, never calling: a service passes it (:meth:`CallGate.enter`),
+runs its call itself or hands it to :func:`forward_answered`, then leaves it
+(:meth:`CallGate.leave`), so a call goes down from the service to the gate and
+back up, never from the gate back into the service (no callback: the kubelet's
+call path comes back to no module it left, ``tests/test_arch_call_paths.py``)::
+
+    successor = await gate.enter()
+    try:
+        if successor is None:
+            return await run_here(request, context)
+        return await forward_answered(successor, resource, method, request, context, decode)
+    finally:
+        gate.leave()
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 
-__all__ = ["FORWARD_TIMEOUT_S", "CallGate", "forward_unary", "gated_call"]
+__all__ = ["FORWARD_TIMEOUT_S", "CallGate", "forward_answered", "forward_unary"]
 
 log = logging.getLogger("devplug.frontends")
 
@@ -121,25 +135,18 @@ async def forward_unary(
             return None, exc.code(), exc.details() or ""
 
 
-async def gated_call(
-    gate: CallGate,
+async def forward_answered(
+    successor: Path,
     resource: str,
     method: str,
     request: Any,
     context: Any,
-    here: Callable[[], Awaitable[Any]],
     decode: Callable[[bytes], Any],
 ) -> Any:
-    """One unary call of a front end's service through ``gate``: it waits while held, then runs ``here()`` or goes
-    to the successor's socket as ``method`` (its full path, ``/<package>.<Service>/<Method>``; ``decode`` parses
-    the reply); a forwarded call that fails aborts ``context`` with the successor's code and details."""
-    successor = await gate.enter()
-    try:
-        if successor is None:
-            return await here()
-        reply, code, details = await forward_unary(successor, method, request, decode)
-    finally:
-        gate.leave()
+    """The successor's reply to the unary ``method`` (its full path, ``/<package>.<Service>/<Method>``; ``decode``
+    parses the reply) with ``request``, a call :meth:`CallGate.enter` sent to ``successor``; a forwarded call that
+    fails aborts ``context`` with the successor's code and details."""
+    reply, code, details = await forward_unary(successor, method, request, decode)
     name = method.rpartition("/")[2]
     if code is not None:
         log.warning("[%s] %s forwarded to %s failed: %s", resource, name, successor, details)

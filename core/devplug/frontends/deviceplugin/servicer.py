@@ -37,7 +37,7 @@ from devplug.errors import (
     RequestError,
     StateWriteError,
 )
-from devplug.frontends.callgate import CallGate, gated_call
+from devplug.frontends.callgate import CallGate, forward_answered
 from devplug.text.logsafe import bounded, id_list
 from devplug.types import MAX_DEVICE_ID_BYTES, device_id_problem
 
@@ -208,17 +208,21 @@ class DevicePluginService:
         rpc: str,
         decode: Callable[[bytes], Any],
     ) -> Callable[[Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
+        method = f"/{SERVICE_NAME}/{rpc}"
+
         async def call(request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
-            answer: Resp = await gated_call(
-                self.gate,
-                self.lifecycle.resource_name,
-                f"/v1beta1.DevicePlugin/{rpc}",
-                request,
-                context,
-                lambda: guarded(request, context),
-                decode,
-            )
-            return answer
+            # The gate is passed here, not handed this call to run: it never calls back into this module.
+            gate = self.gate
+            successor = await gate.enter()
+            try:
+                if successor is None:
+                    return await guarded(request, context)
+                answer: Resp = await forward_answered(
+                    successor, self.lifecycle.resource_name, method, request, context, decode
+                )
+                return answer
+            finally:
+                gate.leave()
 
         if rpc not in KUBELET_WAITS:
             call.__name__ = guarded.__name__

@@ -163,7 +163,8 @@ class ClaimCdiSpecs:
         if not described:
             await self.remove(claim_uid, recorded=True)
             return {}
-        spec = build_spec(self.kind, described, name=lambda request: f"{claim_uid}-{request}")
+        # Named here (``str`` keeps the names), not through a function of this module build_spec would call back.
+        spec = build_spec(self.kind, [(f"{claim_uid}-{request}", edits) for request, edits in described], name=str)
         assert spec is not None  # a device described
         data = (json.dumps(spec, indent=2) + "\n").encode()
         await asyncio.to_thread(_write_both, self._kept(claim_uid), self.path(claim_uid), data)

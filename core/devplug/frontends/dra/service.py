@@ -87,7 +87,7 @@ from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from devplug.engine import AllocationRecord, ClaimTenant, DeviceLifecycle, DraClaim, cdi_device_name
 from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
-from devplug.frontends.callgate import CallGate, gated_call
+from devplug.frontends.callgate import CallGate, forward_answered
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import (
     ClaimAllocation,
@@ -502,12 +502,6 @@ class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
         self.gate = gate or CallGate()
         self._service = self._pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
 
-    async def _gated(self, method: str, request: Any, context: Any, here: Callable[[Any], Awaitable[Any]]) -> Any:
-        decode = getattr(self._pb, f"{method}Response").FromString
-        return await gated_call(
-            self.gate, self.preparer.name, f"/{self._service}/{method}", request, context, lambda: here(request), decode
-        )
-
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         await self._bounded("NodePrepareResources", request, context)
         return await self._gated("NodePrepareResources", request, context, self._prepare)
@@ -515,6 +509,21 @@ class DraPluginV1(v1_grpc.DRAPluginServicer):  # type: ignore[misc]
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         await self._bounded("NodeUnprepareResources", request, context)
         return await self._gated("NodeUnprepareResources", request, context, self._unprepare)
+
+    async def _gated(self, method: str, request: Any, context: Any, here: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``here(request)`` past the gate, or the call at the successor instance's socket (a handover). The gate
+        is passed here, not handed the call to run: it never calls back into this module."""
+        gate = self.gate
+        successor = await gate.enter()
+        try:
+            if successor is None:
+                return await here(request)
+            decode = getattr(self._pb, f"{method}Response").FromString
+            return await forward_answered(
+                successor, self.preparer.name, f"/{self._service}/{method}", request, context, decode
+            )
+        finally:
+            gate.leave()
 
     async def _bounded(self, method: str, request: Any, context: Any) -> None:
         """Refuse a call naming more claims than :meth:`ClaimPreparer.claims_bound`, whole, before any work."""
