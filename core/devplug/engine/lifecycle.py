@@ -13,8 +13,9 @@ done). Device changes reach front ends through the device table
 * admission (:mod:`devplug.engine.admission`): :meth:`DeviceLifecycle.preferred`,
   :meth:`DeviceLifecycle.allocate`, :meth:`DeviceLifecycle.pre_start`;
 * release (:mod:`devplug.engine.release`): :meth:`DeviceLifecycle.release` of a
-  tenancy the front end found over, under the liveness rules
-  (:meth:`DeviceLifecycle.exit_verdict`);
+  tenancy the front end found over (one whose containers may still run goes to
+  the resource's :class:`~devplug.engine.releasequeue.ReleaseQueue`, which
+  waits for their exit under the liveness rules);
 * tenancies: the ledger's records, read (:meth:`DeviceLifecycle.records`) and
   annotated with what the front end learns (:meth:`DeviceLifecycle.note_seen`,
   :meth:`DeviceLifecycle.note_pod_uid`, :meth:`DeviceLifecycle.adopt`);
@@ -46,7 +47,7 @@ from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
 from devplug.engine.release import Release, ReleaseFailure, Releaser
 from devplug.engine.requestcheck import RequestChecks
 from devplug.engine.sharing import DeviceShare
-from devplug.engine.tenantexit import ExitEvidence, ExitVerdict
+from devplug.engine.tenantexit import ExitEvidence
 from devplug.types import ContainerAllocation
 
 __all__ = ["DeviceLifecycle", "Release", "ReleaseFailure"]
@@ -74,6 +75,7 @@ class DeviceLifecycle:
         self.resource_name = resource_name
         self.table = table
         self.ledger = ledger
+        #: Whether a tenancy's containers are gone (the release queue waits on it).
         self.exits = exits
         #: Where the resource's events are counted (a front end counts its own there too).
         self.observer = observer
@@ -183,10 +185,6 @@ class DeviceLifecycle:
         await self.ledger.save()
 
     # --- release
-
-    def exit_verdict(self, record: AllocationRecord, now: float | None = None) -> ExitVerdict:
-        """Are the containers of ``record``'s pod gone? Ask only once the front end found the tenancy over."""
-        return self.exits.verdict(record, now)
 
     async def release(self, record_id: str, reason: str, evidence: str | None = None) -> None:
         """Release one tenancy: post-stop, then deallocate (see :meth:`Releaser.release`)."""
