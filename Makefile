@@ -1,5 +1,6 @@
 # devplug's entry points. Every target sets up what it needs (a virtual
-# environment in .venv with the core, every driver under drivers/, and the dev
+# environment in .venv with the core, the test kit under testkit/ (the
+# devplug-testing distribution), every driver under drivers/, and the dev
 # tools) from a fresh clone.
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,9 +12,14 @@ STAMP := $(VENV)/.devplug-installed
 
 all: test
 
-$(STAMP): pyproject.toml $(wildcard drivers/*/pyproject.toml)
+# The test kit (devplug-testing, testkit/src) is installed editable first, as a plain path (editable_mode=compat: a
+# .pth naming testkit/src, which core/devplug/__init__.py's extend_path joins to the devplug package, and which mypy
+# follows, as it follows no import hook); --no-deps, since it and the core need each other (devplug depends on
+# devplug-testing until 1.0): the second install finds it there.
+$(STAMP): pyproject.toml testkit/pyproject.toml $(wildcard drivers/*/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-deps -e testkit --config-settings editable_mode=compat
 	$(BIN)/python -m pip install --quiet -e '.[dev]' $(foreach d,$(DRIVERS),-e $(d))
 	touch $@
 
@@ -43,7 +49,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 	@set -e; for t in $(wildcard drivers/*/tests); do \
-		echo "mypy $$t"; MYPYPATH=core:$$(dirname $$t):$$t $(BIN)/mypy $$t/*.py; done
+		echo "mypy $$t"; MYPYPATH=core:testkit/src:$$(dirname $$t):$$(dirname $$t)/demo:$$t $(BIN)/mypy $$t/*.py; done
 
 unit: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -54,12 +60,15 @@ proto: $(STAMP)
 
 # Then the run's figures become the figures of record, bench/record.json, which the documentation quotes
 # (tools/docs/benchfigures.py): commit it with what the run measured.
+# (The shared driver's demo, whose nodes the hand-over figure uses, sits beside the driver's package: PYTHONPATH.)
+bench: export PYTHONPATH := drivers/shared/demo
 bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.record
 
 # The wheels and sdists users install (PEP 517, `python -m build`: each sdist, then its wheel built from it), the
-# core's and every driver's, into dist/; their third-party dependencies, those of every extra for users included
+# core's, the test kit's (devplug-testing, testkit/: drivers' tests depend on it; the image leaves it out) and every
+# driver's, into dist/; their third-party dependencies, those of every extra for users included
 # (tools/image/contents.py lists the wheels with their extras), into dist/wheelhouse (from PyPI, so that
 # tests/deploy/test_wheels.py installs into a fresh venv with --no-index); dist/SOURCE-DIGEST says what they were
 # built from.
@@ -67,6 +76,7 @@ DIST ?= dist
 dist: $(STAMP)
 	rm -rf $(DIST)
 	$(BIN)/python -m build --outdir $(DIST) .
+	$(BIN)/python -m build --outdir $(DIST) testkit
 	@set -e; for d in $(DRIVERS); do $(BIN)/python -m build --outdir $(DIST) $$d; done
 	$(BIN)/python -m pip download --quiet --dest $(DIST)/wheelhouse --find-links $(DIST) \
 		$$($(BIN)/python tools/image/contents.py requirements $(DIST))
@@ -75,7 +85,7 @@ dist: $(STAMP)
 	@ls -1 $(DIST)
 
 # An OCI image of the daemon without a Docker engine, devplug:VERSION: a Debian root filesystem (debootstrap) with
-# the wheels of `make dist` installed (every extra for users, every driver), packed by umoci into build/image/oci
+# the wheels of `make dist` installed (every extra for users, every driver; not the test kit), packed by umoci into build/image/oci
 # and build/image/devplug-VERSION.oci.tar, then smoke-tested with podman: `devplug check-config` on every config
 # deploy/ renders, and the daemon of the mock overlay registering with a dev kubelet through the DaemonSet's mounts,
 # then handing the node over to a second pod of the image (tools/image/smoke.py). Needs root; tools/image/setup.sh installs Debian's debootstrap, umoci and podman. Not

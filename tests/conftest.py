@@ -97,8 +97,10 @@ def installed_project() -> Callable[[Path, Path, str], None]:
 
 @pytest.fixture
 def fresh_venv() -> Callable[[Path], Path]:
-    """``fresh_venv(where)``: a virtual environment with its own site-packages that also sees this one's (devplug,
-    pytest, pip and setuptools: without pip of its own, the ensurepip copies would shadow them); its python."""
+    """``fresh_venv(where)``: a virtual environment with its own site-packages that also sees this one's (devplug
+    and its test kit, devplug-testing, as this venv installed them: editable, their finders and .pth files run by
+    ``site.addsitedir``; pytest, pip and setuptools: without pip of its own, the ensurepip copies would shadow
+    them); its python."""
 
     def make(where: Path) -> Path:
         subprocess.run(

@@ -40,9 +40,9 @@ REQUIRE_ENVS = ("DEVPLUG_REQUIRE_COMPAT", "DEVPLUG_REQUIRE_DIST")
 SUITE_TIMEOUT = 900
 #: What a copy of a driver leaves out: what a previous run or an editor left beside it.
 _LITTER = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", "build", "dist")
-#: The core's distribution is built from these (MANIFEST.in, pyproject.toml).
+#: The core's distribution is built from these (MANIFEST.in, pyproject.toml), the test kit's from testkit/.
 _CORE_FILES = ("pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "config.example.toml")
-_CORE_TREES = ("core", "proto")
+_CORE_TREES = ("core", "proto", "testkit")
 
 
 def _corpus() -> list[str]:
@@ -106,7 +106,8 @@ def _install_core(pip: list[str], work: Path) -> str:
             shutil.copy2(ROOT / name, source / name)
     for tree in _CORE_TREES:
         shutil.copytree(ROOT / tree, source / tree, ignore=_LITTER)
-    _run([*pip, "install", "--no-build-isolation", str(source)], work)
+    # devplug depends on devplug-testing until 1.0: both from this tree, in one install (never an index's).
+    _run([*pip, "install", "--no-build-isolation", str(source), str(source / "testkit")], work)
     return "this tree (no dist/ built from it)"
 
 

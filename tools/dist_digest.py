@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: What goes into the core's and the drivers' distributions (see MANIFEST.in and each pyproject.toml).
 TOP_LEVEL = ("pyproject.toml", "MANIFEST.in", "README.md", "config.example.toml", "LICENSE")
-TREES = ("core", "proto")
+TREES = ("core", "proto", "testkit")
 
 
 def _skipped(path: Path) -> bool:

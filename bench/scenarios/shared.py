@@ -31,7 +31,7 @@ from bench.stats import percentile
 from devplug.engine.ledger import read_ledger_records
 from devplug.errors import KubeletError
 from devplug.kube.names import resource_state_dir
-from devplug_shared.demo import RESOURCE, SharedNode
+from shared_demo import RESOURCE, SharedNode
 
 __all__ = ["measure"]
 

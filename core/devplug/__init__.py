@@ -14,11 +14,18 @@ For driver authors, the public surface is :data:`PUBLIC_MODULES`: this package's
 * :mod:`devplug.devkubelet` -- the dev kubelet, for tests and demos;
 * :mod:`devplug.testing` -- the pytest plugin, the conformance checks and kernel models.
 
+These two and :mod:`devplug.demo` are :data:`TEST_KIT_MODULES`, for a driver's tests only: they come with the
+``devplug-testing`` distribution (a test dependency of drivers), which the runtime (this distribution's code, a
+driver's package, the image) never imports (tests/test_arch_testkit.py). Its source tree (``testkit/src`` in
+devplug's repository) has a ``devplug/`` folder of its own, joined to this package's ``__path__`` below.
+
 Everything else (the engine, the generated protobuf code, the CLI) is internal. The names in
 :data:`DEPRECATED_MODULES` still import, with a ``DeprecationWarning``, until devplug 1.0.
 """
 
 from __future__ import annotations
+
+from pkgutil import extend_path
 
 import pluggy
 
@@ -48,6 +55,11 @@ from devplug.types import (
     Topology,
 )
 
+# devplug-testing's modules live in a devplug/ folder of another source tree: in an editable install (or a source
+# tree on PYTHONPATH) that folder is on another sys.path entry, which this joins; installed from wheels, both
+# distributions' files are in one site-packages/devplug/ and this changes nothing.
+__path__ = extend_path(__path__, __name__)
+
 __version__ = "0.1.0"
 
 #: The modules drivers may import (and their submodules, for the last two); tests/test_architecture.py and
@@ -66,6 +78,10 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "devplug.testing",
 )
 
+#: The test kit's modules (the ``devplug-testing`` distribution): a driver's tests may import them, the runtime
+#: never does, a driver's package included (tests/test_arch_testkit.py).
+TEST_KIT_MODULES: tuple[str, ...] = ("devplug.testing", "devplug.devkubelet", "devplug.demo")
+
 #: Old names of public modules, kept until devplug 1.0: importing one warns and gives the module it names.
 DEPRECATED_MODULES: dict[str, str] = {
     "devplug.sysfs": "devplug.host.sysfs",
@@ -80,6 +96,7 @@ __all__ = [
     "DEPRECATED_MODULES",
     "HOOK_CONTRACT",
     "PUBLIC_MODULES",
+    "TEST_KIT_MODULES",
     "AllocationConflictError",
     "CDIDevice",
     "Claim",

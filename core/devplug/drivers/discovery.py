@@ -25,12 +25,14 @@ from devplug.errors import DriverLoadError, DriverNotFoundError
 from devplug.hookspecs import HOOK_NAMES
 
 __all__ = [
+    "COMMAND_ENTRY_POINT_GROUP",
     "DISABLE_ENV",
     "ENTRY_POINT_GROUP",
     "DriverInfo",
     "EntryPoint",
     "driver_hook_names",
     "driver_names",
+    "cli_extensions",
     "entry_point_group",
     "entry_points",
     "installed_drivers",
@@ -38,6 +40,8 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "devplug.drivers"
+#: The click commands other distributions add to ``devplug`` (the test kit's ``demo`` and ``kubelet``).
+COMMAND_ENTRY_POINT_GROUP = "devplug.cli"
 DISABLE_ENV = "DEVPLUG_DISABLE_DRIVERS"
 
 log = logging.getLogger("devplug.drivers")
@@ -116,6 +120,11 @@ def entry_points(group: str, paths: Sequence[str] | None = None) -> list[tuple[E
             version = _metadata_field(meta, "version")
             found.extend((EntryPoint(name, value), dist, version) for name, value in entries)
     return found
+
+
+def cli_extensions() -> list[tuple[EntryPoint, str, str]]:
+    """The entry points of :data:`COMMAND_ENTRY_POINT_GROUP`: (entry point, distribution, version)."""
+    return entry_points(COMMAND_ENTRY_POINT_GROUP)
 
 
 def entry_point_group(text: str, group: str) -> list[tuple[str, str]]:

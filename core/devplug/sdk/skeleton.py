@@ -1,7 +1,8 @@
 """``devplug new-driver NAME``: write a driver distribution's skeleton that installs, loads and passes its tests.
 
 The skeleton (``devplug-NAME/``) holds a pyproject declaring the
-``devplug.drivers`` entry point ``NAME`` and a dependency on the core, the
+``devplug.drivers`` entry point ``NAME``, a dependency on the core and a test
+extra on the test kit (``devplug-testing``), the
 package ``devplug_NAME`` with a driver class (an ``Options`` dataclass and
 every hook of :mod:`devplug.hookspecs`, with the spec's signature and
 docstring), a README, and tests: unit tests of the hooks through the kit's
@@ -131,6 +132,12 @@ def core_requirement(version: str) -> str:
     return f"devplug>={major}.{minor},<{major}.{minor + 1}"
 
 
+def testing_requirement(version: str) -> str:
+    """The skeleton's test dependency on the test kit (the ``devplug-testing`` distribution): the same minor series
+    as :func:`core_requirement` (``0.1.0`` -> ``devplug-testing>=0.1,<0.2``)."""
+    return core_requirement(version).replace("devplug", "devplug-testing", 1)
+
+
 def render(names: SkeletonNames) -> dict[str, str]:
     """The skeleton's files, by path relative to the project folder."""
     values = {
@@ -140,6 +147,7 @@ def render(names: SkeletonNames) -> dict[str, str]:
         "class_name": names.class_name,
         "env": names.env,
         "core_requirement": core_requirement(devplug.__version__),
+        "testing_requirement": testing_requirement(devplug.__version__),
         "hook_contract": HOOK_CONTRACT,
     }
     bodies = {hook: Template(body).substitute(values) for hook, body in HOOK_BODIES.items()}

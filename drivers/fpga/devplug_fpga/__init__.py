@@ -8,7 +8,7 @@
                 blank_afu_id = "d8424dc4a4a3c413f89e433683f9040b" }
 
 See :mod:`devplug_fpga.options` for the options, :mod:`devplug_fpga.driver` for
-the lifecycle, :mod:`devplug_fpga.demo` for ``python -m devplug_fpga.demo``.
+the lifecycle, ``drivers/fpga/demo/fpga_demo.py`` (beside the package: it runs on the test kit) for the demo.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Everything the driver reads or changes on the machine goes through a
 :class:`DflAccess` (the sysfs door of :mod:`devplug.host.sysfs`, with ``resolve``
 and ``ioctl`` added): :class:`HostDfl` on a node (real files under
 configurable roots, real ``ioctl(2)`` calls), or
-:class:`devplug.testing.dflsysfs.DflModel` in tests and the demo. The ioctl numbers and the PR argument follow
+the test kit's ``devplug.testing.dflsysfs.DflModel`` in tests and the demo. The ioctl numbers and the PR argument follow
 ``include/uapi/linux/fpga-dfl.h``.
 """
 

@@ -20,9 +20,21 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import ClassVar, cast
 
-from devplug import ContainerAllocation, Device, DriverContext, DriverError, Health, Mount, Topology, hookimpl
+from devplug import (
+    ConfigError,
+    ContainerAllocation,
+    Device,
+    DriverContext,
+    DriverError,
+    Health,
+    Mount,
+    Topology,
+    hookimpl,
+)
 from devplug.kit import DeviceOwners, DriverRuntime, kill_left_behind, process_stamp
 from devplug_fpga.backend import FpgaBackend
 from devplug_fpga.command import FpgaError, PidRecorder, shown_output
@@ -33,7 +45,7 @@ from devplug_fpga.options import FpgaOptions
 from devplug_fpga.state import FpgaState
 from devplug_fpga.vendor import CommandBackend
 
-__all__ = ["FpgaDriver", "env_suffix", "make_access"]
+__all__ = ["KERNEL_MODELS", "FpgaDriver", "env_suffix", "make_access"]
 
 
 def env_suffix(resource_name: str) -> str:
@@ -41,13 +53,32 @@ def env_suffix(resource_name: str) -> str:
     return re.sub(r"[./-]", "_", resource_name.upper())
 
 
-def make_access(options: FpgaOptions) -> DflAccess:
-    """The host's sysfs and /dev under the configured roots, or the DFL model in ``model_root``."""
-    if options.model_root is not None:
-        from devplug.testing.dflsysfs import DflModel
+#: The entry-point group of kernel models a config may put behind the driver instead of the host (``model_root``):
+#: devplug's test kit (the devplug-testing distribution) registers its DFL model as ``dfl``. Loaded only when a
+#: config sets ``model_root``: the driver's code never imports the test kit.
+KERNEL_MODELS = "devplug.kernel_models"
 
-        return DflModel(options.model_root)
+
+def make_access(options: FpgaOptions) -> DflAccess:
+    """The host's sysfs and /dev under the configured roots, or the DFL model in ``model_root`` (the test kit's,
+    found through its entry point :data:`KERNEL_MODELS` ``dfl``).
+
+    Raises :class:`devplug.ConfigError` when ``model_root`` is set and no DFL model is installed.
+    """
+    if options.model_root is not None:
+        return _dfl_model(options.model_root)
     return HostDfl(options.sysfs_root, options.dev_root)
+
+
+def _dfl_model(root: Path) -> DflAccess:
+    found = entry_points(group=KERNEL_MODELS, name="dfl")
+    if not found:
+        raise ConfigError(
+            f"model_root = {str(root)!r}: no DFL model is installed (entry point {KERNEL_MODELS!r}, name 'dfl'); "
+            "it comes with devplug's test kit: pip install devplug-testing"
+        )
+    model = next(iter(found)).load()
+    return cast("DflAccess", model(root))
 
 
 def _backend(options: FpgaOptions, access: DflAccess) -> FpgaBackend:
@@ -57,8 +88,8 @@ def _backend(options: FpgaOptions, access: DflAccess) -> FpgaBackend:
 class FpgaDriver:
     """devplug's FPGA driver (entry point ``fpga``); one instance per resource.
 
-    ``access`` replaces the door to the kernel (tests may pass a
-    :class:`devplug.testing.dflsysfs.DflModel`); by default it follows the
+    ``access`` replaces the door to the kernel (tests may pass the test kit's
+    ``devplug.testing.dflsysfs.DflModel``); by default it follows the
     ``sysfs_root``, ``dev_root`` and ``model_root`` options.
     """
 

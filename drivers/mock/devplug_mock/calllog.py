@@ -2,17 +2,18 @@
 
 Every call of ``preferred_allocation``, ``allocate``, ``pre_start``,
 ``post_stop`` and ``deallocate`` is appended by a
-:class:`devplug.testing.recorder.HookRecorder` on the mock folder, after the
+:class:`devplug.kit.hookrecord.HookRecorder` on the mock folder, after the
 hook did its work, and noted in ``.calls.jsonl.started`` as it starts
-(format and guarantees: :mod:`devplug.testing.recorder`).
+(format and guarantees: :mod:`devplug.kit.hookrecord`).
 ``preferred_allocation`` also records ``must_include`` and ``size``; its
 ``device_ids`` are the available devices. :func:`read_calls` returns the raw
-JSON objects; :func:`devplug.testing.recorder.read_hook_calls` returns typed records.
+JSON objects; :func:`devplug.kit.hookrecord.read_hook_calls` (in tests:
+:mod:`devplug.testing.recorder`) returns typed records.
 """
 
 from __future__ import annotations
 
-from devplug.testing.recorder import CALLS_FILE
-from devplug.testing.recorder import read_call_log as read_calls
+from devplug.kit.hookrecord import CALLS_FILE
+from devplug.kit.hookrecord import read_call_log as read_calls
 
 __all__ = ["CALLS_FILE", "read_calls"]

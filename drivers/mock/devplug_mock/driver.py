@@ -3,7 +3,7 @@
 Operators and tests drive it by editing files (see :mod:`devplug_mock.devicefile`
 for what a device file may say), and read what the engine asked of it in the
 call log (:mod:`devplug_mock.calllog`, kept by the kit's
-:class:`devplug.testing.recorder.HookRecorder`). Files added, removed or
+:class:`devplug.kit.hookrecord.HookRecorder`). Files added, removed or
 edited reach the engine at once through the :class:`devplug.DriverContext`,
 by way of a :class:`devplug.host.watch.DirectoryWatcher` on the folder.
 """
@@ -34,9 +34,9 @@ from devplug import (
 )
 from devplug.host.watch import DirectoryWatcher
 from devplug.kit import DriverRuntime
+from devplug.kit.devnodes import is_device_node, mknod_char_device
+from devplug.kit.hookrecord import HookRecorder
 from devplug.options import node_checks, refuse_kernel_trees
-from devplug.testing.devnodes import is_device_node, mknod_char_device
-from devplug.testing.recorder import HookRecorder
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
 
 __all__ = ["NODE_FOLDER", "MockDriver", "MockOptions"]

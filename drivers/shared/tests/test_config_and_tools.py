@@ -14,8 +14,8 @@ from devplug.config import load_config
 from devplug.errors import ConfigError
 from devplug.testing.configs import dev_config, write_toml
 from devplug_shared import SharedDriver, SharedOptions
-from devplug_shared.demo import run_demo
 from devplug_shared.status import main as status_main
+from shared_demo import run_demo
 
 
 def _config(tmp_path: Path, options: dict[str, object]) -> Path:

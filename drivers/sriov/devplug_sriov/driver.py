@@ -83,10 +83,10 @@ class SriovDriver:
     """devplug's sriov driver (entry point ``sriov``); one instance per resource.
 
     ``access`` replaces the host's sysfs (tests pass
-    :class:`devplug.testing.pcisysfs.PciSysfsModel`), ``links`` the netlink
+    the test kit's ``devplug.testing.pcisysfs.PciSysfsModel``), ``links`` the netlink
     side (tests pass :class:`devplug_sriov.vfmodel.VfLinkModel`), ``clock``
     the clock of the retries' backoff (``time.monotonic``; tests pass
-    :class:`devplug.testing.clock.ManualClock`).
+    the test kit's ``devplug.testing.clock.ManualClock``).
     """
 
     #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.

@@ -38,7 +38,7 @@ What it follows:
 
 * An unknown interface is a :class:`devplug.DriverError` (``ENODEV``), as
   :class:`~devplug_sriov.netlink.NetlinkVfLinks` raises before any request.
-* Following a :class:`devplug.testing.pcisysfs.PciSysfsModel` (``add_pf(...,
+* Following a PCI model (the test kit's ``devplug.testing.pcisysfs.PciSysfsModel``) (``add_pf(...,
   pci=model, address=pf)``): the interface exists while that PCI function is
   present and bound to its driver, the VF count is its ``sriov_numvfs``, and a
   VF created anew (``sriov_numvfs`` through 0) starts from the driver's defaults.
@@ -54,14 +54,38 @@ from __future__ import annotations
 import errno
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from devplug import DriverError
 from devplug_sriov.netlink import LINK_STATES, VfRefused, VfSettings, VfState, describe_errno
 
-if TYPE_CHECKING:
-    from devplug.testing.pcisysfs import PciSysfsModel
+
+class PciSriovView(Protocol):
+    """What this model reads of a PF's SR-IOV capability in a PCI model: its VFs' addresses."""
+
+    @property
+    def vfs(self) -> Sequence[str]: ...
+
+
+class PciFunctionView(Protocol):
+    """What this model reads of a PCI function in a PCI model: its interface and its SR-IOV capability."""
+
+    @property
+    def netdev(self) -> str | None: ...
+
+    @property
+    def sriov(self) -> PciSriovView | None: ...
+
+
+class PciModelView(Protocol):
+    """What this model reads of a PCI model (the test kit's ``devplug.testing.pcisysfs.PciSysfsModel``, which
+    the driver's package never imports): its functions by address."""
+
+    @property
+    def devices(self) -> Mapping[str, PciFunctionView]: ...
+
 
 __all__ = ["ALL_VF_OPS", "IGB_VF_OPS", "NO_VF_OPS", "ModelPf", "VfLinkModel"]
 
@@ -86,7 +110,7 @@ class ModelPf:
     up: bool = True
     ops: frozenset[str] = ALL_VF_OPS
     vfs: dict[int, VfState] = field(default_factory=dict)
-    pci: PciSysfsModel | None = None
+    pci: PciModelView | None = None
     address: str | None = None
     #: The PCI model's VF device each VF's settings belong to (a new device means a new VF).
     devices: dict[int, object] = field(default_factory=dict)
@@ -116,7 +140,7 @@ class VfLinkModel:
         *,
         sriov_ops: bool = True,
         ops: frozenset[str] | None = None,
-        pci: PciSysfsModel | None = None,
+        pci: PciModelView | None = None,
         address: str | None = None,
     ) -> ModelPf:
         """A PF interface with ``num_vfs`` VFs and the handlers ``ops`` (default: every one; none without

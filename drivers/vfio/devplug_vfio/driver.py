@@ -47,7 +47,7 @@ class VfioDriver:
     """devplug's vfio driver (entry point ``vfio``); one instance per resource.
 
     ``access`` replaces the host's sysfs (tests pass a kernel model such as
-    :class:`devplug.testing.pcisysfs.PciSysfsModel`); by default it is
+    the test kit's ``devplug.testing.pcisysfs.PciSysfsModel``); by default it is
     :class:`devplug.host.sysfs.HostSysfs` on the ``sysfs_root`` and ``dev_root`` options.
     """
 

@@ -1,4 +1,4 @@
-"""Device nodes for kernel models and test drivers, so that container runtimes take them as devices.
+"""Device nodes for kernel models and drivers standing for devices (the mock), so container runtimes take them.
 
 A container runtime refuses a ``DeviceSpec`` whose host path is not a device
 node (see :mod:`devplug.devkubelet.devicespecs`): a model that stands for a

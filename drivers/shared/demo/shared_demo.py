@@ -1,4 +1,4 @@
-"""``python -m devplug_shared.demo``: two nodes share one device with ``capacity = 2``; a third pod waits.
+"""``python drivers/shared/demo/shared_demo.py``: two nodes share one device with ``capacity = 2``; a third pod waits.
 
 Everything runs on this machine, in a temporary folder, without a cluster:
 two nodes, each a dev kubelet (devplug's stand-in for the kubelet's device
@@ -13,6 +13,9 @@ both daemons use), or through etcd with ``--etcd http://127.0.0.1:2379``.
    the scheduler would keep the pod pending);
 4. pod-2 ends on node-b: its claim is deleted at once and pod-3 gets the slot
    on node-a, with the time from deletion to admission.
+
+It runs on devplug's test kit (the devplug-testing distribution), so it lives beside the driver's package, not in
+it: the driver's wheel and the image carry no demo (issue 39).
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ def run_demo(root: Path, etcd: str | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devplug_shared.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="shared_demo.py", description=__doc__.splitlines()[0])
     parser.add_argument("--etcd", metavar="URL", help="coordinate through this etcd instead of a local SQLite file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (configs, logs)")
     args = parser.parse_args(argv)

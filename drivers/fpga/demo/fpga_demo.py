@@ -1,4 +1,4 @@
-"""``python -m devplug_fpga.demo``: a region deprogrammed after its pod ends, on a machine without an FPGA.
+"""``python drivers/fpga/demo/fpga_demo.py``: a region deprogrammed after its pod ends, on a machine without an FPGA.
 
 In a temporary folder: the DFL model (:mod:`devplug.testing.dflsysfs`) with one
 card of two regions, a blank image, a dev kubelet and the real daemon as a
@@ -7,6 +7,9 @@ bitstream of its own; the pod is deleted; the daemon loads the blank image
 into the region, resets the port, verifies the region's ``afu_id`` and puts the
 free card in power save. The demo prints each step, ``devplug status``, then
 the checks it made, and exits 0 when all held (``--keep`` leaves the folder).
+
+It runs on devplug's test kit (the devplug-testing distribution), so it lives beside the driver's package, not in
+it: the driver's wheel and the image carry no demo (issue 39).
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def run_demo(root: Path, echo: Echo) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: ``python -m devplug_fpga.demo [--keep]``."""
-    parser = argparse.ArgumentParser(prog="python -m devplug_fpga.demo", description=__doc__.split("\n\n")[0])
+    """The command line: ``python drivers/fpga/demo/fpga_demo.py [--keep]``."""
+    parser = argparse.ArgumentParser(prog="fpga_demo.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (model, config, daemon log)")
     args = parser.parse_args(argv)
     return run_in_folder(

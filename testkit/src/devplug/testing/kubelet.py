@@ -1,7 +1,7 @@
 """The dev kubelet for driver authors' suites and demos, on the public surface.
 
 Drivers may import only :mod:`devplug.testing` (not :mod:`devplug.devkubelet`);
-a driver's own demo (``python -m devplug_fpga.demo``) takes the dev kubelet and
+a driver's own demo (``drivers/fpga/demo/fpga_demo.py``) takes the dev kubelet and
 the pod types from here.
 """
 

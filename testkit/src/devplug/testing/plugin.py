@@ -62,7 +62,7 @@ naming the installed drivers, when it is not. A driver's suite needs nothing els
 It also reports the guest's verdicts of real-kernel cases (:mod:`devplug.testing.vm`) and says in the terminal
 summary whether each such suite ran.
 
-Importing this module (which pytest does in every project where devplug is
+Importing this module (which pytest does in every project where devplug-testing is
 installed) imports neither gRPC nor the dev kubelet: the fixtures import them
 when they are first used.
 """
@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from devplug.testing.configs import dev_config, write_toml
+from devplug.testing.declared import UndeclaredTestKitWarning, undeclared_test_kit, undeclared_test_kit_message
 from devplug.testing.entrypoints import entry_point_env, installed_driver_names, missing_driver_message
 from devplug.testing.process import DaemonProcess
 
@@ -189,7 +190,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``devplug_cgroups`` and ``devplug_device_nodes`` markers."""
+    """Register the ``devplug_cgroups`` and ``devplug_device_nodes`` markers; warn a driver's run whose project
+    does not declare the test kit's distribution (:mod:`devplug.testing.declared`: until devplug 1.0)."""
+    undeclared = undeclared_test_kit(Path(config.rootpath))
+    if undeclared is not None:
+        config.issue_config_time_warning(UndeclaredTestKitWarning(undeclared_test_kit_message(undeclared)), 2)
     config.addinivalue_line(
         "markers",
         f'{_MARKER}(version="v1"|"v2"|"off", driver="cgroupfs"|"systemd"): how the dev_kubelet fixture runs '
