@@ -1,4 +1,4 @@
-# devplug's image: the core and every driver, installed from their wheels, running `devplug run`.
+# devplug's image: the core and every driver, installed from their wheels (not the test kit), running `devplug run`.
 #
 #   docker build -t devplug:0.1.0 .          (or buildah bud, kaniko: any builder of Dockerfiles; the DaemonSet of
 #                                            deploy/ runs devplug:0.1.0)
@@ -23,15 +23,19 @@ WORKDIR /src
 COPY . .
 RUN python -m pip install --no-cache-dir "build==1.2.2" \
     && python -m build --outdir /dist . \
+    && python -m build --outdir /dist testkit \
     && for driver in drivers/*/; do python -m build --outdir /dist "$driver"; done \
     && python tools/image/contents.py requirements /dist --prefix /wheels > /dist/requirements.txt
 
-# 2. A virtual environment with the wheels and their dependencies (binary wheels: nothing is compiled).
+# 2. A virtual environment with the wheels and their dependencies (binary wheels: nothing is compiled). Until
+#    devplug 1.0 the core depends on its test kit (devplug-testing, built in stage 1 and found there, never on an
+#    index): installed with it, then removed, as make image does (tools/image/contents.py removed).
 FROM ${PYTHON_IMAGE} AS install
 COPY --from=wheels /dist/ /wheels/
 RUN python -m venv --without-pip /opt/devplug \
     && python -m pip --python /opt/devplug/bin/python install --no-cache-dir --only-binary=:all: \
-        --requirement /wheels/requirements.txt
+        --find-links /wheels --requirement /wheels/requirements.txt \
+    && python -m pip --python /opt/devplug/bin/python uninstall --yes devplug-testing
 
 # 3. The runtime: the base image and the environment alone; no wheels, no build tools, no pip cache. The labels are
 #    make image's (tools/image/metadata.py): the version, the commit and its time, and where the source is, given

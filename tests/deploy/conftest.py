@@ -93,9 +93,10 @@ def dist() -> Dist:
             REQUIRE_DIST,
             "DEVPLUG_REQUIRE_DIST",
         )
+    built = {**versions, **dict([_project(ROOT / "testkit" / "pyproject.toml")])}  # the test kit's too (issue 39)
     missing = [
         f"{name.replace('-', '_')}-{version}{suffix}"
-        for name, version in versions.items()
+        for name, version in built.items()
         for suffix in ("-py3-none-any.whl", ".tar.gz")
         if not (DIST / f"{name.replace('-', '_')}-{version}{suffix}").is_file()
     ]

@@ -87,7 +87,7 @@ def test_every_extra_for_users_is_tied_to_the_config_feature_that_needs_it() -> 
 
 def test_the_metrics_feature_is_the_one_the_config_checks() -> None:
     """FEATURE_EXTRAS follows devplug's own check: [metrics] enabled needs prometheus_client (devplug.config)."""
-    source = (ROOT / "core" / "devplug" / "config.py").read_text()
+    source = (ROOT / "core" / "devplug" / "config" / "__init__.py").read_text()
     assert 'importlib.util.find_spec("prometheus_client")' in source
     assert contents.FEATURE_EXTRAS == {("metrics", "enabled"): "metrics"}
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -112,7 +112,7 @@ def test_per_node_profiles_need_the_kubernetes_extra() -> None:
     config["profiles"] = {"fpga-regions": {"remove": []}}
     assert _lacking(config, frozenset({"metrics"}), contents.shipped_drivers()) == ["extra 'kubernetes'"]
     assert "from devplug.kube.client import" in (ROOT / "core" / "devplug" / "profiles" / "nodeprofiles.py").read_text()
-    assert "from lightkube import" in (ROOT / "core" / "devplug" / "kubeclient.py").read_text()
+    assert "from lightkube import" in (ROOT / "core" / "devplug" / "kube" / "client.py").read_text()
 
 
 def _wheel(folder: Path, name: str, version: str, extras: tuple[str, ...] = ()) -> Path:
@@ -172,3 +172,38 @@ def test_the_dockerfile_installs_the_list_contents_py_gives() -> None:
     listing = "python tools/image/contents.py requirements /dist --prefix /wheels > /dist/requirements.txt"
     assert any(listing in r for r in runs)
     assert any("--requirement /wheels/requirements.txt" in r for r in runs)
+
+
+def test_requirements_never_name_the_test_kit(tmp_path: Path) -> None:
+    """Issue 39: make dist builds devplug-testing beside the core; the image's list leaves it out."""
+    _wheel(tmp_path, "devplug", "0.1.0", ("metrics",))
+    _wheel(tmp_path, contents.TEST_KIT, "0.1.0")
+    _wheel(tmp_path, "devplug-mock", "0.1.0")
+    assert contents.requirements(tmp_path, "/wheels") == [
+        "/wheels/devplug-0.1.0-py3-none-any.whl[metrics]",
+        "/wheels/devplug_mock-0.1.0-py3-none-any.whl",
+    ]
+
+
+def test_the_core_brings_the_test_kit_only_until_1_0_and_both_builds_remove_it() -> None:
+    """Until devplug 1.0 the core depends on devplug-testing (drivers' tests that do not list it keep working):
+    pip installs it with the core, from the wheels built beside it, and make image and the Dockerfile uninstall it
+    right after; the list of what they remove is contents.py's."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    version = project["version"]
+    assert f"{contents.TEST_KIT}=={version}" in project["dependencies"]
+    assert contents.TEST_KIT in contents.REMOVED_AFTER_INSTALL
+    script = re.sub(r"\\\n", " ", (ROOT / "tools" / "image" / "build.sh").read_text())
+    lines = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
+    install = next(i for i, line in enumerate(lines) if " install " in line and "pip" in line)
+    for name in contents.REMOVED_AFTER_INSTALL:
+        (uninstall,) = [i for i, line in enumerate(lines) if " uninstall " in line and line.endswith(f" {name}")]
+        assert uninstall > install
+    dockerfile = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    runs = [line for line in dockerfile.splitlines() if line.startswith("RUN ")]
+    (run,) = [line for line in runs if "/wheels/requirements.txt" in line]
+    assert "--find-links /wheels " in run, run  # the kit's wheel from stage 1, never an index's
+    for name in contents.REMOVED_AFTER_INSTALL:
+        assert run.index(" install ") < run.index(f" uninstall --yes {name}"), run
+    (build,) = [line for line in runs if "python -m build" in line]
+    assert "python -m build --outdir /dist testkit" in build, build

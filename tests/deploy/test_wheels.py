@@ -26,11 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _image_requirements(dist: Path) -> list[str]:
     """What the image installs from ``dist`` (tools/image/contents.py)."""
-    spec = importlib.util.spec_from_file_location("devplug_image_contents", ROOT / "tools" / "image" / "contents.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.requirements(dist))
+    return list(_image_contents().requirements(dist))
 
 
 @dataclass(frozen=True)
@@ -53,9 +49,32 @@ class InstalledVenv:
         return result.stdout
 
 
+def _image_contents() -> Any:
+    spec = importlib.util.spec_from_file_location("devplug_image_contents", ROOT / "tools" / "image" / "contents.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def installed(dist: Any, tmp_path_factory: pytest.TempPathFactory) -> InstalledVenv:
-    base = tmp_path_factory.mktemp("wheels")
+    return _install(dist, tmp_path_factory.mktemp("wheels"))
+
+
+@pytest.fixture(scope="module")
+def image_venv(dist: Any, tmp_path_factory: pytest.TempPathFactory) -> InstalledVenv:
+    """Installed as the image is (tools/image/build.sh, the Dockerfile): the same list, then what the image removes
+    (the test kit, which the core depends on until devplug 1.0) uninstalled."""
+    venv = _install(dist, tmp_path_factory.mktemp("image"))
+    removed = _image_contents().REMOVED_AFTER_INSTALL
+    python = str(venv.prefix / "bin" / "python")
+    uninstall = venv.run(python, "-m", "pip", "--isolated", "uninstall", "--yes", *removed, timeout=120)
+    assert uninstall.returncode == 0, uninstall.stdout + uninstall.stderr
+    return venv
+
+
+def _install(dist: Any, base: Path) -> InstalledVenv:
     prefix, cwd = base / "venv", base / "cwd"
     cwd.mkdir()
     # The interpreter under the test's own venv, so the new venv inherits nothing from .venv.
@@ -164,3 +183,22 @@ def test_check_config_accepts_the_deploy_configs_from_the_installed_wheels(
     result = installed.run("devplug", "check-config", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{path}: ok" in result.stdout
+
+
+def test_the_image_carries_no_test_kit_and_says_what_its_commands_need(image_venv: InstalledVenv) -> None:
+    """Issue 39: without devplug-testing, the runtime imports and runs (drivers, check-config); the test kit's
+    modules are absent and its commands say they need it."""
+    absent = image_venv.python(
+        "import importlib.util as u; "
+        "print([u.find_spec(m) is None for m in ('devplug.testing', 'devplug.devkubelet', 'devplug.demo')])"
+    )
+    assert absent.strip() == "[True, True, True]", absent
+    drivers = image_venv.run("devplug", "drivers", "--json")
+    assert drivers.returncode == 0, drivers.stderr
+    assert {row["distribution"] for row in json.loads(drivers.stdout)} == {
+        name for name in image_venv.versions if name != "devplug"
+    }
+    for command in ("demo", "kubelet"):
+        result = image_venv.run("devplug", command)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "pip install devplug-testing" in result.stderr, result.stderr

@@ -90,6 +90,9 @@ cp "$dist"/wheelhouse/*.whl "$rootfs/tmp/wheels/deps/"
 chroot "$rootfs" /usr/bin/python3 -m venv /opt/devplug
 chroot "$rootfs" /opt/devplug/bin/python -m pip --isolated --disable-pip-version-check install --quiet \
   --no-index --no-cache-dir --find-links /tmp/wheels/dist --find-links /tmp/wheels/deps "${requirements[@]}"
+# The test kit came as the core's dependency (until devplug 1.0): the image never carries it (contents.py's
+# REMOVED_AFTER_INSTALL).
+chroot "$rootfs" /opt/devplug/bin/python -m pip --isolated uninstall --quiet --yes devplug-testing
 chroot "$rootfs" /opt/devplug/bin/python -m pip --isolated uninstall --quiet --yes pip
 
 echo "make image: the SBOM of /opt/devplug (cyclonedx-py)" >&2

@@ -6,13 +6,18 @@ feature; ``make dist`` downloads those extras' dependencies into ``dist/wheelhou
 that needs an extra is listed in :data:`FEATURE_EXTRAS`; ``tests/deploy/test_image_contents.py`` checks, without
 building anything, that every config under ``deploy/`` needs only what the image holds.
 
+The image never holds the test kit (the ``devplug-testing`` distribution, :data:`TEST_KIT`: the dev kubelet, the
+models, the demos). Until devplug 1.0 the core depends on it, so pip installs it with the core (from the folder of
+wheels: ``--find-links``) and the image's build removes it at once (:data:`REMOVED_AFTER_INSTALL`: both
+``tools/image/build.sh`` and the ``Dockerfile`` uninstall each); nothing the image runs imports it.
+
 Run as a script, it prints the pip requirements that install the image's contents from a folder of wheels::
 
     python tools/image/contents.py requirements DIST [--prefix PREFIX]
 
 one per line: the core's wheel with its extras (``PREFIX/devplug-0.1.0-py3-none-any.whl[metrics]``), then every
-driver's wheel. ``PREFIX`` (default: ``DIST`` itself) is where the wheels are when pip runs (``/wheels`` in the
-Dockerfile, a folder of the chroot in ``make image``).
+driver's wheel (never the test kit's). ``PREFIX`` (default: ``DIST`` itself) is where the wheels are when pip
+runs (``/wheels`` in the Dockerfile, a folder of the chroot in ``make image``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Extras of the core that are for developing devplug, never installed in the image or downloaded for users.
 DEVELOPMENT_EXTRAS = frozenset({"dev"})
+
+#: The test kit's distribution: built by ``make dist`` beside the core, never part of the image.
+TEST_KIT = "devplug-testing"
+
+#: Distributions pip installs as dependencies that the image removes after the install: the test kit, which the core
+#: depends on until devplug 1.0 (CHANGELOG.md).
+REMOVED_AFTER_INSTALL: tuple[str, ...] = (TEST_KIT,)
 
 #: Each config key that makes the daemon import an optional dependency, and the extra of the core that brings it:
 #: (table, key) -> extra. The feature is on when the key is true (``[metrics] enabled = true`` needs
@@ -97,7 +109,8 @@ def wheel_extras(wheel: Path) -> frozenset[str]:
 
 def requirements(dist: Path, prefix: str | None = None, extras: Iterable[str] | None = None) -> list[str]:
     """The pip requirements (wheel paths) that install the image's contents from the wheels in ``dist``: the core
-    with ``extras`` (default: every extra for users its wheel declares), and every other wheel there.
+    with ``extras`` (default: every extra for users its wheel declares), and every other wheel there but the test
+    kit's (:data:`TEST_KIT`).
 
     Raises ``ValueError`` naming what is wrong when ``dist`` holds no core wheel or two wheels of one name.
     """
@@ -112,6 +125,7 @@ def requirements(dist: Path, prefix: str | None = None, extras: Iterable[str] | 
         raise ValueError(f"{dist}: no wheel of the core (devplug-VERSION-py3-none-any.whl): run make dist")
     where = str(dist) if prefix is None else prefix.rstrip("/")
     core_wheel = by_name.pop("devplug")
+    by_name.pop(TEST_KIT.replace("-", "_"), None)
     chosen = sorted(wheel_extras(core_wheel) if extras is None else extras)
     core = f"{where}/{core_wheel.name}"
     lines = [f"{core}[{','.join(chosen)}]" if chosen else core]
