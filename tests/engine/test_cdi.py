@@ -20,14 +20,13 @@ from typing import Any
 import jsonschema
 import pytest
 
+from devplug.daemon.cdispecs import CdiSpecs, remove_stale_specs
 from devplug.engine.cdi import (
     CdiNameCollisionError,
-    CdiSpecs,
     build_spec,
     cdi_device_name,
     device_id_of_name,
     minimum_version,
-    remove_stale_specs,
     spec_file_name,
 )
 from devplug.engine.devicetable import DeviceTable

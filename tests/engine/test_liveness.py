@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from devplug.config import LivenessConfig
-from devplug.engine.liveness import ContainerLiveness, PodState, find_pod_cgroups, read_pod
+from devplug.daemon.podliveness import ContainerLiveness, find_pod_cgroups, read_pod
+from devplug.engine.liveness import PodState
 from devplug.host.cgroups import kubepods_name, literal_path, pod_name
 from devplug.testing.waiting import poll_until
 

@@ -23,16 +23,15 @@ from typing import TypeVar
 import pytest
 
 from devplug.config import LivenessConfig
-from devplug.engine import liveness as liveness_module
-from devplug.engine.liveness import (
+from devplug.daemon import podliveness as liveness_module
+from devplug.daemon.podliveness import (
     ContainerLiveness,
     LivenessUnavailable,
     PodCgroups,
-    PodLiveness,
-    PodState,
     find_pod_cgroups,
     read_pod,
 )
+from devplug.engine.liveness import PodLiveness, PodState
 from devplug.host.cgroups import literal_path, pod_name
 from devplug.testing.waiting import poll_until
 

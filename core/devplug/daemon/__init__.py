@@ -6,8 +6,14 @@ Modules, by job:
 * the process: ``process`` (``Daemon``: assembling the resources and their
   front ends, run, signals, the bounded shutdown, hooks abandoned;
   ``run_daemon``), ``lock`` (the state folder's lock) and ``lockholder``
-  (proving which live process holds it), ``draassembly`` (a DRA resource's
-  front end, imported only when the config has one);
+  (proving which live process holds it), ``podliveness`` (container liveness
+  from the pod cgroups: the core's ``PodProbe``), ``cdispecs`` (each
+  resource's CDI spec file: the core's ``CdiSpecFile``);
+* front ends: ``assembly`` (one shape for each kubelet API's front ends,
+  assembled only when some resource uses the API), ``dpassembly`` (the
+  device-plugin API's: the checkpoint, the plugin folder, the release
+  reconciler) and ``draassembly`` (DRA's, imported only when the config has a
+  DRA resource);
 * handover between two instances on one node (a rolling update):
   ``handover`` (the old instance's side, ``Predecessor``, and the new one's,
   ``take_over``, arbitrated by the state lock), ``takeover`` (taking the

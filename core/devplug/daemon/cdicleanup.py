@@ -1,11 +1,12 @@
 """CDI spec files no resource serves any more (``[cdi] enabled``): those of kinds the config no longer has, deleted at
 start; that of a resource a reload tore down, deleted unless a resource of the config still uses its kind. Each
-resource keeps its own current file (:class:`~devplug.engine.cdi.CdiSpecs`)."""
+resource keeps its own current file (:class:`~devplug.daemon.cdispecs.CdiSpecs`)."""
 
 from __future__ import annotations
 
 from devplug.config import Config
-from devplug.engine import Resource, remove_stale_specs, spec_file_name
+from devplug.daemon.cdispecs import remove_stale_specs
+from devplug.engine import Resource, spec_file_name
 from devplug.errors import ConfigError
 
 __all__ = ["remove_spec_of", "remove_stale_cdi_specs"]

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplug.config import Config
 from devplug.daemon.metrics import Metrics, MetricsServer, NodeFigures
 from devplug.daemon.readiness import NodeFacts, ResourceFacts, pod_resources_bound, reasons
 from devplug.engine import ExitEvidence, Resource, ResourceFigures
 from devplug.errors import ConfigError
-from devplug.frontends.deviceplugin.reconciler import Reconciler
+
+if TYPE_CHECKING:
+    from devplug.frontends.deviceplugin.reconciler import Reconciler
 
 __all__ = ["MetricsEndpoint"]
 
@@ -36,7 +38,7 @@ class MetricsEndpoint:
         metrics: Metrics,
         config: Callable[[], Config],
         resources: Callable[[], Iterable[Resource]],
-        reconciler: Reconciler,
+        reconciler: Callable[[], Reconciler | None],
         exits: ExitEvidence,
         profiles: Callable[[], Mapping[str, Any] | None] = lambda: None,
     ) -> None:
@@ -76,17 +78,17 @@ class MetricsEndpoint:
 
     def node_figures(self) -> NodeFigures:
         """The node's figures: PodResources reads, container liveness, tenancies waiting for their pods' exit."""
-        reconciler = self._reconciler
+        reconciler = self._reconciler()  # None: no resource is served through the device-plugin API
         profiles = self._profiles()
         return NodeFigures(
             profiles=self._config().applied,
             profiles_refused=bool(profiles and profiles.get("refused")),
             node_watched=None if profiles is None else profiles.get("api") == "watching",
-            pod_resources_reads=reconciler.polls,
-            pod_resources_failures=reconciler.failures,
-            pod_resources_last_success=reconciler.last_success,
+            pod_resources_reads=reconciler.polls if reconciler is not None else 0,
+            pod_resources_failures=reconciler.failures if reconciler is not None else 0,
+            pod_resources_last_success=reconciler.last_success if reconciler is not None else None,
             liveness_known=self._exits.liveness.layout is not None,
-            awaiting_exit=reconciler.awaiting_exit(),
+            awaiting_exit=reconciler.awaiting_exit() if reconciler is not None else 0,
         )
 
     def not_ready(self) -> list[str]:
@@ -107,10 +109,10 @@ class MetricsEndpoint:
                     driver_problem=r.driver_problem,
                 )
             )
-        liveness = self._exits.liveness
+        liveness, reconciler = self._exits.liveness, self._reconciler()
         node = NodeFacts(
-            pod_resources_failing_since=self._reconciler.failing_since,
-            pod_resources_error=self._reconciler.last_error,
+            pod_resources_failing_since=reconciler.failing_since if reconciler is not None else None,
+            pod_resources_error=reconciler.last_error if reconciler is not None else None,
             pod_resources_bound=pod_resources_bound(config.release.grace_period, config.release.interval),
             liveness_problem=liveness.problem if config.liveness.required and not liveness.available() else None,
         )

@@ -2,17 +2,20 @@
 device-plugin API, or DRA for a resource with ``api = "dra"``), under the state lock, until SIGTERM or SIGINT.
 
 :class:`Daemon` assembles the parts and runs them: the lifecycle core's
-resources (:class:`~devplug.engine.resource.Resource`), their front ends and
-what the device-plugin front end shares between resources (the kubelet's
-checkpoint, release reconciliation through PodResources, the plugin-folder
-watch), the status file (:mod:`devplug.daemon.status`), live reload on SIGHUP
+resources (:class:`~devplug.engine.resource.Resource`), each given its CDI spec
+file (:mod:`devplug.daemon.cdispecs`) and the container liveness of the node
+(:mod:`devplug.daemon.podliveness`); their front ends, each kubelet API's made
+the same way by its assembly (:mod:`devplug.daemon.assembly`), and only for an
+API some resource uses: the device-plugin API's (:mod:`devplug.daemon.dpassembly`,
+with what its resources share: the kubelet's checkpoint, release reconciliation
+through PodResources, the plugin-folder watch) and DRA's
+(:mod:`devplug.daemon.draassembly`; lightkube, its Kubernetes client, is imported
+only then, and a config that asks for DRA without lightkube installed is refused
+with a :class:`~devplug.errors.ConfigError` naming the resources and the
+package); the status file (:mod:`devplug.daemon.status`), live reload on SIGHUP
 (:mod:`devplug.daemon.reload`), and the optional metrics endpoint
 (:mod:`devplug.daemon.metricsendpoint`) and CDI spec clean-up
-(:mod:`devplug.daemon.cdicleanup`). The DRA front end
-(:mod:`devplug.frontends.dra`) and lightkube, its Kubernetes client, are
-imported only when a resource is served through DRA; a config that asks for DRA
-without lightkube installed is refused with a :class:`~devplug.errors.ConfigError`
-naming the resources and the package.
+(:mod:`devplug.daemon.cdicleanup`).
 
 Shutdown is bounded by ``[shutdown] timeout``: past it, whatever is still
 running is abandoned. Driver hooks run in daemon threads, so one stuck in a
@@ -29,24 +32,24 @@ import functools
 import logging
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devplug.atomic import write_atomic
 from devplug.config import Config, ResourceConfig
-from devplug.config.dra import API_DRA
+from devplug.config.dra import API_DEVICE_PLUGIN
+from devplug.daemon.assembly import AssemblyContext, FrontEndAssembly, assemble
 from devplug.daemon.cdicleanup import remove_stale_cdi_specs
-from devplug.daemon.draassembly import check_dra_client, dra_frontend
+from devplug.daemon.cdispecs import CdiSpecs
 from devplug.daemon.handover import Predecessor
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import StateLock
+from devplug.daemon.podliveness import ContainerLiveness
 from devplug.daemon.reload import Reloader
 from devplug.daemon.status import FINAL_WRITE_S, STATUS_FILE, StatusBuilder, StatusFile, status_fingerprint
 from devplug.daemon.takeover import Takeover
 from devplug.engine import (
     NULL_OBSERVER,
-    ContainerLiveness,
     DeviceTable,
     ExitEvidence,
     FrontEnd,
@@ -56,16 +59,12 @@ from devplug.engine import (
     check_replaceable,
     prepare_state_dir,
 )
-from devplug.frontends.deviceplugin.checkpointview import CHECKPOINT_FILE, CheckpointView
-from devplug.frontends.deviceplugin.frontend import DevicePluginCodec, DevicePluginFrontEnd
-from devplug.frontends.deviceplugin.pluginfolder import PluginFolder
-from devplug.frontends.deviceplugin.reconciler import Reconciler
-from devplug.frontends.deviceplugin.sightings import KubeletSightings
-from devplug.kube.names import instance_tag, resource_state_dir
+from devplug.errors import ConfigError, DevplugError
 
 if TYPE_CHECKING:
     from devplug.daemon.metrics import Metrics
     from devplug.daemon.metricsendpoint import MetricsEndpoint
+    from devplug.frontends.deviceplugin.reconciler import Reconciler
     from devplug.profiles.nodeprofiles import NodeProfiles
 
 __all__ = ["Daemon", "run_daemon"]
@@ -88,7 +87,6 @@ class Daemon:
     """
 
     def __init__(self, config: Config, profiles: NodeProfiles | None = None) -> None:
-        check_dra_client(config)
         self.config = config
         self.profiles = profiles
         self.state_dir = config.state.dir
@@ -102,9 +100,6 @@ class Daemon:
         self.predecessor: Predecessor | None = None
         self._handed_over = False
         self._writer = SerialThread("state-writer")
-        self.checkpoint = CheckpointView(config.kubelet.device_plugin_dir / CHECKPOINT_FILE)
-        #: What the kubelet was seen doing (its runs, its checkpoint's rewrites): how a forgotten tenancy ends.
-        self.sightings = KubeletSightings(config.kubelet.device_plugin_dir, self.checkpoint)
         #: Whether pods' containers still run (their cgroups), the release evidence beside the kubelet's view.
         self.exits = ExitEvidence(ContainerLiveness(config.liveness), config.liveness)
         self._release_wake = asyncio.Event()
@@ -121,24 +116,25 @@ class Daemon:
             self._status,
             lambda: self.resources,
             self._status_sections,
-            lambda: status_fingerprint(self.resources, self.reconciler, self.exits),
+            lambda: status_fingerprint(self.resources, self._release_detection(), self.exits),
         )
-        #: Each resource's device-plugin front end (told of changes in the device-plugin folder).
-        self._frontends: dict[Resource, DevicePluginFrontEnd] = {}
-        self.plugin_folder = PluginFolder(
-            config.kubelet.device_plugin_dir, str(config.path or "<config>"), self._frontends.values, self.sightings
+        self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._context = AssemblyContext(
+            config=lambda: self.config,
+            state_dir=self.state_dir,
+            instance=self.instance.id,
+            exits=self.exits,
+            release_wake=self._release_wake,
+            stopping=self._stop.is_set,
+            on_change=self.status_file.changed,
         )
+        #: Each kubelet API's front ends, assembled once a resource is served through it (a reload may add one).
+        self._assemblies: dict[str, FrontEndAssembly] = {}
+        #: What the assemblies run for their resources (the device-plugin folder's watch, the release reconciler).
+        self._shared_loops: list[asyncio.Future[None]] = []
         #: Every resource alive: those of the config, and those a reload removed that still drain.
         self.resources = [self._new_resource(rc) for rc in config.resources]
-        self.reconciler = Reconciler(
-            [r for r in self.resources if r.config.api != API_DRA],
-            config.kubelet.pod_resources_socket,
-            config.release,
-            self.checkpoint,
-            self._release_wake,
-            self.exits,
-            self.sightings,
-        )
         self._metrics_endpoint: MetricsEndpoint | None = None
         if self.metrics is not None:
             from devplug.daemon.metricsendpoint import MetricsEndpoint
@@ -147,31 +143,41 @@ class Daemon:
                 self.metrics,
                 lambda: self.config,
                 lambda: self.resources,
-                self.reconciler,
+                self._release_detection,
                 self.exits,
                 profiles=self._profiles_status,
             )
         self.reloads = Reloader(self)
         self._lives: dict[Resource, asyncio.Future[None]] = {}
-        self._stop = asyncio.Event()
         self._stop_requested = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- assembly
+
+    def _assembly(self, api: str) -> FrontEndAssembly:
+        """The assembly of ``api``'s front ends, made the first time a resource is served through it (once the
+        daemon runs, what it shares is prepared and started at once: a reload added the first such resource)."""
+        assembly = self._assemblies.get(api)
+        if assembly is not None:
+            return assembly
+        assembly = self._assemblies[api] = assemble(api, self._context)
+        if self._loop is not None and not self._stop.is_set():
+            try:
+                assembly.prepare()
+            except ConfigError as exc:  # its front ends fail to serve and say why; the others go on
+                log.error("%s", exc)
+            self._shared_loops += assembly.start(self._loop)
+        return assembly
 
     def _new_resource(self, rc: ResourceConfig) -> Resource:
+        assembly = self._assembly(rc.api)
         made: list[FrontEnd] = []
         resources: list[Resource] = []
 
         def make_frontend(table: DeviceTable, status: ResourceStatus) -> FrontEnd:
-            kubelet, changed = self.config.kubelet, self.status_file.changed
-            if rc.api == API_DRA:
-                made.append(self._dra_frontend(rc, table, status, lambda: resources[0].releases if resources else None))
-            else:
-                tag = instance_tag(self.instance.id) if self.config.handover.enabled else None
-                made.append(
-                    DevicePluginFrontEnd(rc.name, kubelet, table, self.checkpoint, self.sightings, status, changed, tag)
-                )
+            made.append(assembly.frontend(rc, table, status, lambda: resources[0].releases if resources else None))
             return made[0]
 
+        cdi = self.config.cdi
         resource = Resource(
             rc,
             self.state_dir,
@@ -180,36 +186,41 @@ class Daemon:
             on_change=self.status_file.changed,
             on_allocated=self._release_wake.set,
             observer=self.metrics.observer(rc.name, rc.driver) if self.metrics is not None else NULL_OBSERVER,
-            cdi=self.config.cdi,
+            cdi=(
+                (lambda table: CdiSpecs(rc.name, rc.cdi_kind, cdi.spec_dir, table, cdi.fallback))
+                if cdi.enabled
+                else None
+            ),
             exits=self.exits,
             release=self.config.release,
-            codec=DevicePluginCodec() if rc.api != API_DRA else None,
+            codec=assembly.codec(),
         )
         resources.append(resource)
-        if isinstance(made[0], DevicePluginFrontEnd):
-            self._frontends[resource] = made[0]
+        assembly.added(resource, made[0])
         return resource
 
-    def _dra_frontend(
-        self, rc: ResourceConfig, table: DeviceTable, status: ResourceStatus, releases: Callable[[], Any]
-    ) -> FrontEnd:
-        return dra_frontend(
-            self.config,
-            rc,
-            table,
-            status,
-            releases,
-            keep_dir=resource_state_dir(self.state_dir, rc.name) / "dra-claims",
-            successor=lambda: self._successor_of(rc.dra.driver_name if rc.dra is not None else ""),
-            on_change=self.status_file.changed,
-        )
+    @property
+    def apis(self) -> frozenset[str]:
+        """The kubelet APIs whose front ends this daemon assembled (``"device-plugin"``, ``"dra"``)."""
+        return frozenset(self._assemblies)
 
-    def _successor_of(self, driver: str) -> bool:
-        """Whether a DRA resource of ``driver`` stopping now is followed by another in this daemon: not at shutdown,
-        and the config (a reload applies it before restarting a resource) still serves the driver through DRA."""
-        return not self._stop.is_set() and any(
-            rc.api == API_DRA and rc.dra is not None and rc.dra.driver_name == driver for rc in self.config.resources
-        )
+    def _release_detection(self) -> Reconciler | None:
+        """The device-plugin API's release reconciler, when some resource is served through that API."""
+        assembly = self._assemblies.get(API_DEVICE_PLUGIN)
+        if assembly is None:
+            return None
+        from devplug.daemon.dpassembly import DevicePluginAssembly
+
+        return assembly.reconciler if isinstance(assembly, DevicePluginAssembly) else None
+
+    @property
+    def reconciler(self) -> Reconciler:
+        """The device-plugin API's release reconciler; :class:`~devplug.errors.DevplugError` when no resource is
+        served through that API (none runs then)."""
+        reconciler = self._release_detection()
+        if reconciler is None:
+            raise DevplugError("no resource is served through the device-plugin API: no release reconciler runs")
+        return reconciler
 
     async def write_file(self, path: Path, data: bytes) -> None:
         """Write a state file atomically, in the state-writer thread (writes keep their order)."""
@@ -238,8 +249,11 @@ class Daemon:
     # --- status
 
     def _status_sections(self) -> dict[str, Any]:
+        sections: dict[str, Any] = {}
+        for assembly in self._assemblies.values():
+            sections.update(assembly.status_sections())
         return {
-            "release": self.reconciler.describe(),
+            **sections,
             "reload": self.reloads.record.describe(),
             "profiles": self._profiles_status(),
             "handover": self._describe_handover(),
@@ -282,7 +296,8 @@ class Daemon:
         self.config = config
         if self.profiles is not None:
             self.profiles.applied(config)
-        self.reconciler.configure(config.release)
+        for assembly in self._assemblies.values():
+            assembly.configure(config)
         self.exits.reconfigure(config.liveness)
         for resource in self.resources:
             resource.configure_release(config.release)
@@ -290,16 +305,13 @@ class Daemon:
     def start_resource(self, rc: ResourceConfig) -> Resource:
         resource = self._new_resource(rc)
         self.resources.append(resource)
-        if rc.api != API_DRA:
-            self.reconciler.add(resource)
         self._start_life(resource)
         self._release_wake.set()  # a pass soon: the restarted instance's ledger may hold allocations
         return resource
 
     def forget(self, resource: Resource) -> None:
         self.resources.remove(resource)
-        self.reconciler.remove(resource)
-        self._frontends.pop(resource, None)
+        self._assembly(resource.config.api).removed(resource)
         self.status_file.forget(resource.name)
 
     async def end_life(self, resource: Resource) -> None:
@@ -331,12 +343,14 @@ class Daemon:
         await self.takeover.take_lock(loop, self.metrics)
         abandoned: list[str] = []
         try:
-            self.plugin_folder.prepare()
+            for assembly in self._assemblies.values():
+                assembly.prepare()
             self.exits.liveness.start()
             remove_stale_cdi_specs(self.config)
             if self._metrics_endpoint is not None and self.takeover.took_over is None:  # else once the old one left
                 self._metrics_endpoint.start(loop)
-            self.plugin_folder.watch(loop)
+            for assembly in self._assemblies.values():
+                self._shared_loops += assembly.start(loop)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self._stop.set)
@@ -347,7 +361,6 @@ class Daemon:
                 self._start_life(resource)
             if self.profiles is not None:
                 self.profiles.begin(lambda: self.config, self.reloads.request)
-            reconciling = asyncio.ensure_future(self.reconciler.run())
             handover_tasks = self._start_handover_tasks()
             for delay in TRIM_AFTER_S:
                 loop.call_later(delay, _trim_heap)
@@ -363,13 +376,14 @@ class Daemon:
                 for resource in self.resources:
                     resource.disown()
                 self.status_file.suspended = True
-            abandoned = await self._bounded_shutdown(reconciling)
+            abandoned = await self._bounded_shutdown()
             for problem in abandoned:
                 log.error("abandoned at shutdown: %s", problem)
             await self.status_file.write_final()
         finally:
             self.takeover.close()
-            self.plugin_folder.close()
+            for assembly in self._assemblies.values():
+                assembly.close()
             self.exits.liveness.close()
             if self._metrics_endpoint is not None:
                 self._metrics_endpoint.close()
@@ -434,14 +448,14 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.handover("from", outcome, took_s)
 
-    async def _bounded_shutdown(self, reconciling: asyncio.Future[None]) -> list[str]:
+    async def _bounded_shutdown(self) -> list[str]:
         """Shut down within ``[shutdown] timeout``; what did not finish in time (described)."""
         loop = asyncio.get_running_loop()
         timeout = self.config.shutdown.timeout
         log.info("shutting down (at most %g s, [shutdown] timeout)", timeout)
         deadline = loop.time() + timeout
         abandoned = []
-        stopping = asyncio.ensure_future(self._shut_down(reconciling))
+        stopping = asyncio.ensure_future(self._shut_down())
         done, _ = await asyncio.wait((stopping,), timeout=timeout)
         if not done:
             stopping.cancel()
@@ -452,16 +466,18 @@ class Daemon:
         abandoned.extend(self._abandoned_hooks())
         return abandoned
 
-    async def _shut_down(self, reconciling: asyncio.Future[None]) -> None:
+    async def _shut_down(self) -> None:
         """Stop accepting, finish in-flight calls, stop the drivers; unbounded (the caller bounds it)."""
-        reconciling.cancel()
+        shared = list(self._shared_loops)
+        for loop in shared:
+            loop.cancel()
         if self.profiles is not None:
             await self.profiles.close()  # no label change asks for a reload any more
         await self.reloads.shut_down()
         lives = list(self._lives.values())
         for life in lives:
             life.cancel()
-        await asyncio.gather(*lives, reconciling, return_exceptions=True)
+        await asyncio.gather(*lives, *shared, return_exceptions=True)
 
     async def _hooks_return(self, deadline: float) -> None:
         """Give hooks still running (a release finishing in the background) until ``deadline`` to return."""

@@ -208,16 +208,18 @@ class StatusFile:
 
 
 def status_fingerprint(
-    resources: Iterable[Resource], reconciler: Reconciler, exits: ExitEvidence
+    resources: Iterable[Resource], reconciler: Reconciler | None, exits: ExitEvidence
 ) -> tuple[object, ...]:
     """Cheap scalars that change whenever the status would say something new, the changes nothing signals included
-    (a PodResources read failing, a device's health polled): what :class:`StatusFile`'s watch compares."""
+    (a PodResources read failing, a device's health polled): what :class:`StatusFile`'s watch compares.
+    ``reconciler``: the device-plugin API's release reconciler (None: no resource is served through that API)."""
     return (
         tuple(r.report_version() for r in resources),
-        reconciler.failures,
-        reconciler.last_error,
-        reconciler.failing_since,
-        reconciler.awaiting_exit(),
+        *(
+            (reconciler.failures, reconciler.last_error, reconciler.failing_since, reconciler.awaiting_exit())
+            if reconciler is not None
+            else ()
+        ),
         exits.liveness.mode,
     )
 

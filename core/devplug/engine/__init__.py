@@ -6,6 +6,8 @@ through a front end; its modules, by unit:
 
 * the resource: ``resource`` (one resource's life: start its driver, retried,
   then serve through its front end; narrow methods for the daemon),
+  ``running`` (what needs the started driver, made whole together: the
+  driver host, the lifecycle, the release queue),
   ``frontend`` (the ``FrontEnd`` protocol a wire front end implements),
   ``resourcestatus`` (its state, last error, registrations),
   ``resourcereport`` (its status-file entry and its metrics figures),
@@ -17,7 +19,8 @@ through a front end; its modules, by unit:
   ``supervise`` (long-running tasks restarted when they fail);
 * the devices: ``devicetable`` (what is advertised, its cached encoding,
   change notification), ``sharing`` (replicas of shared devices and their
-  tenants), ``cdi`` (CDI spec files and the Allocate answers naming them);
+  tenants), ``cdi`` (CDI specs and the Allocate answers naming their devices;
+  the spec file is written by what the daemon gives, ``CdiSpecFile``);
 * the lifecycle, behind ``lifecycle`` (``DeviceLifecycle``, the core's
   interface to front ends): ``admission`` (choose, allocate, record, undo),
   ``choice`` (preferred allocation within what was offered), ``requestcheck``
@@ -26,7 +29,8 @@ through a front end; its modules, by unit:
   ``release`` (post-stop, deallocate, retried), ``releasequeue`` (releases a
   front end found due, gated on container exit, retried with backoff),
   ``keprelease`` (the KEP's device-by-device release), ``tenantexit`` and
-  ``liveness`` (whether a tenancy's containers are gone, from the pod cgroups);
+  ``liveness`` (whether a tenancy's containers are gone, asked of the
+  ``PodProbe`` the daemon gives: the core reads no cgroup itself);
 * the ledger: ``ledger`` (allocation records, changed through its methods
   only), ``records`` (the immutable records), ``ledgerfile`` (the snapshot and
   the journal on disk), ``journal`` (the framed append-only journal);
@@ -59,13 +63,16 @@ PUBLISHED: dict[str, dict[str, str]] = {
         "ReleaseQueue": "releasequeue",
         "ResourceState": "resourcestatus",
         "ResourceStatus": "resourcestatus",
-        "ContainerLiveness": "liveness",
+        "PodLiveness": "liveness",
+        "PodState": "liveness",
     },
     "what the daemon assembles and reports": {
         "Resource": "resource",
+        "RunningResource": "running",
         "Ledger": "ledger",
         "ResourceObserver": "observer",
         "NULL_OBSERVER": "observer",
+        "DeviceCodec": "devicetable",
         "ResourceFigures": "resourcereport",
         "DeviceEntries": "resourcereport",
         "check_replaceable": "statedir",
@@ -74,9 +81,10 @@ PUBLISHED: dict[str, dict[str, str]] = {
     },
     "CDI spec files (the DRA front end's claim specs, the daemon's clean-up)": {
         "SPEC_FILE_MODE": "cdi",
+        "SPEC_FILE_PREFIX": "cdi",
+        "CdiNameCollisionError": "cdi",
         "build_spec": "cdi",
         "cdi_device_name": "cdi",
-        "remove_stale_specs": "cdi",
         "spec_file_name": "cdi",
     },
     "what the CLI reads and asks offline": {
@@ -99,18 +107,26 @@ _MODULE_OF = {name: module for names in PUBLISHED.values() for name, module in n
 if TYPE_CHECKING:
     from devplug.engine.admission import DraClaim, TenantEnd
     from devplug.engine.asynctools import BackgroundTasks, Backoff, in_daemon_thread, sliced, wait_any
-    from devplug.engine.cdi import SPEC_FILE_MODE, build_spec, cdi_device_name, remove_stale_specs, spec_file_name
-    from devplug.engine.devicetable import DeviceTable
+    from devplug.engine.cdi import (
+        SPEC_FILE_MODE,
+        SPEC_FILE_PREFIX,
+        CdiNameCollisionError,
+        build_spec,
+        cdi_device_name,
+        spec_file_name,
+    )
+    from devplug.engine.devicetable import DeviceCodec, DeviceTable
     from devplug.engine.frontend import FrontEnd
     from devplug.engine.ledger import AllocationRecord, ClaimTenant, Ledger, read_ledger_records
     from devplug.engine.lifecycle import DeviceLifecycle
-    from devplug.engine.liveness import ContainerLiveness
+    from devplug.engine.liveness import PodLiveness, PodState
     from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
     from devplug.engine.quarantine import clear_offline, read_quarantined, write_clear_request
     from devplug.engine.releasequeue import ReleaseQueue
     from devplug.engine.resource import Resource
     from devplug.engine.resourcereport import DeviceEntries, ResourceFigures
     from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+    from devplug.engine.running import RunningResource
     from devplug.engine.serial import SerialThread
     from devplug.engine.statedir import check_replaceable, prepare_state_dir
     from devplug.engine.supervise import supervise
@@ -139,10 +155,11 @@ __all__ = [
     "Backoff",
     "build_spec",
     "cdi_device_name",
+    "CdiNameCollisionError",
     "check_replaceable",
     "ClaimTenant",
     "clear_offline",
-    "ContainerLiveness",
+    "DeviceCodec",
     "DeviceEntries",
     "DeviceLifecycle",
     "DeviceTable",
@@ -152,19 +169,22 @@ __all__ = [
     "in_daemon_thread",
     "Ledger",
     "NULL_OBSERVER",
+    "PodLiveness",
+    "PodState",
     "prepare_state_dir",
     "read_ledger_records",
     "read_quarantined",
     "ReleaseQueue",
-    "remove_stale_specs",
     "Resource",
     "ResourceFigures",
     "ResourceObserver",
     "ResourceState",
     "ResourceStatus",
+    "RunningResource",
     "SerialThread",
     "sliced",
     "SPEC_FILE_MODE",
+    "SPEC_FILE_PREFIX",
     "spec_file_name",
     "supervise",
     "TenantEnd",

@@ -2,13 +2,14 @@
 (:class:`~devplug.engine.frontend.FrontEnd`) while the driver host keeps the device table current
 (:class:`~devplug.engine.driverhost.DriverHost`), until shutdown.
 
-What needs the driver is built only once the driver has started: until then
-:attr:`Resource.lifecycle` and :attr:`Resource.releases` (what front ends use)
-are None, and afterwards they are whole.
+What needs the driver is built only once the driver has started, together and
+whole: its :class:`~devplug.engine.running.RunningResource` (the started driver,
+the lifecycle, the release queue). Until then :attr:`Resource.running` is None.
 
-Its parts (device table, ledger, hook runner, driver host, CDI specs) are its
-own: the daemon, the status file, the metrics and the front ends ask it
-through narrow methods (:meth:`Resource.report`, :meth:`Resource.figures`,
+Its parts (device table, ledger, hook runner, driver host, CDI spec file: the
+file's writer is given, :class:`~devplug.engine.cdi.CdiSpecFile`) are its own:
+the daemon, the status file, the metrics and the front ends ask it through
+narrow methods (:meth:`Resource.report`, :meth:`Resource.figures`,
 :meth:`Resource.held_count`, :meth:`Resource.hooks_running`, ...), the report
 itself built by :mod:`devplug.engine.resourcereport`.
 """
@@ -21,12 +22,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from devplug.config import CdiConfig, ReleaseConfig, ResourceConfig
+from devplug.config import ReleaseConfig, ResourceConfig
 from devplug.drivers import DriverHooks
 from devplug.engine.asynctools import Backoff
-from devplug.engine.cdi import AllocationAnswers, CdiNameCollisionError, CdiSpecs
+from devplug.engine.cdi import CdiNameCollisionError, CdiSpecFile
 from devplug.engine.devicetable import DeviceCodec, DeviceTable
-from devplug.engine.driverhost import DriverHost, PublishedStatus
+from devplug.engine.driverhost import PublishedStatus
 from devplug.engine.frontend import FrontEnd, HandoverFrontEnd
 from devplug.engine.hookrunner import HookRunner, RunningHook
 from devplug.engine.ledger import Ledger
@@ -43,17 +44,20 @@ from devplug.engine.resourcereport import (
     report_version,
 )
 from devplug.engine.resourcestatus import ResourceState, ResourceStatus
+from devplug.engine.running import NOT_STARTED, ResourceParts, ResourcePhase, RunningResource
 from devplug.engine.statedir import prepare_resource_dir
 from devplug.engine.tenantexit import ExitEvidence
 from devplug.errors import DevplugError, DriverError, KubeApiError, StateError
 from devplug.kube.names import resource_state_dir
 
-__all__ = ["FrontEndFactory", "Resource", "ResourceState"]
+__all__ = ["CdiSpecFileFactory", "FrontEndFactory", "Resource", "ResourceState"]
 
 log = logging.getLogger("devplug.engine")
 
 #: Makes a resource's front end from its device table and status (called once, when the resource is made).
 FrontEndFactory = Callable[[DeviceTable, ResourceStatus], FrontEnd]
+#: Makes a resource's CDI spec file (the writer, host I/O) from its device table (called once, when it is made).
+CdiSpecFileFactory = Callable[[DeviceTable], CdiSpecFile]
 
 
 class Resource:
@@ -68,7 +72,7 @@ class Resource:
         on_change: Callable[[], None] = lambda: None,
         on_allocated: Callable[[], None] = lambda: None,
         observer: ResourceObserver = NULL_OBSERVER,
-        cdi: CdiConfig | None = None,
+        cdi: CdiSpecFileFactory | None = None,
         *,
         exits: ExitEvidence,
         release: ReleaseConfig,
@@ -89,12 +93,8 @@ class Resource:
         self._ledger = Ledger(
             self.name, self._state_dir / "ledger.json", write_file, on_saved=on_change, observer=observer
         )
-        #: The resource's CDI spec file, when ``[cdi] enabled``.
-        self._cdi = (
-            CdiSpecs(self.name, config.cdi_kind, cdi.spec_dir, self._table, cdi.fallback)
-            if cdi is not None and cdi.enabled
-            else None
-        )
+        #: The resource's CDI spec file, when ``[cdi] enabled`` (``cdi`` makes it).
+        self._cdi = cdi(self._table) if cdi is not None else None
         self._status = ResourceStatus()
         #: What the driver published with ``ctx.publish_status`` (kept across driver restarts).
         self._published = PublishedStatus(on_change)
@@ -103,11 +103,23 @@ class Resource:
         self._paused = False  # a handover asked: no new work starts (see pause)
         self._handed_over = False  # a newer instance owns this resource's state: write nothing more
         self._cdi_resync: asyncio.Future[None] | None = None  # the CDI spec rewritten after a failed handover
-        self._host: DriverHost | None = None
-        #: The core's interface to front ends, once the driver has started.
-        self.lifecycle: DeviceLifecycle | None = None
-        #: The release queue front ends hand tenancies that may be over, once the driver has started.
-        self.releases: ReleaseQueue | None = None
+        #: What needs the driver, made whole once it started (:meth:`_start`).
+        self._running: ResourcePhase = NOT_STARTED
+
+    @property
+    def running(self) -> RunningResource | None:
+        """The started driver, its lifecycle and release queue; None until the driver started."""
+        return self._running if isinstance(self._running, RunningResource) else None
+
+    @property
+    def lifecycle(self) -> DeviceLifecycle | None:
+        """The core's interface to front ends, once the driver has started."""
+        return self._running.lifecycle if isinstance(self._running, RunningResource) else None
+
+    @property
+    def releases(self) -> ReleaseQueue | None:
+        """The release queue front ends hand tenancies that may be over, once the driver has started."""
+        return self._running.releases if isinstance(self._running, RunningResource) else None
 
     # --- what the daemon, the status file and the metrics read
 
@@ -145,8 +157,8 @@ class Resource:
 
     @property
     def hooks(self) -> DriverHooks | None:
-        """The driver's typed facade, once the driver has started."""
-        return self._host.driver.hooks if self._host is not None else None
+        """The driver's typed facade, once the driver has started (and until a handover stopped it)."""
+        return self._running.hooks
 
     def _sources(self) -> ReportSources:
         return ReportSources(
@@ -216,66 +228,48 @@ class Resource:
                 await asyncio.sleep(delay)
                 while self._paused and not self._stopping:  # a handover: no driver starts in this instance now
                     await asyncio.sleep(delay)
-        if self._stopping or self._host is None:
+        running = self.running
+        if self._stopping or running is None:
             return
-        await asyncio.gather(self._frontend.serve(), self._host.run(), *([self._cdi.follow()] if self._cdi else []))
+        following = [self._cdi.follow()] if self._cdi is not None else []
+        await asyncio.gather(self._frontend.serve(), running.host.run(), *following)
 
     async def _start(self) -> None:
-        """Start the driver and build what depends on it; a failure leaves nothing half-built (driver stopped)."""
+        """Start the driver and build what depends on it, whole; a failure leaves nothing half-built (driver
+        stopped)."""
         prepare_resource_dir(self._state_root, self.name)
         self._ledger.load()
-        host = await DriverHost.start(
-            self.config,
-            self._table,
-            self._runner,
-            self._driver_state_dir,
-            self._note_error,
-            self._on_change,
-            self._published,
-        )
-        try:
-            lifecycle = DeviceLifecycle(
-                self.name,
-                self._table,
-                host.driver,
-                self._ledger,
-                self._frontend,
-                exits=self._exits,
-                answers=AllocationAnswers(self.name, self._table, host.driver, self._cdi),
-                observer=self._observer,
-                previous_tenant_wait=self._release.previous_tenant_wait,
-                fail_requests_greater_than_one=self.config.fail_requests_greater_than_one,
-                on_allocated=self._on_allocated,
-                on_change=self._on_change,
-            )
-            lost, self._ledger.lost = self._ledger.lost, False
-            await self._frontend.started(lifecycle, lost)
-            for dev_id in self._table.learn_replica_ids(self._ledger.held_devices()):
-                log.warning("[%s] %s is held but no longer advertised: released through its device", self.name, dev_id)
-            lifecycle.withheld_changed()  # devices being released, or named by a quarantined record
-        except BaseException:
-            await host.stop()
-            raise
-        self._host, self.lifecycle = host, lifecycle
-        self.releases = ReleaseQueue(
-            lifecycle,
-            interval=self._release.interval,
-            max_retry_interval=self._release.max_retry_interval,
+        parts = ResourceParts(
+            config=self.config,
+            table=self._table,
+            runner=self._runner,
+            ledger=self._ledger,
+            frontend=self._frontend,
+            exits=self._exits,
+            observer=self._observer,
+            published=self._published,
+            driver_state_dir=self._driver_state_dir,
+            cdi=self._cdi,
+            note_error=self._note_error,
+            on_change=self._on_change,
+            on_allocated=self._on_allocated,
             stopping=lambda: self.stopping,
         )
+        running = self._running = await RunningResource.start(parts, self._release)
         log.info(
             "[%s] driver %s started with %d devices (hooks: %s)",
             self.name,
             self.config.driver,
             len(self._table),
-            ", ".join(host.driver.capabilities.implemented),
+            ", ".join(running.host.driver.capabilities.implemented),
         )
 
     # --- events from the daemon and the front ends
 
     async def apply_quarantine_request(self) -> None:
         """Clear the quarantined ledger records an operator asked to clear (``devplug quarantine clear``)."""
-        if self.lifecycle is None:
+        running = self.running
+        if running is None:
             return
         try:
             cleared = apply_clear_request(self._ledger, self._state_dir)
@@ -293,7 +287,7 @@ class Resource:
             )
         if not cleared:
             log.warning("[%s] quarantine clear request: no such quarantined record", self.name)
-        self.lifecycle.withheld_changed()
+        running.lifecycle.withheld_changed()
         await self._ledger.save(sync=True)
         self._on_change()
 
@@ -305,14 +299,11 @@ class Resource:
     def configure_release(self, release: ReleaseConfig) -> None:
         """``[release]`` changed (a reload): the previous-tenant wait and the retry schedule of failing releases."""
         self._release = release
-        if self.lifecycle is not None:
-            self.lifecycle.set_previous_tenant_wait(release.previous_tenant_wait)
-        if self.releases is not None:
-            self.releases.configure(release.interval, release.max_retry_interval)
+        self._running.configure(release)
 
     def releasing(self) -> bool:
         """True while a release found by the front end runs (a reload stopping this instance waits for it)."""
-        return self.releases is not None and self.releases.any_running()
+        return self._running.releasing()
 
     def holds_any(self) -> bool:
         """True while some allocation is held (or still owed its release)."""
@@ -326,7 +317,7 @@ class Resource:
 
     def drained(self) -> bool:
         """Nothing is allocated any more (or the driver never started, so nothing can be released)."""
-        return self.lifecycle is None or not self.holds_any()
+        return not self._running.started or not self.holds_any()
 
     # --- handover (devplug.daemon.handover): the old instance's side
 
@@ -341,8 +332,7 @@ class Resource:
         release starts; what runs goes on (:meth:`quiet` waits for it)."""
         self._paused = True
         self._handover_frontend().hold_calls()
-        if self.lifecycle is not None:  # an Allocate waiting for a previous tenant would outlast the handover
-            self.lifecycle.cut_waits_short(True)
+        self._running.cut_waits_short(True)  # an Allocate waiting for a previous tenant would outlast the handover
         if self._cdi is not None:  # from the lock's release on, the spec file is the successor's
             self._cdi.held = True
         self._on_change()
@@ -351,20 +341,18 @@ class Resource:
         """The handover failed: serve the held calls here and release again."""
         self._paused = False
         self._handover_frontend().release_calls()
-        if self.lifecycle is not None:
-            self.lifecycle.cut_waits_short(False)
+        self._running.cut_waits_short(False)
         if self._cdi is not None:
             self._cdi.held = False
-            self._cdi_resync = asyncio.ensure_future(self._resync_cdi())
+            self._cdi_resync = asyncio.ensure_future(self._resync_cdi(self._cdi))
         self._on_change()
 
-    async def _resync_cdi(self) -> None:
+    async def _resync_cdi(self, cdi: CdiSpecFile) -> None:
         """Write the CDI spec as the devices are now (changes during a failed handover were held back)."""
-        assert self._cdi is not None
         try:
-            await self._cdi.sync()
+            await cdi.sync()
         except (OSError, CdiNameCollisionError) as exc:
-            log.error("[%s] cannot write the CDI spec %s: %s", self.name, self._cdi.path, exc)
+            log.error("[%s] cannot write the CDI spec %s: %s", self.name, cdi.path, exc)
 
     def quiet(self) -> bool:
         """No driver hook and no release runs (calls held at the front end do not count)."""
@@ -376,7 +364,7 @@ class Resource:
 
     async def flush(self) -> None:
         """Fold the ledger's journal into its snapshot, synced: the successor reads one whole file."""
-        if self.lifecycle is not None:
+        if self._running.started:
             await self._ledger.compact()
 
     def handover_facts(self) -> dict[str, Any]:
@@ -388,9 +376,7 @@ class Resource:
 
     async def stop_driver(self) -> None:
         """Stop the driver (the successor starts its own next); the front end keeps its sockets."""
-        if self._host is not None:
-            host, self._host = self._host, None
-            await host.stop()
+        await self._running.stop_driver()
 
     async def hand_over(self, successor: str, grace: float) -> None:
         """The successor serves at ``successor``: the front end answers through it and stops; nothing of the
@@ -398,8 +384,7 @@ class Resource:
         self._stopping = True
         self._handed_over = True
         await self._handover_frontend().hand_over(successor, grace)
-        if self.releases is not None:
-            self.releases.close()
+        self._running.close_releases()
         await self.stop_driver()
         self._ledger.close()
         self._runner.close()
@@ -424,11 +409,9 @@ class Resource:
             return
         self._stopping = True
         await self._frontend.stop(grace)
-        if self.releases is not None:
-            self.releases.close()
-        if self._host is not None:
-            await self._host.stop()
-        if self.lifecycle is not None:  # fold the journal into the snapshot: the next start reads one file
+        self._running.close_releases()
+        await self._running.stop_driver()
+        if self._running.started:  # fold the journal into the snapshot: the next start reads one file
             await self._ledger.compact()
         self._ledger.close()
         self._runner.close()

@@ -8,7 +8,7 @@ kubelet hands the devices to the next pod meanwhile (see
 :mod:`devplug.engine.liveness`). So a tenancy is released, and its devices
 allocated again, only once its pod has no process left:
 
-* the pod's cgroup says so (:class:`~devplug.engine.liveness.ContainerLiveness`):
+* the pod's cgroup says so (:class:`~devplug.engine.liveness.PodProbe`, which the daemon gives):
   ``running`` waits, ``exited`` goes;
 * where that cannot be read (no cgroup access, or the tenancy's pod UID was never
   learnt from the kubelet's checkpoint), the tenancy waits ``[liveness]
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from devplug.config import LivenessConfig
 from devplug.engine.ledger import AllocationRecord
-from devplug.engine.liveness import ContainerLiveness, PodLiveness, PodState
+from devplug.engine.liveness import PodLiveness, PodProbe, PodState
 
 __all__ = ["ExitEvidence", "ExitVerdict"]
 
@@ -51,7 +51,7 @@ class ExitVerdict:
 class ExitEvidence:
     """Exit verdicts for tenancies, node-wide; remembers when each tenancy's pod was first seen gone."""
 
-    def __init__(self, liveness: ContainerLiveness, config: LivenessConfig) -> None:
+    def __init__(self, liveness: PodProbe, config: LivenessConfig) -> None:
         self.liveness = liveness
         self.config = config
         #: Record ID -> when (``time.time()``) its pod was first seen gone from the kubelet's view (in memory: a

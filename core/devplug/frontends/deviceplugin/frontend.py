@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devplug.api.convert import encode_device_entry, encode_list_and_watch, options_to_pb
 from devplug.api.gen.deviceplugin.v1beta1 import api_pb2 as dp
@@ -50,6 +50,83 @@ def kubelet_options(capabilities: DriverCapabilities) -> dp.DevicePluginOptions:
     )
 
 
+class _Serving(Protocol):
+    """The front end's serving part, started (:class:`_Started`) or not yet (:data:`_NOT_STARTED`)."""
+
+    @property
+    def streaming(self) -> bool: ...
+
+    async def reuses(self, record: AllocationRecord) -> tuple[bool, str]: ...
+
+    async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]: ...
+
+    async def serve(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    def supersede(self, successor: str) -> None: ...
+
+    def on_plugin_dir_changed(self, names: frozenset[str]) -> None: ...
+
+
+class _NotStarted:
+    """Before the core started the driver: no socket, no registration, and no judge of tenancies."""
+
+    streaming = False
+
+    async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
+        return False, "the device-plugin front end has not started: released first, as a new tenancy"
+
+    async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]:
+        return TenantEnd.UNKNOWN, "the device-plugin front end has not started"
+
+    async def serve(self) -> None:
+        pass
+
+    async def stop(self, grace: float) -> None:
+        pass
+
+    def supersede(self, successor: str) -> None:
+        pass
+
+    def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
+        pass
+
+
+_NOT_STARTED: _Serving = _NotStarted()
+
+
+class _Started:
+    """The started front end, whole: its tenancy judge and its plugin server (serving and registering)."""
+
+    def __init__(self, judge: CheckpointTenancy, server: PluginServer) -> None:
+        self.judge = judge
+        self.server = server
+
+    @property
+    def streaming(self) -> bool:
+        return self.server.kubelet_streaming
+
+    async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
+        return await self.judge.reuses(record)
+
+    async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]:
+        return await self.judge.tenant_end(record)
+
+    async def serve(self) -> None:
+        await self.server.run()
+
+    async def stop(self, grace: float) -> None:
+        self.judge.close()
+        await self.server.stop(grace)
+
+    def supersede(self, successor: str) -> None:
+        self.server.supersede(successor)
+
+    def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
+        self.server.on_plugin_dir_changed(names)
+
+
 class DevicePluginFrontEnd:
     """One resource's device-plugin socket, its registration and its tenancy judge."""
 
@@ -76,8 +153,8 @@ class DevicePluginFrontEnd:
         self._on_change = on_change
         self.socket_name = socket_file_name(name, len(str(kubelet.device_plugin_dir)), instance)
         self.socket_path = kubelet.device_plugin_dir / self.socket_name
-        self.server: PluginServer | None = None
-        self._judge: CheckpointTenancy | None = None
+        #: The judge and the server, made whole by :meth:`started` (nothing serves before).
+        self._serving: _Serving = _NOT_STARTED
         #: Where calls run during a handover (here, held, or forwarded to the successor).
         self.gate = CallGate()
 
@@ -87,18 +164,14 @@ class DevicePluginFrontEnd:
 
     async def reuses(self, record: AllocationRecord) -> tuple[bool, str]:
         """See :class:`~devplug.frontends.deviceplugin.tenancy.CheckpointTenancy`."""
-        if self._judge is None:
-            return False, "the device-plugin front end has not started: released first, as a new tenancy"
-        return await self._judge.reuses(record)
+        return await self._serving.reuses(record)
 
     async def tenant_end(self, record: AllocationRecord) -> tuple[TenantEnd, str]:
         """See :meth:`CheckpointTenancy.tenant_end`."""
-        if self._judge is None:
-            return TenantEnd.UNKNOWN, "the device-plugin front end has not started"
-        return await self._judge.tenant_end(record)
+        return await self._serving.tenant_end(record)
 
     async def started(self, lifecycle: DeviceLifecycle, ledger_lost: bool) -> None:
-        self._judge = CheckpointTenancy(self.name, self.checkpoint, self.table.resend, lifecycle, self.sightings)
+        judge = CheckpointTenancy(self.name, self.checkpoint, self.table.resend, lifecycle, self.sightings)
         if ledger_lost:
             await self._adopt_from_checkpoint(lifecycle)
         options = kubelet_options(lifecycle.capabilities)
@@ -106,9 +179,10 @@ class DevicePluginFrontEnd:
         def make_service(observer: StreamObserver) -> DevicePluginService:
             return DevicePluginService(lifecycle, self.table, options, observer, self.gate)
 
-        self.server = PluginServer(
+        server = PluginServer(
             self.name, self.kubelet, self.socket_name, options, make_service, self.status, self._on_change
         )
+        self._serving = _Started(judge, server)
 
     async def _adopt_from_checkpoint(self, lifecycle: DeviceLifecycle) -> None:
         """The ledger was lost: take in what the kubelet's checkpoint says pods held, before registering.
@@ -141,14 +215,10 @@ class DevicePluginFrontEnd:
             await lifecycle.save()
 
     async def serve(self) -> None:
-        if self.server is not None:
-            await self.server.run()
+        await self._serving.serve()
 
     async def stop(self, grace: float) -> None:
-        if self._judge is not None:
-            self._judge.close()
-        if self.server is not None:
-            await self.server.stop(grace)
+        await self._serving.stop(grace)
 
     def describe(self) -> dict[str, Any] | None:
         """Nothing beyond the resource's own status (its registrations are the resource's)."""
@@ -159,7 +229,7 @@ class DevicePluginFrontEnd:
     @property
     def serving(self) -> bool:
         """Registered, and the kubelet's stream open (a handover's new instance says it serves only then)."""
-        return self.server is not None and self.server.kubelet_streaming
+        return self._serving.streaming
 
     def hold_calls(self) -> None:
         """Calls that would start new work wait (never refused) until :meth:`release_calls` or :meth:`hand_over`."""
@@ -185,8 +255,7 @@ class DevicePluginFrontEnd:
     async def hand_over(self, successor: str, grace: float) -> None:
         """The successor serves at ``successor`` (its socket path): send it the waiting and later calls, never
         register again, and stop serving; the successor's socket and registration stay untouched."""
-        if self.server is not None:
-            self.server.supersede(successor)
+        self._serving.supersede(successor)
         self.gate.forward_to(Path(successor))
         # The kubelet closes its connection to this instance when this instance's stream ends, cancelling what
         # still runs on it: the forwarded calls are answered first.
@@ -196,5 +265,4 @@ class DevicePluginFrontEnd:
 
     def on_plugin_dir_changed(self, names: frozenset[str]) -> None:
         """Entries of the device-plugin folder changed (empty: unknown which): a sign of a kubelet restart."""
-        if self.server is not None:
-            self.server.on_plugin_dir_changed(names)
+        self._serving.on_plugin_dir_changed(names)

@@ -33,7 +33,6 @@ class PluginFolder:
         self.sightings = sightings
         self._source = source
         self._frontends = frontends
-        self._watcher: DirectoryWatcher | None = None
 
     def prepare(self) -> None:
         """Make the folder if missing; :class:`ConfigError` naming the key when it cannot be a folder."""
@@ -47,23 +46,23 @@ class PluginFolder:
         if not self.path.is_dir():
             raise ConfigError(f"{where}: {self.path} is not a folder")
 
-    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Watch the folder (in the watcher's thread); the front ends are told on ``loop``."""
+    async def watch(self) -> None:
+        """Watch the folder (in the watcher's thread) until cancelled; the front ends are told on this event loop."""
+        loop = asyncio.get_running_loop()
 
         def changed(names: frozenset[str]) -> None:
             loop.call_soon_threadsafe(self._changed, names)
 
-        self._watcher = DirectoryWatcher(self.path, changed)
-        self._watcher.start()
-        self.sightings.watching(self._watcher.uses_inotify)
+        watcher = DirectoryWatcher(self.path, changed)
+        watcher.start()
+        try:
+            self.sightings.watching(watcher.uses_inotify)
+            await asyncio.Event().wait()  # until cancelled (the daemon's shutdown)
+        finally:
+            watcher.close()
+            self.sightings.not_watching()
 
     def _changed(self, names: frozenset[str]) -> None:
         self.sightings.folder_changed(names)
         for frontend in list(self._frontends()):
             frontend.on_plugin_dir_changed(names)
-
-    def close(self) -> None:
-        """Stop watching (nothing when never started)."""
-        if self._watcher is not None:
-            self._watcher.close()
-            self.sightings.not_watching()

@@ -60,8 +60,8 @@ class PluginServer:
         self._restart_reason = ""
         self._kubelet_appeared = asyncio.Event()
         self._registered_kubelet_inode: int | None = None
-        self._service: DevicePluginService | None = None
-        self._servers: set[grpc.aio.Server] = set()
+        #: Each server not stopped yet, with the service it serves (the newest is the one registered).
+        self._servers: dict[grpc.aio.Server, DevicePluginService] = {}
         self._socket_inode: int | None = None
         #: The ListAndWatch stream the kubelet opened after the latest Register (only its end is a restart sign).
         self._kubelet_stream: int | None = None
@@ -74,8 +74,8 @@ class PluginServer:
         self._socket_inode = None  # folder events during the switch are about this very socket
         # The old server goes first: gRPC unlinks its socket path when it stops,
         # which would take the new server's socket with it.
-        if self._service is not None:
-            self._service.close()
+        for old in self._servers.values():
+            old.close()
         await asyncio.gather(*(self._stop_server(s, grace=1.0) for s in list(self._servers)))
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
@@ -90,8 +90,7 @@ class PluginServer:
             raise self._bind_error() from None
         await server.start()
         os.chmod(self.socket_path, 0o600)
-        self._servers.add(server)
-        self._service = service
+        self._servers[server] = service
         self._socket_inode = self.socket_path.stat().st_ino
         return service
 
@@ -110,7 +109,7 @@ class PluginServer:
 
     async def _stop_server(self, server: grpc.aio.Server, grace: float) -> None:
         await server.stop(grace)
-        self._servers.discard(server)
+        self._servers.pop(server, None)
 
     def _register_request(self) -> dp.RegisterRequest:
         return dp.RegisterRequest(
@@ -294,8 +293,8 @@ class PluginServer:
         if self._running is not None:  # let run() leave whatever it is doing (it may be binding a server)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._running.wait(), grace)
-        if self._service is not None:
-            self._service.close()
+        for service in self._servers.values():
+            service.close()
         await asyncio.gather(*(self._stop_server(s, grace) for s in list(self._servers)))
         with contextlib.suppress(FileNotFoundError):
             if self._socket_inode == self.socket_path.stat().st_ino:

@@ -58,6 +58,7 @@ from devplug.engine import (
     ExitEvidence,
     ReleaseQueue,
     Resource,
+    RunningResource,
     sliced,
     supervise,
     wait_any,
@@ -152,8 +153,12 @@ class Reconciler:
             "awaiting_exit": [a.describe() for q in self._queues() for a in q.awaiting()],
         }
 
+    def _running(self) -> list[tuple[Resource, RunningResource]]:
+        """The resources whose driver started, with what runs them."""
+        return [(r, running) for r in self._resources if (running := r.running) is not None]
+
     def _queues(self) -> list[ReleaseQueue]:
-        return [r.releases for r in self._resources if r.releases is not None]
+        return [running.releases for _, running in self._running()]
 
     def awaiting_exit(self) -> int:
         """How many tenancies wait for their pod's containers to exit."""
@@ -164,10 +169,10 @@ class Reconciler:
             return False  # every resource is served through DRA (or none is left): PodResources has nothing for us
         if self.last_success is None and not self._starting():
             return True  # one pass at start even with an empty ledger: a lost or rebuilt one adopts what pods hold
-        return any(r.lifecycle is not None and r.holds_any() for r in self._resources)
+        return any(r.holds_any() for r, _ in self._running())
 
     def _starting(self) -> bool:
-        return any(r.lifecycle is None and not r.stopping for r in self._resources)
+        return any(r.running is None and not r.stopping for r in self._resources)
 
     async def run(self) -> None:
         """Poll while anything is allocated; sleep on an event while nothing is. Restarted if it fails."""
@@ -219,11 +224,11 @@ class Reconciler:
         self.last_success = now
         self.failing_since = None
         self._delay = self._interval
-        ready = [r for r in self._resources if r.lifecycle is not None and not r.stopping]
-        await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r in ready))
+        ready = [(r, running) for r, running in self._running() if not r.stopping]
+        await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r, _ in ready))
         for queue in self._queues():
             queue.forget_gone()
-        self.sightings.forget({r.id for res in ready if res.lifecycle is not None for r in res.lifecycle.records()})
+        self.sightings.forget({r.id for _, running in ready for r in running.lifecycle.records()})
         return True
 
     def _failed(self, detail: str, exhausted: bool) -> None:
@@ -253,9 +258,10 @@ class Reconciler:
             self.resource_errors.pop(resource.name, None)
 
     async def _reconcile_resource(self, resource: Resource, use: DeviceUse, now: float) -> None:
-        core, queue = resource.lifecycle, resource.releases
-        if core is None or queue is None:
+        running = resource.running
+        if running is None:
             return
+        core, queue = running.lifecycle, running.releases
         used = use.get(resource.name, {})
         in_use = used.keys()
         changed = False

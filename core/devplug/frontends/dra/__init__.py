@@ -22,6 +22,7 @@ this instance), ``service`` (NodePrepareResources and
 NodeUnprepareResources through the core's lifecycle), ``claimcdi`` (a prepared
 claim's CDI spec), ``health`` (the KEP-4680 health stream, with the driver's
 reasons), ``reconcile`` (releases no unprepare asks for: claims deleted while the
-daemon was down, device-plugin leftovers, unfinished releases) and ``frontend``
-(all of it as the resource's :class:`~devplug.engine.frontend.FrontEnd`).
+daemon was down, device-plugin leftovers, unfinished releases), ``plugin``
+(all of it made whole once the driver started) and ``frontend`` (the
+resource's :class:`~devplug.engine.frontend.FrontEnd`, holding its plugin).
 """

@@ -165,7 +165,8 @@ class ClaimCdiSpecs:
             return {}
         # Named here (``str`` keeps the names), not through a function of this module build_spec would call back.
         spec = build_spec(self.kind, [(f"{claim_uid}-{request}", edits) for request, edits in described], name=str)
-        assert spec is not None  # a device described
+        if spec is None:  # build_spec makes a spec of every non-empty list of described devices
+            raise ValueError(f"claim {claim_uid}: no CDI spec was built from {len(described)} described request(s)")
         data = (json.dumps(spec, indent=2) + "\n").encode()
         await asyncio.to_thread(_write_both, self._kept(claim_uid), self.path(claim_uid), data)
         return {request: self.device_id(claim_uid, request) for request, _ in described}
