@@ -303,5 +303,33 @@ def test_a_running_device_plugin_daemon_makes_its_folder(tmp_path: Path) -> None
     assert (tmp_path / "device-plugins").is_dir()
 
 
+def test_a_dra_daemon_assembles_the_device_plugin_api_when_a_resource_needs_it(tmp_path: Path) -> None:
+    """A reload adding the first device-plugin resource to a DRA-only daemon (``Daemon.start_resource``) makes the
+    device-plugin front ends' assembly then: its folder is made and its reconciler runs."""
+    path = _config(tmp_path, "dra")
+    (tmp_path / "other").mkdir()
+    other = _config(tmp_path / "other", "device-plugin")
+    probe = (
+        "import asyncio\n"
+        "from devplug.config import load_config\n"
+        "from devplug.daemon.process import Daemon\n"
+        f"daemon = Daemon(load_config({str(path)!r}))\n"
+        f"[added] = load_config({str(other)!r}).resources\n"
+        "async def main():\n"
+        "    running = asyncio.ensure_future(daemon.run())\n"
+        "    await asyncio.sleep(0.3)\n"
+        "    before = sorted(daemon.apis), daemon.config.kubelet.device_plugin_dir.exists()\n"
+        "    daemon.start_resource(added)\n"
+        "    await asyncio.sleep(0.3)\n"
+        "    print(before, sorted(daemon.apis), daemon.reconciler.polls >= 0)\n"
+        "    daemon.request_stop()\n"
+        "    await running\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "(['dra'], False) ['device-plugin', 'dra'] True", out.stderr
+    assert (tmp_path / "device-plugins").is_dir()  # the daemon's config's (a reload applies the new one first)
+
+
 def test_the_config_of_the_probes_is_what_they_say(tmp_path: Path) -> None:
     assert [rc.api for rc in load_config(_config(tmp_path, "dra")).resources] == ["dra"]
