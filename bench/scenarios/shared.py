@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +32,14 @@ from bench.stats import percentile
 from devplug.engine.ledger import read_ledger_records
 from devplug.errors import KubeletError
 from devplug.kube.names import resource_state_dir
-from shared_demo import RESOURCE, SharedNode
+
+# The shared driver's demo, whose nodes this measures, runs on the test kit, so it sits beside the driver's package
+# (drivers/shared/demo), not in it, and is not installed: found from the checkout, however bench is started.
+_DEMO = Path(__file__).resolve().parents[2] / "drivers" / "shared" / "demo"
+if str(_DEMO) not in sys.path:
+    sys.path.append(str(_DEMO))
+
+from shared_demo import RESOURCE, SharedNode  # noqa: E402
 
 __all__ = ["measure"]
 
