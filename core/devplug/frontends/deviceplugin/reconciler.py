@@ -50,6 +50,7 @@ import grpc
 import grpc.aio
 
 from devplug.api.checkpoint import KubeletCheckpoint
+from devplug.backoff import CappedBackoff
 from devplug.config import ReleaseConfig
 from devplug.engine import (
     AllocationRecord,
@@ -107,6 +108,8 @@ class Reconciler:
         self.failures = 0
         self.failing_since: float | None = None
         self._delay = self._interval
+        #: PodResources reads refused as exhausted in a row (each one doubles the wait: :meth:`_failed`).
+        self._exhausted_in_a_row = 0
         #: Since when PodResources has answered without a break (None: it has not, or it just failed).
         self.trusted_from: float | None = None
         self._socket_id: tuple[int, int] | None = None
@@ -224,6 +227,7 @@ class Reconciler:
         self.last_success = now
         self.failing_since = None
         self._delay = self._interval
+        self._exhausted_in_a_row = 0
         ready = [(r, running) for r, running in self._running() if not r.stopping]
         await asyncio.gather(*(self._reconcile_guarded(r, use, now) for r, _ in ready))
         for queue in self._queues():
@@ -243,7 +247,14 @@ class Reconciler:
             )
         self.last_error = detail
         self.trusted_from = None
-        self._delay = min(self._delay * 2, self._interval * 10) if exhausted else self._interval
+        # A kubelet refusing for load (RESOURCE_EXHAUSTED) is asked less and less often: 2, 4, 8, then 10 intervals
+        # apart, on devplug's one backoff; any other failure is retried at the interval.
+        self._exhausted_in_a_row = self._exhausted_in_a_row + 1 if exhausted else 0
+        self._delay = (
+            CappedBackoff(2 * self._interval, 10 * self._interval).delay(self._exhausted_in_a_row)
+            if exhausted
+            else self._interval
+        )
 
     async def _reconcile_guarded(self, resource: Resource, use: DeviceUse, now: float) -> None:
         try:
