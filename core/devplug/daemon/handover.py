@@ -41,6 +41,12 @@ The old instance's part is bounded: ``2 x [handover] timeout`` until the new
 one serves, then twice ``grace`` (5 s) to answer the held calls and stop
 (:func:`handover_bound`).
 
+Both instances time their steps (:attr:`HandoverRecord.steps`): the old one sends its own with ``done``, and the
+new one keeps the whole profile, from its process's start to the old one's last word, in ms after the request
+(``steps_ms`` in ``handover-last.json``, the status and its log line). Calls are held from ``old:holding`` until
+``old:held-calls-answered``; what lies between is flush, lock and the new instance's start until it serves (its
+driver's ``start`` and ``list_devices``, which never run beside the old instance's drivers, and its registration).
+
 A ``kill -9`` loses nothing at any step: before the commit the old instance
 still owns everything it flushed or journalled (its death frees the lock and
 the new instance starts from its files), after it the new one does (its
@@ -59,7 +65,7 @@ from typing import Any, Protocol, TypeVar
 
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import StateLock, gate_holder
-from devplug.daemon.lockholder import process_start_ticks
+from devplug.daemon.lockholder import process_start_ticks, process_started_at
 from devplug.errors import AlreadyRunningError, StateError
 from devplug.host.watch import DirectoryWatcher
 
@@ -86,8 +92,14 @@ RECHECK_S = 1.0
 ANSWER_MARGIN_S = 2.0
 #: The same while a daemon only waits for a request (an idle daemon must not wake every second).
 IDLE_RECHECK_S = 30.0
-#: How often the old instance looks whether hooks and releases still run (hooks have no completion event).
+#: The longest wait between two looks whether hooks and releases still run, at the old instance's freeze (hooks
+#: have no completion event).
 QUIET_POLL_S = 0.02
+#: The first such look comes after this, each next one twice as late (up to ``QUIET_POLL_S``; the new instance looks
+#: whether it registered the same way). Measured (issue 42): what runs at the freeze (a release, a Deallocate) ends
+#: within a few ms, and a fixed 20 ms look added up to 20 ms to every held call's wait; the doubling looks cost a
+#: handful of wake-ups and keep a long wait as cheap as before.
+POLL_FIRST_S = 0.001
 #: The steps :func:`step` reports, of the old instance and of the new one, in the order they are taken: the old
 #: instance's ``holding`` (calls held, ledgers not yet flushed), ``granted`` (lock released), ``drivers-stopped``;
 #: the new one's ``request``, ``taken``, ``serving``.
@@ -136,6 +148,18 @@ class HandoverRecord:
     finished_at: float | None = None
     reason: str | None = None
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: When each step was taken (``time.time()``), both instances' (the old one's come with its last word): the
+    #: handover's profile, shown in ms after the request by :meth:`describe` (``steps_ms``).
+    steps: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        """Step ``name`` was taken now (or at ``at``)."""
+        self.steps[name] = time.time() if at is None else at
+
+    def steps_ms(self) -> dict[str, float]:
+        """Each step's time in ms after the request (negative: before it, the new process's start), in order."""
+        ordered = sorted(self.steps.items(), key=lambda item: item[1])
+        return {name: round(1000.0 * (at - self.requested_at), 1) for name, at in ordered}
 
     @property
     def took_s(self) -> float | None:
@@ -151,6 +175,7 @@ class HandoverRecord:
             "took_s": self.took_s,
             "reason": self.reason,
             "resources": self.resources,
+            "steps_ms": self.steps_ms(),
         }
 
 
@@ -351,8 +376,10 @@ class Predecessor:
         log.info("instance %s asks to take over; holding new calls and releases", to)
         for resource in resources:
             resource.pause()
+        record.mark("old:holding")
         self._on_change()
         step("holding")
+        poll = POLL_FIRST_S
         while not all(r.quiet() for r in resources):  # hooks report no completion event: look again shortly
             if (why := gone()) is not None:
                 return await self._fail(record, why, paused=resources)
@@ -363,7 +390,8 @@ class Predecessor:
                     f"hooks or releases of {', '.join(busy)} still ran after {self.timeout:g} s",
                     paused=resources,
                 )
-            await asyncio.sleep(QUIET_POLL_S)
+            await asyncio.sleep(poll)
+            poll = min(2 * poll, QUIET_POLL_S)
         idle = asyncio.ensure_future(asyncio.gather(*(r.calls_idle() for r in resources)))
         left = asyncio.ensure_future(self.events.wait(gone, deadline))
         done, _ = await asyncio.wait(
@@ -377,11 +405,14 @@ class Predecessor:
                 idle.exception()
             why = gone() or f"calls still ran after {self.timeout:g} s"
             return await self._fail(record, why, paused=resources)
+        record.mark("old:quiet")
         for resource in resources:
             await resource.flush()
+        record.mark("old:flushed")
         record.resources = {r.name: r.handover_facts() for r in resources}
         await self._write_status()
         self._suspend_status(True)  # from the release on, the status file is the new instance's
+        record.mark("old:granted")  # before the word and the lock: every step is marked before the other side's next
         # said before the lock goes: the new instance takes it at the lock file's close and reads this at once
         self.files.write(
             "granted", {"from": self.instance.id, "to": to, "resources": record.resources, "at": time.time()}
@@ -406,9 +437,11 @@ class Predecessor:
                     paused=resources,
                 )
         record.state = "taken"
+        record.mark("old:saw-taken")
         self._on_change()
         for resource in resources:
             await resource.stop_driver()
+        record.mark("old:drivers-stopped")
         self.files.write("drivers-stopped", {"from": self.instance.id, "to": to})
         step("drivers-stopped")
         answer = await self.events.wait(
@@ -427,17 +460,27 @@ class Predecessor:
             )
         if not isinstance(endpoints, dict):
             endpoints = {}
+        record.mark("old:saw-serving")
         await asyncio.gather(*(r.hand_over(str(endpoints.get(r.name, "")), self.grace) for r in resources))
+        record.mark("old:held-calls-answered")
         record.resources = {r.name: r.handover_facts() for r in resources}  # the held calls' waits included now
         self._finish(record, "done" if serving is not None else "taken-not-serving")
         self.files.write(
-            "done", {"from": self.instance.id, "to": to, "took_s": record.took_s, "resources": record.resources}
+            "done",
+            {
+                "from": self.instance.id,
+                "to": to,
+                "took_s": record.took_s,
+                "resources": record.resources,
+                "steps": record.steps,
+            },
         )
         log.info(
-            "handed over to %s in %.3f s: %s",
+            "handed over to %s in %.3f s: %s; steps (ms after the request): %s",
             to,
             record.took_s or 0.0,
             "; ".join(f"{name}: {facts}" for name, facts in record.resources.items()),
+            record.steps_ms(),
         )
         return True
 
@@ -467,6 +510,10 @@ async def take_over(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout + ANSWER_MARGIN_S  # the old instance's own deadline passes first: its reason
     requested_at = time.time()
+    new_steps = {"new:request": requested_at}
+    started = process_started_at(instance.pid)
+    if started is not None:
+        new_steps["new:process-start"] = started
     files.remove("failed", "granted", "taken", "drivers-stopped", "serving", "done")
     files.write(
         "request",
@@ -499,6 +546,8 @@ async def take_over(
     granted = files.read_for("granted", instance.id)
     source = str(granted.get("from", "?")) if granted is not None else "a previous instance that exited"
     record = HandoverRecord(source, instance.id, requested_at, state="taken")
+    record.steps.update(new_steps)
+    record.mark("new:taken")
     if granted is not None:
         facts = granted.get("resources", {})
         record.resources = facts if isinstance(facts, dict) else {}
@@ -507,6 +556,7 @@ async def take_over(
     step("taken")
     if granted is not None:
         stopped = await events.wait(lambda: files.read_for("drivers-stopped", instance.id), loop.time() + timeout)
+        record.mark("new:saw-drivers-stopped")
         if stopped is None:
             log.warning("%s did not say its drivers stopped within %g s; starting ours anyway", source, timeout)
     log.info("took the state lock from %s; starting", source)

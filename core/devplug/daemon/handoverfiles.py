@@ -18,7 +18,8 @@
 Both instances watch the state dir (inotify) and wait on these files; the
 lock file's close (``IN_CLOSE_WRITE``: the old instance released the lock or
 died) wakes the new one too. A file names who wrote it and for whom, so a
-stale file of an earlier handover is never taken for an answer.
+stale file of an earlier handover is never taken for an answer. Messages are written whole but not synced (a word
+between two running processes, see :meth:`HandoverFiles.write`); the history files are synced.
 """
 
 from __future__ import annotations
@@ -82,7 +83,16 @@ class HandoverFiles:
         return frozenset([*HANDOVER_FILES.values(), "devplug.lock", "handover.lock"])
 
     def write(self, message: str, body: dict[str, Any]) -> None:
-        write_atomic(self.path(message), json.dumps(body, sort_keys=True).encode(), sync=True)
+        """Write a message whole (temporary file and rename), not synced.
+
+        A message is a word between two running instances: ``kill -9`` of either leaves what was written in the
+        page cache, whole, for the other; a power loss ends both, and the next instance starts on a free lock with
+        the messages ignored (each names its instances, a request also its deadline and the gate's holder) and
+        cleared. What must outlive a power loss is synced where it is written: the ledgers at the flush, the
+        history below. Measured (issue 42): a synced write took 5.4 ms (median, up to 12 ms) on the bench's ext4
+        against 0.1 ms, and four messages lie between the freeze and the new instance serving (granted, taken,
+        drivers-stopped, serving): about 20 ms of every held call's wait."""
+        write_atomic(self.path(message), json.dumps(body, sort_keys=True).encode(), sync=False)
 
     def read(self, message: str) -> dict[str, Any] | None:
         """The message, or None when missing or unreadable (a half-written file never shows: writes rename)."""

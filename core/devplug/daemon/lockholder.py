@@ -28,12 +28,13 @@ import os
 import select
 import signal
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from devplug.errors import StateError
 
-__all__ = ["LockHolder", "describe_process", "process_start_ticks", "prove_holder"]
+__all__ = ["LockHolder", "describe_process", "process_start_ticks", "process_started_at", "prove_holder"]
 
 #: Bytes of the lock file read: ``<pid> <start>\n`` is far shorter.
 _LOCK_READ = 200
@@ -52,6 +53,18 @@ def process_start_ticks(pid: int) -> int | None:
         return int(fields[19])  # field 22 overall: 20th after the state (field 3)
     except (IndexError, ValueError):
         return None
+
+
+def process_started_at(pid: int) -> float | None:
+    """When process ``pid`` started, as ``time.time()`` would have said (to a clock tick, 10 ms); None if gone.
+
+    The start in ticks since boot (:func:`process_start_ticks`) against ``CLOCK_BOOTTIME`` now: a handover's
+    profile shows how long the new process took from its start to its request (imports, config, construction)."""
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return None
+    since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - since_start
 
 
 def describe_process(pid: int) -> str:
