@@ -5,7 +5,7 @@
     <state dir>/                     [state] dir
         devplug.lock                 the daemon lock (lock.py)
         status.json                  what ``devplug status`` reads
-        resources/<domain>/<name>/   one resource's state (resource_names.resource_state_dir)
+        resources/<domain>/<name>/   one resource's state (devplug.kube.names.resource_state_dir)
             ledger.json              its allocation ledger
             driver/                  its driver's own files
 
