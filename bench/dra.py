@@ -63,6 +63,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -354,12 +355,18 @@ def _start_floor(name: str, sock: Path, api: str, driver: str) -> subprocess.Pop
 
 
 async def _measure(
-    rounds: int, warmup: int, root: Path, health_rounds: int, profile: Path | None = None
+    rounds: int,
+    warmup: int,
+    root: Path,
+    health_rounds: int,
+    profile: Path | None = None,
+    daemon_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     from bench.ablate import AblatedDaemonProcess
     from bench.spans import breakdown, read_spans
     from devplug.testing.apiserver import ApiServer
     from devplug.testing.dranode import NS, dra_node
+    from devplug.testing.process import DaemonProcess
 
     folder = root / "mock"
     folder.mkdir()
@@ -370,11 +377,17 @@ async def _measure(
     try:
         with ApiServer() as api:
             table = {"driver": "mock", "options": {"directory": str(folder)}}
-            async with dra_node(api, "example.com/mock", table, folder, driver="mock.example.com", start=False) as node:
-                # the daemon as an operator runs it (log level info), its stages timed (bench.spans)
-                node.daemon = AblatedDaemonProcess(
-                    node.config_path, node.root / "daemon.log", spans=spans, profile=profile
-                ).start()
+            async with dra_node(
+                api, "example.com/mock", table, folder, driver="mock.example.com", env=daemon_env, start=False
+            ) as node:
+                if daemon_env is None:
+                    # the daemon as an operator runs it (log level info), its stages timed (bench.spans)
+                    node.daemon = AblatedDaemonProcess(
+                        node.config_path, node.root / "daemon.log", spans=spans, profile=profile
+                    ).start()
+                else:  # another tree's daemon (bench.compare): as it is, its stages untimed (no breakdown)
+                    log = node.root / "daemon.log"
+                    node.daemon = DaemonProcess(node.config_path, log, log_level="info", env=daemon_env).start()
                 await node.registered()
                 await node.published(DEVICES)
                 claims = allocated_claims(node, rounds + warmup)
@@ -389,7 +402,8 @@ async def _measure(
                         await asyncio.sleep(0.01)
                 figures, windows = await _series(sock, sockets, claims, warmup, NS, root)
                 figures.update(await _health_series(node, root, health_rounds))
-            figures["breakdown"] = breakdown(read_spans(spans), windows)  # written as the daemon exited
+            if daemon_env is None:
+                figures["breakdown"] = breakdown(read_spans(spans), windows)  # written as the daemon exited
             return figures
     finally:
         for floor in floors.values():
@@ -527,14 +541,22 @@ async def _health_series(node: Any, root: Path, rounds: int) -> dict[str, Any]:
     return figures
 
 
-def measure(rounds: int, warmup: int, health_rounds: int, profile: Path | None = None) -> dict[str, Any]:
+def measure(
+    rounds: int,
+    warmup: int,
+    health_rounds: int,
+    profile: Path | None = None,
+    daemon_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The figures (as ``--json`` prints them) of ``rounds`` prepare and unprepare rounds after ``warmup`` ones, and
     ``health_rounds`` health flips, in a fresh folder under /tmp (socket paths hold 107 bytes); ``profile``: the
-    daemon's event loop profiled, its statistics written there (a diagnostic: the figures are then slower)."""
+    daemon's event loop profiled, its statistics written there (a diagnostic: the figures are then slower).
+    ``daemon_env``: the daemon runs plain ``devplug run`` with this environment added (``bench.compare``'s other
+    tree), without the stage timing: the figures then have no ``breakdown``."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="devplug-bench-dra-", dir="/tmp") as tmp:
-        return asyncio.run(_measure(rounds, warmup, Path(tmp), health_rounds, profile))
+        return asyncio.run(_measure(rounds, warmup, Path(tmp), health_rounds, profile, daemon_env))
 
 
 #: The stages of the breakdown (:mod:`bench.spans`) given as results.json keys, by the name in their key.
@@ -570,7 +592,7 @@ def results_keys(figures: dict[str, Any]) -> dict[str, float]:
                 other = figures[f"floor_{name}_{op}"]
                 out[f"dra_{op}_floor_{name}_p50_ms"] = other["p50"]
                 out[f"dra_{op}_floor_{name}_p99_ms"] = other["p99"]
-        stages = figures["breakdown"][op]
+        stages = figures["breakdown"][op] if "breakdown" in figures else {}
         for stage, key in BREAKDOWN_KEYS.items():
             if stage in stages:
                 out[f"dra_{op}_{key}_p50_ms"] = stages[stage]["p50"]

@@ -18,6 +18,7 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ class _PrepareLoop:
                 stub.close()
 
 
-async def _measure(root: Path, handovers: int, steady: int) -> dict[str, float]:
+async def _measure(root: Path, handovers: int, steady: int, daemon_env: Mapping[str, str]) -> dict[str, float]:
     from devplug.testing.apiserver import ApiServer
     from devplug.testing.dranode import NS, dra_node
     from devplug.testing.process import DaemonProcess
@@ -80,7 +81,8 @@ async def _measure(root: Path, handovers: int, steady: int) -> dict[str, float]:
     table = {"driver": "mock", "options": {"directory": str(folder)}}
     loop = asyncio.get_running_loop()
     with ApiServer() as api:
-        async with dra_node(api, RESOURCE, table, folder, driver=DRIVER, handover={"enabled": True}) as node:
+        handover = {"enabled": True}
+        async with dra_node(api, RESOURCE, table, folder, driver=DRIVER, env=daemon_env, handover=handover) as node:
             await node.published(DEVICES)
             claims = allocated_claims(node, DEVICES)
 
@@ -128,11 +130,11 @@ async def _measure(root: Path, handovers: int, steady: int) -> dict[str, float]:
     return handover_figures(calls.prepares, windows, floor, call="prepare", prefix="dra_")
 
 
-def measure(handovers: int, steady: int) -> dict[str, float]:
+def measure(handovers: int, steady: int, daemon_env: Mapping[str, str] | None = None) -> dict[str, float]:
     """The figures of ``handovers`` handovers after ``steady`` prepares, in a fresh folder under /tmp (socket paths
-    hold 107 bytes)."""
+    hold 107 bytes); ``daemon_env``: added to every daemon's environment (``bench.compare``'s other tree)."""
     with tempfile.TemporaryDirectory(prefix="devplug-bench-drahand-", dir="/tmp") as tmp:
-        return asyncio.run(_measure(Path(tmp), handovers, steady))
+        return asyncio.run(_measure(Path(tmp), handovers, steady, dict(daemon_env or {})))
 
 
 def main(argv: list[str] | None = None) -> None:

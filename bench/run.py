@@ -7,7 +7,7 @@ import compileall
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from bench.workspace import Node, Workspace
 from devplug.devkubelet import CgroupLayout, CgroupsUnavailableError, DevKubeletThread
 from devplug.devkubelet.cgroups import unique_cgroup_root
 
-__all__ = ["run_all"]
+__all__ = ["SCENARIOS", "Scenario", "compile_bytecode", "run_all"]
 
 Log = Callable[[str], None]
 
@@ -263,28 +263,66 @@ def _handover(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None
             out.update(handover.measure(s, node, kubelet))
 
 
-def _dra(s: Settings, out: dict[str, Any], log: Log) -> None:
+def _dra(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench import dra  # its own API server stand-in, dev kubelet and folder under /tmp (short socket paths)
 
     with _phase(f"DRA prepare/unprepare ({s.dra_rounds} rounds) and health changes ({s.dra_health_rounds})", log):
-        out.update(dra.results_keys(dra.measure(s.dra_rounds, s.dra_warmup, s.dra_health_rounds)))
+        figures = dra.measure(s.dra_rounds, s.dra_warmup, s.dra_health_rounds, daemon_env=ws.daemon_env or None)
+        out.update(dra.results_keys(figures))
 
 
-def _dra_handover(s: Settings, out: dict[str, Any], log: Log) -> None:
+def _dra_handover(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench import drahandover  # its own API server stand-in, dev kubelet and folder under /tmp
 
     with _phase(f"DRA rolling-update handover ({s.handovers}x, prepares running)", log):
-        out.update(drahandover.measure(s.handovers, s.handover_steady_calls))
+        out.update(drahandover.measure(s.handovers, s.handover_steady_calls, daemon_env=ws.daemon_env))
 
 
-def _shared(s: Settings, out: dict[str, Any], log: Log) -> None:
+@contextmanager
+def _environment(added: Mapping[str, str]) -> Iterator[None]:
+    """``added`` in this process's environment meanwhile (for children that take it whole), then as it was."""
+    before = {name: os.environ.get(name) for name in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _shared(ws: Workspace, s: Settings, out: dict[str, Any], log: Log) -> None:
     from bench.scenarios import shared  # devplug-shared is a driver of this checkout, installed by make
 
-    with _phase("devplug-shared slot hand-over between two nodes", log):
+    # Its nodes (devplug.testing.nodes.LocalNode) start their daemons with this process's environment; the only
+    # children it starts are those daemons (the dev kubelets are threads), so the workspace's daemon environment
+    # goes there for the time of the scenario.
+    with _phase("devplug-shared slot hand-over between two nodes", log), _environment(ws.daemon_env):
         out.update(shared.measure(handovers=2 if s.quick else 10))
 
 
-def _compile_bytecode(log: Log) -> None:
+#: A part of the run: it measures in the workspace (its daemons started with ``Workspace.daemon_env``) and adds its
+#: figures (results.json keys) to the dict.
+Scenario = Callable[[Workspace, Settings, dict[str, Any], Log], None]
+
+#: Every part of ``make bench``, by name, in the order it runs them.
+SCENARIOS: dict[str, Scenario] = {
+    "speed": _speed,
+    "lifecycle": _lifecycle,
+    "release": _release,
+    "exit": _exit,
+    "holds": _holds,
+    "flood": _metrics_flood,
+    "handover": _handover,
+    "dra": _dra,
+    "dra-handover": _dra_handover,
+    "shared": _shared,
+}
+
+
+def compile_bytecode(log: Log) -> None:
     """Compile devplug's and the mock's modules, as ``pip install`` does for a wheel.
 
     Daemons started from a source checkout under ``PYTHONDONTWRITEBYTECODE``
@@ -302,20 +340,12 @@ def _compile_bytecode(log: Log) -> None:
 def run_all(settings: Settings, *, keep: bool = False, log: Log = _stderr) -> dict[str, Any]:
     """Run every scenario; the results.json content (without goals)."""
     started = time.monotonic()
-    _compile_bytecode(log)
+    compile_bytecode(log)
     out: dict[str, Any] = {"machine": machine_info(), "quick": settings.quick}
     with Workspace(keep=keep) as ws:
         log(f"bench: working in {ws.root}")
-        _speed(ws, settings, out, log)
-        _lifecycle(ws, settings, out, log)
-        _release(ws, settings, out, log)
-        _exit(ws, settings, out, log)
-        _holds(ws, settings, out, log)
-        _metrics_flood(ws, settings, out, log)
-        _handover(ws, settings, out, log)
-    _dra(settings, out, log)
-    _dra_handover(settings, out, log)
-    _shared(settings, out, log)
+        for scenario in SCENARIOS.values():
+            scenario(ws, settings, out, log)
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return out

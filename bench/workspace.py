@@ -89,11 +89,15 @@ class Node:
 
 
 class Workspace:
-    """A short temporary folder under /tmp, removed at the end (kept with ``keep=True``)."""
+    """A short temporary folder under /tmp, removed at the end (kept with ``keep=True``).
 
-    def __init__(self, keep: bool = False) -> None:
+    ``daemon_env``: added to the environment of every daemon its nodes start (``bench.compare`` runs another
+    commit's daemons with its ``PYTHONPATH``, :meth:`bench.trees.Tree.daemon_env`)."""
+
+    def __init__(self, keep: bool = False, daemon_env: Mapping[str, str] | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
         self.keep = keep
+        self.daemon_env = dict(daemon_env or {})
 
     def path(self, name: str) -> Path:
         path = self.root / name
@@ -113,6 +117,7 @@ class Workspace:
         liveness: Mapping[str, Any] | None = None,
         metrics: Mapping[str, Any] | None = None,
         handover: Mapping[str, Any] | None = None,
+        daemon_env: Mapping[str, str] | None = None,
     ) -> Node:
         """A node ``name`` whose daemon serves one mock resource per ``mocks`` entry: name -> (devices, NUMA nodes);
         ``replicas``: the resources whose devices are shared, and by how many containers.
@@ -138,7 +143,8 @@ class Workspace:
             handover=handover,
         )
         config_path = write_toml(root / "devplug.toml", config)
-        process = DaemonProcess(config_path, root / "daemon.log", log_level=log_level)
+        env = self.daemon_env if daemon_env is None else daemon_env
+        process = DaemonProcess(config_path, root / "daemon.log", log_level=log_level, env=env)
         return Node(root, config, config_path, process)
 
     def close(self) -> None:

@@ -101,7 +101,10 @@ def measure(settings: Settings, node: Node, kubelet: DevKubeletThread) -> dict[s
         current = node.process
         for hop in range(settings.handovers):
             successor = DaemonProcess(
-                node.config_path, node.root / f"daemon-{hop}.log", log_level="info", env={"DEVPLUG_INSTANCE": f"b{hop}"}
+                node.config_path,
+                node.root / f"daemon-{hop}.log",
+                log_level="info",
+                env={**current.env, "DEVPLUG_INSTANCE": f"b{hop}"},  # the same tree's code as the node's daemon
             )
             exited: list[float] = []
             waiter = threading.Thread(target=_note_exit, args=(current, exited))
