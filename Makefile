@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 DRIVERS := $(sort $(dir $(wildcard drivers/*/pyproject.toml)))
 STAMP := $(VENV)/.devplug-installed
 
-.PHONY: all demo setup test lint typecheck unit proto bench clean vm-assets dist image docs docs-tools
+.PHONY: all demo setup test lint typecheck unit proto bench bench-compare clean vm-assets dist image docs docs-tools
 
 all: test
 
@@ -65,6 +65,16 @@ bench: export PYTHONPATH := drivers/shared/demo
 bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.record
+
+# What changed: today's working tree against the commit REF on this machine (python -m bench.compare, a report, never
+# recorded). REF's daemons run from a git worktree of REF, the harness from today's tree; Allocate runs both daemons
+# in one interleaved series, every other part of `make bench` one side then the other, the order turned round each
+# round. Each figure: both sides' medians, today/REF with its spread over the rounds, flagged beyond the noise.
+# BENCH_COMPARE_ARGS: e.g. --rounds 4 --only allocate_ratio_p50,startup_ratio,shared (see --help).
+bench-compare: export PYTHONPATH := drivers/shared/demo
+bench-compare: $(STAMP)
+	@test -n "$(REF)" || { echo "usage: make bench-compare REF=<commit> [BENCH_COMPARE_ARGS='--rounds N --only ...']"; exit 2; }
+	$(BIN)/python -m bench.compare $(REF) $(BENCH_COMPARE_ARGS)
 
 # The wheels and sdists users install (PEP 517, `python -m build`: each sdist, then its wheel built from it), the
 # core's, the test kit's (devplug-testing, testkit/: drivers' tests depend on it; the image leaves it out) and every
