@@ -70,6 +70,7 @@ from devplug.errors import AlreadyRunningError, StateError
 from devplug.host.watch import DirectoryWatcher
 
 __all__ = [
+    "EXITED_PREDECESSOR",
     "NEW_INSTANCE_STEPS",
     "OLD_INSTANCE_STEPS",
     "HandoverError",
@@ -78,6 +79,7 @@ __all__ = [
     "StateDirEvents",
     "handover_bound",
     "observe_steps",
+    "old_drivers_stopped",
     "step",
     "take_over",
 ]
@@ -105,6 +107,9 @@ POLL_FIRST_S = 0.001
 #: the new one's ``request``, ``taken``, ``serving``.
 OLD_INSTANCE_STEPS = ("holding", "granted", "drivers-stopped")
 NEW_INSTANCE_STEPS = ("request", "taken", "serving")
+
+#: The instance a new one took the node over from when no running instance granted it (it found the lock free).
+EXITED_PREDECESSOR = "a previous instance that exited"
 
 #: Who is told of each step (:func:`observe_steps`): nobody, unless a test's launcher installed someone.
 _step_observers: list[Callable[[str], None]] = []
@@ -544,7 +549,7 @@ async def take_over(
         )
         raise HandoverError(f"no handover: {why}; the running instance goes on serving, this one exits")
     granted = files.read_for("granted", instance.id)
-    source = str(granted.get("from", "?")) if granted is not None else "a previous instance that exited"
+    source = str(granted.get("from", "?")) if granted is not None else EXITED_PREDECESSOR
     record = HandoverRecord(source, instance.id, requested_at, state="taken")
     record.steps.update(new_steps)
     record.mark("new:taken")
@@ -554,10 +559,26 @@ async def take_over(
     files.write("taken", {"to": instance.id, "from": source, "at": time.time()})
     files.remove("request")
     step("taken")
-    if granted is not None:
-        stopped = await events.wait(lambda: files.read_for("drivers-stopped", instance.id), loop.time() + timeout)
-        record.mark("new:saw-drivers-stopped")
-        if stopped is None:
-            log.warning("%s did not say its drivers stopped within %g s; starting ours anyway", source, timeout)
     log.info("took the state lock from %s; starting", source)
     return record
+
+
+async def old_drivers_stopped(
+    instance: Instance, files: HandoverFiles, events: StateDirEvents, record: HandoverRecord, timeout: float
+) -> None:
+    """Return once the instance this one took the node over from (:func:`take_over`'s ``record``) said its drivers
+    stopped, or ``timeout`` passed (logged): this instance's drivers start only then, never beside the old ones.
+
+    Awaited by the new instance right before its drivers start, not right after the lock: what it starts that is no
+    driver (its front ends' shared parts, the liveness watch, the status) starts meanwhile. Measured (issue 42): the
+    old instance's drivers took 14 ms (median) to stop once it saw the lock taken, and the new instance's start
+    until its drivers ~11 ms; both were in every held call's wait one after the other."""
+    if record.from_instance == EXITED_PREDECESSOR:
+        return  # nobody's drivers run: the old instance died
+    loop = asyncio.get_running_loop()
+    stopped = await events.wait(lambda: files.read_for("drivers-stopped", instance.id), loop.time() + timeout)
+    record.mark("new:saw-drivers-stopped")
+    if stopped is None:
+        log.warning(
+            "%s did not say its drivers stopped within %g s; starting ours anyway", record.from_instance, timeout
+        )

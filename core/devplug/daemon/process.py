@@ -357,6 +357,8 @@ class Daemon:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, self.request_reload)
             await self.status_file.write()  # at once: a previous daemon's status must not linger
+            # Taken over from a running instance: what precedes starts while its drivers stop, ours only after them.
+            await self.takeover.old_drivers_stopped()
             for resource in self.resources:
                 self._start_life(resource)
             if self.profiles is not None:

@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from devplug.config import HandoverConfig
-from devplug.daemon.handover import POLL_FIRST_S, HandoverError, HandoverRecord, StateDirEvents, take_over
+from devplug.daemon.handover import (
+    EXITED_PREDECESSOR,
+    POLL_FIRST_S,
+    HandoverError,
+    HandoverRecord,
+    StateDirEvents,
+    old_drivers_stopped,
+    take_over,
+)
 from devplug.daemon.handover import step as handover_step
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import GATE_RETRY_S, GATE_TRIES, StateLock, handover_gate
@@ -93,6 +101,12 @@ class Takeover:
             f"{self.gate.path.name}; this instance exits and takes no state (start it again once that handover ended)"
         )
 
+    async def old_drivers_stopped(self) -> None:
+        """Before this instance's drivers start: once it took the node over, wait until the old instance's drivers
+        stopped (:func:`~devplug.daemon.handover.old_drivers_stopped`); at once otherwise."""
+        if self.took_over is not None and self.events is not None:
+            await old_drivers_stopped(self.instance, self.files, self.events, self.took_over, self.handover.timeout)
+
     def close(self) -> None:
         """The daemon stops: watch the handover files no more, and let the gate go (if still held)."""
         if self.events is not None:
@@ -132,7 +146,7 @@ class Takeover:
         handover_step("serving")
         record.state = "serving"
         on_change()
-        if record.from_instance == "a previous instance that exited":
+        if record.from_instance == EXITED_PREDECESSOR:
             done = None
         else:
             done = await self.events.wait(lambda: self.files.read_for("done", self.instance.id), loop.time() + timeout)
