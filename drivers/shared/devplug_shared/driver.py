@@ -19,7 +19,10 @@ a store call that hangs for one slot holds up that slot only; ``held.json``
 changes are written whole under the record store's lock. A keeper thread renews the node's lease, re-reads the
 holders every ``refresh_interval`` and writes ``shared-status.json`` (the
 kit's rescan loop; the slots' holders and lease are its state, the slots this
-node holds the kit's record store).
+node holds the kit's record store). Where the store can be watched (the
+``local`` and ``etcd`` backends; option ``watch_store``), a change of its claims wakes the keeper at
+once: a slot freed on another node turns healthy here without waiting for
+``refresh_interval``, which stays as the safety net for a missed event.
 
 When the store cannot be reached, nothing is released: claims stay (renewed
 again once the store answers; the store expires them only after
@@ -41,7 +44,7 @@ from typing import Any, ClassVar
 
 from devplug import ContainerAllocation, Device, DeviceSpec, DriverContext, DriverError, Health, hookimpl
 from devplug.kit import DeviceLocks, DriverRuntime, RescanLoop
-from devplug_shared.backends import Backend, build_backend, parse_coordination
+from devplug_shared.backends import Backend, StoreWatch, build_backend, parse_coordination
 from devplug_shared.discovery import DiscoveredDevice, DiscoveryHandler, build_handler
 from devplug_shared.options import SharedOptions, resolve_node_name
 from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, device_of, slot_ids, sorted_slots
@@ -88,6 +91,7 @@ class SharedDriver:
         self._conflicts: dict[str, str] = {}
         self._stopping = threading.Event()
         self._keeper: RescanLoop | None = None
+        self._watch: StoreWatch | None = None
         self._last_status: dict[str, Any] | None = None
         self._last_status_write = 0.0
 
@@ -128,6 +132,8 @@ class SharedDriver:
         period = min(self.options.refresh_interval, ttl / 3)
         self._keeper = RescanLoop(self._keep, interval=period, name="shared-keeper", log=ctx.log)
         self._keeper.start()
+        if self.options.watch_store:
+            self._watch = self._watch_store(self._backend, self._keeper)
         self._log.info(
             "shared: node %s, %d slot(s) per device, store %s",
             self.node,
@@ -139,6 +145,9 @@ class SharedDriver:
     def stop(self) -> None:
         """Stop the keeper and discovery; claims stay in the store (pods keep their slots across restarts)."""
         self._stopping.set()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.stop(10.0)
@@ -149,6 +158,32 @@ class SharedDriver:
         if backend is not None:
             backend.close()
         self._opened = False
+
+    def _watch_store(self, backend: Backend, keeper: RescanLoop) -> StoreWatch | None:
+        """Wake the keeper whenever the store says its claims changed; None when it cannot say (or the watch cannot
+        start: the keeper's periodic read is then all there is, as before).
+
+        Fast path (issue 42): the read of the holders after another node released a slot comes at once instead of
+        at the keeper's next step; at the default ``refresh_interval`` (1 s) that took 0.5 s of the 2.5-3 s
+        hand-over on average, up to 1 s.
+        """
+        try:
+            watch = backend.watch(keeper.trigger)
+        except (OSError, StoreUnavailableError) as exc:
+            self._log.warning(
+                "shared: cannot watch the store %s (%s); reading it every %g s",
+                backend.description,
+                exc,
+                self.options.refresh_interval,
+            )
+            return None
+        if watch is not None:
+            self._log.info(
+                "shared: watching the store %s: a claim changed elsewhere is read at once (and every %g s anyway)",
+                backend.description,
+                self.options.refresh_interval,
+            )
+        return watch
 
     # --- devices and health
 

@@ -8,6 +8,7 @@
     capacity = 2                        # slots per device: <device>-0, <device>-1
     node_name = "node-a"                # default: $NODE_NAME, else the host name
     refresh_interval = 1.0              # seconds between reads of the slots' holders
+    watch_store = true                  # read them at once when the store says a claim changed (local, etcd)
     discovery = { handler = "tcp", targets = { cam-a = "10.0.0.5:554" } }
     coordination = { backend = "etcd", endpoints = ["http://10.0.0.1:2379"], lease_ttl = 10.0 }
 
@@ -50,6 +51,9 @@ class SharedOptions:
     node_name: str | None = None
     coordination: dict[str, Any] = field(default_factory=dict)
     refresh_interval: float = 1.0
+    #: Watch the store (inotify on the SQLite file, etcd's watch API) and read the holders as soon as a claim
+    #: changed elsewhere; false: read them only every ``refresh_interval``.
+    watch_store: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or not 1 <= self.capacity <= 1024:
@@ -57,6 +61,8 @@ class SharedOptions:
         if self.node_name is not None and not _NODE.match(self.node_name):
             raise ValueError(f"node_name: {self.node_name!r} is not a Kubernetes node name (lowercase DNS name)")
         check_seconds("refresh_interval", self.refresh_interval, 0.01, 3600.0)
+        if not isinstance(self.watch_store, bool):
+            raise ValueError(f"watch_store: expected true or false, got {self.watch_store!r}")
         try:
             rest = dict(self.discovery)
             name = rest.pop("handler", "static")

@@ -404,6 +404,7 @@ class Cluster:
         devices: tuple[str, ...] = ("dev",),
         capacity: int = 2,
         refresh_interval: float = 0.1,
+        watch_store: bool = True,
         lease_ttl: float = 10.0,
         hold_ttl: float | None = None,
         partitionable: bool = False,
@@ -420,6 +421,7 @@ class Cluster:
             "node_name": name,
             "capacity": capacity,
             "refresh_interval": refresh_interval,
+            "watch_store": watch_store,
             "discovery": discovery or {"handler": "static", "devices": list(devices)},
             "coordination": self.store.table(lease_ttl=lease_ttl, hold_ttl=hold_ttl, proxy=proxy),
         }

@@ -59,8 +59,9 @@ def test_kill_9_keeps_the_claims_of_running_pods(cluster: Cluster) -> None:
 
 
 def test_preferred_allocation_steers_to_free_slots_and_allocate_names_a_holder(cluster: Cluster) -> None:
-    # node-b never re-reads the store by itself (refresh and lease renewal far away): its kubelet's view goes stale.
-    b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0, capacity=3)
+    # node-b never re-reads the store by itself (no watch, refresh and lease renewal far away): its kubelet's view
+    # goes stale.
+    b = cluster.add_node("node-b", refresh_interval=3600.0, watch_store=False, lease_ttl=3600.0, capacity=3)
     intruder = cluster.store.backend("node-x")
     intruder.open()
     intruder.claim(["dev-0"])
@@ -83,7 +84,8 @@ def test_preferred_allocation_steers_to_free_slots_and_allocate_names_a_holder(c
 
 
 def test_a_request_for_several_slots_is_all_or_nothing(cluster: Cluster) -> None:
-    b = cluster.add_node("node-b", refresh_interval=3600.0, lease_ttl=3600.0, capacity=3)
+    # node-b's view goes stale as above (no watch, no periodic read).
+    b = cluster.add_node("node-b", refresh_interval=3600.0, watch_store=False, lease_ttl=3600.0, capacity=3)
     intruder = cluster.store.backend("node-x")
     intruder.open()
     intruder.claim(["dev-2"])

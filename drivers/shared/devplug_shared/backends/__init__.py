@@ -12,11 +12,15 @@ thread-safe.
   multi-key transactions compare-and-create, one lease per node kept alive;
 * :mod:`~devplug_shared.backends.kubernetes` -- a ``coordination.k8s.io/v1``
   Lease per slot, optimistic concurrency on ``resourceVersion``.
+
+A backend that can tell when the claims change (inotify on the SQLite file,
+etcd's watch API) says so through :meth:`Backend.watch`; the driver then reads
+the holders at once, and its periodic read stays as the safety net.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +28,14 @@ from devplug import ConfigError
 from devplug.options import parse_options
 from devplug_shared.slots import Claim
 
-__all__ = ["BACKENDS", "Backend", "build_backend", "parse_coordination"]
+__all__ = ["BACKENDS", "Backend", "StoreWatch", "build_backend", "parse_coordination"]
+
+
+class StoreWatch(Protocol):
+    """A running watch on the store (:meth:`Backend.watch`)."""
+
+    def close(self) -> None:
+        """Stop watching; returns once no more calls of the watch's callback start."""
 
 
 class Backend(Protocol):
@@ -50,6 +61,11 @@ class Backend(Protocol):
 
     def holders(self) -> Mapping[str, Claim]:
         """Every live claim on this resource's slots, by slot."""
+
+    def watch(self, changed: Callable[[], None]) -> StoreWatch | None:
+        """Call ``changed`` (from a thread of the backend's, never blocking) soon after a claim may have changed in
+        the store, until the watch is closed; None when this store offers no watch. Events may be missed (a
+        dropped connection): the driver's periodic read of the holders repairs that."""
 
     def close(self) -> None:
         """Stop using the store; claims stay until their lease expires (the pods still hold the slots)."""

@@ -30,6 +30,10 @@ daemon may be down on a live node (the kubelet's crash-loop back-off reaches
 300 s); it is also how long a dead node's slots stay taken.
 
 The endpoints are tried in order: a connection error moves to the next.
+
+:meth:`EtcdBackend.watch` keeps a watch open on ``<prefix>/<resource>/``
+(:mod:`~devplug_shared.backends.etcdwatch`), so a claim deleted or created by
+any node is read at once.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from urllib.parse import urlsplit
 
 from devplug.atomic import write_atomic
 from devplug_shared.backends.common import check_absolute, check_seconds
+from devplug_shared.backends.etcdwatch import EtcdPrefixWatch
 from devplug_shared.slots import Claim, SlotTakenError, StoreUnavailableError, sorted_slots
 
 __all__ = ["EtcdBackend", "EtcdOptions"]
@@ -343,6 +348,16 @@ class EtcdBackend:
                 )
             claims[slot] = claim
         return claims
+
+    def watch(self, changed: Callable[[], None]) -> EtcdPrefixWatch:
+        """Call ``changed`` at every change of a claim of this resource, through etcd's watch API on its own
+        clients (a stream holds its connection).
+
+        Fast path (issue 42): a claim another node deletes is read at once instead of at the next
+        ``refresh_interval`` read, which saved up to that interval (1 s by default, half on average) of every
+        hand-over. Lease renewals change no key: an idle cluster sends nothing on the stream.
+        """
+        return EtcdPrefixWatch(self._make_clients(), self._base, changed, connect_timeout=self.options.timeout).start()
 
     def close(self) -> None:
         """Stop using etcd; the lease is left to expire (or to be resumed by the next start)."""

@@ -62,7 +62,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -436,6 +436,12 @@ class KubernetesBackend:
             if claim is not None:
                 claims[slot] = claim
         return claims
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """No watch yet: the driver reads the Leases every ``refresh_interval``. (A watch on the resource's Leases,
+        ``?watch=true`` on its label, would tell at once; the test kit's model of the API server has none to test
+        it against.)"""
+        return None
 
     def close(self) -> None:
         """Close the HTTP client; held Leases expire unless the next start renews them."""
