@@ -370,7 +370,10 @@ class Admission:
         self.guard.allocating |= inflight
         try:
             try:
-                await self.ledger.save(sync=self.driver.durable_allocate)  # the intent, before the driver acts
+                # The intent, before the driver acts. Fast path (issue 42): no look for a vanished ledger file after
+                # it: check_room() looked just before, and the confirm's save looks again before the answer (an lstat
+                # and an fstat fewer per Allocate: 3.9 us in a loop, more in service, where each syscall runs cold).
+                await self.ledger.save(sync=self.driver.durable_allocate, look=False)
             except OSError as exc:  # nothing was written, no hook ran: put the ledger back as it was
                 self.ledger.restore(snapshot, inflight)
                 raise self._write_failed(exc) from exc

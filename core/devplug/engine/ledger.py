@@ -17,7 +17,6 @@ task may have changed or released it meanwhile.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -37,6 +36,7 @@ from devplug.engine.records import (
     new_record_id,
     prepared_summary,
     record_json,
+    replaced,
 )
 from devplug.errors import StateError
 from devplug.text.compactjson import compact_json
@@ -178,14 +178,15 @@ class Ledger:
         self.file.check_present(self.serialize)
         self.file.check_room()
 
-    async def save(self, *, sync: bool = False) -> None:
+    async def save(self, *, sync: bool = False, look: bool = True) -> None:
         """Append the records changed since the last save (and the IDs removed) to the journal.
 
         One plain ``write()``: it survives ``kill -9`` as soon as it returns.
         ``sync=True`` also makes it survive a power loss (``fdatasync``, in a
         thread). ``OSError`` (a full disk) leaves the journal without the
         entries and the changes pending; the failure is kept as
-        :attr:`write_error` until a write succeeds.
+        :attr:`write_error` until a write succeeds. ``look=False``: no look
+        for a vanished file afterwards (see :meth:`LedgerFile.written`).
         """
         frames = []
         for record_id in self._changed:
@@ -201,7 +202,7 @@ class Ledger:
             self._removed.clear()
             self._unquarantined.clear()
             self.version += 1
-        self.file.written(self.serialize)
+        self.file.written(self.serialize, look=look)
 
     async def compact(self) -> None:
         """Fold the journal into a new snapshot now (see :meth:`LedgerFile.compact`)."""
@@ -338,7 +339,7 @@ class Ledger:
 
     def _change(self, record_id: str, **changes: Any) -> AllocationRecord:
         """Put a copy of the record of ``record_id`` with ``changes``."""
-        return self._put(dataclasses.replace(self._current(record_id), **changes))
+        return self._put(replaced(self._current(record_id), **changes))
 
     # --- queries
 
@@ -432,16 +433,14 @@ class Ledger:
         else:
             target = overlapping[0]
             for other in overlapping[1:]:  # one pod's allocations joined by a container using both
-                target = dataclasses.replace(
+                target = replaced(
                     target,
                     devices=_merged(target.devices, other.devices),
                     pending=_merged(target.pending, other.pending),
                 )
                 self._drop(other.id)
         held = {*target.devices, *target.pending}
-        return self._put(
-            dataclasses.replace(target, pending=_merged(target.pending, (d for d in ids if d not in held)))
-        )
+        return self._put(replaced(target, pending=_merged(target.pending, (d for d in ids if d not in held))))
 
     def confirm(self, record_id: str, allocation: ContainerAllocation, now: float) -> AllocationRecord:
         """The Allocate of the record's pending devices succeeded (answered at ``now``)."""
@@ -571,7 +570,7 @@ class Ledger:
             devices = tuple(d for d in record.devices if d not in ids)
             pending = tuple(d for d in record.pending if d not in ids)
             if devices or pending:
-                self._put(dataclasses.replace(record, devices=devices, pending=pending))
+                self._put(replaced(record, devices=devices, pending=pending))
             else:
                 self.remove(record.id)
                 emptied.append(record)

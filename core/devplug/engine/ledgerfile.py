@@ -11,7 +11,8 @@ once the ledger has been idle for :data:`COMPACT_IDLE_S`.
 
 A ledger's files vanishing is loud, never a silent fresh start. While the
 daemon runs, the snapshot it loaded or wrote and the segment it appends to are
-looked at before each allocation and after each save (:meth:`LedgerFile.check_present`):
+looked at before each allocation and after each save (:meth:`LedgerFile.check_present`; an Allocate's first
+save, of its intent, right after that look, is not followed by another: its second save is, before the answer):
 one gone (deleted or moved by someone else) is a WARNING naming it, the records
 in memory are written back as a new snapshot (so a restart finds them), and
 every allocation is refused, naming the file, until the daemon is restarted.
@@ -308,11 +309,13 @@ class LedgerFile:
             raise
         self._observer.ledger_written("journal", time.perf_counter() - started)
 
-    def written(self, snapshot: Callable[[int], bytes]) -> None:
-        """A save is over (whether it wrote or not): clear the failure and schedule the compaction it may call
-        for; ``snapshot(journal_seq)`` makes the snapshot's bytes."""
+    def written(self, snapshot: Callable[[int], bytes], *, look: bool = True) -> None:
+        """A save is over (whether it wrote or not): clear the failure, look whether a file of the ledger vanished
+        (unless ``look`` is False: the caller looked just before and will look again before it answers), and
+        schedule the compaction it may call for; ``snapshot(journal_seq)`` makes the snapshot's bytes."""
         self.write_error = None
-        self._notice_loss(snapshot)
+        if look:
+            self._notice_loss(snapshot)
         self._on_written()
         self._schedule_compaction(snapshot)
 
