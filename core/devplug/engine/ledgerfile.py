@@ -92,6 +92,9 @@ class LedgerFile:
     ) -> None:
         self.resource_name = resource_name
         self.path = path
+        #: ``path`` as text, for the look before every Allocate (:meth:`_missing`): ``os.lstat`` of a ``Path`` goes
+        #: through ``__fspath__`` first, 2.65 us against 1.25 for the text in a loop on this VM (issue 42).
+        self._path_text = os.fspath(path)
         self._write = write or _write_in_thread
         self._observer = observer
         self._on_written = on_written
@@ -224,7 +227,7 @@ class LedgerFile:
         segment it appends to (open, its last name gone); None when neither did."""
         if self._snapshot_on_disk:
             try:
-                os.lstat(self.path)
+                os.lstat(self._path_text)
             except FileNotFoundError:
                 return self.path
             except OSError:
