@@ -481,3 +481,39 @@ def test_the_engine_loads_neither_sysfs_nor_the_kits_command_runner() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["[]", "True"], proc.stdout
+
+
+def _capped_doublings(path: Path) -> Iterator[tuple[int, str]]:
+    """A wait written by hand as a backoff: ``min(x * 2, cap)`` (or ``2 * x``) or ``base * factor ** n``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        doubling = (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") == "min"
+            and any(
+                isinstance(sub, ast.BinOp)
+                and isinstance(sub.op, ast.Mult)
+                and any(isinstance(o, ast.Constant) and o.value == 2 for o in (sub.left, sub.right))
+                for arg in node.args
+                for sub in ast.walk(arg)
+            )
+        )
+        power = (
+            isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and not isinstance(node.right, ast.Constant)
+        )
+        if doubling or power:
+            yield getattr(node, "lineno", 0), ast.unparse(node)
+
+
+def test_every_backoff_is_devplugs_one() -> None:
+    """Issue 39: the core and the shipped drivers wait by devplug.backoff (drivers through devplug.kit), never by a
+    doubling of their own. The test kit's models of the kubelet keep the kubelet's own backoffs (they cite them)."""
+    shipped = [*_sources(CORE), *(p for d in (ROOT / "drivers").glob("*/devplug_*") for p in _sources(d))]
+    assert len(shipped) > 100, "the shipped sources were not found"
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} {text}"
+        for path in shipped
+        if path != CORE / "backoff.py"
+        for line, text in _capped_doublings(path)
+    ]
+    assert offences == []
+    assert list(_capped_doublings(CORE / "backoff.py")), "the check no longer recognises the one backoff itself"

@@ -63,6 +63,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from devplug.backoff import Backoff, CappedBackoff
 from devplug.daemon.handoverfiles import HandoverFiles, Instance
 from devplug.daemon.lock import StateLock, gate_holder
 from devplug.daemon.lockholder import process_start_ticks, process_started_at
@@ -384,7 +385,7 @@ class Predecessor:
         record.mark("old:holding")
         self._on_change()
         step("holding")
-        poll = POLL_FIRST_S
+        polls = Backoff(schedule=CappedBackoff(POLL_FIRST_S, QUIET_POLL_S))
         while not all(r.quiet() for r in resources):  # hooks report no completion event: look again shortly
             if (why := gone()) is not None:
                 return await self._fail(record, why, paused=resources)
@@ -395,8 +396,7 @@ class Predecessor:
                     f"hooks or releases of {', '.join(busy)} still ran after {self.timeout:g} s",
                     paused=resources,
                 )
-            await asyncio.sleep(poll)
-            poll = min(2 * poll, QUIET_POLL_S)
+            await asyncio.sleep(polls.next())
         idle = asyncio.ensure_future(asyncio.gather(*(r.calls_idle() for r in resources)))
         left = asyncio.ensure_future(self.events.wait(gone, deadline))
         done, _ = await asyncio.wait(

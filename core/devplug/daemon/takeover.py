@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from devplug.backoff import Backoff, CappedBackoff
 from devplug.config import HandoverConfig
 from devplug.daemon.handover import (
     EXITED_PREDECESSOR,
@@ -133,12 +134,11 @@ class Takeover:
         # name its stream's end then cuts ours, which only an open stream of ours notices (to register again).
         # Registration reports no event of its own here: look after 1 ms, then twice as long each time up to 20 ms.
         # Measured (issue 42): the fixed 20 ms look added 10 ms on average (up to 20) to every held call's wait.
-        poll = POLL_FIRST_S
+        polls = Backoff(schedule=CappedBackoff(POLL_FIRST_S, REGISTERED_POLL_S))
         while not all(r.serving for r in resources()):
             if loop.time() >= deadline:
                 break
-            await asyncio.sleep(poll)
-            poll = min(2 * poll, REGISTERED_POLL_S)
+            await asyncio.sleep(polls.next())
         endpoints = {r.name: r.endpoint for r in resources()}
         record.mark("new:serving")
         self.files.write("serving", {"to": self.instance.id, "endpoints": endpoints})
@@ -186,8 +186,9 @@ async def _serve_once_free(serve: Callable[[], None], deadline: float) -> None:
     the process gone, so a bind may fail for a moment; try again (doubling waits from 20 ms, up to 1 s) until
     ``deadline``, then say why there are no metrics."""
     loop = asyncio.get_running_loop()
-    wait = 0.02
+    waits = Backoff(0.02, 1.0)
     while True:
+        wait = waits.next()
         try:
             serve()
             return
@@ -196,4 +197,3 @@ async def _serve_once_free(serve: Callable[[], None], deadline: float) -> None:
                 log.error("%s", exc)
                 return
         await asyncio.sleep(wait)
-        wait = min(2 * wait, 1.0)

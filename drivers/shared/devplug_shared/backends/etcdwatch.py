@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from devplug.kit import CappedBackoff
+
 __all__ = ["READ_TIMEOUT", "EtcdPrefixWatch"]
 
 log = logging.getLogger("devplug_shared")
@@ -85,7 +87,9 @@ class EtcdPrefixWatch:
         return {"create_request": {"key": _b64(self.prefix), "range_end": _b64(end), "progress_notify": True}}
 
     def _run(self) -> None:
-        delay = RETRY_MIN
+        schedule = CappedBackoff(RETRY_MIN, RETRY_MAX)  # devplug's one backoff, through the kit
+        failures = 1  # the wait before the next attempt is the one after this many failures in a row
+        delay = schedule.delay(failures)
         index = 0
         while not self._closed.is_set():
             client = self.clients[index % len(self.clients)]
@@ -106,7 +110,8 @@ class EtcdPrefixWatch:
                 if self._closed.is_set():
                     break
                 if self._streamed:  # the stream worked: this failure starts the backoff again
-                    self._streamed, delay = False, RETRY_MIN
+                    self._streamed, failures = False, 1
+                    delay = schedule.delay(failures)
                 log.debug("shared: the etcd watch on %s ended (%s); opening it again in %g s", self.prefix, exc, delay)
                 index += 1
             finally:
@@ -116,7 +121,8 @@ class EtcdPrefixWatch:
                     response.close()
             if self._closed.wait(delay):
                 break
-            delay = min(delay * 2, RETRY_MAX)
+            failures += 1
+            delay = schedule.delay(failures)
 
     def _follow(self, response: Any) -> None:
         """Read the stream until it ends; each message carrying events calls ``changed``."""
