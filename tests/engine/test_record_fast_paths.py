@@ -4,6 +4,7 @@
 - :func:`~devplug.engine.records.record_json` writes the text the thawed record's ``json.dumps`` gives;
 - an Allocate's intent save does not look for a vanished ledger file (the look just before it did), every other
   save does;
+- a change that keeps a record's set of devices (a confirm) leaves the index as a rebuilt one would be;
 - the device locks taken without waiting do not look up the records' closure again; taken after a wait, they do.
 """
 
@@ -101,6 +102,28 @@ def test_record_json_is_the_thawed_records_json_byte_for_byte() -> None:
         "annotations": {"a": "b"},
         "cdi_devices": [],
     }
+
+
+def test_the_index_after_any_changes_is_the_one_the_records_give(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    ledger = Ledger("example.com/x", tmp_path / "ledger.json")
+    ledger.load()
+    for _ in range(400):
+        live = list(ledger.records.values())
+        step = rng.choice(["begin", "begin", "confirm", "remove", "drop"] if live else ["begin"])
+        if step == "begin":  # new devices, or a later container reusing some (joined to their record)
+            ledger.begin([f"d{rng.randint(0, 30)}" for _ in range(rng.randint(1, 4))], now=1.0)
+        elif step == "confirm":
+            ledger.confirm(rng.choice(live).id, ContainerAllocation(), now=2.0)
+        elif step == "remove":
+            ledger.remove(rng.choice(live).id)
+        else:
+            ledger.drop_devices([rng.choice(rng.choice(live).all_devices())])
+        rebuilt: dict[str, set[str]] = {}
+        for record in ledger.records.values():
+            for device in record.all_devices():
+                rebuilt.setdefault(device, set()).add(record.id)
+        assert ledger._index == rebuilt, step
 
 
 def _segment_unlinked(ledger: Ledger) -> Path:
