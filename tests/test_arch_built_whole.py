@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from devplug.config import load_config
-from devplug.testing.configs import dev_config, write_toml
+from tests.support.daemonprobe import after_building_daemon, one_mock_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "core" / "devplug"
@@ -208,49 +208,27 @@ def test_the_engine_imports_no_host_module_and_watches_nothing_itself() -> None:
     assert offences == []
 
 
-def _config(root: Path, api: str) -> Path:
-    table = {"driver": "mock", "options": {"directory": str(root / "mock")}, "api": api}
-    config = dev_config(root, {"example.com/mock": table})
-    config["node"] = {"name": "node-a"}
-    config["kubernetes"] = {"kubeconfig": str(root / "kubeconfig")}
-    path = root / "devplug.toml"
-    write_toml(path, config)
-    return path
-
-
 def test_a_device_plugin_daemon_never_imports_lightkube(tmp_path: Path) -> None:
-    path = _config(tmp_path, "device-plugin")
-    probe = (
-        "import sys\n"
-        "from devplug.config import load_config\n"
-        "from devplug.daemon.process import Daemon\n"
-        f"daemon = Daemon(load_config({str(path)!r}))\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'lightkube')\n"
-        "print(loaded, daemon.reconciler is not None)\n"
+    printed = after_building_daemon(
+        one_mock_config(tmp_path, "device-plugin"),
+        "sorted(m for m in sys.modules if m.split('.')[0] == 'lightkube'), daemon.reconciler is not None",
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.strip() == "[] True", out.stderr
+    assert printed == "[] True"
 
 
 def test_a_dra_daemon_makes_no_device_plugin_front_end(tmp_path: Path) -> None:
     """Nothing of the device-plugin API: its modules unloaded, no reconciler, no plugin folder."""
-    path = _config(tmp_path, "dra")
-    probe = (
-        "import sys\n"
-        "from devplug.config import load_config\n"
-        "from devplug.daemon.process import Daemon\n"
-        f"daemon = Daemon(load_config({str(path)!r}))\n"
-        "loaded = sorted(m for m in sys.modules if m.startswith('devplug.frontends.deviceplugin'))\n"
-        "print(loaded, sorted(daemon.apis))\n"
+    printed = after_building_daemon(
+        one_mock_config(tmp_path, "dra"),
+        "sorted(m for m in sys.modules if m.startswith('devplug.frontends.deviceplugin')), sorted(daemon.apis)",
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.strip() == "[] ['dra']", out.stderr
+    assert printed == "[] ['dra']"
 
 
 def test_a_running_dra_daemon_leaves_the_device_plugin_folder_alone(tmp_path: Path) -> None:
     """A DRA-only daemon, run until it has started its resource (whose DRA start fails here: no API server), never
     makes nor watches the kubelet's device-plugin folder, never registers there, and runs no release reconciler."""
-    path = _config(tmp_path, "dra")
+    path = one_mock_config(tmp_path, "dra")
     plugins = tmp_path / "device-plugins"
     probe = (
         "import asyncio, sys\n"
@@ -284,7 +262,7 @@ def test_a_running_dra_daemon_leaves_the_device_plugin_folder_alone(tmp_path: Pa
 
 def test_a_running_device_plugin_daemon_makes_its_folder(tmp_path: Path) -> None:
     """The other side of the test above: served through the device-plugin API, the folder is made and watched."""
-    path = _config(tmp_path, "device-plugin")
+    path = one_mock_config(tmp_path, "device-plugin")
     probe = (
         "import asyncio\n"
         "from devplug.config import load_config\n"
@@ -306,9 +284,9 @@ def test_a_running_device_plugin_daemon_makes_its_folder(tmp_path: Path) -> None
 def test_a_dra_daemon_assembles_the_device_plugin_api_when_a_resource_needs_it(tmp_path: Path) -> None:
     """A reload adding the first device-plugin resource to a DRA-only daemon (``Daemon.start_resource``) makes the
     device-plugin front ends' assembly then: its folder is made and its reconciler runs."""
-    path = _config(tmp_path, "dra")
+    path = one_mock_config(tmp_path, "dra")
     (tmp_path / "other").mkdir()
-    other = _config(tmp_path / "other", "device-plugin")
+    other = one_mock_config(tmp_path / "other", "device-plugin")
     probe = (
         "import asyncio\n"
         "from devplug.config import load_config\n"
@@ -332,4 +310,4 @@ def test_a_dra_daemon_assembles_the_device_plugin_api_when_a_resource_needs_it(t
 
 
 def test_the_config_of_the_probes_is_what_they_say(tmp_path: Path) -> None:
-    assert [rc.api for rc in load_config(_config(tmp_path, "dra")).resources] == ["dra"]
+    assert [rc.api for rc in load_config(one_mock_config(tmp_path, "dra")).resources] == ["dra"]

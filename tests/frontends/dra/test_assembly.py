@@ -4,8 +4,6 @@ lightkube only then; without lightkube such a config is refused naming the resou
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,21 +11,11 @@ import pytest
 from devplug.config import load_config
 from devplug.daemon.process import Daemon
 from devplug.errors import ConfigError
-from devplug.testing.configs import dev_config, write_toml
-
-
-def _config(root: Path, api: str) -> Path:
-    table = {"driver": "mock", "options": {"directory": str(root / "mock")}, "api": api}
-    config = dev_config(root, {"example.com/mock": table})
-    config["node"] = {"name": "node-a"}
-    config["kubernetes"] = {"kubeconfig": str(root / "kubeconfig")}
-    path = root / "devplug.toml"
-    write_toml(path, config)
-    return path
+from tests.support.daemonprobe import after_building_daemon, one_mock_config
 
 
 def test_without_lightkube_a_dra_resource_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = load_config(_config(tmp_path, "dra"))
+    config = load_config(one_mock_config(tmp_path, "dra"))
     real = importlib.util.find_spec
 
     def hidden(name: str, *args: object) -> object:
@@ -41,27 +29,21 @@ def test_without_lightkube_a_dra_resource_is_refused_naming_it(tmp_path: Path, m
 
 
 def test_a_device_plugin_daemon_never_imports_the_dra_front_end(tmp_path: Path) -> None:
-    path = _config(tmp_path, "device-plugin")
-    probe = (
-        "import sys\n"
-        "from devplug.config import load_config\n"
-        "from devplug.daemon.process import Daemon\n"
-        f"Daemon(load_config({str(path)!r}))\n"
-        "loaded = sorted(m for m in sys.modules if m.startswith(('lightkube', 'devplug.frontends.dra')))\n"
-        "print(loaded)\n"
+    printed = after_building_daemon(
+        one_mock_config(tmp_path, "device-plugin"),
+        "sorted(m for m in sys.modules if m.startswith(('lightkube', 'devplug.frontends.dra')))",
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.strip() == "[]", out.stderr
+    assert printed == "[]"
 
 
 def test_a_dra_daemon_builds_the_dra_front_end(tmp_path: Path) -> None:
-    daemon = Daemon(load_config(_config(tmp_path, "dra")))
+    daemon = Daemon(load_config(one_mock_config(tmp_path, "dra")))
     [resource] = daemon.resources
     assert resource.endpoint.startswith("/var/lib/kubelet/plugins/mock.example.com/dra-")  # the default plugins_dir
 
 
 def test_a_socket_path_too_long_is_refused_naming_it(tmp_path: Path) -> None:
-    path = _config(tmp_path, "dra")
+    path = one_mock_config(tmp_path, "dra")
     text = path.read_text().replace("[kubelet]", f'[kubelet]\nplugins_dir = "{tmp_path / ("x" * 80)}"', 1)
     path.write_text(text)
     with pytest.raises(ConfigError, match=r"example.com/mock: the DRA socket path .* more than a unix socket's 107"):
