@@ -28,17 +28,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from contextlib import ExitStack, closing
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench.ablate import AblatedDaemonProcess
 from bench.client import ListWatcher, PluginClient
-from bench.floors import grpc_floor
 from bench.kubelet import MiniKubelet
 from bench.payloads import allocate_request, device_ids
-from bench.scenarios.allocate import chosen_floor, devplug_series, floor_series, free_pool, settler
+from bench.scenarios.allocate import chosen_floor, devplug_series, floor_clients, floor_series, free_pool, settler
 from bench.scenarios.series import CallSeries, interleave
 from bench.settings import FULL, QUICK, Settings
 from bench.stats import percentile, summary_ms
@@ -150,15 +149,7 @@ def decompose(settings: Settings, *, keep: bool = False) -> dict[str, Any]:
         runs = [start_variant(ws, stack, v, settings) for v in VARIANTS]
         folder = ws.path("f")
         host_dir = str(runs[0].node.mock_folder(RESOURCE))
-        floors = [
-            stack.enter_context(
-                grpc_floor(folder / f"{m}.sock", folder / f"{m}.log", mode=m, devices=10, host_dir=host_dir)
-            )
-            for m in ("aio", "sync")
-        ]
-        aio, sync = (stack.enter_context(closing(PluginClient(f.socket))) for f in floors)
-        aio.options()
-        sync.options()
+        aio, sync = floor_clients(stack, folder, host_dir)
         series = [devplug_series(r.variant.name, r.client, settings, settler(r.watcher)) for r in runs]
         shipped = runs[0].client
         extra = [

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack, closing
+from contextlib import ExitStack
 
-from bench.client import PluginClient
-from bench.floors import grpc_floor
 from bench.kubelet import MiniKubelet, Registration
-from bench.scenarios.allocate import chosen_floor, devplug_series, floor_series, free_pool, settler
+from bench.scenarios.allocate import chosen_floor, devplug_series, floor_clients, floor_series, free_pool, settler
 from bench.scenarios.series import CallSeries, interleave
 from bench.settings import Settings
 from bench.stats import summary_ms
@@ -78,15 +76,7 @@ def allocate_side_by_side(
             clients[name] = (registration.client, registration.watcher, node)
         folder = ws.path("af")
         host_dir = str(clients[order[0]][2].mock_folder(RESOURCE))
-        floors = [
-            stack.enter_context(
-                grpc_floor(folder / f"{m}.sock", folder / f"{m}.log", mode=m, devices=10, host_dir=host_dir)
-            )
-            for m in ("aio", "sync")
-        ]
-        aio, sync = (stack.enter_context(closing(PluginClient(f.socket))) for f in floors)
-        aio.options()
-        sync.options()
+        aio, sync = floor_clients(stack, folder, host_dir)
         series = {
             name: devplug_series(name, client, settings, settler(watcher))
             for name, (client, watcher, _) in clients.items()

@@ -16,10 +16,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 from bench.client import ListWatcher, PluginClient
-from bench.floors import UnixPinger
+from bench.floors import UnixPinger, grpc_floor
 from bench.payloads import allocate_request, device_ids, mock_allocate_response, replica_ids
 from bench.scenarios.series import CallSeries, interleave
 from bench.settings import Settings
@@ -27,6 +28,7 @@ from bench.stats import summary_ms
 from bench.workspace import flip_device
 
 __all__ = [
+    "floor_clients",
     "Churner",
     "chosen_floor",
     "devplug_series",
@@ -68,6 +70,21 @@ def devplug_series(
         client.allocate(requests[i % window])
 
     return CallSeries(name, call, between)
+
+
+def floor_clients(stack: ExitStack, folder: Path, host_dir: str) -> tuple[PluginClient, PluginClient]:
+    """The bare grpcio floors of the Allocate series (aio and sync servers, 10 devices), started in ``folder`` and
+    stopped with ``stack``: their clients, each asked once already."""
+    floors = [
+        stack.enter_context(
+            grpc_floor(folder / f"{m}.sock", folder / f"{m}.log", mode=m, devices=10, host_dir=host_dir)
+        )
+        for m in ("aio", "sync")
+    ]
+    aio, sync = (stack.enter_context(closing(PluginClient(f.socket))) for f in floors)
+    aio.options()
+    sync.options()
+    return aio, sync
 
 
 def floor_series(name: str, client: PluginClient, settings: Settings) -> CallSeries:
