@@ -2,13 +2,8 @@
 (whether any process of a pod is left on the node) as the daemon gives it, over :mod:`devplug.host.cgroups` and
 :mod:`devplug.host.inotify`.
 
-The kubelet can forget a pod while its containers still run: a static pod whose
-manifest was removed, or a pod deleted with ``--grace-period=0 --force``, leaves
-its pod manager at once (``HandlePodRemoves`` in ``pkg/kubelet/kubelet.go``),
-so PodResources and the checkpoint stop attributing its devices, while the pod
-worker is still killing its containers within their grace period
-(``pkg/kubelet/pod_workers.go``). Neither can tell a plugin that the old
-containers still run; the node's cgroups can. Every container of a pod runs in
+Why the core asks (a forgotten pod's containers may still run) is in :mod:`devplug.engine.liveness`; the node's
+cgroups can tell. Every container of a pod runs in
 the pod's cgroup, named after the pod's UID under the kubelet's ``kubepods``
 cgroup, in one of three QoS places, as :mod:`devplug.host.cgroups` spells it for
 the cgroupfs and systemd drivers (``kubepods/besteffort/pod<uid>``;
