@@ -14,13 +14,13 @@ would stall every slot alike, which no driver can help.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from devplug import DriverContext, hookimpl
-from devplug_shared.backends import Backend
+from devplug_shared.backends import Backend, StoreWatch
 from devplug_shared.driver import SharedDriver
 from devplug_shared.options import SharedOptions
 from devplug_shared.slots import Claim
@@ -69,6 +69,9 @@ class SlowStore:
 
     def holders(self) -> Mapping[str, Claim]:
         return self.inner.holders()
+
+    def watch(self, changed: Callable[[], None]) -> StoreWatch | None:
+        return self.inner.watch(changed)
 
     def close(self) -> None:
         self.inner.close()
