@@ -44,7 +44,7 @@ __all__ = [
 log = logging.getLogger("devplug.drivers")
 
 #: The contract this core speaks.
-HOOK_CONTRACT = "1.0"
+HOOK_CONTRACT = "1.1"
 
 #: The contract of a driver that declares none: it was written before the attribute existed.
 UNDECLARED_CONTRACT = "1.0"

@@ -26,7 +26,12 @@ __all__ = [
     "DeviceSpec",
     "Health",
     "HealthReport",
+    "DeviceCondition",
+    "DeviceStatus",
     "Mount",
+    "NetworkData",
+    "Partition",
+    "ShareCapacity",
     "Topology",
     "MAX_DEVICE_ID_BYTES",
     "MAX_REASON_CHARS",
@@ -101,6 +106,86 @@ def device_id_problem(device_id: object) -> str | None:
     return None
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+
+
+def _counter_map(where: str, values: Mapping[str, int], *, positive: bool) -> Mapping[str, int]:
+    copy = dict(values)
+    for name, amount in copy.items():
+        if not isinstance(name, str) or not _DNS_LABEL.match(name):
+            raise ValueError(f"{where}: counter {name!r} must be a DNS label (lower-case letters, digits, '-')")
+        low = 1 if positive else 0
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < low or amount >= 2**63:
+            raise ValueError(f"{where}[{name!r}]: must be an integer >= {low}, got {amount!r}")
+    return MappingProxyType(copy)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A device's place in a bigger device it is a part of (contract 1.1).
+
+    ``parent`` names the parent (its device ID, or any stable name of the card: the parent need not be a device
+    the resource advertises); ``counters`` is what the parent has, the same in every part of it (how many
+    regions, slots, megabits per second); ``consumes`` is what this part takes of them while allocated. The
+    engine never lets the parts allocated (or still being released) together take more than a counter, on both
+    APIs; DRA publishes the parent as a counter set and each part's ``consumesCounters`` (KEP-4815), so the
+    scheduler does the same sum. Counter names are DNS labels (``CounterSet.counters`` in
+    ``k8s.io/api/resource/v1/types.go``), at most 32 per parent.
+
+    Example: a card with four partial-reconfiguration regions, offered whole or by region::
+
+        card = {"regions": 4}
+        Device("card0", partition=Partition("card0", card, {"regions": 4}))
+        Device("card0-port0", partition=Partition("card0", card, {"regions": 1}))
+    """
+
+    parent: str
+    counters: Mapping[str, int]
+    consumes: Mapping[str, int]
+
+    def __post_init__(self) -> None:
+        problem = device_id_problem(self.parent) if isinstance(self.parent, str) else "it is not a string"
+        if problem is not None:
+            raise ValueError(f"Partition.parent {self.parent!r}: {problem}")
+        counters = _counter_map(f"Partition({self.parent!r}).counters", self.counters, positive=True)
+        if not counters or len(counters) > 32:
+            raise ValueError(f"Partition({self.parent!r}).counters: between 1 and 32 counters, got {len(counters)}")
+        consumes = _counter_map(f"Partition({self.parent!r}).consumes", self.consumes, positive=True)
+        for name, amount in consumes.items():
+            if name not in counters:
+                raise ValueError(f"Partition({self.parent!r}).consumes: {name!r} is none of the parent's counters")
+            if amount > counters[name]:
+                raise ValueError(
+                    f"Partition({self.parent!r}).consumes[{name!r}]: {amount} is more than the parent has "
+                    f"({counters[name]})"
+                )
+        object.__setattr__(self, "counters", counters)
+        object.__setattr__(self, "consumes", consumes)
+
+    def __hash__(self) -> int:
+        return hash((self.parent, tuple(sorted(self.counters.items())), tuple(sorted(self.consumes.items()))))
+
+
+@dataclass(frozen=True)
+class ShareCapacity:
+    """How a shared device's replicas are offered through DRA as one device with consumable capacity
+    (KEP-5075, contract 1.1): a capacity ``name`` (a C identifier in the driver's domain) of replicas times
+    ``per_replica``, requested in steps of ``per_replica`` (a claim asking for 6 GiB of a device whose replicas are
+    4 GiB each gets two replicas, as the scheduler rounds a request up to the step). The default, ``shares`` of 1,
+    counts replicas."""
+
+    name: str = "shares"
+    per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _C_IDENTIFIER.match(self.name):
+            raise ValueError(f"ShareCapacity.name must be a C identifier of at most 32 characters, got {self.name!r}")
+        amount = self.per_replica
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 1 <= amount < 2**62:
+            raise ValueError(f"ShareCapacity.per_replica must be an integer >= 1, got {amount!r}")
+
+
 @dataclass(frozen=True)
 class Device:
     """One device a resource advertises to the kubelet.
@@ -124,6 +209,14 @@ class Device:
     #: resource's ``replicas`` for this device (e.g. by memory size); ``None``: the resource's count. A device
     #: with more than one replica is advertised as ``<id>::0`` .. ``<id>::<n-1>`` (see :func:`replica_id`).
     replicas: int | None = None
+    #: The device is a part of a bigger one (an FPGA card's region, a PF's VF) and shares the parent's counters
+    #: with its other parts: DRA publishes the parent's counter set and what this part consumes (KEP-4815), and
+    #: the engine never hands out parts whose consumption together exceeds a counter (contract 1.1).
+    partition: Partition | None = None
+    #: How a shared device (more than one replica) is offered as consumable capacity through DRA (KEP-5075): one
+    #: device whose capacity is the replicas times ``per_replica``; ``None``: ``shares``, one per replica
+    #: (contract 1.1).
+    share_capacity: ShareCapacity | None = None
 
     def __post_init__(self) -> None:
         problem = device_id_problem(self.id)
@@ -143,6 +236,12 @@ class Device:
         count = self.replicas
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             raise ValueError(f"Device {self.id!r}: replicas must be an integer >= 1 (or None), got {count!r}")
+        if self.partition is not None and not isinstance(self.partition, Partition):
+            raise ValueError(f"Device {self.id!r}: partition must be a Partition, got {self.partition!r}")
+        if self.partition is not None and self.partition.parent == self.id:
+            raise ValueError(f"Device {self.id!r}: a device cannot be a part of itself")
+        if self.share_capacity is not None and not isinstance(self.share_capacity, ShareCapacity):
+            raise ValueError(f"Device {self.id!r}: share_capacity must be a ShareCapacity, got {self.share_capacity!r}")
 
     @property
     def healthy(self) -> bool:
@@ -378,6 +477,7 @@ class CDIDevice:
 #: The one empty read-only mapping every allocation without envs or annotations shares (drivers that describe
 #: each device's allocation make thousands of them).
 _EMPTY_MAP: Mapping[str, str] = MappingProxyType({})
+_EMPTY_STATUS: Mapping[str, DeviceStatus] = MappingProxyType({})
 
 
 def _frozen_str_map(kind: str, values: Mapping[str, str]) -> Mapping[str, str]:
@@ -390,6 +490,117 @@ def _frozen_str_map(kind: str, values: Mapping[str, str]) -> Mapping[str, str]:
         if not isinstance(value, str):
             raise ValueError(f"ContainerAllocation.{kind}[{key!r}]: value must be a string, got {value!r}")
     return MappingProxyType(copy)
+
+
+#: Limits of ``AllocatedDeviceStatus`` (``k8s.io/api/resource/v1/types.go``): conditions, the data's JSON size,
+#: IPs, interface name and hardware address lengths.
+MAX_STATUS_CONDITIONS = 8
+MAX_STATUS_DATA_BYTES = 10 * 1024
+MAX_NETWORK_IPS = 16
+MAX_INTERFACE_NAME_CHARS = 256
+MAX_HARDWARE_ADDRESS_CHARS = 128
+
+
+@dataclass(frozen=True)
+class NetworkData:
+    """A network device's data for the claim's status (``networkData`` of KEP-4817): the interface name in the
+    container's network namespace, its addresses in CIDR form (``10.9.8.7/24``) and its hardware address."""
+
+    interface_name: str = ""
+    ips: tuple[str, ...] = ()
+    hardware_address: str = ""
+
+    def __post_init__(self) -> None:
+        import ipaddress
+
+        if not isinstance(self.interface_name, str) or len(self.interface_name) > MAX_INTERFACE_NAME_CHARS:
+            raise ValueError(f"NetworkData.interface_name: a string of at most {MAX_INTERFACE_NAME_CHARS} characters")
+        if not isinstance(self.hardware_address, str) or len(self.hardware_address) > MAX_HARDWARE_ADDRESS_CHARS:
+            raise ValueError(
+                f"NetworkData.hardware_address: a string of at most {MAX_HARDWARE_ADDRESS_CHARS} characters"
+            )
+        ips = tuple(self.ips)
+        if len(ips) > MAX_NETWORK_IPS or len(set(ips)) != len(ips):
+            raise ValueError(f"NetworkData.ips: at most {MAX_NETWORK_IPS} addresses, each once, got {ips!r}")
+        for text in ips:
+            try:
+                interface = ipaddress.ip_interface(text)
+            except ValueError:
+                raise ValueError(f"NetworkData.ips: {text!r} is no address in CIDR form (10.9.8.7/24)") from None
+            if "/" not in text or str(interface) != text:
+                raise ValueError(f"NetworkData.ips: {text!r} must be in canonical CIDR form ({interface})")
+        object.__setattr__(self, "ips", ips)
+
+
+_CONDITION_TYPE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+@dataclass(frozen=True)
+class DeviceCondition:
+    """One condition of a device in the claim's status (a ``metav1.Condition``: ``type`` a qualified name,
+    ``status`` ``"True"``, ``"False"`` or ``"Unknown"``, ``reason`` a CamelCase word)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or len(self.type) > 316 or not _CONDITION_TYPE.match(self.type):
+            raise ValueError(f"DeviceCondition.type {self.type!r}: a qualified name such as 'Ready'")
+        if self.status not in ("True", "False", "Unknown"):
+            raise ValueError(f"DeviceCondition.status must be 'True', 'False' or 'Unknown', got {self.status!r}")
+        if not isinstance(self.reason, str) or len(self.reason) > 1024 or not _CONDITION_REASON.match(self.reason):
+            raise ValueError(f"DeviceCondition.reason {self.reason!r}: a CamelCase word such as 'Configured'")
+        if not isinstance(self.message, str) or len(self.message) > 32768:
+            raise ValueError("DeviceCondition.message: a string of at most 32768 characters")
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """What a workload or an operator should see of one prepared device, written into the DRA claim's
+    ``status.devices`` (KEP-4817) with the driver's name and removed at unprepare (contract 1.1): conditions,
+    free-form ``data`` (a JSON object, at most 10 KiB) and ``network_data``. Ignored through the device-plugin API,
+    which has no place for it."""
+
+    conditions: tuple[DeviceCondition, ...] = ()
+    data: Mapping[str, Any] | None = None
+    network_data: NetworkData | None = None
+
+    def __post_init__(self) -> None:
+        import json
+
+        conditions = tuple(self.conditions)
+        if len(conditions) > MAX_STATUS_CONDITIONS:
+            raise ValueError(f"DeviceStatus.conditions: at most {MAX_STATUS_CONDITIONS}, got {len(conditions)}")
+        for condition in conditions:
+            if not isinstance(condition, DeviceCondition):
+                raise ValueError(f"DeviceStatus.conditions: {condition!r} is not a DeviceCondition")
+        if len({c.type for c in conditions}) != len(conditions):
+            raise ValueError("DeviceStatus.conditions: each type at most once")
+        object.__setattr__(self, "conditions", conditions)
+        if self.data is not None:
+            if not isinstance(self.data, Mapping):
+                raise ValueError(f"DeviceStatus.data must be a JSON object (a mapping), got {type(self.data).__name__}")
+            try:
+                text = json.dumps(dict(self.data), sort_keys=True, separators=(",", ":"), allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"DeviceStatus.data is not JSON: {exc}") from None
+            if len(text.encode()) > MAX_STATUS_DATA_BYTES:
+                raise ValueError(f"DeviceStatus.data: {len(text.encode())} bytes of JSON, more than 10 KiB")
+            object.__setattr__(self, "data", MappingProxyType(json.loads(text)))
+        if self.network_data is not None and not isinstance(self.network_data, NetworkData):
+            raise ValueError(f"DeviceStatus.network_data must be a NetworkData, got {self.network_data!r}")
+
+    def __hash__(self) -> int:
+        import json
+
+        data = None if self.data is None else json.dumps(dict(self.data), sort_keys=True)
+        return hash((self.conditions, data, self.network_data))
 
 
 @dataclass(frozen=True)
@@ -405,9 +616,22 @@ class ContainerAllocation:
     devices: tuple[DeviceSpec, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[CDIDevice, ...] = ()
+    #: What each device (by the ID ``allocate`` was given) should show in the DRA claim's ``status.devices``
+    #: (contract 1.1); ignored through the device-plugin API.
+    device_status: Mapping[str, DeviceStatus] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "envs", _frozen_str_map("envs", self.envs))
+        if self.device_status:
+            statuses = dict(self.device_status)
+            for key, value in statuses.items():
+                if not isinstance(key, str) or not isinstance(value, DeviceStatus):
+                    raise ValueError(
+                        f"ContainerAllocation.device_status: {key!r}: {value!r} is not a device ID and a DeviceStatus"
+                    )
+            object.__setattr__(self, "device_status", MappingProxyType(statuses))
+        else:
+            object.__setattr__(self, "device_status", _EMPTY_STATUS)
         object.__setattr__(self, "annotations", _frozen_str_map("annotations", self.annotations))
         for name, kind in (("mounts", Mount), ("devices", DeviceSpec), ("cdi_devices", CDIDevice)):
             items = getattr(self, name)
@@ -430,6 +654,7 @@ class ContainerAllocation:
         devices: tuple[DeviceSpec, ...],
         annotations: Mapping[str, str],
         cdi_devices: tuple[CDIDevice, ...],
+        device_status: Mapping[str, DeviceStatus] | None = None,
     ) -> ContainerAllocation:
         """An allocation from parts taken from checked allocations (a merge): not checked again."""
         allocation = object.__new__(cls)
@@ -438,6 +663,9 @@ class ContainerAllocation:
         object.__setattr__(allocation, "devices", devices)
         object.__setattr__(allocation, "annotations", MappingProxyType(annotations) if annotations else _EMPTY_MAP)
         object.__setattr__(allocation, "cdi_devices", cdi_devices)
+        object.__setattr__(
+            allocation, "device_status", MappingProxyType(device_status) if device_status else _EMPTY_STATUS
+        )
         return allocation
 
     def merge(self, other: ContainerAllocation) -> ContainerAllocation:
@@ -492,12 +720,20 @@ def merge_allocations(parts: Iterable[ContainerAllocation]) -> ContainerAllocati
     annotations = _merge_map("annotation", [p.annotations for p in parts if p.annotations])
     entries = _entries_by_path(parts).values()
     cdi = tuple(dict.fromkeys([c for p in parts for c in p.cdi_devices]))
+    statuses: dict[str, DeviceStatus] = {}
+    for part in parts:
+        for device_id, status in part.device_status.items():
+            if statuses.setdefault(device_id, status) != status:
+                raise AllocationConflictError(
+                    f"device {device_id!r}: two different device statuses: {statuses[device_id]!r} and {status!r}"
+                )
     return ContainerAllocation._checked_parts(
         envs,
         tuple([e for e in entries if isinstance(e, Mount)]),
         tuple([e for e in entries if isinstance(e, DeviceSpec)]),
         annotations,
         cdi,
+        statuses,
     )
 
 
