@@ -94,7 +94,7 @@ class FpgaDriver:
     """
 
     #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
-    hook_contract: ClassVar[str] = "1.0"
+    hook_contract: ClassVar[str] = "1.1"
 
     Options: ClassVar[type[FpgaOptions]] = FpgaOptions
 

@@ -66,7 +66,7 @@ class SharedDriver:
     """A devplug driver for devices shared across nodes (see the module docstring)."""
 
     #: The hook contract this driver was written against (see devplug.contract); the core refuses a mismatch.
-    hook_contract: ClassVar[str] = "1.0"
+    hook_contract: ClassVar[str] = "1.1"
 
     Options: ClassVar[type[SharedOptions]] = SharedOptions
 
