@@ -18,6 +18,17 @@ the number of ``/dev/null`` when it may (``CAP_MKNOD``). Where it may not,
 every device is handed out as the node the ``device_node`` option names
 (``options = { directory = "...", device_node = "/dev/zero" }``), by default
 ``/dev/null``, with one warning.
+
+For DRA's words of contract 1.1 (issue 41), three options, off by default
+(:mod:`devplug_mock.features`): ``partitions`` (devices as parts of parents
+with counters), ``share_capacity`` (the capacity a shared device is offered
+with) and ``device_status`` (the status ``allocate`` returns per device:
+``"ready"``, ``"network"``, or ``"invalid"`` for a status the API server
+refuses)::
+
+    options = { directory = "/var/run/devplug/mock", device_status = "network",
+                partitions = [{ parent = "card0", counters = { regions = 4 }, whole = "card0-whole", parts = 4 }],
+                share_capacity = { name = "memory", per_replica = 4294967296 } }
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ import signal
 import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar, get_args
 
 from devplug import (
     Claim,
@@ -38,7 +39,15 @@ from devplug.kit import DriverRuntime
 from devplug.kit.devnodes import NULL_DEVICE, is_device_node, mknod_char_device
 from devplug.kit.hookrecord import HookRecorder
 from devplug.options import node_checks, refuse_kernel_trees
+from devplug.types import Partition, ShareCapacity
 from devplug_mock.devicefile import DeviceFile, is_device_name, natural_key, read_device_file
+from devplug_mock.features import (
+    StatusMode,
+    parse_partitions,
+    parse_share_capacity,
+    status_for,
+    status_record,
+)
 
 __all__ = ["NODE_FOLDER", "MockDriver", "MockOptions"]
 
@@ -48,6 +57,8 @@ T = TypeVar("T")
 _POLL_INTERVAL = 0.05
 
 _module_log = logging.getLogger("devplug_mock")
+
+_NO_PARTS: Mapping[str, Partition] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -69,12 +80,22 @@ class MockOptions:
     ``device_node``: the device node every device is handed out as when the
     driver may not make its own (``mknod`` refused, no ``CAP_MKNOD``); by
     default ``/dev/null``, with a warning. It must be a character or block device.
+    ``partitions``, ``share_capacity``, ``device_status`` (contract 1.1, all off by default): devices declared as
+    parts of parents with counters, the share capacity of every device, and the status ``allocate`` returns for
+    each device (:mod:`devplug_mock.features` says what each takes).
     """
 
     directory: Path
     count: int | None = None
     inline_hooks: bool = False
     device_node: Path | None = None
+    partitions: tuple[dict[str, Any], ...] = ()
+    share_capacity: dict[str, Any] | None = None
+    device_status: StatusMode | None = None
+    #: ``partitions`` checked: each device ID it names -> its Partition (set by ``__post_init__``).
+    parts: Mapping[str, Partition] = field(init=False, repr=False, compare=False, default_factory=lambda: _NO_PARTS)
+    #: ``share_capacity`` checked (set by ``__post_init__``).
+    capacity: ShareCapacity | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, Path):
@@ -95,6 +116,17 @@ class MockOptions:
             # on the node (not `check-config --offline`): found at check-config, not only at start
             if node_checks() and not is_device_node(Path(node)):
                 raise ValueError(f"device_node: {node} is not a character or block device")
+        if not isinstance(self.partitions, list | tuple):
+            raise ValueError(f"partitions: expected a list of tables, got {self.partitions!r}")
+        object.__setattr__(self, "partitions", tuple(self.partitions))
+        object.__setattr__(self, "parts", parse_partitions(self.partitions))
+        if self.share_capacity is not None:
+            if not isinstance(self.share_capacity, Mapping):
+                raise ValueError(f"share_capacity: expected a table (name, per_replica), got {self.share_capacity!r}")
+            object.__setattr__(self, "capacity", parse_share_capacity(self.share_capacity))
+        if self.device_status not in (None, *get_args(StatusMode)):
+            modes = ", ".join(repr(m) for m in get_args(StatusMode))
+            raise ValueError(f"device_status: expected one of {modes}, got {self.device_status!r}")
 
 
 def _shared(replicas: Replicas | None) -> dict[str, Any]:
@@ -223,6 +255,8 @@ class MockDriver:
             self.directory.mkdir(parents=True, exist_ok=True)
             for i in range(self.options.count or 0):
                 self._create_empty(self.directory / f"mock{i}")
+            for device_id in self.options.parts:
+                self._create_empty(self.directory / device_id)
         except OSError as exc:
             raise DriverError(f"mock: cannot set up the device folder {self.directory}: {exc}") from exc
         watcher = DirectoryWatcher(
@@ -297,12 +331,21 @@ class MockDriver:
         self, device_ids: Sequence[str], replicas: Replicas | None = None, claim: Claim | None = None
     ) -> ContainerAllocation:
         """``MOCK_DEVICES``; the device nodes and mounts come from the devices' own descriptions. A DRA claim's
-        allocate is logged with the claim (name, UID, devices by request, opaque parameters)."""
+        allocate is logged with the claim (name, UID, devices by request, opaque parameters).
+
+        With the ``device_status`` option, the answer carries a :class:`devplug.DeviceStatus` per device ID it was
+        given (:func:`devplug_mock.features.status_for`), and the call's record has them as ``device_status``
+        (each in the API's field names)."""
+        mode = self.options.device_status
+        statuses = {} if mode is None else {i: status_for(i, claim, mode) for i in dict.fromkeys(device_ids)}
+        extra: dict[str, Any] = {**_shared(replicas), **_claimed(claim)}
+        if statuses:
+            extra["device_status"] = {i: status_record(s) for i, s in statuses.items()}
 
         def allocation() -> ContainerAllocation:
-            return ContainerAllocation(envs={"MOCK_DEVICES": ",".join(device_ids)})
+            return ContainerAllocation(envs={"MOCK_DEVICES": ",".join(device_ids)}, device_status=statuses)
 
-        return self._hook("allocate", device_ids, allocation, extra={**_shared(replicas), **_claimed(claim)})
+        return self._hook("allocate", device_ids, allocation, extra=extra)
 
     @hookimpl
     def pre_start(self, device_ids: Sequence[str], replicas: Replicas | None = None) -> None:
@@ -383,8 +426,17 @@ class MockDriver:
                     (self._nodes / device_id).unlink()
 
     def _device(self, found: DeviceFile) -> Device:
-        """The device to advertise, with what a container gets for it."""
-        return replace(found.device, allocation=self.describe(found.id))
+        """The device to advertise, with what a container gets for it (and its ``partition`` and
+        ``share_capacity`` when the options give them)."""
+        options = self.options
+        if options.capacity is None and not options.parts:
+            return replace(found.device, allocation=self.describe(found.id))
+        return replace(
+            found.device,
+            allocation=self.describe(found.id),
+            partition=options.parts.get(found.id),
+            share_capacity=options.capacity,
+        )
 
     def _hook(
         self,
