@@ -6,13 +6,15 @@
   without ``timeAdded`` gets the time of the write, to the second (``SetDefaults_DeviceTaint``,
   ``pkg/apis/resource/v1/defaults.go``: defaulting runs on every create, update, patch and apply, so a writer
   that leaves the time out gets a new one on each write that touches the device list, which is atomic); with the
-  feature gate ``DRADeviceTaints`` off (``ApiServer(disabled_features={"DRADeviceTaints"})``: alpha and off by
-  default from 1.33, beta and on by default from 1.36, ``pkg/features/kube_features.go``), the devices' taints are
-  dropped on write unless the stored slice already has some (``dropDisabledDRADeviceTaintsFields``).
+  feature gate ``DRADeviceTaints``, ``DRAPartitionableDevices`` or ``DRAConsumableCapacity`` off
+  (``ApiServer(disabled_features={...})``; which are off by default in each release: :mod:`.versions`), the fields
+  they cover are dropped on write unless the stored slice already uses them (:mod:`.gates`).
 * **ResourceClaim** (namespaced, ``resourceclaim/strategy.go``): the status is cleared on create and kept by
   updates of the main resource; the ``status`` subresource changes the status only (``PrepareForUpdate`` keeps
   the spec and ``ResetObjectMetaForStatus`` the labels, annotations, finalizers, owner references); field
-  selectors ``metadata.name``, ``metadata.namespace``.
+  selectors ``metadata.name``, ``metadata.namespace``; with ``DRAAdminAccess``, ``DRAConsumableCapacity`` or
+  ``DRAResourceClaimDeviceStatus`` off the fields they cover are dropped, and a status update that deallocates
+  devices drops their ``status.devices`` entries (:mod:`.gates`).
 * **DeviceClass** (cluster-scoped, ``deviceclass/strategy.go``): generation as for slices; ``metadata.name``.
 * core/v1 **Node** (cluster-scoped, ``pkg/registry/core/node/strategy.go``): updates keep the status, the
   ``status`` subresource changes only it; field selectors ``metadata.name``, ``spec.unschedulable``.
@@ -30,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devplug.testing.apiserver import validation
+from devplug.testing.apiserver import gates, validation
 from devplug.testing.apiserver.errors import FieldError
 from devplug.testing.apiserver.fields import Schema
 
@@ -69,18 +71,6 @@ def _slice_defaults(obj: dict[str, Any]) -> None:
         for taint in (device or {}).get("taints") or ():
             if isinstance(taint, dict) and not taint.get("timeAdded"):
                 taint["timeAdded"] = now
-
-
-def _slice_drop_disabled(obj: dict[str, Any], old: Mapping[str, Any] | None, disabled: frozenset[str]) -> None:
-    """``dropDisabledDRADeviceTaintsFields``: with ``DRADeviceTaints`` off, the devices' taints are dropped unless
-    the old slice already has some (``draDeviceTaintsFeatureInUse``)."""
-    if "DRADeviceTaints" not in disabled:
-        return
-    if any((d or {}).get("taints") for d in ((old or {}).get("spec") or {}).get("devices") or ()):
-        return
-    for device in (obj.get("spec") or {}).get("devices") or ():
-        if isinstance(device, dict):
-            device.pop("taints", None)
 
 
 def _node_fields(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -164,7 +154,7 @@ RESOURCES: tuple[Resource, ...] = (
         _schema(frozenset({("spec", "nodeSelector")})),
         generation=True,
         defaults=_slice_defaults,
-        drop_disabled=_slice_drop_disabled,
+        drop_disabled=gates.slice_drop_disabled,
     ),
     Resource(
         "resourceclaims",
@@ -182,6 +172,7 @@ RESOURCES: tuple[Resource, ...] = (
         subresources=frozenset({"status"}),
         status_on_create={},
         validate_status=validation.resource_claim_status,
+        drop_disabled=gates.claim_drop_disabled,
     ),
     Resource(
         "deviceclasses",

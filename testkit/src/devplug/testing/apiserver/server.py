@@ -566,6 +566,12 @@ class _Tracked:
             self.api._watch_stops.discard(self.stop)
 
 
+def _gates(rel: versions.Release, disabled: Iterable[str] | None, enabled: Iterable[str]) -> frozenset[str]:
+    """The gates off: ``disabled`` (default: the release's off-by-default ones) less ``enabled``."""
+    off = rel.off_by_default if disabled is None else frozenset(disabled)
+    return off - frozenset(enabled)
+
+
 class ApiServer:
     """The API server stand-in on ``http://127.0.0.1:<free port>``, served from threads; a context manager.
 
@@ -579,8 +585,11 @@ class ApiServer:
     v1beta1 and v1beta2; 1.34 on: v1), or ``resource_versions`` (any of that release's: ``("v1", "v1beta1")`` for
     a 1.34 server with ``--runtime-config=resource.k8s.io/v1beta1=true``), and stores only the fields that
     release's types have; ``disabled_features`` names the feature gates that are off (default: those the release
-    has off, ``DRADeviceTaints`` on 1.33 to 1.35; ``()`` turns them all on). :meth:`restart` changes these as an
-    upgrade or a restart with other flags does. See :mod:`devplug.testing.apiserver.versions`.
+    has off, :data:`devplug.testing.apiserver.versions.GATES`: e.g. ``DRADeviceTaints``, ``DRAPartitionableDevices``
+    and ``DRAConsumableCapacity`` on 1.34 and 1.35; ``()`` turns them all on), ``enabled_features`` those turned on
+    beside the default (``--feature-gates=DRAConsumableCapacity=true`` on a 1.34 server:
+    ``enabled_features={"DRAConsumableCapacity"}``). :meth:`restart` changes these as an upgrade or a restart with
+    other flags does. See :mod:`devplug.testing.apiserver.versions`.
     """
 
     def __init__(
@@ -598,13 +607,14 @@ class ApiServer:
         disabled_features: Iterable[str] | None = None,
         release: str = "1.36",
         resource_versions: Iterable[str] | None = None,
+        enabled_features: Iterable[str] = (),
     ) -> None:
         self.release = versions.release(release)
         #: The ``resource.k8s.io`` versions served, in discovery's order (the first is ``preferredVersion``).
         self.resource_versions = self.release.ordered(
             list(self.release.default if resource_versions is None else resource_versions)
         )
-        features = self.release.off_by_default if disabled_features is None else frozenset(disabled_features)
+        features = _gates(self.release, disabled_features, enabled_features)
         self.storage = storage or Storage(
             history_limit=history_limit, bookmark_interval=bookmark_interval, disabled_features=features
         )
@@ -665,6 +675,7 @@ class ApiServer:
         release: str | None = None,
         resource_versions: Iterable[str] | None = None,
         disabled_features: Iterable[str] | None = None,
+        enabled_features: Iterable[str] = (),
     ) -> None:
         """The API server restarts, keeping its storage (etcd): as another ``release`` (an upgrade; default: the
         same), serving ``resource_versions`` (default: that release's default) with ``disabled_features`` (default:
@@ -675,9 +686,7 @@ class ApiServer:
             list(self.release.default if resource_versions is None else resource_versions)
         )
         self.storage.release = self.release
-        self.storage.disabled_features = (
-            self.release.off_by_default if disabled_features is None else frozenset(disabled_features)
-        )
+        self.storage.disabled_features = _gates(self.release, disabled_features, enabled_features)
         self.storage.close_watches(abrupt=True)
 
     def _collect(self) -> None:

@@ -200,8 +200,8 @@ class Storage:
         #: (:func:`devplug.testing.apiserver.versions.prune`).
         self.release = release or versions.RELEASES["1.36"]
         #: Feature gates turned off, as an API server of an older release or with ``--feature-gates=X=false`` has
-        #: them: the kinds' strategies drop the fields they cover (``dropDisabledFields``). Only
-        #: ``DRADeviceTaints`` is modelled.
+        #: them: the kinds' strategies drop the fields they cover (``dropDisabledFields``). The gates modelled
+        #: are :data:`devplug.testing.apiserver.versions.GATES`' (:mod:`devplug.testing.apiserver.gates`).
         self.disabled_features = frozenset(disabled_features)
         #: Notified on every write, bookmark request, watch closure and shutdown.
         self.changed = threading.Condition(self._lock)
@@ -616,7 +616,7 @@ class Storage:
             versions.prune(resource.kind, self.release, obj)
         if resource.defaults is not None:
             resource.defaults(obj)
-        if resource.drop_disabled is not None and self.disabled_features:
+        if resource.drop_disabled is not None:
             resource.drop_disabled(obj, old, self.disabled_features)
 
     def _prepare_update(

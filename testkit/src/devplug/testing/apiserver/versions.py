@@ -21,12 +21,15 @@ Sources, checked for each release:
   (``Convert_v1beta1_DeviceRequest_To_resource_DeviceRequest`` makes ``exactly`` when any of them is set); a v1beta1
   slice's ``nodeName`` ``""`` and ``allNodes`` ``false`` are unset (``Convert_v1beta1_ResourceSliceSpec_To_...``).
   v1beta2 and v1 have the same shape as the stored form, which is v1's;
-* **feature gates off by default** (``pkg/features/kube_features.go``): ``DRADeviceTaints`` alpha in 1.33, beta and
-  on in 1.36.
+* **feature gates off by default** (``pkg/features/kube_features.go``, each gate's ``VersionedSpecs``; :data:`GATES`):
+  ``DRADeviceTaints`` alpha (off) 1.33, beta (on) 1.36; ``DRAAdminAccess`` alpha 1.32, beta 1.34, GA 1.36;
+  ``DRAResourceClaimDeviceStatus`` alpha 1.32, beta 1.33; ``DRAPartitionableDevices`` alpha 1.33, beta 1.36;
+  ``DRAConsumableCapacity`` alpha 1.34, beta 1.36. A gate is modelled only from the release whose types have its
+  fields (before, the fields are pruned whatever the gate says).
 
-Only the structs devplug and the scheduler stand-in touch are described (a slice's spec, pool, devices and their
-taints; a claim's requests, allocation and results; a class's spec); fields elsewhere (metadata, selectors,
-configs, counters) are passed through unchecked.
+Only the structs devplug and the scheduler stand-in touch are described (a slice's spec, pool, devices, their
+taints and capacities; a claim's requests, constraints, allocation, results and device statuses; a class's spec);
+fields elsewhere (metadata, selectors, configs, counter sets' contents) are passed through unchecked.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "GATES",
     "GROUP",
     "INTERNAL",
     "NEWEST_FIRST",
@@ -89,12 +93,31 @@ class Release:
         return tuple(v for v in self.versions if v in wanted)
 
 
+#: The feature gates the stand-in models: (gate, the release (minor) whose default turns it on, the release whose
+#: types first have its fields). ``pkg/features/kube_features.go``: DRAAdminAccess ``{1.32 Alpha false, 1.34 Beta
+#: true, 1.36 GA true locked}``; DRAResourceClaimDeviceStatus ``{1.32 Alpha false, 1.33 Beta true}``;
+#: DRADeviceTaints ``{1.33 Alpha false, 1.36 Beta true}``; DRAPartitionableDevices ``{1.33 Alpha false, 1.36 Beta
+#: true}``; DRAConsumableCapacity ``{1.34 Alpha false, 1.36 Beta true}``.
+GATES: tuple[tuple[str, int, int], ...] = (
+    ("DRAAdminAccess", 34, 32),
+    ("DRAResourceClaimDeviceStatus", 33, 32),
+    ("DRADeviceTaints", 36, 33),
+    ("DRAPartitionableDevices", 36, 33),
+    ("DRAConsumableCapacity", 36, 34),
+)
+
+
+def _off(minor: int) -> frozenset[str]:
+    """The modelled gates a release of ``minor`` has, off by default."""
+    return frozenset(gate for gate, on_from, since in GATES if since <= minor < on_from)
+
+
 RELEASES: dict[str, Release] = {
-    "1.32": Release("1.32", ("v1beta1",), ("v1beta1",), frozenset()),
-    "1.33": Release("1.33", ("v1beta1", "v1beta2"), ("v1beta1", "v1beta2"), frozenset({"DRADeviceTaints"})),
-    "1.34": Release("1.34", ("v1", "v1beta2", "v1beta1"), ("v1",), frozenset({"DRADeviceTaints"})),
-    "1.35": Release("1.35", ("v1", "v1beta2", "v1beta1"), ("v1",), frozenset({"DRADeviceTaints"})),
-    "1.36": Release("1.36", ("v1", "v1beta2", "v1beta1"), ("v1",), frozenset()),
+    "1.32": Release("1.32", ("v1beta1",), ("v1beta1",), _off(32)),
+    "1.33": Release("1.33", ("v1beta1", "v1beta2"), ("v1beta1", "v1beta2"), _off(33)),
+    "1.34": Release("1.34", ("v1", "v1beta2", "v1beta1"), ("v1",), _off(34)),
+    "1.35": Release("1.35", ("v1", "v1beta2", "v1beta1"), ("v1",), _off(35)),
+    "1.36": Release("1.36", ("v1", "v1beta2", "v1beta1"), ("v1",), _off(36)),
 }
 
 
@@ -155,6 +178,19 @@ _FIELDS: dict[str, tuple[tuple[str, int], ...]] = {
         ("capacity", 34),
     ),
     "class_spec": (("selectors", 32), ("config", 32), ("extendedResourceName", 34)),
+    # DeviceCapacity (a value of Device.capacity)
+    "capacity": (("value", 32), ("requestPolicy", 34)),
+    "constraint": (("requests", 32), ("matchAttribute", 32), ("distinctAttribute", 34)),
+    # AllocatedDeviceStatus (an entry of ResourceClaimStatus.devices)
+    "device_status": (
+        ("driver", 32),
+        ("pool", 32),
+        ("device", 32),
+        ("conditions", 32),
+        ("data", 32),
+        ("networkData", 32),
+        ("shareID", 34),
+    ),
     "allocation": (("devices", 32), ("nodeSelector", 32), ("allocationTimestamp", 34)),
     "result": (
         ("request", 32),
@@ -177,7 +213,7 @@ class _Struct:
     """A struct whose fields are known: a field outside ``fields`` is unknown; a field's value is described by its
     entry (None: not described, anything goes)."""
 
-    fields: Mapping[str, _Struct | _List | None]
+    fields: Mapping[str, _Node | None]
 
 
 @dataclass(frozen=True)
@@ -185,7 +221,17 @@ class _List:
     item: _Struct
 
 
-def _known(struct: str, minor: int, **described: _Struct | _List) -> dict[str, _Struct | _List | None]:
+@dataclass(frozen=True)
+class _Map:
+    """A map of any keys to values of one struct (a device's ``capacity``)."""
+
+    item: _Struct
+
+
+_Node = _Struct | _List | _Map
+
+
+def _known(struct: str, minor: int, **described: _Node) -> dict[str, _Node | None]:
     return {name: described.get(name) for name, since in _FIELDS[struct] if since <= minor}
 
 
@@ -203,10 +249,11 @@ def schema(kind: str, version: str, rel: Release) -> KindSchema:
     """The fields ``kind`` has in ``resource.k8s.io/<version>`` of ``rel`` (``version`` ``"v1"`` of a release
     without it: the stored form's shape with that release's fields)."""
     minor = rel.minor
-    meta: dict[str, _Struct | _List | None] = {"apiVersion": None, "kind": None, "metadata": None}
+    meta: dict[str, _Node | None] = {"apiVersion": None, "kind": None, "metadata": None}
     if kind == "ResourceSlice":
         taints = _List(_Struct(_known("taint", minor)))
-        device = _known("device", minor, taints=taints)
+        capacity = _Map(_Struct(_known("capacity", minor)))
+        device = _known("device", minor, taints=taints, capacity=capacity)
         entry = (
             _Struct({"name": None, "basic": _Struct(device)})
             if version == "v1beta1"
@@ -222,10 +269,12 @@ def schema(kind: str, version: str, rel: Release) -> KindSchema:
             if version == "v1beta1"
             else _Struct({"name": None, "exactly": _Struct(exact), **first})
         )
-        spec = _Struct({"devices": _Struct({"requests": _List(request), "constraints": None, "config": None})})
+        constraints = _List(_Struct(_known("constraint", minor)))
+        spec = _Struct({"devices": _Struct({"requests": _List(request), "constraints": constraints, "config": None})})
         results = _Struct({"results": _List(_Struct(_known("result", minor))), "config": None})
         allocation = _Struct(_known("allocation", minor, devices=results))
-        status = _Struct({"allocation": allocation, "reservedFor": None, "devices": None})
+        statuses = _List(_Struct(_known("device_status", minor)))
+        status = _Struct({"allocation": allocation, "reservedFor": None, "devices": statuses})
         root = _Struct({**meta, "spec": spec, "status": status})
     elif kind == "DeviceClass":
         root = _Struct({**meta, "spec": _Struct(_known("class_spec", minor))})
@@ -237,8 +286,13 @@ def schema(kind: str, version: str, rel: Release) -> KindSchema:
 # --- unknown fields and projection
 
 
-def _unknown(node: _Struct | _List | None, value: Any, path: tuple[str, ...], out: list[tuple[str, ...]]) -> None:
+def _unknown(node: _Node | None, value: Any, path: tuple[str, ...], out: list[tuple[str, ...]]) -> None:
     if node is None or value is None:
+        return
+    if isinstance(node, _Map):
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                _unknown(node.item, item, (*path, str(key)), out)
         return
     if isinstance(node, _List):
         if isinstance(value, list):
@@ -262,9 +316,11 @@ def unknown_fields(kind_schema: KindSchema, obj: Any) -> list[tuple[str, ...]]:
     return out
 
 
-def _project(node: _Struct | _List | None, value: Any) -> Any:
+def _project(node: _Node | None, value: Any) -> Any:
     if node is None or value is None:
         return value
+    if isinstance(node, _Map):
+        return {k: _project(node.item, v) for k, v in value.items()} if isinstance(value, Mapping) else value
     if isinstance(node, _List):
         return [_project(node.item, item) for item in value] if isinstance(value, list) else value
     if not isinstance(value, Mapping):
