@@ -38,6 +38,12 @@ refused at once.
 Shared devices: each allocation of replicas is a tenancy of its own; an
 admission of a replica first finishes any release still owed by a record
 holding another replica of the same device.
+
+Partitions (contract 1.1, KEP-4815): an admission whose parts, with the parts
+held now (allocated, being released, busy), would consume more than a counter
+of their parent is refused before any hook of its own runs, naming the parts,
+the parent, the counter and the amounts (:meth:`DeviceGuard.check_parts`); the
+parts that no longer fit are then withheld (:meth:`DeviceGuard.sync_withheld`).
 """
 
 from __future__ import annotations
@@ -197,8 +203,10 @@ class Admission:
                     self.checks.servable(containers, requested)
                 if self.table.shrunk:
                     self.checks.within_replicas(requested)
+                if self.table.partitions is not None:  # exact, and nothing awaited before the ledger's begin
+                    self.guard.check_parts(requested)
                 results = await self._allocate_locked(containers, requested, claim)
-                if self.table.shrunk:
+                if self.table.shrunk or self.table.partitions is not None:
                     self.guard.sync_withheld()
         except LockTimeout as exc:
             raise DeviceBusyError(
@@ -213,8 +221,9 @@ class Admission:
         return results
 
     def _check_servable_and_free(self, containers: Sequence[Sequence[str]], flat: Sequence[str]) -> None:
-        """The up-front check: servable (a device withheld while its release runs may wait for it), and no device
-        a hook may not touch now (:meth:`DeviceGuard.busy_devices`). ``flat``: every ID of ``containers``."""
+        """The up-front check: servable (a device withheld while its release runs may wait for it), no device
+        a hook may not touch now (:meth:`DeviceGuard.busy_devices`), and no parts beyond their parent's counters
+        (:meth:`DeviceGuard.check_parts`). ``flat``: every ID of ``containers``."""
         self.checks.servable(containers, flat)
         busy = self.guard.busy_devices(flat)
         if busy:
@@ -224,6 +233,8 @@ class Admission:
                 + (f"; and {len(busy) - 10} more" if len(busy) > 10 else "")
                 + "; nothing was allocated"
             )
+        if self.table.partitions is not None:  # parts beyond their parent's counters (the held ones settled)
+            self.guard.check_parts(flat, settling=True)
 
     # --- earlier tenancies
 

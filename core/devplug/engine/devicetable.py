@@ -30,7 +30,8 @@ from collections.abc import Callable, Container, Iterable, KeysView, Mapping
 from dataclasses import replace
 from typing import NamedTuple, Protocol
 
-from devplug.types import Device, Health, HealthReport, replica_id
+from devplug.engine.partitions import PartitionMap
+from devplug.types import Device, Health, HealthReport, Partition, replica_id
 
 __all__ = ["DeviceCodec", "DeviceTable", "Offer"]
 
@@ -110,6 +111,15 @@ class DeviceTable:
         self._waiter: asyncio.Future[None] | None = None
         #: How many ListAndWatch streams are sending this table (kept by the servicer).
         self.watchers = 0
+        #: Partitions (contract 1.1): physical ID -> the partition of each listed device that declares one, and the
+        #: last one of devices no longer listed (an allocation may still hold them).
+        self._parts: dict[str, Partition] = {}
+        self._parts_gone: dict[str, Partition] = {}
+        #: The parts and their parents' counters (:mod:`devplug.engine.partitions`), or None when no device ever
+        #: declared a partition: the flag every hot path tests, so a table without partitions costs nothing more.
+        self.partitions: PartitionMap | None = None
+        #: Called when :attr:`partitions` changed (the guard re-syncs what it withholds).
+        self.on_partitions: Callable[[], None] | None = None
 
     # --- reading
 
@@ -351,6 +361,9 @@ class DeviceTable:
             return
         self._physical = physical
         self._replicas = {}
+        parted = bool(self._parts or any(d.partition is not None for d in physical.values())) and self._set_parts(
+            {i: d.partition for i, d in physical.items() if d.partition is not None}
+        )
         new = self._map(physical.values())
         old = self._devices
         self._devices = new
@@ -359,13 +372,22 @@ class DeviceTable:
             i: (self._entries[i] if old.get(i) == d and i in self._entries else self._encode(d)) for i, d in new.items()
         }
         self._bump()
+        if parted and self.on_partitions is not None:
+            self.on_partitions()
 
     def update(self, changed: Iterable[Device] = (), removed: Iterable[str] = ()) -> None:
         """Add or replace ``changed`` devices, drop ``removed`` IDs (physical devices: all their replicas)."""
         touched = False
+        parts: dict[str, Partition] | None = None
         for phys in changed:
             if self._physical.get(phys.id) == phys:
                 continue
+            if phys.partition is not None or phys.id in self._parts:
+                parts = dict(self._parts) if parts is None else parts
+                if phys.partition is None:
+                    parts.pop(phys.id, None)
+                else:
+                    parts[phys.id] = phys.partition
             self._physical[phys.id] = phys
             before = self._forget(phys.id)
             after = self._map([phys])
@@ -385,13 +407,33 @@ class DeviceTable:
         for dev_id in removed:
             if self._physical.pop(dev_id, None) is None:
                 continue
+            if dev_id in self._parts:
+                parts = dict(self._parts) if parts is None else parts
+                parts.pop(dev_id, None)
             for rep in self._forget(dev_id):
                 if self._devices.pop(rep, None) is not None:
                     del self._entries[rep]
                     self._unhealthy.discard(rep)
             touched = True
+        parted = parts is not None and self._set_parts(parts)
         if touched:
             self._bump()
+        if parted and self.on_partitions is not None:
+            self.on_partitions()
+
+    def _set_parts(self, parts: dict[str, Partition]) -> bool:
+        """The listed devices' partitions now: rebuild :attr:`partitions` when they changed. True when they did (the
+        caller tells :attr:`on_partitions` once the table is whole)."""
+        if parts == self._parts and self.partitions is not None:
+            return False
+        for dev_id, part in self._parts.items():
+            if dev_id not in parts:
+                self._parts_gone[dev_id] = part  # held parts of a device no longer listed still consume
+        for dev_id in parts:
+            self._parts_gone.pop(dev_id, None)
+        self._parts = parts
+        self.partitions = PartitionMap(parts, self._parts_gone)
+        return True
 
     def set_health(self, health: Mapping[str, Health | HealthReport]) -> list[str]:
         """Apply health by physical device ID to all its replicas (unknown IDs ignored): a :class:`Health` keeps

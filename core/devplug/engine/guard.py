@@ -15,6 +15,15 @@ of records being released, those a quarantined ledger entry names, and the free
 replicas of a device whose replica count was lowered below its tenants
 (:meth:`DeviceGuard.sync_withheld`).
 
+Partitions (contract 1.1, KEP-4815). The parts of a parent that cannot be
+allocated now, because what the held parts consume of a parent's counter
+leaves too little for them, are withheld too (:mod:`devplug.engine.partitions`:
+every device an allocation holds, being released included, and every busy one
+counts as held). So the kubelet never picks a part an Allocate would refuse,
+and a DRA slice taints it. The set is synced whenever what is held changes (an
+allocation, a release done, busy or quarantined devices) and when the parts do
+(:attr:`DeviceTable.on_partitions`); a table without partitions skips it.
+
 Busy tenancies. A tenancy the kubelet no longer attributes whose pod's
 containers still run, or may (its cgroup cannot be read), keeps its devices
 busy: they are withheld too (:meth:`DeviceGuard.withhold_busy`) until the
@@ -38,6 +47,7 @@ from devplug.engine.devicelocks import DeviceLocks, HeldLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger
+from devplug.engine.partitions import PartitionMap
 from devplug.engine.sharing import SharingView
 from devplug.errors import DriverError, HookTimeoutError
 from devplug.text.logsafe import id_list
@@ -78,6 +88,11 @@ class DeviceGuard:
         #: Record ID -> why its devices are busy: the kubelet no longer attributes them, but the tenancy's
         #: containers still run or may (withheld until it is released or attributed again).
         self.busy: dict[str, str] = {}
+        #: The parents whose parts disagree about their counters, as last logged.
+        self._conflicts: dict[str, str] = {}
+        table.on_partitions = self._partitions_changed
+        if table.partitions is not None:  # listed before this guard was made (the driver's first list)
+            self._log_conflicts(table.partitions)
 
     # --- locks
 
@@ -245,10 +260,62 @@ class DeviceGuard:
                 found.append((record, why))
         return found
 
+    # --- partitions
+
+    def held_parts(self) -> set[str]:
+        """The physical devices that occupy hardware now, for the partition counters: every device an allocation
+        record holds (allocated, pending, being released), a quarantined record names, or a hook still running
+        keeps busy."""
+        held = self.ledger.held_devices()
+        held.update(self.ledger.quarantined_devices())
+        phys = self.table.physical_id_set(held)
+        phys.update(self.locks.kept())
+        phys.update(self.overdue)
+        return phys
+
+    def check_parts(self, requested: Sequence[str], *, settling: bool = False) -> None:
+        """Refuse (:class:`~devplug.engine.partitions.PartitionOverflow` or
+        :class:`~devplug.engine.partitions.PartitionBusy`, naming the parts, the parent, the counter and the
+        amounts) an admission of ``requested`` whose parts, with the held ones, exceed a counter of their parent.
+
+        Called by the admission before any hook of its own runs: up front with ``settling`` (the devices of the
+        records holding requested devices do not count: the admission may release them first), then, the locks
+        held and earlier tenancies settled, exactly (nothing is awaited between that check and the ledger's
+        ``begin``, so two admissions of parts of one parent cannot both pass)."""
+        parts = self.table.partitions
+        if parts is None:
+            return
+        phys = self.table.physical_id_set(requested)
+        held = self.held_parts()
+        if settling and self.ledger.holds_any(requested):
+            settled = {d for i in requested for r in self.ledger.holders(i) for d in r.all_devices()}
+            held -= self.table.physical_id_set(settled) - phys
+        parts.check(phys, held, self.resource_name)
+
+    def _partitions_changed(self) -> None:
+        """The table's parts changed (:attr:`DeviceTable.on_partitions`): log a parent whose parts newly disagree
+        about its counters, and withhold what cannot be allocated now."""
+        if self.table.partitions is not None:
+            self._log_conflicts(self.table.partitions)
+        self.sync_withheld()
+        self._on_change()
+
+    def _log_conflicts(self, parts: PartitionMap) -> None:
+        """Log each parent whose parts newly disagree about its counters (a driver error, named once)."""
+        for parent, why in parts.conflicts.items():
+            if self._conflicts.get(parent) != why:
+                log.error("[%s] driver error: %s", self.resource_name, why)
+        self._conflicts = dict(parts.conflicts)
+
+    def _blocked_parts(self, parts: PartitionMap) -> set[str]:
+        """The advertised IDs of the parts that cannot be allocated now (every replica of each)."""
+        return {rep for phys in parts.blocked(self.held_parts()) for rep in self.table.replica_ids(phys)}
+
     def sync_withheld(self) -> None:
         """Advertise unhealthy the devices being released, those a hook still running keeps busy, those a
-        quarantined ledger record names, those of busy tenancies (:meth:`withhold_busy`), and the free replicas of
-        a device that already has as many tenants as its (lowered) replica count allows."""
+        quarantined ledger record names, those of busy tenancies (:meth:`withhold_busy`), the free replicas of
+        a device that already has as many tenants as its (lowered) replica count allows, and the parts whose
+        parent's counters the held parts leave too little of (:mod:`devplug.engine.partitions`)."""
         withheld = self.ledger.releasing_devices()
         if self.busy:
             for gone in [i for i in self.busy if self.ledger.get(i) is None]:
@@ -262,6 +329,9 @@ class DeviceGuard:
         withheld.update(self.ledger.quarantined_devices())
         if self.table.shrunk:  # a lowered replica count: no more tenants than replicas while the excess drains
             withheld.update(self.table.excess_replicas(self.ledger.holds))
+        parts = self.table.partitions
+        if parts is not None:
+            withheld.update(self._blocked_parts(parts))
         self.table.set_withheld(withheld)
 
 

@@ -44,6 +44,7 @@ from devplug.engine.guard import DeviceGuard
 from devplug.engine.keprelease import KepRelease
 from devplug.engine.ledger import AllocationRecord, Ledger
 from devplug.engine.observer import NULL_OBSERVER, ResourceObserver
+from devplug.engine.partitions import ParentUsage
 from devplug.engine.release import Release, ReleaseFailure, Releaser
 from devplug.engine.requestcheck import RequestChecks
 from devplug.engine.sharing import DeviceShare
@@ -177,8 +178,12 @@ class DeviceLifecycle:
     def adopt(
         self, devices: Iterable[str], now: float, source: str, *, pod: str | None = None, pod_uid: str | None = None
     ) -> AllocationRecord | None:
-        """Take into the ledger devices a pod holds that no record has (see :meth:`Ledger.adopt`)."""
-        return self.ledger.adopt(devices, now, source, pod=pod, pod_uid=pod_uid)
+        """Take into the ledger devices a pod holds that no record has (see :meth:`Ledger.adopt`); adopted parts
+        count against their parent's counters at once."""
+        record = self.ledger.adopt(devices, now, source, pod=pod, pod_uid=pod_uid)
+        if record is not None and self.table.partitions is not None:
+            self.guard.sync_withheld()
+        return record
 
     async def save(self) -> None:
         """Write what the front end noted (:meth:`note_seen`, :meth:`note_pod_uid`, :meth:`adopt`) to the ledger."""
@@ -227,6 +232,11 @@ class DeviceLifecycle:
     def withheld_changed(self) -> None:
         """What is withheld changed outside the lifecycle (a load, quarantined records cleared): advertise it."""
         self.guard.sync_withheld()
+
+    def partition_usage(self) -> list[ParentUsage]:
+        """Every parent of partitioned devices: counters, amounts in use, held and blocked parts (empty: none)."""
+        parts = self.table.partitions
+        return [] if parts is None else parts.usage(self.guard.held_parts())
 
     def shared_usage(self) -> list[DeviceShare]:
         """Every shared physical device: replicas, replicas in use, tenants, pods (for status and metrics)."""

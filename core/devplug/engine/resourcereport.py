@@ -210,6 +210,26 @@ def _sharing_status(src: ReportSources) -> dict[str, Any] | None:
     }
 
 
+def _partitions_status(lifecycle: DeviceLifecycle | None) -> list[dict[str, Any]] | None:
+    """Per parent of partitioned devices (contract 1.1): its counters, what the held parts consume of them, the held
+    parts, the parts that cannot be allocated now (withheld) and, for a driver whose parts disagree about the
+    parent's counters, why all are withheld; ``None``: no device declares a partition."""
+    usage = lifecycle.partition_usage() if lifecycle is not None else []
+    if not usage:
+        return None
+    return [
+        {
+            "parent": u.parent,
+            "counters": dict(u.counters),
+            "in_use": dict(u.in_use),
+            "held": list(u.held),
+            "blocked": list(u.blocked),
+            **({"conflict": u.conflict} if u.conflict is not None else {}),
+        }
+        for u in usage
+    ]
+
+
 def _releases(lifecycle: DeviceLifecycle) -> list[dict[str, Any]]:
     """The last ten releases, newest last."""
     return [
@@ -287,6 +307,7 @@ async def build_report(src: ReportSources, cache: DeviceEntries) -> dict[str, An
         "driver_status": src.published.data,
         "driver_problem": src.published.problem,
         **({"sharing": sharing} if (sharing := _sharing_status(src)) is not None else {}),
+        **({"partitions": parts} if (parts := _partitions_status(lifecycle)) is not None else {}),
         **({"frontend": dict(src.frontend)} if src.frontend is not None else {}),
         "quarantined_records": [
             {"index": q.index, "key": q.key, "reason": q.reason, "devices": q.devices()} for q in ledger.quarantined

@@ -1,0 +1,240 @@
+"""Parts of one parent device and the parent's counters: which parts fit now, and whether a request's parts do.
+
+A driver declares a device a part of a bigger one with
+:class:`~devplug.types.Partition` (contract 1.1): ``parent`` names the card,
+``counters`` is what the card has (``{"regions": 4}``), ``consumes`` what the
+part takes while allocated. The parts allocated together never consume more
+than a counter of their parent (KEP-4815, partitionable devices): the same sum
+kube-scheduler's structured allocator does for a DRA pool, in
+``checkAvailableCounters`` (``staging/src/k8s.io/dynamic-resource-allocation/
+structured/internal/{stable,incubating,experimental}/allocator_*.go``): a
+counter set's counters minus what every allocated device consumes, and a device
+fits when, with what the claim being allocated already took, no counter is
+exceeded. A device allocated several times (``allowMultipleAllocations``) is one
+entry of the allocator's set of allocated devices, so it consumes once: here a
+shared part's replicas consume the part's amounts once per physical device (a
+shared device is one piece of hardware).
+
+What counts as held is the caller's: every device an allocation record holds
+(allocated, being released: a part still being cleaned still occupies the
+hardware), a quarantined record names, or a hook running past its timeout keeps
+busy. This module is pure: it computes from the parts and that set, and the
+engine (:class:`~devplug.engine.guard.DeviceGuard`, the admission) acts on it.
+
+A parent whose parts declare different ``counters`` is a driver bug: which one
+holds is unknown, so none is picked; :attr:`PartitionMap.conflicts` says why
+(naming two devices that disagree) and every part of that parent is
+:meth:`~PartitionMap.blocked` (withheld) and refused until the driver agrees
+with itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from devplug.errors import DeviceBusyError, RequestError
+from devplug.text.logsafe import id_list
+from devplug.types import Device, Partition
+
+__all__ = [
+    "ParentUsage",
+    "PartitionBusy",
+    "PartitionConflictError",
+    "PartitionMap",
+    "PartitionOverflow",
+    "partitions_of",
+]
+
+
+class PartitionConflictError(ValueError):
+    """Two parts of one parent declare different ``counters`` for it (raised by :meth:`PartitionMap.raise_conflicts`;
+    the message names the parent, both devices and what each says)."""
+
+
+class PartitionOverflow(RequestError):
+    """A request's parts alone take more than a counter of their parent: no kubelet request of healthy devices
+    can ever be served that way; nothing was allocated."""
+
+
+class PartitionBusy(DeviceBusyError):
+    """A request's parts together with the parts held now take more than a counter of their parent; nothing was
+    allocated (the parts become allocatable once the held ones are released)."""
+
+
+@dataclass(frozen=True)
+class ParentUsage:
+    """One parent now: its counters, what the held parts consume of them, the parts held and the parts that cannot
+    be allocated now (for ``devplug status``)."""
+
+    parent: str
+    counters: Mapping[str, int]
+    in_use: Mapping[str, int]
+    held: tuple[str, ...]
+    blocked: tuple[str, ...]
+    #: Why the parent's parts are all withheld (they declare different counters), or None.
+    conflict: str | None = None
+
+
+def partitions_of(devices: Iterable[Device]) -> dict[str, Partition]:
+    """Physical device ID -> its :class:`Partition`, for the devices that declare one."""
+    return {d.id: d.partition for d in devices if d.partition is not None}
+
+
+def _describe(counters: Mapping[str, int]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(counters.items())) + "}"
+
+
+class PartitionMap:
+    """The parts of every parent, from one snapshot of a resource's physical devices. Immutable once built.
+
+    ``parts``: physical device ID -> :class:`Partition` for the devices the
+    driver lists now; ``gone``: the last known partition of devices it no
+    longer lists (an allocation may still hold them: they consume until
+    released, but are never offered).
+    """
+
+    __slots__ = ("_counters", "_gone", "_parents", "_parts", "conflicts")
+
+    def __init__(self, parts: Mapping[str, Partition], gone: Mapping[str, Partition] | None = None) -> None:
+        self._parts: dict[str, Partition] = dict(parts)
+        self._gone: dict[str, Partition] = {k: v for k, v in (gone or {}).items() if k not in self._parts}
+        #: parent -> its physical part IDs (listed ones), in the driver's order.
+        self._parents: dict[str, list[str]] = {}
+        #: parent -> (the first part's ID, its counters): what every other part must agree with.
+        first: dict[str, tuple[str, Mapping[str, int]]] = {}
+        #: parent -> why its parts disagree about its counters (names both devices).
+        self.conflicts: dict[str, str] = {}
+        for dev_id, part in self._parts.items():
+            self._parents.setdefault(part.parent, []).append(dev_id)
+            seen = first.setdefault(part.parent, (dev_id, part.counters))
+            if seen[1] != part.counters and part.parent not in self.conflicts:
+                self.conflicts[part.parent] = (
+                    f"parts of parent {part.parent!r} declare different counters: {seen[0]!r} says "
+                    f"{_describe(seen[1])}, {dev_id!r} says {_describe(part.counters)}; every part of "
+                    f"{part.parent!r} is withheld until the driver declares the same counters in each"
+                )
+        self._counters: dict[str, Mapping[str, int]] = {p: c for p, (_, c) in first.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._parts) or bool(self._gone)
+
+    @property
+    def parents(self) -> list[str]:
+        """Every parent some listed part names, in the driver's order."""
+        return list(self._parents)
+
+    def part(self, physical_id: str) -> Partition | None:
+        """The partition of a physical device (listed, or gone but remembered), or None."""
+        return self._parts.get(physical_id) or self._gone.get(physical_id)
+
+    def raise_conflicts(self) -> None:
+        """:class:`PartitionConflictError` naming every parent whose parts disagree about its counters."""
+        if self.conflicts:
+            raise PartitionConflictError("; ".join(self.conflicts.values()))
+
+    def in_use(self, held: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Parent -> counter -> the amount the ``held`` physical devices consume (each counted once)."""
+        used: dict[str, dict[str, int]] = {}
+        for dev_id in set(held):
+            part = self.part(dev_id)
+            if part is None:
+                continue
+            sums = used.setdefault(part.parent, {})
+            for name, amount in part.consumes.items():
+                sums[name] = sums.get(name, 0) + amount
+        return used
+
+    def _capacity(self, parent: str, part: Partition) -> Mapping[str, int]:
+        """What ``parent`` has: the counters its listed parts agree on (a gone part's own if none is listed)."""
+        return self._counters.get(parent, part.counters)
+
+    def blocked(self, held: Iterable[str]) -> set[str]:
+        """The listed physical parts not held that cannot be allocated now: their consumption with what the held
+        parts consume exceeds a counter of their parent, or their parent's parts disagree about its counters."""
+        held_set = set(held)
+        used = self.in_use(held_set)
+        out: set[str] = set()
+        for parent, ids in self._parents.items():
+            if parent in self.conflicts:
+                out.update(i for i in ids if i not in held_set)
+                continue
+            sums = used.get(parent)
+            if not sums:
+                continue
+            capacity = self._counters[parent]
+            for dev_id in ids:
+                if dev_id in held_set:
+                    continue
+                consumes = self._parts[dev_id].consumes
+                if any(sums.get(n, 0) + a > capacity.get(n, 0) for n, a in consumes.items()):
+                    out.add(dev_id)
+        return out
+
+    def check(self, requested: Iterable[str], held: Iterable[str], resource_name: str = "") -> None:
+        """Refuse ``requested`` physical devices whose parts, with the ``held`` ones, exceed a counter of a parent.
+
+        Each physical device counts once (a part both held and requested, a shared part's replicas). Raises
+        :class:`PartitionOverflow` when the requested parts alone exceed it (no request of them can ever be
+        served), :class:`PartitionBusy` when the held parts make the difference; the message names the
+        requested and held parts of that parent, the parent, the counter and the amounts. A part of a parent whose
+        parts disagree about its counters is refused with that conflict.
+        """
+        prefix = f"{resource_name}: " if resource_name else ""
+        wanted = [i for i in dict.fromkeys(requested) if self.part(i) is not None]
+        if not wanted:
+            return
+        held_set = set(held)
+        for dev_id in wanted:
+            part = self.part(dev_id)
+            assert part is not None
+            conflict = self.conflicts.get(part.parent)
+            if conflict is not None:
+                raise PartitionBusy(f"{prefix}{dev_id!r} cannot be allocated: {conflict}; nothing was allocated")
+        alone = self.in_use(wanted)
+        together = self.in_use(held_set | set(wanted))
+        for parent in dict.fromkeys(p.parent for i in wanted if (p := self.part(i)) is not None):
+            first = self.part(next(i for i in wanted if (p := self.part(i)) is not None and p.parent == parent))
+            assert first is not None
+            capacity = self._capacity(parent, first)
+            mine = [i for i in wanted if (p := self.part(i)) is not None and p.parent == parent]
+            for name, total in sorted(together.get(parent, {}).items()):
+                has = capacity.get(name, 0)
+                if total <= has:
+                    continue
+                own = alone.get(parent, {}).get(name, 0)
+                if own > has:
+                    raise PartitionOverflow(
+                        f"{prefix}parts {id_list(mine)} together consume {own} of counter {name!r} of parent "
+                        f"{parent!r}, which has {has}; nothing was allocated"
+                    )
+                others = sorted(
+                    i
+                    for i in held_set
+                    if i not in mine and (p := self.part(i)) is not None and p.parent == parent and name in p.consumes
+                )
+                raise PartitionBusy(
+                    f"{prefix}parts {id_list(mine)} consume {own} of counter {name!r} of parent {parent!r}, which "
+                    f"has {has}, and {total - own} of it is in use by {id_list(others)} (allocated or being "
+                    f"released): {total} > {has}; nothing was allocated"
+                )
+
+    def usage(self, held: Iterable[str]) -> list[ParentUsage]:
+        """Every parent now: counters, amounts in use, held parts and blocked parts (for ``devplug status``)."""
+        held_set = set(held)
+        used = self.in_use(held_set)
+        blocked = self.blocked(held_set)
+        out = []
+        for parent, ids in self._parents.items():
+            gone = [i for i, p in self._gone.items() if p.parent == parent and i in held_set]
+            out.append(
+                ParentUsage(
+                    parent=parent,
+                    counters=dict(self._counters[parent]),
+                    in_use=dict(sorted(used.get(parent, {}).items())),
+                    held=tuple(sorted({*(i for i in ids if i in held_set), *gone})),
+                    blocked=tuple(i for i in ids if i in blocked),
+                    conflict=self.conflicts.get(parent),
+                )
+            )
+        return out
