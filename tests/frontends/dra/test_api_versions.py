@@ -93,9 +93,13 @@ def test_discovery_takes_the_newest_version_served_and_a_dry_run_tells_the_taint
         assert found.version == chosen and found.choice.served == api.resource_versions
         assert found.choice.taints is taints and why in found.choice.taints_reason
         assert api.objects("resourceslices") == [], "the dry run stores nothing"
-        [probe] = [r for r in api.requests if r.verb == "patch"]
-        assert probe.query.get("dryRun") == "All" and probe.name == probe_name(NODE, DRIVER)
-        assert probe.path.startswith(f"/apis/resource.k8s.io/{chosen}/")
+        probes = [r for r in api.requests if r.verb == "patch"]
+        # one dry run; two on 1.33, whose versions refuse consumable capacity's fields (none of them in 1.33's
+        # types) while taints and counters are left to ask about without them (issue 41)
+        assert len(probes) == (2 if release == "1.33" else 1)
+        for probe in probes:
+            assert probe.query.get("dryRun") == "All" and probe.name == probe_name(NODE, DRIVER)
+            assert probe.path.startswith(f"/apis/resource.k8s.io/{chosen}/")
         assert found.describe()["version"] == f"resource.k8s.io/{chosen}"
 
 

@@ -37,6 +37,7 @@ import copy
 import hashlib
 import importlib
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -85,6 +86,14 @@ class DraApiChoice:
     #: Whether the server keeps device taints (else unavailable devices are left out of the slices), and why.
     taints: bool
     taints_reason: str
+    #: Whether the server keeps ``allowMultipleAllocations`` and a capacity's ``requestPolicy`` (``DRAConsumable
+    #: Capacity``): shared devices are published as one device with consumable capacity (else one per replica).
+    consumable_capacity: bool = False
+    consumable_capacity_reason: str = "not probed"
+    #: Whether the server keeps ``consumesCounters`` (and so ``sharedCounters``: ``DRAPartitionableDevices`` drops
+    #: both): parts are published with their parent's counter set (else as plain devices).
+    partitionable: bool = False
+    partitionable_reason: str = "not probed"
 
     @property
     def api_version(self) -> str:
@@ -97,6 +106,10 @@ class DraApiChoice:
             "served": list(self.served),
             "taints": self.taints,
             "taints_reason": self.taints_reason,
+            "consumable_capacity": self.consumable_capacity,
+            "consumable_capacity_reason": self.consumable_capacity_reason,
+            "partitionable": self.partitionable,
+            "partitionable_reason": self.partitionable_reason,
         }
 
 
@@ -116,9 +129,10 @@ def slice_to_wire(version: str, body: Mapping[str, Any]) -> dict[str, Any]:
     out["apiVersion"] = f"{GROUP}/{version}"
     if version == "v1beta1":
         spec = out.get("spec") or {}
-        spec["devices"] = [
-            {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}} for d in spec.get("devices") or ()
-        ]
+        if "devices" in spec:  # a slice of counter sets has none (not even an empty list: 1.35+ refuses both)
+            spec["devices"] = [
+                {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}} for d in spec["devices"] or ()
+            ]
     return out
 
 
@@ -157,12 +171,22 @@ class DraApi:
         self.discoveries = 1
 
     @classmethod
-    def fixed(cls, client: AsyncClient, version: str = "v1", *, taints: bool = True) -> DraApi:
-        """``version``, taken as served, without discovery or dry run (the caller knows the server)."""
+    def fixed(
+        cls,
+        client: AsyncClient,
+        version: str = "v1",
+        *,
+        taints: bool = True,
+        consumable_capacity: bool = False,
+        partitionable: bool = False,
+    ) -> DraApi:
+        """``version``, taken as served, without discovery or dry run (the caller knows the server); consumable
+        capacity and counter sets are not used unless the caller says the server keeps them."""
         if version not in SUPPORTED:
             raise ValueError(f"devplug speaks resource.k8s.io {', '.join(SUPPORTED)}, not {version!r}")
         reason = "assumed (no discovery)"
-        return cls(client, DraApiChoice(version, (version,), taints, reason))
+        choice = DraApiChoice(version, (version,), taints, reason, consumable_capacity, reason, partitionable, reason)
+        return cls(client, choice)
 
     @classmethod
     async def discover(cls, client: AsyncClient, *, node: str, driver: str, pool: str) -> DraApi:
@@ -224,6 +248,18 @@ class DraApi:
         if self._choice.taints:
             self._choice = replace(self._choice, taints=False, taints_reason=why)
 
+    def consumable_capacity_dropped(self, why: str) -> None:
+        """The server dropped ``allowMultipleAllocations`` or a ``requestPolicy`` it was sent (a write's answer):
+        shared devices are published one device per replica from now on, until the next discovery."""
+        if self._choice.consumable_capacity:
+            self._choice = replace(self._choice, consumable_capacity=False, consumable_capacity_reason=why)
+
+    def partitionable_dropped(self, why: str) -> None:
+        """The server dropped ``sharedCounters`` or ``consumesCounters`` it was sent (a write's answer): parts are
+        published without counters from now on, until the next discovery."""
+        if self._choice.partitionable:
+            self._choice = replace(self._choice, partitionable=False, partitionable_reason=why)
+
 
 async def discover_or_close(client: AsyncClient, *, node: str, driver: str, pool: str) -> DraApi:
     """:meth:`DraApi.discover`; when it fails the client is closed before the error goes on (the front end's start
@@ -269,20 +305,108 @@ async def _choose(client: AsyncClient, *, node: str, driver: str, pool: str) -> 
             f"{GROUP}/v1beta1=true, and {GROUP}/v1beta2=true on 1.33)"
         )
     version = usable[0]
-    taints, reason = await _probe_taints(client, version, node=node, driver=driver, pool=pool)
+    probed = await _probe(client, version, node=node, driver=driver, pool=pool)
+    taints, reason = probed[TAINTS]
     log.info(
-        "%s: using %s (served: %s); device taints %s: %s",
+        "%s: using %s (served: %s); device taints %s: %s; consumable capacity %s: %s; counter sets %s: %s",
         GROUP,
         version,
         ", ".join(served),
         "used" if taints else "not used, unavailable devices are left out of the slices",
         reason,
+        "used" if probed[CONSUMABLE][0] else "not used, a shared device is published one device per replica",
+        probed[CONSUMABLE][1],
+        "used" if probed[COUNTERS][0] else "not used, parts are published without counters",
+        probed[COUNTERS][1],
     )
-    return DraApiChoice(version, served, taints, reason)
+    return DraApiChoice(version, served, taints, reason, *probed[CONSUMABLE], *probed[COUNTERS])
 
 
-async def _probe_taints(client: AsyncClient, version: str, *, node: str, driver: str, pool: str) -> tuple[bool, str]:
-    """Whether ``version`` of the server keeps a device's taint: a dry-run apply of a slice carrying one."""
+#: The features the dry run asks about, each with the device of the probe slice that carries its fields, those
+#: fields (a refusal naming one of them: the version has no such field) and the gate that drops them.
+TAINTS = "taints"
+CONSUMABLE = "consumable_capacity"
+COUNTERS = "partitionable"
+_PROBED: dict[str, tuple[str, frozenset[str], str, str]] = {
+    TAINTS: ("probe", frozenset({"taints"}), "DRADeviceTaints", "device taints"),
+    CONSUMABLE: (
+        "probe-shared",
+        frozenset({"allowMultipleAllocations", "requestPolicy"}),
+        "DRAConsumableCapacity",
+        "consumable capacity",
+    ),
+    COUNTERS: ("probe-part", frozenset({"consumesCounters", "sharedCounters"}), "DRAPartitionableDevices", "counters"),
+}
+_NOT_DECLARED = re.compile(r"(\S+): field not declared in schema")
+
+
+def _probe_device(feature: str) -> dict[str, Any]:
+    """The device of the probe slice that carries ``feature``'s fields, valid as the API server validates them
+    (``pkg/apis/resource/validation/validation.go``: ``validateDevice``; the request policy as
+    ``validateRequestPolicyRange`` wants it; a counter set referenced need not be in the slice: the pool-wide
+    check is the scheduler's)."""
+    name = _PROBED[feature][0]
+    if feature == TAINTS:
+        return {"name": name, "taints": [{"key": TAINT_KEY, "value": "probe", "effect": TAINT_EFFECT}]}
+    if feature == CONSUMABLE:
+        policy = {"default": "1", "validRange": {"min": "1", "max": "2", "step": "1"}}
+        return {
+            "name": name,
+            "allowMultipleAllocations": True,
+            "capacity": {"shares": {"value": "2", "requestPolicy": policy}},
+        }
+    return {"name": name, "consumesCounters": [{"counterSet": "probe", "counters": {"probe": {"value": "1"}}}]}
+
+
+def _kept(feature: str, device: Mapping[str, Any]) -> bool:
+    """True when the dry run's answer still has ``feature``'s fields on its probe device."""
+    if feature == TAINTS:
+        return bool(device.get("taints"))
+    if feature == CONSUMABLE:
+        shares = (device.get("capacity") or {}).get("shares") or {}
+        return device.get("allowMultipleAllocations") is True and bool(shares.get("requestPolicy"))
+    return bool(device.get("consumesCounters"))
+
+
+async def _probe(
+    client: AsyncClient, version: str, *, node: str, driver: str, pool: str
+) -> dict[str, tuple[bool, str]]:
+    """Whether ``version`` of the server keeps device taints, consumable capacity and counters: a dry-run apply of
+    a slice with one device carrying each (one request), whose answer keeps the fields of a feature whose gate is
+    on and drops those of a gate that is off (``dropDisabledFields`` in ``pkg/registry/resource/resourceslice/
+    strategy.go``: ``dropDisabledDRADeviceTaintsFields``, ``dropDisabledDRAConsumableCapacityFields``, and
+    ``dropDisabledDRAPartitionableDevicesFields``, which drops ``sharedCounters`` and ``consumesCounters``
+    together, so the device's field answers for both). A version without some of the fields (1.32's v1beta1 has
+    none, 1.33's no consumable capacity) refuses the apply naming each (``field not declared in schema``): those
+    features are off, and when others are left to ask about, a second dry run without the refused fields asks.
+    ``sharedCounters`` is not sent: from 1.35 a slice holds them or devices, not both."""
+    answers: dict[str, tuple[bool, str]] = {}
+    while len(answers) < len(_PROBED):
+        asked = [f for f in _PROBED if f not in answers]
+        refused = await _dry_run(client, version, asked, node=node, driver=driver, pool=pool)
+        if isinstance(refused, set):
+            for feature in asked:
+                if _PROBED[feature][1] & refused:
+                    answers[feature] = (
+                        False,
+                        f"{GROUP}/{version} of this API server has no {_PROBED[feature][3]} (it refused the field)",
+                    )
+            continue
+        devices = {d.get("name"): d for d in refused if isinstance(d, Mapping)}
+        for feature in asked:
+            gate = _PROBED[feature][2]
+            if _kept(feature, devices.get(_PROBED[feature][0]) or {}):
+                answers[feature] = (True, "kept by the API server (a dry run)")
+            else:
+                answers[feature] = (False, f"dropped by the API server (a dry run): its feature gate {gate} is off")
+    return answers
+
+
+async def _dry_run(
+    client: AsyncClient, version: str, features: list[str], *, node: str, driver: str, pool: str
+) -> list[Any] | set[str]:
+    """The devices of a dry-run apply of the probe slice carrying ``features``' devices, or the set of field names
+    the version refused (each one of the probed features' fields)."""
     from lightkube import ApiError
 
     body = slice_to_wire(
@@ -294,31 +418,24 @@ async def _probe_taints(client: AsyncClient, version: str, *, node: str, driver:
                 "driver": driver,
                 "nodeName": node,
                 "pool": {"name": pool, "generation": 0, "resourceSliceCount": 1},
-                "devices": [
-                    {"name": "probe", "taints": [{"key": TAINT_KEY, "value": "probe", "effect": TAINT_EFFECT}]}
-                ],
+                "devices": [_probe_device(f) for f in features],
             },
         },
     )
     model = _resources(version).ResourceSlice
+    what = f"the dry run of a ResourceSlice with a device taint, consumable capacity and counters ({GROUP}/{version})"
     try:
         answer = await client.apply(
             cast(Any, model.from_dict(body)), field_manager=_PROBE_MANAGER, force=True, dry_run=True
         )
     except ApiError as exc:
-        if "field not declared in schema" in (exc.status.message or "") and "taints" in (exc.status.message or ""):
-            return False, f"{GROUP}/{version} of this API server has no device taints (it refused the field)"
-        raise KubeApiError(
-            f"the dry run of a ResourceSlice with a device taint ({GROUP}/{version}) failed: "
-            f"{describe_api_error(exc)[0]}"
-        ) from exc
+        message = exc.status.message or ""
+        refused = {path.rsplit(".", 1)[-1] for path in _NOT_DECLARED.findall(message)}
+        ours = frozenset().union(*(_PROBED[f][1] for f in features))
+        if refused and refused <= ours:
+            return refused
+        raise KubeApiError(f"{what} failed: {describe_api_error(exc)[0]}") from exc
     except Exception as exc:
-        raise KubeApiError(
-            f"the dry run of a ResourceSlice with a device taint ({GROUP}/{version}) failed: "
-            f"{describe_api_error(exc)[0]}"
-        ) from exc
+        raise KubeApiError(f"{what} failed: {describe_api_error(exc)[0]}") from exc
     kept = slice_from_wire(version, answer.to_dict())
-    devices = (kept.get("spec") or {}).get("devices") or ()
-    if any(d.get("taints") for d in devices if isinstance(d, Mapping)):
-        return True, "kept by the API server (a dry run)"
-    return False, "dropped by the API server (a dry run): its feature gate DRADeviceTaints is off"
+    return list((kept.get("spec") or {}).get("devices") or ())

@@ -22,16 +22,36 @@ selector reads them as ``device.attributes["<driver>"].numaNode``):
 No capacity is published: devplug's :class:`~devplug.types.Device` has none; a
 describer may give some.
 
-**Shared devices** (a device advertised as N replicas, ``<id>::0`` ..): N devices,
-each a replica, with ``physicalDevice`` (string: the device name of the physical
-device's ID) and ``replica`` (int) attributes, so a claim can ask for replicas of
-distinct devices (``distinctAttribute: <driver>/physicalDevice``). Not one device
-with ``allowMultipleAllocations`` and a consumable capacity: that needs
-``DRAConsumableCapacity`` (beta, on by default only from 1.36; an API server
-without it drops the field, so the device would be handed out once), the
-scheduler would have no replica IDs to give back (prepare would have to invent
-one from the ``shareID``), and every replica of the device table maps one to one
-onto a published device here, the same IDs the core's lifecycle and ledger use.
+**Shared devices** (a device advertised as N replicas, ``<id>::0`` ..) take one of two forms, chosen by
+discovery (:class:`~devplug.frontends.dra.apiversions.DraApiChoice`, ``consumable_capacity``):
+
+* where the API server keeps ``allowMultipleAllocations`` and a capacity's ``requestPolicy`` (``DRAConsumableCapacity``:
+  alpha in 1.34, beta and on by default in 1.36; a server without it drops both,
+  ``dropDisabledDRAConsumableCapacityFields`` in ``pkg/registry/resource/resourceslice/strategy.go``, and the device
+  would be handed out once): ONE
+  device named after the physical ID, with the physical device's attributes (``deviceID`` the physical ID, no
+  ``physicalDevice`` or ``replica``), ``allowMultipleAllocations: true`` and a consumable capacity of the replicas
+  (:mod:`~devplug.frontends.dra.capacity`). Prepare maps a claim's share to free replica IDs of the device, so the
+  core's lifecycle and ledger keep working on replica IDs. **Health**: the device is published with its FULL
+  capacity while the physical device is healthy and some replica is not withheld; it is tainted (``unhealthy``,
+  ``degraded``) with the physical device, and ``releasing`` only when EVERY replica is withheld. Not a capacity
+  lowered to the free replicas: the scheduler already subtracts the shares its claims hold from the capacity
+  (the allocator sums ``consumedCapacity`` of every allocated share of the device), so publishing only the free
+  ones would count each held share twice, and a capacity lowered below what is allocated leaves the allocated
+  shares in place but makes every new request fail until the sum fits again, with a new generation of the pool
+  for every release. A replica still being cleaned after its claim went is the node's business: prepare refuses a
+  share for which not enough replicas are free, and the kubelet retries the claim until they are;
+* else N devices, each a replica, with ``physicalDevice`` (string: the device name of the physical device's ID)
+  and ``replica`` (int) attributes, so a claim can ask for replicas of distinct devices (``distinctAttribute:
+  <driver>/physicalDevice``); every replica of the device table maps one to one onto a published device, the same
+  IDs the core's lifecycle and ledger use.
+
+**Parts of a parent** (:class:`~devplug.types.Partition`): where the API server keeps ``sharedCounters`` and
+``consumesCounters`` (``DRAPartitionableDevices``, found by the same dry run; ``counters=True``), each distinct
+parent is a counter set in slices of their own (at most 8 a slice, after the devices' slices, in the same pool and
+counted in ``resourceSliceCount``) and each part says what it consumes (:mod:`~devplug.frontends.dra.counters`); a
+slice with such a part holds at most 64 devices. Else parts are published as plain devices: the core refuses, at
+prepare, parts whose counters do not fit and withholds (taints) parts that cannot fit.
 
 **Health.** A device the scheduler must not hand out gets a device taint,
 ``devplug.io/unavailable`` with effect ``NoSchedule`` and the value
@@ -69,6 +89,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devplug.engine import DeviceTable
+from devplug.frontends.dra.capacity import SharedCapacity, shared_capacity
+from devplug.frontends.dra.counters import MAX_COUNTER_SETS, CounterSetError, consumes_entry, counter_sets
 from devplug.frontends.dra.devicenames import DeviceNameMap, device_name
 from devplug.types import Device
 
@@ -153,10 +175,19 @@ class Pool:
     names: DeviceNameMap
     tainted: int
     omitted: int
+    #: The shared devices published as one device with consumable capacity, by physical ID.
+    shared: Mapping[str, SharedCapacity] = field(default_factory=dict)
+    #: How many counter sets the pool publishes (in slices of their own, after the devices' slices).
+    counter_sets: int = 0
 
     @property
     def device_count(self) -> int:
         return sum(len(spec.get("devices") or ()) for _, spec in self.slices)
+
+    def shared_capacity(self, device_id: str) -> SharedCapacity | None:
+        """The consumable capacity of a shared device this pool publishes as one device (by physical ID), or
+        ``None`` (not shared, published one device per replica, or not published)."""
+        return self.shared.get(device_id)
 
 
 def slice_name(pool: str, driver: str, index: int) -> str:
@@ -206,6 +237,8 @@ def _device_entry(
     taint: str | None,
     describe: DeviceDescriber | None,
     taint_times: Mapping[tuple[str, str], str],
+    shared: SharedCapacity | None = None,
+    consumes: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     attributes: dict[str, dict[str, Any]] = {}
     if len(dev.id.encode(errors="surrogatepass")) <= MAX_STRING_BYTES:
@@ -216,7 +249,7 @@ def _device_entry(
     if physical != dev.id:
         attributes["physicalDevice"] = {"string": device_name(physical)}
         attributes["replica"] = {"int": table.replica_ids(physical).index(dev.id)}
-    capacity: dict[str, dict[str, Any]] = {}
+    capacity: dict[str, dict[str, Any]] = shared.capacity_entry() if shared is not None else {}
     if describe is not None:
         where = f"device {dev.id!r}"
         try:
@@ -234,6 +267,10 @@ def _device_entry(
         for given, quantity in described.capacity.items():
             _check_name(given, f"{where}: capacity")
             key = given.removeprefix(f"{driver}/")
+            if shared is not None and key == shared.name:
+                raise SliceContentError(
+                    f"{where}: capacity {given!r} is the shared device's consumable capacity (its share_capacity)"
+                )
             if key in capacity:
                 raise SliceContentError(f"{where}: capacity {given!r} is given twice (bare and in {driver}/)")
             text = str(quantity) if isinstance(quantity, int) and not isinstance(quantity, bool) else quantity
@@ -250,6 +287,10 @@ def _device_entry(
         entry["attributes"] = attributes
     if capacity:
         entry["capacity"] = capacity
+    if shared is not None:
+        entry["allowMultipleAllocations"] = True
+    if consumes is not None:
+        entry["consumesCounters"] = consumes
     if taint is not None:
         entry["taints"] = [{"key": TAINT_KEY, "value": taint, "effect": TAINT_EFFECT}]
         added = taint_times.get((name, taint))
@@ -258,25 +299,47 @@ def _device_entry(
     return entry
 
 
-def _unavailable(table: DeviceTable, dev: Device) -> str | None:
-    """Why the scheduler must not hand the device out (a taint value), or ``None``."""
+def _unavailable(table: DeviceTable, dev: Device, shared: SharedCapacity | None = None) -> str | None:
+    """Why the scheduler must not hand the device out (a taint value), or ``None``. A shared device published with
+    consumable capacity is withheld (``releasing``) only when every replica is."""
     if table.degraded is not None:
         return "degraded"
-    if dev.id in table.withheld:
+    if shared is not None:
+        if table.withheld.issuperset(shared.replica_ids):
+            return "releasing"
+    elif dev.id in table.withheld:
         return "releasing"
     if not dev.healthy:
         return "unhealthy"
     return None
 
 
-def _digest(where: tuple[str, str, str], slices: list[list[dict[str, Any]]]) -> str:
-    """The pool's content, without the taints' ``timeAdded`` (when a taint came is no change of the pool)."""
-    plain = [
+def _digest(where: tuple[str, str, str], slices: list[list[dict[str, Any]]], sets: list[list[dict[str, Any]]]) -> str:
+    """The pool's content, without the taints' ``timeAdded`` (when a taint came is no change of the pool); the
+    counter sets count only when there are some (a pool without them keeps the digest it always had)."""
+    plain: list[Any] = [
         [{k: v if k != "taints" else [{**t, "timeAdded": None} for t in v] for k, v in d.items()} for d in devices]
         for devices in slices
     ]
-    text = json.dumps([*where, plain], sort_keys=True, separators=(",", ":"))
+    text = json.dumps([*where, plain, *([sets] if sets else [])], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _published(table: DeviceTable, consumable: bool) -> list[tuple[Device, SharedCapacity | None]]:
+    """The devices to publish, each with its consumable capacity when it is published as one (``consumable``: a
+    shared device once, by its physical ID; else each replica, as the table advertises them)."""
+    if table.retired is not None:
+        return []
+    if not consumable:
+        return [(dev, None) for dev in table.reported_devices()]
+    out: list[tuple[Device, SharedCapacity | None]] = []
+    for dev in table.physical_devices():
+        shared = shared_capacity(table, dev.id)
+        if shared is not None:
+            out.append((dev, shared))
+        else:
+            out.extend((rep, None) for rep in (table.reported(i) for i in table.replica_ids(dev.id)) if rep)
+    return out
 
 
 def build_pool(
@@ -288,30 +351,52 @@ def build_pool(
     taints: bool = True,
     describe: DeviceDescriber | None = None,
     taint_times: Mapping[tuple[str, str], str] | None = None,
+    consumable: bool = False,
+    counters: bool = False,
 ) -> Pool:
     """The pool of ``table``'s devices: see the module's docstring. ``taints``: taint unavailable devices (else
     leave them out); ``taint_times``: when each (device name, taint value) was first published, kept as the taint's
-    ``timeAdded``. Raises :class:`SliceContentError` naming the device and what is wrong."""
-    devices = [] if table.retired is not None else table.reported_devices()
+    ``timeAdded``; ``consumable``: publish each shared device as one device with consumable capacity (else one
+    device per replica); ``counters``: publish the parts' parents as counter sets and what each part consumes (else
+    parts without counters). Raises :class:`SliceContentError` naming the device and what is wrong."""
+    devices = _published(table, consumable)
     try:
-        names = DeviceNameMap(d.id for d in devices)
+        names = DeviceNameMap(d.id for d, _ in devices)
     except ValueError as exc:
         raise SliceContentError(str(exc)) from exc
+    try:
+        sets = counter_sets(d for d, _ in devices) if counters else {}
+    except CounterSetError as exc:
+        raise SliceContentError(str(exc)) from exc
     entries: list[dict[str, Any]] = []
+    shared_published: dict[str, SharedCapacity] = {}
     tainted = omitted = 0
-    for dev in sorted(devices, key=lambda d: names[d.id]):
-        taint = _unavailable(table, dev)
+    for dev, shared in sorted(devices, key=lambda d: names[d[0].id]):
+        taint = _unavailable(table, dev, shared)
         if taint is not None and not taints:
             omitted += 1
             continue
         tainted += taint is not None
-        entries.append(_device_entry(driver, table, dev, names[dev.id], taint, describe, taint_times or {}))
-    limit = MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES
+        consumes = consumes_entry(dev, sets) if counters else None
+        entries.append(
+            _device_entry(
+                driver, table, dev, names[dev.id], taint, describe, taint_times or {}, shared=shared, consumes=consumes
+            )
+        )
+        if shared is not None:
+            shared_published[dev.id] = shared
+    limit = MAX_DEVICES_WITH_TAINTS if tainted or any("consumesCounters" in e for e in entries) else MAX_DEVICES
     chunks = [entries[i : i + limit] for i in range(0, len(entries), limit)] or [[]]
-    digest = _digest((driver, node, pool), chunks)
+    set_entries = [s.entry() for s in sorted(sets.values(), key=lambda s: s.name)]
+    set_chunks = [set_entries[i : i + MAX_COUNTER_SETS] for i in range(0, len(set_entries), MAX_COUNTER_SETS)]
+    digest = _digest((driver, node, pool), chunks, set_chunks)
     slices = []
     for index, chunk in enumerate(chunks):
         spec: dict[str, Any] = {"driver": driver, "nodeName": node, "pool": {"name": pool}, "devices": chunk}
         slices.append((slice_name(pool, driver, index), spec))
+    for index, set_chunk in enumerate(set_chunks, start=len(chunks)):
+        # no ``devices`` key at all: a slice with sharedCounters may have no devices (1.35+, validateResourceSliceSpec)
+        spec = {"driver": driver, "nodeName": node, "pool": {"name": pool}, "sharedCounters": set_chunk}
+        slices.append((slice_name(pool, driver, index), spec))
     published = DeviceNameMap(names.device_id(e["name"]) or "" for chunk in chunks for e in chunk)
-    return Pool(pool, tuple(slices), digest, published, tainted, omitted)
+    return Pool(pool, tuple(slices), digest, published, tainted, omitted, shared_published, len(set_entries))

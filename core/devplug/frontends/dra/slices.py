@@ -74,7 +74,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from devplug.engine import Backoff, DeviceTable
 from devplug.errors import DevplugError
-from devplug.frontends.dra.apiversions import DraApi, slice_from_wire, slice_to_wire
+from devplug.frontends.dra.apiversions import DraApi, DraApiChoice, slice_from_wire, slice_to_wire
+from devplug.frontends.dra.capacity import SharedCapacity, shared_capacity
 from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap
 from devplug.frontends.dra.slicecontent import (
     DIGEST_ANNOTATION,
@@ -130,6 +131,13 @@ class PublisherState:
     taints: bool = True
     #: The ``resource.k8s.io`` version the slices are written in.
     api_version: str = "resource.k8s.io/v1"
+    #: True while shared devices are published as one device with consumable capacity (else one per replica), and
+    #: how many are.
+    consumable_capacity: bool = False
+    shared_devices: int = 0
+    #: True while parts are published with their parent's counter set (else without counters), and how many sets.
+    partitionable: bool = False
+    counter_sets: int = 0
 
     @property
     def in_sync(self) -> bool:
@@ -198,21 +206,41 @@ class SlicePublisher:
         self._open.set()
         self._quiet = asyncio.Event()  # cleared while a sync talks to the API server
         self._quiet.set()
-        self.state = PublisherState(taints=self.api.choice.taints, api_version=self.api.choice.api_version)
+        self.state = PublisherState(
+            taints=self.api.choice.taints,
+            api_version=self.api.choice.api_version,
+            consumable_capacity=self.api.choice.consumable_capacity,
+            partitionable=self.api.choice.partitionable,
+        )
 
     # --- what other parts ask
 
     def device_id(self, name: str) -> str | None:
         """The device ID of one of the table's devices by its device name, or None (whether or not it is in the
-        slices now: a claim may hold a device that became unavailable since). None for every name while two
-        devices share one (the pool is not published then either)."""
+        slices now: a claim may hold a device that became unavailable since). A shared device's replicas map to
+        their replica IDs and its own name (the device published with consumable capacity) to its physical ID,
+        whichever form the pool has now (a claim allocated in the other form still resolves). None for every name
+        while two devices share one (the pool is not published then either)."""
         if self._names_version != self.table.version:
             try:
-                self._names = DeviceNameMap(self.table.ids)
+                self._names = DeviceNameMap([*self.table.ids, *self.table.shared_devices()])
             except DeviceNameCollisionError:
                 self._names = DeviceNameMap()
             self._names_version = self.table.version
         return self._names.device_id(name)
+
+    def shared_capacity(self, device_id: str) -> SharedCapacity | None:
+        """The consumable capacity of the shared device ``device_id`` (its physical ID: what :meth:`device_id`
+        gives for the device published as one): the capacity's name, what a replica is worth and the replica IDs;
+        ``None`` when ``device_id`` is no physical ID of a device advertised as two replicas or more. Whatever form
+        the pool has now (see :attr:`consumable`)."""
+        return shared_capacity(self.table, device_id)
+
+    @property
+    def consumable(self) -> bool:
+        """True while shared devices are published as one device with consumable capacity (the API server keeps
+        the fields: :attr:`~devplug.frontends.dra.apiversions.DraApiChoice.consumable_capacity`)."""
+        return self.api.choice.consumable_capacity
 
     def resync(self) -> None:
         """List the node's slices and write them again if they differ, soon (after the kubelet may have wiped them)."""
@@ -352,14 +380,17 @@ class SlicePublisher:
         )
 
     def _build(self) -> Pool:
+        choice = self.api.choice
         return build_pool(
             self.table,
             driver=self.driver,
             pool=self.pool,
             node=self.node,
-            taints=self.api.choice.taints,
+            taints=choice.taints,
             describe=self._describe,
             taint_times=self._taint_times,
+            consumable=choice.consumable_capacity,
+            counters=choice.partitionable,
         )
 
     # --- the API server
@@ -421,11 +452,11 @@ class SlicePublisher:
         self._quiet.clear()
         try:
             if self._stale:
-                taints = self.api.choice.taints
+                before = _shape(self.api.choice)
                 await self.api.refresh("the slices' watch started again, or the version in use was not served")
                 self._stale = False
                 self.state = replace(self.state, api_version=self.api.choice.api_version)
-                if self.api.choice.taints != taints:
+                if _shape(self.api.choice) != before:
                     return False
             return await self._sync_now(pool, version)
         finally:
@@ -451,16 +482,45 @@ class SlicePublisher:
         self._generation = generation
         self._note_taint_times(applied)
         self._note_written(applied)
-        if pool.tainted and _taints_dropped(pool, applied):
-            log.warning(
-                "ResourceSlices of %s on node %s: the API server dropped the device taints (feature gate "
-                "DRADeviceTaints off): unavailable devices are left out of the slices instead",
-                self.driver,
-                self.node,
-                extra={"driver": self.driver},
+        dropped = _dropped(pool, applied)
+        if dropped:
+            for field_name in dropped:
+                what, gate, instead, drop = {
+                    "taints": (
+                        "the device taints",
+                        "DRADeviceTaints",
+                        "unavailable devices are left out of the slices",
+                        self.api.taints_dropped,
+                    ),
+                    "allowMultipleAllocations": (
+                        "consumable capacity (allowMultipleAllocations)",
+                        "DRAConsumableCapacity",
+                        "shared devices are published one device per replica",
+                        self.api.consumable_capacity_dropped,
+                    ),
+                    "consumesCounters": (
+                        "the counters (consumesCounters)",
+                        "DRAPartitionableDevices",
+                        "parts are published without counters",
+                        self.api.partitionable_dropped,
+                    ),
+                }[field_name]
+                log.warning(
+                    "ResourceSlices of %s on node %s: the API server dropped %s (feature gate %s off): %s instead",
+                    self.driver,
+                    self.node,
+                    what,
+                    gate,
+                    instead,
+                    extra={"driver": self.driver},
+                )
+                drop(f"dropped from the answer to an apply (feature gate {gate} off)")
+            self.state = replace(
+                self.state,
+                taints=self.api.choice.taints,
+                consumable_capacity=self.api.choice.consumable_capacity,
+                partitionable=self.api.choice.partitionable,
             )
-            self.api.taints_dropped("dropped from the answer to an apply (feature gate DRADeviceTaints off)")
-            self.state = replace(self.state, taints=False)
             return False
         self._synced(pool, version)
         return True
@@ -478,6 +538,10 @@ class SlicePublisher:
             devices=pool.device_count,
             tainted=pool.tainted,
             omitted=pool.omitted,
+            consumable_capacity=self.api.choice.consumable_capacity,
+            shared_devices=len(pool.shared),
+            partitionable=self.api.choice.partitionable,
+            counter_sets=pool.counter_sets,
             table_version=version,
             synced_at=self._clock(),
             error=None,
@@ -596,8 +660,20 @@ def _without_taint_times(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in spec.items() if k != "devices"}, **({"devices": devices} if devices else {})}
 
 
-def _taints_dropped(pool: Pool, applied: list[dict[str, Any]]) -> bool:
-    """True when a device was sent with taints and came back without (``dropDisabledDRADeviceTaintsFields``)."""
-    sent = {d["name"] for _, spec in pool.slices for d in spec["devices"] if d.get("taints")}
-    kept = {d["name"] for s in applied for d in s["spec"].get("devices") or () if d.get("taints")}
-    return bool(sent - kept)
+def _shape(choice: DraApiChoice) -> tuple[bool, bool, bool]:
+    """What a discovery's choice changes in the pool's content: taints, consumable capacity, counters."""
+    return choice.taints, choice.consumable_capacity, choice.partitionable
+
+
+def _dropped(pool: Pool, applied: list[dict[str, Any]]) -> list[str]:
+    """The gated device fields sent and missing from the apply's answer (``dropDisabledFields`` of the API server's
+    ResourceSlice strategy, a gate turned off since discovery): ``taints``, ``allowMultipleAllocations`` (a
+    capacity's ``requestPolicy`` goes with it) and ``consumesCounters`` (``sharedCounters`` goes with it), each
+    named once."""
+    dropped = []
+    for field_name in ("taints", "allowMultipleAllocations", "consumesCounters"):
+        sent = {d["name"] for _, spec in pool.slices for d in spec.get("devices") or () if d.get(field_name)}
+        kept = {d["name"] for s in applied for d in s["spec"].get("devices") or () if d.get(field_name)}
+        if sent - kept:
+            dropped.append(field_name)
+    return dropped
