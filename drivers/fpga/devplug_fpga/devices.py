@@ -7,6 +7,11 @@ number on the card (the DFL port ``id``). Device IDs:
 * a region: ``0000:3b:00.0-region0``.
 
 In ``both`` mode a card and its regions overlap: :func:`overlapping` says which.
+
+With the ``partitions`` option (contract 1.1, KEP-4815), :func:`partition` says the same in the core's words:
+each card is a parent named ``<address>-card`` (not the card's own ID, which the whole card's device has: a
+device is never a part of itself) with one counter, ``regions``, the number of its ports; a region consumes 1 of
+it, the whole card all of them.
 """
 
 from __future__ import annotations
@@ -14,9 +19,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from devplug.types import Partition
 from devplug_fpga.options import Mode
 
-__all__ = ["Card", "Region", "Target", "overlapping", "region_id", "targets"]
+__all__ = [
+    "REGIONS_COUNTER",
+    "Card",
+    "Region",
+    "Target",
+    "card_parent",
+    "overlapping",
+    "partition",
+    "region_id",
+    "targets",
+]
+
+#: The counter of a card's parent: how many regions (DFL ports) it has.
+REGIONS_COUNTER = "regions"
 
 
 @dataclass(frozen=True)
@@ -79,3 +98,17 @@ def overlapping(target: Target, all_targets: Iterable[Target]) -> list[str]:
         and other.card.address == target.card.address
         and {r.index for r in other.regions} & {r.index for r in target.regions}
     ]
+
+
+def card_parent(address: str) -> str:
+    """The name of a card as the parent of its devices: ``<address>-card``."""
+    return f"{address}-card"
+
+
+def partition(target: Target) -> Partition | None:
+    """``target`` as a part of its card: a region consumes 1 of the card's ``regions``, a whole card all of
+    them; ``None`` for a card without regions (a counter is at least 1: ``Partition``)."""
+    count = len(target.card.regions)
+    if count == 0:
+        return None
+    return Partition(card_parent(target.card.address), {REGIONS_COUNTER: count}, {REGIONS_COUNTER: len(target.regions)})

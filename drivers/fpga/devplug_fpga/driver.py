@@ -38,11 +38,12 @@ from devplug import (
 from devplug.kit import DeviceOwners, DriverRuntime, kill_left_behind, process_stamp
 from devplug_fpga.backend import FpgaBackend
 from devplug_fpga.command import FpgaError, PidRecorder, shown_output
-from devplug_fpga.devices import Target, overlapping, targets
+from devplug_fpga.devices import Target, overlapping, partition, targets
 from devplug_fpga.dfl import DflBackend
 from devplug_fpga.door import DflAccess, HostDfl
 from devplug_fpga.options import FpgaOptions
 from devplug_fpga.state import FpgaState
+from devplug_fpga.status import device_status
 from devplug_fpga.vendor import CommandBackend
 
 __all__ = ["KERNEL_MODELS", "FpgaDriver", "env_suffix", "make_access"]
@@ -198,7 +199,8 @@ class FpgaDriver:
             node = target.card.numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
             health = Health.UNHEALTHY if reason else Health.HEALTHY
-            devices.append(Device(target.id, health, topology, reason))
+            part = partition(target) if self.options.partitions else None
+            devices.append(Device(target.id, health, topology, reason, partition=part))
         return devices
 
     def _scan(self) -> list[Device]:
@@ -249,7 +251,10 @@ class FpgaDriver:
 
     @hookimpl
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation | None:
-        """Hand out the device nodes, after programming the default image if one is configured."""
+        """Hand out the device nodes, after programming the default image if one is configured.
+
+        With ``device_status``, the answer carries each device's :func:`devplug_fpga.status.device_status`
+        (the AFU IDs its regions hold now and a ``Programmed`` condition) for the DRA claim's status."""
         with self._lock:
             store = self.state
             wanted = self._targets_of(device_ids)
@@ -321,7 +326,11 @@ class FpgaDriver:
         if any(a is not None for a in afu_ids):
             envs[f"FPGA_AFU_IDS_{suffix}"] = ",".join(a or "" for a in afu_ids)
         mounts = tuple(Mount(m, m, read_only=True) for m in self.options.mounts)
-        return ContainerAllocation(envs=envs, devices=tuple(specs.values()), mounts=mounts)
+        statuses = {}
+        if self.options.device_status:  # contract 1.1: the claim's status.devices shows what each device holds
+            read = iter(afu_ids)
+            statuses = {t.id: device_status(t, [next(read) for _ in t.regions], self.options) for t in wanted}
+        return ContainerAllocation(envs=envs, devices=tuple(specs.values()), mounts=mounts, device_status=statuses)
 
     # --- release --------------------------------------------------------------------------------
 

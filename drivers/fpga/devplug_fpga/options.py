@@ -112,6 +112,8 @@ class FpgaOptions:
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
     model_root: Path | None = None
+    partitions: bool = False
+    device_status: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ("dfl", "command"):
@@ -171,6 +173,14 @@ class FpgaOptions:
         check_roots(self.sysfs_root, self.dev_root)
         if self.model_root is not None:
             refuse_kernel_trees(self.model_root, "model_root")
+        for key in ("partitions", "device_status"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
+        if self.partitions and self.mode == "whole":
+            raise ValueError(
+                "partitions: mode = 'whole' offers each card as one device, a part of nothing; "
+                "partitions need mode = 'regions' or 'both'"
+            )
 
     def _check_backend(self) -> None:
         uses_bitstream = any("{bitstream}" in part for part in self.deprogram_command)
