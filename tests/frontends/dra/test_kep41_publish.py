@@ -5,6 +5,7 @@ against the API-server stand-in's validation of a ResourceSlice (``validation.go
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -196,25 +197,23 @@ def test_parts_of_one_parent_that_disagree_on_its_counters_are_refused_naming_bo
     build(table)  # without counters the engine alone keeps the parts apart: nothing to refuse here
 
 
-def test_two_parents_whose_counter_sets_would_share_a_name_are_refused() -> None:
-    from devplug.frontends.dra import counters
+def test_two_parents_whose_counter_sets_would_share_a_name_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No two real IDs are known to collide (65 bits of SHA-256): the name map is made to see a collision."""
+    from devplug.frontends.dra import counters, devicenames
 
-    real = counters.DeviceNameMap
-
-    class Colliding(real):  # type: ignore[misc,valid-type]
-        def __init__(self, ids: Any = ()) -> None:
-            ids = list(ids)
-            if len(ids) == 2:
-                raise counters.DeviceNameCollisionError(f"device IDs {ids[0]!r} and {ids[1]!r} both map to 'x'")
-            super().__init__(ids)
+    class Colliding(devicenames.DeviceNameMap):
+        def __init__(self, ids: Iterable[str] = ()) -> None:
+            listed = list(ids)
+            if len(listed) == 2:
+                raise devicenames.DeviceNameCollisionError(
+                    f"device IDs {listed[0]!r} and {listed[1]!r} both map to 'x'"
+                )
+            super().__init__(listed)
 
     table = table_of(Device("a-part", partition=_card("A", 1)), Device("b-part", partition=_card("B", 1)))
-    counters.DeviceNameMap = Colliding  # type: ignore[misc]
-    try:
-        with pytest.raises(SliceContentError, match="counter sets: parent IDs 'A' and 'B' both map to"):
-            build_pool(table, driver=DRIVER, pool="node-a", node="node-a", counters=True)
-    finally:
-        counters.DeviceNameMap = real  # type: ignore[misc]
+    monkeypatch.setattr(counters, "DeviceNameMap", Colliding)
+    with pytest.raises(SliceContentError, match="counter sets: parent IDs 'A' and 'B' both map to"):
+        build_pool(table, driver=DRIVER, pool="node-a", node="node-a", counters=True)
 
 
 def test_slices_with_parts_hold_64_devices_and_counter_sets_8_a_slice() -> None:
