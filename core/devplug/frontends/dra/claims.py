@@ -15,7 +15,10 @@ any more discovers it again and reads once more):
   node: network-attached) passes, and the pool check below decides;
 
 * ``status.allocation.devices.results[]``: one entry per allocated device,
-  ``{request, driver, pool, device, adminAccess, shareID, ...}``; this driver's
+  ``{request, driver, pool, device, adminAccess, shareID, consumedCapacity, ...}``
+  (``shareID`` and ``consumedCapacity`` on a device allocated more than once, KEP-5075;
+  ``adminAccess`` on a KEP-5018 monitoring allocation; :mod:`~devplug.frontends.dra.shares`
+  and :mod:`~devplug.frontends.dra.adminaccess` prepare them); this driver's
   are those whose ``driver`` is its name and ``pool`` its node's pool (the Go
   helper leaves that filtering to the driver; devices of this driver in another
   pool beside this node's are an error, since a pod started with part of its
@@ -178,6 +181,9 @@ class AllocatedDevice:
     share_id: str | None = None
     #: An admin-access allocation: the device may be in use by other claims as well.
     admin_access: bool = False
+    #: The allocation's ``consumedCapacity`` (a share of a device with consumable capacity, KEP-5075): each capacity
+    #: name with its quantity's text, sorted by name; empty for a device allocated whole.
+    consumed_capacity: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -399,7 +405,22 @@ class ClaimReader:
                 )
             share = result.get("shareID")
             admin = bool(result.get("adminAccess"))
-            devices.append(AllocatedDevice(str(result.get("request")), name, device_id, share and str(share), admin))
+            consumed = result.get("consumedCapacity") or {}
+            if not isinstance(consumed, Mapping):
+                raise ClaimError(
+                    claim,
+                    f"request {result.get('request')!r}, device {name!r}: its consumedCapacity is no map of quantities",
+                )
+            devices.append(
+                AllocatedDevice(
+                    str(result.get("request")),
+                    name,
+                    device_id,
+                    share and str(share),
+                    admin,
+                    tuple(sorted((str(k), str(v)) for k, v in consumed.items())),
+                )
+            )
         configs = tuple(
             OpaqueConfig(
                 str(entry.get("source", "")),

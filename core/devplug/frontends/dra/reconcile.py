@@ -13,7 +13,11 @@ restarts (``dra_manager_state``). What it does not owe, and what this loop finds
   ``allocate``): pending records no admission works on;
 * **releases left unfinished** (a failure, a kill -9): releasing records, retried
   with the release queue's backoff;
-* **CDI specs of claims released** here (not through an unprepare): deleted.
+* **CDI specs of claims released** here (not through an unprepare): deleted;
+* **admin-access claims gone** (:mod:`~devplug.frontends.dra.adminaccess`: no
+  ledger record, no hook; asked about with the prepared claims): their CDI spec is
+  deleted and they are forgotten, at once (nothing is cleaned, so nothing waits
+  for their pods' containers: a CDI spec is read when a container is made).
 
 Each goes to the resource's release queue
 (:class:`~devplug.engine.releasequeue.ReleaseQueue`), under the same liveness
@@ -32,6 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from devplug.engine import AllocationRecord, DeviceLifecycle, ReleaseQueue
+from devplug.frontends.dra.adminaccess import AdminClaims
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import ClaimPresence, ClaimReadError, ClaimRef
 
@@ -66,8 +71,11 @@ class ClaimReconciler:
         *,
         interval: float = 1.0,
         presence_interval: float = 30.0,
+        admin: AdminClaims | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        #: The admin-access claims prepared here (no record of theirs is in the ledger).
+        self._admin = admin
         self.name = lifecycle.resource_name
         self._releases = releases
         self._presence = presence
@@ -145,20 +153,56 @@ class ClaimReconciler:
                 queue.release_when_exited(record, f"{claim_ref(record)} is {self.gone[record.claim_uid].value}", now)
             else:
                 prepared.append(record)
-        if prepared and (self._check_presence or time.monotonic() - self._last_presence >= self.presence_interval):
-            await self._released_gone(queue, prepared)
+        admin = self._admin_only()
+        due = self._check_presence or time.monotonic() - self._last_presence >= self.presence_interval
+        if (prepared or admin) and due:
+            await self._released_gone(queue, prepared, admin)
         queue.forget_gone()
         for uid in [u for u in self.gone if self.lifecycle.for_claim(u) is None]:
             del self.gone[uid]
         for uid in await self._cdi.kept():
-            if self.lifecycle.for_claim(uid) is None:  # its kept copy says the spec was written here
+            # its kept copy says the spec was written here: it goes with the claim's record and admin-access part
+            if self.lifecycle.for_claim(uid) is None and (self._admin is None or uid not in self._admin):
                 await self._cdi.remove(uid, recorded=False)
 
-    async def _released_gone(self, queue: ReleaseQueue, prepared: list[AllocationRecord]) -> None:
+    def _admin_only(self) -> dict[ClaimRef, str]:
+        """The admin-access claims with no record in the ledger (a claim with both parts is asked about through its
+        record, and its admin-access part once the record is gone), by ref -> UID."""
+        if self._admin is None:
+            return {}
+        found = {}
+        for uid in self._admin:
+            kept = self._admin.get(uid)
+            if kept is not None and self.lifecycle.for_claim(uid) is None:
+                ref = kept.ref(uid)
+                if ref.problem() is None:  # written from a checked claim; one edited by hand names no URL
+                    found[ref] = uid
+        return found
+
+    async def _forget_admin(self, ref: ClaimRef, answer: ClaimPresence) -> None:
+        """An admin-access claim found gone: its CDI spec deleted, the claim forgotten (no hook: nothing to clean)."""
+        if self._admin is None or self.lifecycle.for_claim(ref.uid) is not None or ref.uid not in self._admin:
+            return
+        log.warning(
+            "[%s] %s was prepared here with admin access but is %s in the API server: its CDI spec is removed",
+            self.name,
+            ref,
+            answer.value,
+        )
+        self.lifecycle.observer.claim_gone(answer.value)
+        await self._cdi.remove(ref.uid, recorded=True, claim=str(ref))
+        try:
+            await self._admin.forget(ref.uid)
+        except OSError as exc:
+            log.error("[%s] cannot forget the admin-access claim %s: %s", self.name, ref, exc)
+
+    async def _released_gone(
+        self, queue: ReleaseQueue, prepared: list[AllocationRecord], admin: dict[ClaimRef, str]
+    ) -> None:
         # a record's claim was checked when prepared; one that fails now (a ledger edited by hand) names no URL
         refs = {ref: record for record in prepared if (ref := claim_ref(record)) is not None and ref.problem() is None}
         try:
-            presence: dict[ClaimRef, ClaimPresence] = await self._presence(refs)
+            presence: dict[ClaimRef, ClaimPresence] = await self._presence([*refs, *admin])
         except ClaimReadError as exc:
             if self.presence_error != str(exc):
                 log.warning("[%s] cannot tell whether prepared claims still exist: %s", self.name, exc)
@@ -170,6 +214,9 @@ class ClaimReconciler:
         now = time.time()
         for ref, answer in presence.items():
             if not answer.gone:
+                continue
+            if ref not in refs:
+                await self._forget_admin(ref, answer)
                 continue
             record = self.lifecycle.record(refs[ref].id)
             if record is None or record.releasing or queue.running(record.id):
