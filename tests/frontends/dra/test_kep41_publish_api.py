@@ -1,0 +1,215 @@
+"""Issue 41's published forms against the API-server stand-in over real HTTP: the dry run that finds whether the
+server keeps consumable capacity and counters (each gate on and off, 1.32 to 1.36), and the publisher writing what it
+found: one consumable device or N replicas, parts with or without their counter sets, counter slices deleted with
+the pool."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devplug.engine.devicetable import DeviceTable
+from devplug.frontends.dra.apiversions import DraApi, probe_name
+from devplug.frontends.dra.devicenames import device_name
+from devplug.frontends.dra.slices import SlicePublisher
+from devplug.kube.client import make_client
+from devplug.testing.apiserver import ApiServer
+from devplug.types import Device, Partition
+
+from .conftest import DRIVER, NODE, eventually, node, run, write_kubeconfig
+
+MANAGER = f"devplug-{DRIVER}"
+
+
+async def _discover(api: ApiServer, tmp_path: Path) -> DraApi:
+    client = make_client(write_kubeconfig(api, tmp_path / f"kubeconfig-{id(api)}"), field_manager=MANAGER)
+    try:
+        return await DraApi.discover(client, node=NODE, driver=DRIVER, pool=NODE)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("release", "enabled", "disabled", "consumable", "partitionable", "why_consumable", "why_counters", "probes"),
+    [
+        ("1.32", (), None, False, False, "has no consumable capacity (it refused", "has no counters (it refused", 1),
+        ("1.33", (), None, False, False, "has no consumable capacity (it refused", "DRAPartitionableDevices is off", 2),
+        (
+            "1.33",
+            ("DRAPartitionableDevices",),
+            None,
+            False,
+            True,
+            "has no consumable capacity (it refused",
+            "kept by the API server",
+            2,
+        ),
+        ("1.34", (), None, False, False, "DRAConsumableCapacity is off", "DRAPartitionableDevices is off", 1),
+        ("1.35", ("DRAConsumableCapacity",), None, True, False, "kept", "DRAPartitionableDevices is off", 1),
+        ("1.36", (), None, True, True, "kept by the API server", "kept by the API server", 1),
+        ("1.36", (), ("DRAConsumableCapacity",), False, True, "DRAConsumableCapacity is off", "kept", 1),
+        ("1.36", (), ("DRAPartitionableDevices",), True, False, "kept", "DRAPartitionableDevices is off", 1),
+    ],
+)
+def test_one_dry_run_finds_whether_the_server_keeps_consumable_capacity_and_counters(
+    tmp_path: Path,
+    release: str,
+    enabled: tuple[str, ...],
+    disabled: tuple[str, ...] | None,
+    consumable: bool,
+    partitionable: bool,
+    why_consumable: str,
+    why_counters: str,
+    probes: int,
+) -> None:
+    with ApiServer(release=release, enabled_features=enabled, disabled_features=disabled) as api:
+        api.create("nodes", node())
+        found = run(lambda: _discover(api, tmp_path))
+        choice = found.choice
+        assert (choice.consumable_capacity, choice.partitionable) == (consumable, partitionable), choice
+        assert why_consumable in choice.consumable_capacity_reason
+        assert why_counters in choice.partitionable_reason
+        dry_runs = [r for r in api.requests if r.verb == "patch"]
+        assert len(dry_runs) == probes, "one dry run; a second only when the version refuses some fields"
+        assert all(r.query.get("dryRun") == "All" and r.name == probe_name(NODE, DRIVER) for r in dry_runs)
+        assert api.objects("resourceslices") == [], "the dry runs store nothing"
+        shown = found.describe()
+        assert (shown["consumable_capacity"], shown["partitionable"]) == (consumable, partitionable)
+        assert shown["consumable_capacity_reason"] == choice.consumable_capacity_reason
+
+
+def _slices(api: ApiServer) -> list[dict[str, Any]]:
+    return sorted(
+        (s for s in api.objects("resourceslices") if s["spec"]["driver"] == DRIVER), key=lambda s: s["metadata"]["name"]
+    )
+
+
+def _devices(api: ApiServer) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in _slices(api) for d in s["spec"].get("devices") or ()}
+
+
+def _publish_until(
+    api: ApiServer, tmp_path: Path, table: DeviceTable, check: Any, then: Any = None, api_version: str | None = None
+) -> SlicePublisher:
+    """Run a publisher with discovery against ``api`` until ``check()`` holds (and ``then(publisher)`` after it)."""
+
+    async def go() -> SlicePublisher:
+        client = make_client(write_kubeconfig(api, tmp_path / f"kubeconfig-{id(api)}"), field_manager=MANAGER)
+        found = await DraApi.discover(client, node=NODE, driver=DRIVER, pool=NODE)
+        publisher = SlicePublisher(
+            driver=DRIVER, node=NODE, table=table, client=client, api=found, debounce=0, watch=False
+        )
+        task = publisher.start()
+        try:
+            await eventually(check, "the slices published")
+            if then is not None:
+                await then(publisher)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+        return publisher
+
+    return run(go)
+
+
+def test_a_1_36_server_gets_a_shared_device_as_one_consumable_device_and_prepare_s_lookups_answer(
+    tmp_path: Path,
+) -> None:
+    table = DeviceTable()
+    table.replace([Device("fpga0", replicas=4), Device("fpga1")])
+    with ApiServer(release="1.36") as api:
+        api.create("nodes", node())
+
+        async def lookups(publisher: SlicePublisher) -> None:
+            assert publisher.consumable and publisher.device_id("fpga0") == "fpga0"
+            assert publisher.device_id(device_name("fpga0::2")) == "fpga0::2", "the replicas' names still resolve"
+            shared = publisher.shared_capacity("fpga0")
+            assert shared is not None and shared.replica_ids == tuple(f"fpga0::{k}" for k in range(4))
+            assert publisher.shared_capacity("fpga1") is None and publisher.shared_capacity("fpga0::1") is None
+
+        publisher = _publish_until(api, tmp_path, table, lambda: "fpga0" in _devices(api), lookups)
+        stored = _devices(api)
+        assert sorted(stored) == ["fpga0", "fpga1"]
+        assert stored["fpga0"]["allowMultipleAllocations"] is True
+        assert stored["fpga0"]["capacity"] == {
+            "shares": {
+                "value": "4",
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+            }
+        }
+        assert publisher.state.consumable_capacity and publisher.state.shared_devices == 1
+
+
+def test_a_server_without_consumable_capacity_gets_one_device_per_replica_from_the_first_write(tmp_path: Path) -> None:
+    table = DeviceTable()
+    table.replace([Device("fpga0", replicas=3)])
+    with ApiServer(release="1.36", disabled_features=("DRAConsumableCapacity",)) as api:
+        api.create("nodes", node())
+        names = sorted(device_name(f"fpga0::{k}") for k in range(3))
+        publisher = _publish_until(api, tmp_path, table, lambda: sorted(_devices(api)) == names)
+        assert all("allowMultipleAllocations" not in d for d in _devices(api).values())
+        writes = [r for r in api.requests if r.verb == "patch" and not r.query.get("dryRun")]
+        assert len(writes) == 1, "chosen before the first write: no consumable device was ever written"
+        assert not publisher.consumable and publisher.state.shared_devices == 0
+
+
+def _parts() -> list[Device]:
+    card = {"regions": 4}
+    return [
+        Device("card0-whole", partition=Partition("card0", card, {"regions": 4})),
+        *(Device(f"card0-part{k}", partition=Partition("card0", card, {"regions": 1})) for k in range(4)),
+    ]
+
+
+def test_parts_go_with_their_counter_set_in_a_slice_of_its_own_and_it_goes_with_the_pool(tmp_path: Path) -> None:
+    table = DeviceTable()
+    table.replace(_parts())
+    with ApiServer(release="1.36") as api:
+        api.create("nodes", node())
+
+        def published() -> bool:
+            return len(_slices(api)) == 2
+
+        async def retire(publisher: SlicePublisher) -> None:
+            slices = _slices(api)
+            counters = [s for s in slices if s["spec"].get("sharedCounters")]
+            assert [s["spec"]["sharedCounters"] for s in counters] == [
+                [{"name": "card0", "counters": {"regions": {"value": "4"}}}]
+            ]
+            assert not counters[0]["spec"].get("devices")
+            assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+            assert len({s["spec"]["pool"]["generation"] for s in slices}) == 1
+            assert _devices(api)["card0-part3"]["consumesCounters"] == [
+                {"counterSet": "card0", "counters": {"regions": {"value": "1"}}}
+            ]
+            assert publisher.state.partitionable and publisher.state.counter_sets == 1
+            table.retire("removed from the config")
+            await eventually(lambda: len(_slices(api)) == 1 and not _devices(api), "the empty pool")
+
+        _publish_until(api, tmp_path, table, published, retire)
+        [left] = _slices(api)
+        assert not left["spec"].get("sharedCounters"), "the counter slice went with the retired resource"
+
+
+def test_a_server_without_counters_gets_the_parts_as_plain_devices(tmp_path: Path) -> None:
+    table = DeviceTable()
+    table.replace(_parts())
+    with ApiServer(release="1.35") as api:  # DRAPartitionableDevices alpha, off
+        api.create("nodes", node())
+        _publish_until(api, tmp_path, table, lambda: len(_devices(api)) == 5)
+        assert len(_slices(api)) == 1
+        assert all("consumesCounters" not in d for d in _devices(api).values())
+
+
+def test_a_1_32_server_gets_v1beta1_slices_of_replicas_and_plain_parts(tmp_path: Path) -> None:
+    table = DeviceTable()
+    table.replace([Device("fpga0", replicas=2), *_parts()])
+    with ApiServer(release="1.32") as api:
+        api.create("nodes", node())
+        _publish_until(api, tmp_path, table, lambda: len(_devices(api)) == 7)
+        assert device_name("fpga0::1") in _devices(api) and len(_slices(api)) == 1
+        assert all(r.path.startswith("/apis/resource.k8s.io/v1beta1/") for r in api.requests if r.verb == "patch")
