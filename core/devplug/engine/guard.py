@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from devplug.engine.devicelocks import DeviceLocks, HeldLocks
@@ -90,6 +90,11 @@ class DeviceGuard:
         self.busy: dict[str, str] = {}
         #: The parents whose parts disagree about their counters, as last logged.
         self._conflicts: dict[str, str] = {}
+        #: What :meth:`_blocked_parts` found last, to recompute only the parents whose held parts changed: the map
+        #: it was found in and the held physical parts then, each parent's blocked parts, and their advertised IDs.
+        self._parts_seen: tuple[PartitionMap | None, frozenset[str]] = (None, frozenset())
+        self._blocked_by_parent: dict[str, set[str]] = {}
+        self._blocked_ids: set[str] = set()
         table.on_partitions = self._partitions_changed
         if table.partitions is not None:  # listed before this guard was made (the driver's first list)
             self._log_conflicts(table.partitions)
@@ -286,11 +291,11 @@ class DeviceGuard:
         if parts is None:
             return
         phys = self.table.physical_id_set(requested)
-        held = self.held_parts()
+        settled: set[str] = set()
         if settling and self.ledger.holds_any(requested):
-            settled = {d for i in requested for r in self.ledger.holders(i) for d in r.all_devices()}
-            held -= self.table.physical_id_set(settled) - phys
-        parts.check(phys, held, self.resource_name)
+            devices = {d for i in requested for r in self.ledger.holders(i) for d in r.all_devices()}
+            settled = self.table.physical_id_set(devices) - phys
+        parts.check(phys, _HeldParts(self, settled), self.resource_name)
 
     def _partitions_changed(self) -> None:
         """The table's parts changed (:attr:`DeviceTable.on_partitions`): log a parent whose parts newly disagree
@@ -308,8 +313,30 @@ class DeviceGuard:
         self._conflicts = dict(parts.conflicts)
 
     def _blocked_parts(self, parts: PartitionMap) -> set[str]:
-        """The advertised IDs of the parts that cannot be allocated now (every replica of each)."""
-        return {rep for phys in parts.blocked(self.held_parts()) for rep in self.table.replica_ids(phys)}
+        """The advertised IDs of the parts that cannot be allocated now (every replica of each).
+
+        Runs after every allocation and release: only the parents whose held parts changed since the last call are
+        summed again (set differences in C, then a pass over those parents' parts), unless the parts changed.
+        """
+        held = frozenset(self.held_parts())
+        seen_map, seen_held = self._parts_seen
+        if seen_map is not parts:
+            self._blocked_by_parent = {}
+            self._blocked_ids = set()
+            touched = parts.parents_of(held) | set(parts.conflicts)
+        else:
+            touched = parts.parents_of(held.symmetric_difference(seen_held))
+        self._parts_seen = (parts, held)
+        replicas = self.table.replica_ids
+        for parent in touched:
+            before = self._blocked_by_parent.pop(parent, set())
+            blocked = parts.blocked_in(parent, held)
+            if blocked:
+                self._blocked_by_parent[parent] = blocked
+            if blocked != before:  # the replicas of the parts no longer blocked, then those newly blocked
+                self._blocked_ids.difference_update(r for phys in before - blocked for r in replicas(phys))
+                self._blocked_ids.update(r for phys in blocked - before for r in replicas(phys))
+        return self._blocked_ids
 
     def sync_withheld(self) -> None:
         """Advertise unhealthy the devices being released, those a hook still running keeps busy, those a
@@ -333,6 +360,27 @@ class DeviceGuard:
         if parts is not None:
             withheld.update(self._blocked_parts(parts))
         self.table.set_withheld(withheld)
+
+
+class _HeldParts(Container[str]):
+    """Whether a physical device is held (:meth:`DeviceGuard.held_parts`), asked per part of the parents a request
+    names: lookups in the ledger's index instead of a set of every held device on each Allocate."""
+
+    __slots__ = ("_busy", "_guard", "_quarantined", "_settled")
+
+    def __init__(self, guard: DeviceGuard, settled: set[str]) -> None:
+        self._guard = guard
+        self._settled = settled
+        self._quarantined = guard.ledger.quarantined_devices()
+        self._busy = {*guard.locks.kept(), *guard.overdue}
+
+    def __contains__(self, physical_id: object) -> bool:
+        if not isinstance(physical_id, str) or physical_id in self._settled:
+            return False
+        if physical_id in self._busy:
+            return True
+        guard = self._guard
+        return any(guard.ledger.holds(i) or i in self._quarantined for i in guard.table.all_replica_ids(physical_id))
 
 
 class HeldDevices:

@@ -30,7 +30,7 @@ with itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from devplug.errors import DeviceBusyError, RequestError
@@ -94,7 +94,7 @@ class PartitionMap:
     released, but are never offered).
     """
 
-    __slots__ = ("_counters", "_gone", "_parents", "_parts", "conflicts")
+    __slots__ = ("_counters", "_gone", "_members", "_parents", "_parts", "conflicts")
 
     def __init__(self, parts: Mapping[str, Partition], gone: Mapping[str, Partition] | None = None) -> None:
         self._parts: dict[str, Partition] = dict(parts)
@@ -115,6 +115,10 @@ class PartitionMap:
                     f"{part.parent!r} is withheld until the driver declares the same counters in each"
                 )
         self._counters: dict[str, Mapping[str, int]] = {p: c for p, (_, c) in first.items()}
+        #: parent -> every part that may consume of it: the listed ones, then the gone ones.
+        self._members: dict[str, list[str]] = {p: list(ids) for p, ids in self._parents.items()}
+        for dev_id, part in self._gone.items():
+            self._members.setdefault(part.parent, []).append(dev_id)
 
     def __bool__(self) -> bool:
         return bool(self._parts) or bool(self._gone)
@@ -151,72 +155,90 @@ class PartitionMap:
 
     def blocked(self, held: Iterable[str]) -> set[str]:
         """The listed physical parts not held that cannot be allocated now: their consumption with what the held
-        parts consume exceeds a counter of their parent, or their parent's parts disagree about its counters."""
-        held_set = set(held)
-        used = self.in_use(held_set)
+        parts consume exceeds a counter of their parent, or their parent's parts disagree about its counters.
+
+        Only the parents of held parts are looked at (a parent nothing of which is held blocks nothing), and
+        those with conflicts.
+        """
+        held_set = held if isinstance(held, set | frozenset) else set(held)
+        parents = {p.parent for i in held_set if (p := self.part(i)) is not None}
         out: set[str] = set()
-        for parent, ids in self._parents.items():
-            if parent in self.conflicts:
-                out.update(i for i in ids if i not in held_set)
-                continue
-            sums = used.get(parent)
-            if not sums:
-                continue
-            capacity = self._counters[parent]
-            for dev_id in ids:
-                if dev_id in held_set:
-                    continue
-                consumes = self._parts[dev_id].consumes
-                if any(sums.get(n, 0) + a > capacity.get(n, 0) for n, a in consumes.items()):
-                    out.add(dev_id)
+        for parent in parents.union(self.conflicts):
+            out |= self.blocked_in(parent, held_set)
         return out
 
-    def check(self, requested: Iterable[str], held: Iterable[str], resource_name: str = "") -> None:
+    def parents_of(self, device_ids: Iterable[str]) -> set[str]:
+        """The parents of those of ``device_ids`` that are parts (listed or gone)."""
+        return {p.parent for i in device_ids if (p := self.part(i)) is not None}
+
+    def blocked_in(self, parent: str, held: Container[str]) -> set[str]:
+        """:meth:`blocked` for one parent: its listed parts not ``held`` that cannot be allocated now.
+
+        As ``checkAvailableCounters`` compares every counter of the set: a counter already over-consumed (the
+        driver lowered what the parent has while parts were held) leaves no part of the parent allocatable.
+        """
+        ids = self._parents.get(parent, ())
+        if parent in self.conflicts:
+            return {i for i in ids if i not in held}
+        capacity = self._counters.get(parent)
+        if capacity is None:
+            return set()
+        taken = [i for i in self._members.get(parent, ()) if i in held]
+        if not taken:
+            return set()
+        sums = self.in_use(taken).get(parent, {})
+        room = {name: has - sums.get(name, 0) for name, has in capacity.items()}
+        over = any(left < 0 for left in room.values())
+        return {
+            i
+            for i in ids
+            if i not in held
+            and (over or any(amount > room.get(name, 0) for name, amount in self._parts[i].consumes.items()))
+        }
+
+    def check(self, requested: Iterable[str], held: Container[str], resource_name: str = "") -> None:
         """Refuse ``requested`` physical devices whose parts, with the ``held`` ones, exceed a counter of a parent.
 
-        Each physical device counts once (a part both held and requested, a shared part's replicas). Raises
-        :class:`PartitionOverflow` when the requested parts alone exceed it (no request of them can ever be
-        served), :class:`PartitionBusy` when the held parts make the difference; the message names the
-        requested and held parts of that parent, the parent, the counter and the amounts. A part of a parent whose
-        parts disagree about its counters is refused with that conflict.
+        ``held`` answers whether a physical device is held (only the parts of the requested parts' parents are
+        asked). Each physical device counts once (a part both held and requested, a shared part's replicas).
+        Raises :class:`PartitionOverflow` when the requested parts alone exceed it (no request of them can ever be
+        served), :class:`PartitionBusy` when the held parts make the difference; the message names the requested
+        and held parts of that parent, the parent, the counter and the amounts. A part of a parent whose parts
+        disagree about its counters is refused with that conflict.
         """
         prefix = f"{resource_name}: " if resource_name else ""
-        wanted = [i for i in dict.fromkeys(requested) if self.part(i) is not None]
-        if not wanted:
-            return
-        held_set = set(held)
-        for dev_id in wanted:
+        by_parent: dict[str, list[str]] = {}
+        for dev_id in dict.fromkeys(requested):
             part = self.part(dev_id)
-            assert part is not None
+            if part is None:
+                continue
             conflict = self.conflicts.get(part.parent)
             if conflict is not None:
                 raise PartitionBusy(f"{prefix}{dev_id!r} cannot be allocated: {conflict}; nothing was allocated")
-        alone = self.in_use(wanted)
-        together = self.in_use(held_set | set(wanted))
-        for parent in dict.fromkeys(p.parent for i in wanted if (p := self.part(i)) is not None):
-            first = self.part(next(i for i in wanted if (p := self.part(i)) is not None and p.parent == parent))
+            by_parent.setdefault(part.parent, []).append(dev_id)
+        for parent, mine in by_parent.items():
+            first = self.part(mine[0])
             assert first is not None
             capacity = self._capacity(parent, first)
-            mine = [i for i in wanted if (p := self.part(i)) is not None and p.parent == parent]
-            for name, total in sorted(together.get(parent, {}).items()):
-                has = capacity.get(name, 0)
-                if total <= has:
+            others = [i for i in self._members.get(parent, ()) if i not in mine and i in held]
+            alone = self.in_use(mine).get(parent, {})
+            taken = self.in_use(others).get(parent, {})
+            # Every counter of the set, as checkAvailableCounters compares them all: one already over-consumed (the
+            # driver lowered what the parent has while parts were held) refuses every part of the parent.
+            for name in sorted(capacity):
+                has, own, used = capacity[name], alone.get(name, 0), taken.get(name, 0)
+                if own + used <= has:
                     continue
-                own = alone.get(parent, {}).get(name, 0)
                 if own > has:
                     raise PartitionOverflow(
                         f"{prefix}parts {id_list(mine)} together consume {own} of counter {name!r} of parent "
                         f"{parent!r}, which has {has}; nothing was allocated"
                     )
-                others = sorted(
-                    i
-                    for i in held_set
-                    if i not in mine and (p := self.part(i)) is not None and p.parent == parent and name in p.consumes
-                )
+                users = sorted(i for i in others if (p := self.part(i)) is not None and name in p.consumes)
                 raise PartitionBusy(
                     f"{prefix}parts {id_list(mine)} consume {own} of counter {name!r} of parent {parent!r}, which "
-                    f"has {has}, and {total - own} of it is in use by {id_list(others)} (allocated or being "
-                    f"released): {total} > {has}; nothing was allocated"
+                    f"has {has}, and {used} of it is in use by {id_list(users)} (allocated or being released): "
+                    f"{own + used} > {has}; nothing was allocated"
                 )
 
     def usage(self, held: Iterable[str]) -> list[ParentUsage]:
