@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from devplug.daemon.status import read_status
 from devplug.engine.devicetable import DeviceTable
+from devplug.errors import StateError
 from devplug.frontends.dra.apiversions import DraApi, probe_name
 from devplug.frontends.dra.devicenames import device_name
 from devplug.frontends.dra.slices import SlicePublisher
@@ -20,6 +22,8 @@ from devplug.testing.apiserver import ApiServer
 from devplug.types import Device, Partition
 
 from .conftest import DRIVER, NODE, eventually, node, run, write_kubeconfig
+from .dranode import dra_node
+from .dranode import eventually as node_eventually
 
 MANAGER = f"devplug-{DRIVER}"
 
@@ -213,3 +217,42 @@ def test_a_1_32_server_gets_v1beta1_slices_of_replicas_and_plain_parts(tmp_path:
         _publish_until(api, tmp_path, table, lambda: len(_devices(api)) == 7)
         assert device_name("fpga0::1") in _devices(api) and len(_slices(api)) == 1
         assert all(r.path.startswith("/apis/resource.k8s.io/v1beta1/") for r in api.requests if r.verb == "patch")
+
+
+# --- a real daemon (the mock driver under the dev kubelet)
+
+
+@pytest.mark.parametrize("gate_on", [True, False], ids=["consumable", "replicas"])
+def test_a_daemon_publishes_the_mock_s_shared_device_in_the_form_the_server_keeps(gate_on: bool) -> None:
+    disabled = None if gate_on else ("DRAConsumableCapacity",)
+    with ApiServer(release="1.36", disabled_features=disabled) as api:
+
+        async def scenario() -> dict[str, dict[str, Any]]:
+            async with dra_node(api, {"mock0": "replicas=4\n", "mock1": ""}) as lab:
+                slices = await lab.published(2 if gate_on else 5)
+                shown = await node_eventually(
+                    lambda: _api_status(lab), "the DRA section of the status", details=lab.log
+                )
+                assert shown["consumable_capacity"] is gate_on, shown
+                return {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
+
+        stored = run(scenario, timeout=120)
+        if gate_on:
+            assert sorted(stored) == ["mock0", "mock1"]
+            assert stored["mock0"]["allowMultipleAllocations"] is True
+            assert stored["mock0"]["capacity"]["shares"]["value"] == "4"
+            assert stored["mock0"]["attributes"]["deviceID"] == {"string": "mock0"}
+            assert "replica" not in stored["mock0"]["attributes"]
+        else:
+            assert sorted(stored) == sorted(["mock1", *(device_name(f"mock0::{k}") for k in range(4))])
+            assert all("allowMultipleAllocations" not in d for d in stored.values())
+
+
+def _api_status(lab: Any) -> dict[str, Any] | None:
+    """The resource's DRA ``api`` section of ``devplug status`` (None until written)."""
+    try:
+        [entry] = read_status(lab.root / "state")["resources"]
+    except (OSError, ValueError, KeyError, StateError):  # not written yet
+        return None
+    shown = (entry or {}).get("frontend", {}).get("api") if isinstance(entry, dict) else None
+    return dict(shown) if isinstance(shown, dict) else None
