@@ -41,6 +41,7 @@ from devplug_sriov.selection import resolve_pfs, selects_vf
 from devplug_sriov.setup import apply, plan_setup
 from devplug_sriov.sriov import PhysFn, SriovBus, VirtFn
 from devplug_sriov.state import Phase, VfRecord, open_records
+from devplug_sriov.status import vf_status
 
 __all__ = ["SriovDriver", "env_name"]
 
@@ -299,7 +300,10 @@ class SriovDriver:
 
     @hookimpl
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation | None:
-        """``PCIDEVICE_<RESOURCE>``; vfio-pci mode binds the VFs and hands out their groups; RDMA devices."""
+        """``PCIDEVICE_<RESOURCE>``; vfio-pci mode binds the VFs and hands out their groups; RDMA devices.
+
+        With ``device_status``, each VF's :func:`devplug_sriov.status.vf_status` (its PCI address, PF, interface
+        and MAC) for the DRA claim's status."""
         with self._lock:
             vfs = []
             for address in device_ids:
@@ -324,8 +328,18 @@ class SriovDriver:
                     self._undo([vf.address for vf in vfs])
                     raise
             specs += self._rdma_specs(vfs)
+            statuses = {}
+            if self.options.device_status:  # contract 1.1: the claim's status.devices shows each VF
+                statuses = {
+                    vf.address: vf_status(
+                        self.sriov, self.links, vf, self._pfs.get(vf.pf), self.sriov.netdev(vf.address)
+                    )
+                    for vf in vfs
+                }
             return ContainerAllocation(
-                envs={env_name(self.runtime.ctx.resource_name): ",".join(device_ids)}, devices=tuple(specs)
+                envs={env_name(self.runtime.ctx.resource_name): ",".join(device_ids)},
+                devices=tuple(specs),
+                device_status=statuses,
             )
 
     def _bind(self, vfs: Sequence[VirtFn]) -> list[DeviceSpec]:

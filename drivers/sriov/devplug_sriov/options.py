@@ -27,6 +27,8 @@
 * ``netns`` -- the network namespace (``/var/run/netns/<name>``) where the PFs'
   interfaces are, when it is not the daemon's own;
 * ``sysfs_root``, ``dev_root`` -- where the host's sysfs and /dev are mounted;
+* ``device_status`` -- ``allocate`` returns each VF's PCI address, PF, interface name and MAC for the DRA
+  claim's ``status.devices`` (:mod:`devplug_sriov.status`; default false);
 * ``rescan_interval`` -- seconds between scans for VFs that vanished or appeared, and the first wait before a
   failed reset is retried, doubling after each failure up to a minute (0: no scans).
 
@@ -139,6 +141,7 @@ class SriovOptions:
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
     rescan_interval: float = 5.0
+    device_status: bool = False
 
     def __post_init__(self) -> None:
         for text in self.pfs:
@@ -167,6 +170,8 @@ class SriovOptions:
             raise ValueError(f"netns: {self.netns!r} is not a network namespace name (as in /var/run/netns/)")
         check_rescan_interval(self.rescan_interval)
         check_roots(self.sysfs_root, self.dev_root)
+        if not isinstance(self.device_status, bool):
+            raise ValueError(f"device_status: must be true or false, got {self.device_status!r}")
 
     @property
     def pf_selectors(self) -> tuple[PfSelector, ...]:

@@ -19,6 +19,7 @@ from devplug.config import parse_config
 from devplug.testing.clock import ManualClock
 from devplug.testing.configs import write_toml
 from devplug.testing.pcisysfs import PciSysfsModel
+from devplug.types import DeviceStatus, NetworkData
 from devplug_sriov import STATE_FILE, SriovDriver, SriovOptions
 from devplug_sriov.netlink import VfRefused, VfSettings, VfState
 from devplug_sriov.vfmodel import IGB_VF_OPS, NEW_VF, VfLinkModel
@@ -560,3 +561,55 @@ def test_model_sriov_rules_only_the_model_can_stage(model: PciSysfsModel) -> Non
     with pytest.raises(OSError, match="no driver bound") as info:  # sriov_numvfs_store: -ENOENT without a PF driver
         model.write_text(numvfs, "2")
     assert info.value.errno == errno.ENOENT
+
+
+# --- device status (contract 1.1, issue 41) ---------------------------------------------------------
+
+
+def test_device_status_is_off_by_default(model: PciSysfsModel, links: VfLinkModel, make_harness: Any) -> None:
+    h = make_harness(model, links, pfs=["ens1f0"], num_vfs=2).start()
+    assert not h.hooks.allocate([nic_vf(0)]).device_status
+
+
+def test_device_status_shows_each_vf_its_interface_and_mac(
+    model: PciSysfsModel, links: VfLinkModel, make_harness: Any
+) -> None:
+    h = make_harness(model, links, pfs=["ens1f0"], num_vfs=2, device_status=True).start()
+    # the VF's interface shows its MAC in sysfs (the model draws no address file: the test writes the kernel's)
+    (model.sysfs_root / f"bus/pci/devices/{nic_vf(0)}/net/ens1f0v0/address").write_text("02:11:22:33:44:55\n")
+    links.set_vf("ens1f0", 1, mac="02:00:00:00:00:0b")  # VF 1: only its PF's view knows a MAC
+
+    statuses = h.hooks.allocate([nic_vf(0), nic_vf(1)]).device_status
+
+    assert dict(statuses) == {
+        nic_vf(0): DeviceStatus(
+            data={"pciAddress": nic_vf(0), "pf": NIC_PF, "vfIndex": 0, "pfInterface": "ens1f0"},
+            network_data=NetworkData(interface_name="ens1f0v0", hardware_address="02:11:22:33:44:55"),
+        ),
+        nic_vf(1): DeviceStatus(
+            data={"pciAddress": nic_vf(1), "pf": NIC_PF, "vfIndex": 1, "pfInterface": "ens1f0"},
+            network_data=NetworkData(interface_name="ens1f0v1", hardware_address="02:00:00:00:00:0b"),
+        ),
+    }
+
+
+def test_a_vfio_bound_vf_shows_no_interface(model: PciSysfsModel, links: VfLinkModel, make_harness: Any) -> None:
+    model.write_text(model.sysfs_root / f"bus/pci/devices/{NIC_PF}/sriov_numvfs", "1")
+    h = make_harness(model, links, vfs=["ens1f0#0"], vf_driver="vfio-pci", autoprobe=True, device_status=True)
+    h.start()
+    status = h.hooks.allocate([nic_vf(0)]).device_status[nic_vf(0)]
+    assert model.driver_of(nic_vf(0)) == "vfio-pci"
+    assert status == DeviceStatus(data={"pciAddress": nic_vf(0), "pf": NIC_PF, "vfIndex": 0, "pfInterface": "ens1f0"})
+
+
+def test_device_status_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigError, match="device_status: expected true or false") as excinfo:
+        parse_config(
+            {
+                "resources": {
+                    "example.com/vf": {"driver": "sriov", "options": {"pfs": ["ens1f0"], "device_status": "on"}}
+                }
+            },
+            source="dp.toml",
+        )
+    assert 'dp.toml: resources."example.com/vf".options' in str(excinfo.value)
