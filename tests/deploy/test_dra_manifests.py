@@ -117,7 +117,16 @@ def test_rbac_is_exactly_what_the_dra_front_end_uses(objects: list[dict[str, Any
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
         ("", "nodes"): {"get"},
+        ("", "namespaces"): {"get"},
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
     }
+    [status_rule] = [r for r in _one(objects, "ClusterRole")["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    drivers = {
+        (t.get("dra") or {}).get("driver_name") or default_driver_name(n)
+        for n, t in _config(objects)["resources"].items()
+    }
+    assert drivers <= set(status_rule["resourceNames"]), "each driver may write its claims' device status"
     binding = _one(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devplug", "namespace": "devplug"}]
     assert binding["roleRef"]["name"] == _one(objects, "ClusterRole")["metadata"]["name"]
