@@ -236,3 +236,42 @@ def test_the_settling_check_ignores_the_records_an_admission_may_release(tmp_pat
         guard.check_parts(["card0-r0", "card0-3"])  # exact (reused, or settled later): card0-r1 still held
     with pytest.raises(PartitionOverflow):
         guard.check_parts(["card0-r0", "card0"], settling=True)  # a region and the card alone: never
+
+
+def test_an_over_consumed_counter_leaves_no_part_of_its_parent_allocatable() -> None:
+    """The driver lowered what the parent has while parts were held: as ``checkAvailableCounters`` compares every
+    counter of the set, a part consuming nothing of the over-consumed counter does not fit either."""
+    have = {"regions": 4, "memory": 8}
+    devices = [
+        Device("big", partition=Partition("c", have, {"memory": 6})),
+        Device("mid", partition=Partition("c", have, {"memory": 4})),
+        Device("port", partition=Partition("c", have, {"regions": 1})),
+    ]
+    parts = _map(devices)
+    assert parts.blocked({"big", "mid"}) == {"port"}
+    with pytest.raises(PartitionBusy, match="'memory'"):
+        parts.check(["port"], {"big", "mid"})
+
+
+def test_fits_counts_chosen_and_held_parts_once() -> None:
+    parts = _map(_card())
+    assert parts.fits("card0", set(), set())
+    assert not parts.fits("card0", {"card0-r0"}, set())
+    assert not parts.fits("card0", set(), {"card0-r3"})
+    assert parts.fits("card0-r0", {"card0-r0"}, set())  # chosen already: consumes once
+    assert parts.fits("plain", {"card0"}, set())  # no part
+
+
+def test_a_preferred_allocation_keeps_parts_that_fit_together(tmp_path: Path) -> None:
+    table = DeviceTable()
+    table.replace([*_card(), Device("plain")])
+    guard, ledger, _ = _guard(tmp_path, table)
+    card = ["card0", "card0-r0", "card0-r1", "card0-r2", "card0-r3"]
+    available = [*card, "plain"]
+    # The driver's (or the core's) first two: the card and a region, which never fit together.
+    assert guard.fitting(["card0", "card0-r0"], card, [], 2) == ["card0-r0", "card0-r1"]
+    assert guard.fitting(["card0", "card0-r0"], available, [], 2) == ["card0", "plain"]  # the choice's first, kept
+    assert guard.fitting(["card0"], available, [], 1) == ["card0"]
+    ledger.begin(["card0-r3"], 1.0)
+    assert guard.fitting(["card0"], ["card0", "card0-r0"], [], 1) == ["card0-r0"]
+    assert guard.fitting(["card0-r0"], available, ["card0-r1"], 2) == ["card0-r1", "card0-r0"]

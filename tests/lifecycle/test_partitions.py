@@ -26,13 +26,13 @@ WHOLE = "mock4"
 CARD = "card0"
 
 
-def _table(lab: Lab) -> dict[str, Any]:
+def _table(lab: Lab, whole: str = WHOLE, regions: tuple[str, ...] = REGIONS) -> dict[str, Any]:
     partitions = [
         {
             "parent": CARD,
             "counters": {"regions": 4},
-            "whole": WHOLE,
-            "devices": {region: {"regions": 1} for region in REGIONS},
+            "whole": whole,
+            "devices": {region: {"regions": 1} for region in regions},
         }
     ]
     return {"driver": "mock", "options": {"directory": str(lab.mock_dir()), "count": 5, "partitions": partitions}}
@@ -113,3 +113,16 @@ def test_an_allocate_of_the_card_and_a_region_together_is_refused_naming_the_cou
         lab.grpc_call("Allocate", two, dp.AllocateResponse)
     assert lab.calls("allocate", ok=None) == []
     assert _healthy(lab, *REGIONS, WHOLE), "a refused request withholds nothing"
+
+
+def test_a_pod_asking_for_two_devices_gets_two_regions_not_the_card_and_a_region(lab: Lab) -> None:
+    """The whole card listed first: the kubelet asks GetPreferredAllocation for 2 of the 5 healthy devices, and the
+    first two (the card and a region) never fit together; the preferred choice keeps to parts that fit, so the pod
+    is admitted with two regions instead of an Allocate the engine must refuse."""
+    whole, regions = "mock0", ("mock1", "mock2", "mock3", "mock4")
+    lab.start({RESOURCE: _table(lab, whole, regions)}, grace_period=60.0)
+    lab.wait(lambda: _healthy(lab, whole, *regions), what="the card and its regions advertised healthy")
+    got = lab.admit("pair", 2)
+    assert sorted(got) == ["mock1", "mock2"], got
+    lab.wait(lambda: _unhealthy(lab, whole), what=f"{whole} (the whole card) advertised unhealthy")
+    assert lab.count("allocate", whole) == 0

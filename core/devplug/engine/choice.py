@@ -4,12 +4,17 @@ was offered.
 Shared devices: the driver (or the core's spread) chooses physical devices, each
 named once per replica wanted, and gets each device's free replicas picked for
 it.
+
+Partitions: the choice keeps only parts that fit their parents' counters together
+with the held parts, and fills up from the offered devices that fit
+(:meth:`DeviceGuard.fitting`): the kubelet would otherwise take two free parts
+an Allocate then refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from devplug.engine.devicetable import DeviceTable
@@ -27,7 +32,13 @@ class DeviceChoice:
     """The preferred devices of one resource for a container."""
 
     def __init__(
-        self, resource_name: str, table: DeviceTable, driver: AsyncDriver, sharing: SharingView, checks: RequestChecks
+        self,
+        resource_name: str,
+        table: DeviceTable,
+        driver: AsyncDriver,
+        sharing: SharingView,
+        checks: RequestChecks,
+        fitting: Callable[[Sequence[str], Sequence[str], Sequence[str], int], list[str]] | None = None,
     ) -> None:
         self.resource_name = resource_name
         self.table = table
@@ -35,8 +46,17 @@ class DeviceChoice:
         self.sharing = sharing
         self.checks = checks
         self._running: asyncio.Future[Any] | None = None
+        #: Keeps a choice's parts within their parents' counters (:meth:`DeviceGuard.fitting`), when given.
+        self._fitting = fitting
 
     async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """:meth:`_preferred`, its parts kept within their parents' counters when the table has partitions."""
+        chosen = await self._preferred(available, must_include, size)
+        if self.table.partitions is None or self._fitting is None:
+            return chosen
+        return self._fitting(chosen, available, must_include, size)
+
+    async def _preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         """The preferred devices for one container: ``must_include`` first, then the driver's choice;
         at most ``size`` IDs, all within ``available``.
 

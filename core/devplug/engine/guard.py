@@ -297,6 +297,45 @@ class DeviceGuard:
             settled = self.table.physical_id_set(devices) - phys
         parts.check(phys, _HeldParts(self, settled), self.resource_name)
 
+    def fitting(
+        self, chosen: Sequence[str], available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        """A preferred allocation whose parts fit their parents' counters with the held ones (the kubelet asks for
+        several devices at once and may take two free parts that never fit together): ``must_include``, then
+        those of ``chosen`` that fit, then those of ``available`` that fit, at most ``size``; when that finds
+        fewer than ``size``, the same with the devices that consume least first (a whole card chosen first leaves
+        no room for a second device; two of its regions fit). Called by
+        :class:`~devplug.engine.choice.DeviceChoice` when the table has partitions."""
+        parts = self.table.partitions
+        musts = list(dict.fromkeys(must_include))[:size]
+        candidates = [i for i in dict.fromkeys([*chosen, *available]) if i not in musts]
+        if parts is None:
+            return [*musts, *candidates][:size]
+        held = _HeldParts(self, set())
+
+        def greedy(order: Iterable[str]) -> list[str]:
+            result = list(musts)
+            taken = self.table.physical_id_set(result)
+            for dev_id in order:
+                if len(result) >= size:
+                    break
+                phys = self.table.physical_of(dev_id)
+                if parts.fits(phys, taken, held):
+                    result.append(dev_id)
+                    taken.add(phys)
+            return result
+
+        first = greedy(candidates)
+        if len(first) >= size:
+            return first
+
+        def consumption(dev_id: str) -> int:
+            part = parts.part(self.table.physical_of(dev_id))
+            return 0 if part is None else sum(part.consumes.values())
+
+        second = greedy(sorted(candidates, key=consumption))
+        return second if len(second) > len(first) else first
+
     def _partitions_changed(self) -> None:
         """The table's parts changed (:attr:`DeviceTable.on_partitions`): log a parent whose parts newly disagree
         about its counters, and withhold what cannot be allocated now."""

@@ -86,7 +86,9 @@ class DeviceLifecycle:
         )
         self.checks = RequestChecks(resource_name, table, ledger)
         self.releaser = Releaser(resource_name, table, ledger, driver, self.guard, observer, on_change)
-        self.choice = DeviceChoice(resource_name, table, driver, self.guard.sharing, self.checks)
+        self.choice = DeviceChoice(
+            resource_name, table, driver, self.guard.sharing, self.checks, fitting=self.guard.fitting
+        )
         self.admission = Admission(
             resource_name,
             table,

@@ -196,6 +196,20 @@ class PartitionMap:
             and (over or any(amount > room.get(name, 0) for name, amount in self._parts[i].consumes.items()))
         }
 
+    def fits(self, physical_id: str, chosen: set[str], held: Container[str]) -> bool:
+        """Whether the part ``physical_id`` can join the parts ``chosen`` for one request, with the ``held`` ones:
+        True for a device that is no part, or is held or chosen already (it consumes once); False for a part of a
+        parent whose parts disagree about its counters."""
+        part = self.part(physical_id)
+        if part is None or physical_id in chosen or physical_id in held:
+            return True
+        if part.parent in self.conflicts:
+            return False
+        capacity = self._capacity(part.parent, part)
+        members = [i for i in self._members.get(part.parent, ()) if i in chosen or i in held]
+        sums = self.in_use([*members, physical_id]).get(part.parent, {})
+        return all(sums.get(name, 0) <= has for name, has in capacity.items())
+
     def check(self, requested: Iterable[str], held: Container[str], resource_name: str = "") -> None:
         """Refuse ``requested`` physical devices whose parts, with the ``held`` ones, exceed a counter of a parent.
 
