@@ -197,9 +197,11 @@ class DraPlugin:
 
     @classmethod
     async def _build(cls, s: PluginSettings, lifecycle: DeviceLifecycle, client: AsyncClient, api: DraApi) -> DraPlugin:
+        from devplug.frontends.dra.adminaccess import AdminClaims, NamespaceCheck
         from devplug.frontends.dra.claims import ClaimReader
         from devplug.frontends.dra.nodeselector import NodeLabels
         from devplug.frontends.dra.slices import SlicePublisher
+        from devplug.frontends.dra.statuswriter import ClaimStatusWriter
 
         rule = await learn_rule(client, s.node)
 
@@ -222,11 +224,24 @@ class DraPlugin:
             api=api,
             node=NodeLabels(client, s.node),
         )
+        status = ClaimStatusWriter(
+            client, api, driver=s.driver, name=s.name, state_dir=s.cdi.keep_dir.parent / "dra-claim-status"
+        )
         preparer = ClaimPreparer(
-            lifecycle, reader.read, s.cdi, driver=s.driver, pool=s.pool, resource_cdi_kind=s.resource_cdi_kind
+            lifecycle,
+            reader.read,
+            s.cdi,
+            driver=s.driver,
+            pool=s.pool,
+            resource_cdi_kind=s.resource_cdi_kind,
+            status=status,
+            admin_claims=(admin := AdminClaims(s.cdi.keep_dir.parent / "dra-admin-claims.json")),
+            namespaces=NamespaceCheck(client),
         )
         health = HealthService(s.table, s.pool, on_stream=rule.seen_health_stream)
-        reconciler = ClaimReconciler(lifecycle, s.releases, reader.presence, s.cdi, interval=s.release_interval)
+        reconciler = ClaimReconciler(
+            lifecycle, s.releases, reader.presence, s.cdi, interval=s.release_interval, admin=admin
+        )
         registration = RegistrationServer(
             driver=s.driver,
             registry_dir=s.plugins_registry_dir,
@@ -240,6 +255,8 @@ class DraPlugin:
         )
         reregistration = Reregistration(registration, rule)
         await _restore_specs(s, lifecycle)
+        await preparer.restore_admin_specs()
+        await status.resume(r.claim_uid for r in lifecycle.records() if r.claim_uid and not r.releasing)
         return cls(
             s,
             client=client,
@@ -340,6 +357,8 @@ class DraPlugin:
             except Exception as exc:
                 log.warning("[%s] ResourceSlices of %s left in place: %s", s.name, s.driver, exc)
         with contextlib.suppress(Exception):
+            if self.preparer.status is not None:  # writes under way stop; their kept files finish them next run
+                await self.preparer.status.close()
             await self.client.close()
 
     # --- handover
@@ -381,6 +400,7 @@ class DraPlugin:
             "kubelet": kubelet,
             "registration": self.registration.state.describe(),
             "api": self.publisher.api.describe(),  # resource.k8s.io version in use, device taints or not
+            "claim_status": self.preparer.status.describe() if self.preparer.status is not None else None,
             "slices": {
                 "generation": state.generation,
                 "slices": state.slices,

@@ -23,13 +23,27 @@ per claim UID):
 * else the claim is read (:class:`~devplug.frontends.dra.claims.ClaimReader`):
   unknown, replaced (another UID), not allocated, no device of this driver and
   pool, a device this node does not publish: a per-claim error naming it;
-  a device another claim holds, or an admin-access allocation: refused the
-  same way; then the core's admission with the claim
+  a device another claim holds: refused the same way; then the core's admission
+  with the claim
   (:meth:`~devplug.engine.lifecycle.DeviceLifecycle.allocate` with
   ``claim=DraClaim``): the devices' locks, the ledger record keyed by the claim
   UID, the driver's ``allocate`` with the claim's opaque configuration, rollback
   on failure; an unhealthy device, a busy one, a failing driver: a per-claim
   error, nothing kept;
+* a **share** of a device published with consumable capacity (a result with
+  ``shareID`` and ``consumedCapacity``, KEP-5075) is admitted as that device's
+  replicas (:mod:`devplug.frontends.dra.shares`: as many as the share consumes,
+  the lowest no record holds, chosen and admitted under the device's lock, all the
+  claim's shares at once; too few free: ``over_consumed``); prepared again, the
+  record's replicas are compared with the shares by count. The kubelet's answer
+  carries each result's ``share_id`` (v1);
+* an **admin-access** result (KEP-5018, :mod:`devplug.frontends.dra.adminaccess`)
+  is prepared without the core: only in a namespace labelled
+  ``resource.kubernetes.io/admin-access: "true"`` (asked of the API server;
+  else ``admin_access_not_permitted``), no ledger record, no driver hook, the
+  device's own description in the claim's CDI spec, the claim kept in the
+  resource's admin-access file. A claim with both parts gets both, all or
+  nothing (a spec or file that cannot be written releases the admitted part);
 * the claim's CDI spec is written (:mod:`devplug.frontends.dra.claimcdi`), a CDI
   device per request holding what that request's devices describe and the
   driver's ``allocate`` answer for the claim, and each device answered with its
@@ -44,7 +58,8 @@ per claim UID):
 daemon killed in between finishes it after its restart, the hooks flagged as
 retries), and its CDI spec is deleted meanwhile, in a worker thread (no
 container uses it once the kubelet unprepares: its pods' containers are gone).
-A claim with no record (never prepared here, or already unprepared) is a
+An admin-access claim's unprepare removes its spec and forgets it, calling no
+hook. A claim with no record (never prepared here, or already unprepared) is a
 success, as the kubelet expects; its CDI spec is deleted only if its kept copy
 says this daemon wrote it (a daemon stopped between the release and the
 deletion). A release that fails is that claim's error; the record stays
@@ -53,10 +68,12 @@ releasing (its devices withheld) and the kubelet calls again.
 **How many claims one call may name.** The kubelet sends one call per pod and
 driver, with that pod's claims of the driver (``pkg/kubelet/cm/dra/manager.go``,
 ``prepareResources``: the claims of ``pod.Spec.ResourceClaims`` batched by driver
-name). Each claim this node prepares holds at least one of its published devices,
-exclusively (a published device is one device of the table, admin access is
-refused, no device allows multiple allocations), so a call naming more claims than
-the resource publishes devices can never be prepared whole. A call may name
+name). Each claim this node prepares holds at least one device of the table
+exclusively (a device allocated whole, or a share's replicas: a shared device
+gives at most as many shares as it has replicas), so a call naming more claims
+than the resource has devices can never be prepared whole (an admin-access claim
+holds nothing, but a pod of more than :data:`MIN_CLAIMS_BOUND` of them is none
+the kubelet sends). A call may name
 :meth:`ClaimPreparer.claims_bound` claims: the resource's device count, and never
 fewer than :data:`MIN_CLAIMS_BOUND` (a device list shrinking under a pod never
 refuses it). A larger call is refused whole with ``INVALID_ARGUMENT`` naming the
@@ -72,10 +89,11 @@ time, and for a failure its kind (:func:`prepare_failure_reason`, one of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +106,10 @@ from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from devplug.engine import AllocationRecord, ClaimTenant, DeviceLifecycle, DraClaim, cdi_device_name
 from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
 from devplug.frontends.callgate import CallGate, forward_answered
+from devplug.frontends.dra.adminaccess import AdminAccessRefusedError, AdminClaim, AdminClaims, NamespaceCheck
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import (
+    AllocatedDevice,
     ClaimAllocation,
     ClaimDeviceUnknownError,
     ClaimError,
@@ -103,6 +123,9 @@ from devplug.frontends.dra.claims import (
     NoDeviceOfOursError,
     OpaqueConfig,
 )
+from devplug.frontends.dra.devicestatus import status_entries
+from devplug.frontends.dra.shares import OverConsumedError, Share, ShareError, assign, choose, shares_of
+from devplug.frontends.dra.statuswriter import ClaimStatusWriter
 from devplug.text.logsafe import id_list
 from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation, merge_allocations
 
@@ -151,6 +174,9 @@ class _ClaimRefused(DevplugError):
 #: Why a claim could not be prepared, by the error's type (the first that matches; order matters: subclasses first).
 _REASONS_BY_ERROR: tuple[tuple[type[BaseException], str], ...] = (
     (ClaimIdentifierError, "claim_identifier_invalid"),
+    (ShareError, "share_invalid"),
+    (OverConsumedError, "over_consumed"),
+    (AdminAccessRefusedError, "admin_access_not_permitted"),
     (ClaimNotFoundError, "claim_not_found"),
     (ClaimReplacedError, "claim_replaced"),
     (ClaimNotAllocatedError, "claim_not_allocated"),
@@ -168,7 +194,6 @@ _REASONS_BY_ERROR: tuple[tuple[type[BaseException], str], ...] = (
 #: The reasons a claim is refused here (:class:`_ClaimRefused`).
 _REFUSALS = (
     "device_held_by_other_claim",
-    "admin_access",
     "config_not_an_object",
     "being_unprepared",
     "allocation_changed",
@@ -218,8 +243,13 @@ class ClaimPreparer:
         driver: str,
         pool: str,
         resource_cdi_kind: str | None = None,
+        status: ClaimStatusWriter | None = None,
+        admin_claims: AdminClaims | None = None,
+        namespaces: NamespaceCheck | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        #: Writes what the driver's ``allocate`` says of the devices into the claim's status (KEP-4817).
+        self.status = status
         self.name = lifecycle.resource_name
         self._read = read_claim
         self.cdi = cdi
@@ -228,11 +258,29 @@ class ClaimPreparer:
         #: The resource's own CDI kind when ``[cdi] enabled`` (its devices' CDI IDs come in the allocation).
         self._resource_kind = resource_cdi_kind
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        #: One lock per device with consumable capacity: a share's replicas are chosen and admitted under it.
+        self._share_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        #: The admin-access claims prepared here (:mod:`~devplug.frontends.dra.adminaccess`), and the check of their
+        #: namespace's label; without them an admin-access allocation is refused.
+        self.admin_claims = admin_claims
+        self._namespaces = namespaces
         self.observer = lifecycle.observer
         #: Counts, for status and metrics.
         self.prepared = 0
         self.unprepared = 0
         self.refused = 0
+
+    async def restore_admin_specs(self) -> None:
+        """At start: write back the CDI specs of the admin-access claims kept (a reboot may have emptied the CDI spec
+        dir while the kubelet holds them prepared); the claims with a record are restored with the records."""
+        if self.admin_claims is None:
+            return
+        for uid in self.admin_claims:
+            if self.lifecycle.for_claim(uid) is None:
+                try:
+                    await self.cdi.restore(uid)
+                except OSError as exc:
+                    log.error("[%s] cannot restore the CDI spec of admin-access claim uid %s: %s", self.name, uid, exc)
 
     def claims_bound(self) -> int:
         """How many claims one call may name: one per device the resource publishes, at least
@@ -281,9 +329,13 @@ class ClaimPreparer:
         if problem is not None:
             raise ClaimIdentifierError(ref, f"{problem}; nothing was prepared")
         allocation = await self._read(ref)
+        normal = tuple(d for d in allocation.devices if not d.admin_access)
+        admin = tuple(d for d in allocation.devices if d.admin_access)
         record = self.lifecycle.for_claim(ref.uid)
-        if record is not None and not record.releasing and not record.pending:
-            again = await self._again(ref, allocation, record)
+        kept = self.admin_claims.get(ref.uid) if self.admin_claims is not None else None
+        live = record is not None and not record.releasing and not record.pending
+        if live or (record is None and not normal and kept is not None):
+            again = await self._again(ref, allocation, record if live else None, kept)
             if again is not None:
                 return again
             record = None  # released: prepared afresh below
@@ -291,45 +343,108 @@ class ClaimPreparer:
             raise _ClaimRefused(
                 f"{ref}: being unprepared (its release has not finished); try again later", "being_unprepared"
             )
-        self._check_free(ref, allocation)
-        claim = Claim(
-            ref.namespace,
-            ref.name,
-            ref.uid,
-            requests=_requests(allocation),
-            config=tuple(_claim_config(c, ref) for c in allocation.configs),
-        )
-        tenant = ClaimTenant(ref.uid, f"{ref.namespace}/{ref.name}", allocation.reserved_for)
-        [answer] = await self.lifecycle.allocate([list(allocation.device_ids)], claim=DraClaim(claim, tenant))
+        self._check_free(ref, normal)
+        if admin:
+            await self._admin_allowed(ref, admin)
+        shares = shares_of(ref, normal, self.lifecycle.table, self.driver)
+        answer = ContainerAllocation()
+        async with self._holding_shares(shares.values()):
+            if shares:  # the replicas no record holds, under the devices' locks until admitted
+                ids = choose(
+                    ref,
+                    normal,
+                    shares,
+                    held=self.lifecycle.ledger.holds,
+                    withheld=self.lifecycle.table.withheld,
+                )
+            else:
+                ids = [(d.device_id,) for d in normal]
+            if normal:
+                claim = Claim(
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
+                    requests=_requests(normal, ids),
+                    config=tuple(_claim_config(c, ref) for c in allocation.configs),
+                )
+                tenant = ClaimTenant(ref.uid, f"{ref.namespace}/{ref.name}", allocation.reserved_for)
+                flat = [i for group in ids for i in group]
+                [answer] = await self.lifecycle.allocate([flat], claim=DraClaim(claim, tenant))
         try:
+            if admin and self.admin_claims is not None:
+                await self.admin_claims.put(ref.uid, f"{ref.namespace}/{ref.name}", [d.device_id for d in admin])
             cdi_ids = await self.cdi.write(ref.uid, self._by_request(allocation, answer))
         except OSError as exc:
             record = self.lifecycle.for_claim(ref.uid)
             if record is not None:
                 await self.lifecycle.release(record.id, f"the CDI spec of {ref} could not be written")
+            if admin and self.admin_claims is not None:
+                with contextlib.suppress(OSError):
+                    await self.admin_claims.forget(ref.uid)
             raise _ClaimRefused(
-                f"{ref}: cannot write its CDI spec {self.cdi.path(ref.uid)}: {exc.strerror or exc}; "
+                f"{ref}: cannot write its CDI spec {self.cdi.path(ref.uid)} or keep its admin-access part "
+                f"({self.admin_claims.path if self.admin_claims is not None else 'none'}): {exc.strerror or exc}; "
                 "nothing was prepared",
                 "cdi_spec_unwritable",
             ) from exc
         self.prepared += 1
+        await self._write_status(ref, allocation, answer)
         log.info(
-            "[%s] prepared %s: %s",
+            "[%s] prepared %s: %s%s",
             self.name,
             ref,
-            id_list(allocation.device_ids),
+            id_list([i for group in ids for i in group]),
+            f"; admin access to {id_list([d.device_id for d in admin])}" if admin else "",
             extra={"device": id_list(allocation.device_ids)},
         )
         return self._devices(allocation, answer, cdi_ids)
 
+    @contextlib.asynccontextmanager
+    async def _holding_shares(self, shares: Iterable[Share]) -> AsyncIterator[None]:
+        """The locks of the devices ``shares`` are of (in a fixed order): two claims choose replicas of one device
+        one after the other, each admitted before the next looks at what is free."""
+        async with contextlib.AsyncExitStack() as stack:
+            for device_id in sorted({s.of.device_id for s in shares}):
+                lock = self._share_locks.get(device_id)
+                if lock is None:
+                    lock = self._share_locks[device_id] = asyncio.Lock()
+                await stack.enter_async_context(lock)
+            yield
+
+    async def _admin_allowed(self, ref: ClaimRef, admin: Sequence[AllocatedDevice]) -> None:
+        """Refuse admin access unless the claim's namespace allows it (:class:`NamespaceCheck`)."""
+        names = [d.device_name for d in admin]
+        if self._namespaces is None or self.admin_claims is None:
+            raise AdminAccessRefusedError(
+                ref, f"admin access to {', '.join(names)}: this front end cannot check the claim's namespace"
+            )
+        await self._namespaces.check(ref, names)
+
+    async def _write_status(self, ref: ClaimRef, allocation: ClaimAllocation, answer: ContainerAllocation) -> None:
+        """Once a claim is prepared: the device status the driver's ``allocate`` answered, into the claim's
+        ``status.devices`` (:mod:`~devplug.frontends.dra.devicestatus`), written in the background: never fails the
+        prepare."""
+        if self.status is None or not answer.device_status:
+            return
+        table = self.lifecycle.table
+        found = status_entries(self.driver, self.pool, allocation.devices, answer.device_status, table.physical_of)
+        await self.status.prepared(ref, found)
+
+    def _description(self, device_id: str) -> ContainerAllocation | None:
+        """What a device (a replica, a device allocated whole, the physical ID of a shared one) gives a container."""
+        table = self.lifecycle.table
+        found = table.reported(device_id) or table.physical(table.physical_of(device_id))
+        return found.allocation if found is not None else None
+
     def _by_request(self, allocation: ClaimAllocation, answer: ContainerAllocation) -> dict[str, ContainerAllocation]:
-        """What each request gives a container: its devices' own descriptions, and the part of the claim's answer
-        that no device describes (the driver's ``allocate`` answer, the core's shared-device entries)."""
+        """What each request gives a container: its devices' own descriptions, and, for a request without admin
+        access, the part of the claim's answer that no device describes (the driver's ``allocate`` answer, the
+        core's shared-device entries); an admin-access request gets its devices' descriptions alone."""
         described: dict[str, ContainerAllocation] = {}
         for dev in allocation.devices:
-            found = self.lifecycle.table.reported(dev.device_id)
-            if found is not None and found.allocation is not None:
-                described[dev.device_id] = found.allocation
+            found = self._description(dev.device_id)
+            if found is not None:
+                described[self.lifecycle.table.physical_of(dev.device_id)] = found
         parts = described.values()
         envs = {k: v for p in parts for k, v in p.envs.items()}
         mounts = {m for p in parts for m in p.mounts}
@@ -339,30 +454,47 @@ class ClaimPreparer:
             mounts=tuple(m for m in answer.mounts if m not in mounts),
             devices=tuple(d for d in answer.devices if d not in nodes),
         )
+        physical = self.lifecycle.table.physical_of
         out: dict[str, ContainerAllocation] = {}
         for request in dict.fromkeys(d.request for d in allocation.devices):
-            own = [
-                described[d.device_id] for d in allocation.devices if d.request == request and d.device_id in described
-            ]
-            out[request] = merge_allocations([claim_wide, *own])
+            mine = [d for d in allocation.devices if d.request == request]
+            own = [described[p] for p in dict.fromkeys(physical(d.device_id) for d in mine) if p in described]
+            given = own if all(d.admin_access for d in mine) else [claim_wide, *own]
+            out[request] = merge_allocations(given) if given else ContainerAllocation()
         return out
 
     async def _again(
-        self, ref: ClaimRef, allocation: ClaimAllocation, record: AllocationRecord
+        self, ref: ClaimRef, allocation: ClaimAllocation, record: AllocationRecord | None, kept: AdminClaim | None
     ) -> list[PreparedDevice] | None:
-        """A claim prepared earlier: the same answer (its devices must be the record's). None when the earlier
-        prepare never finished (a run that ended between the ledger's record and the claim's CDI spec, so the
-        kubelet had no answer): its devices are released, for the claim to be prepared afresh."""
-        if sorted(allocation.device_ids) != sorted(record.devices):
+        """A claim prepared earlier: the same answer (its devices must be the record's, its shares as many of each
+        device's replicas as the record holds, its admin-access devices those kept). None when the earlier prepare
+        never finished (a run that ended between the ledger's record and the claim's CDI spec, so the kubelet had
+        no answer): what it holds is released, for the claim to be prepared afresh."""
+        normal = tuple(d for d in allocation.devices if not d.admin_access)
+        admin = [d.device_id for d in allocation.devices if d.admin_access]
+        if record is not None:
+            shares = shares_of(ref, normal, self.lifecycle.table, self.driver)
+            if assign(normal, shares, record.devices, self.lifecycle.table) is None:
+                raise _ClaimRefused(
+                    f"{ref}: prepared earlier with {id_list(record.devices)}, but its allocation now names "
+                    f"{id_list(allocation.device_ids)}"
+                    + (f" (shares of {id_list(sorted({s.of.device_id for s in shares.values()}))})" if shares else ""),
+                    "allocation_changed",
+                )
+        if admin and kept is not None and sorted(kept.devices) != sorted(admin):
             raise _ClaimRefused(
-                f"{ref}: prepared earlier with {id_list(record.devices)}, but its allocation now names "
-                f"{id_list(allocation.device_ids)}",
+                f"{ref}: prepared earlier with admin access to {id_list(kept.devices)}, but its allocation now names "
+                f"{id_list(admin)}",
                 "allocation_changed",
             )
-        pods = tuple(p for p in (record.pod_uid, *record.pod_uids) if p)
-        if allocation.reserved_for and set(allocation.reserved_for) != set(pods):
-            self.lifecycle.note_claim_pods(record.id, allocation.reserved_for)
-            await self.lifecycle.save()
+        if admin and kept is None:  # the ledger's record was written, the admin-access part was not: never answered
+            await self._unfinished(ref, record, None, "its prepare ended before its admin-access part was kept")
+            return None
+        if record is not None:
+            pods = tuple(p for p in (record.pod_uid, *record.pod_uids) if p)
+            if allocation.reserved_for and set(allocation.reserved_for) != set(pods):
+                self.lifecycle.note_claim_pods(record.id, allocation.reserved_for)
+                await self.lifecycle.save()
         try:
             cdi_ids = await self.cdi.restore(ref.uid)
         except OSError as exc:
@@ -371,38 +503,45 @@ class ClaimPreparer:
                 f"{exc.strerror or exc}",
                 "cdi_spec_unwritable",
             ) from exc
-        if not cdi_ids and self._described(record):
+        if not cdi_ids and self._described([*(record.devices if record is not None else ()), *admin]):
             # Its devices describe what a container gets, so its first prepare wrote a spec, or ended before it.
-            log.warning(
-                "[%s] %s was recorded as prepared by a run that ended before writing its CDI spec (the kubelet had "
-                "no answer): releasing %s and preparing it afresh",
-                self.name,
-                ref,
-                id_list(record.devices),
-            )
-            await self.lifecycle.release(record.id, f"{ref}: its prepare ended before its CDI spec was written")
+            await self._unfinished(ref, record, kept, "its prepare ended before its CDI spec was written")
             return None
-        cdi_devices = tuple(CDIDevice(n) for n in record.prepared.get("cdi_devices", ()))
+        cdi_devices = tuple(CDIDevice(n) for n in (record.prepared.get("cdi_devices", ()) if record else ()))
+        if self.status is not None:  # its device status again, in case it is missing (a restart, a removal)
+            await self.status.again(ref)
         return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_ids)
 
-    def _described(self, record: AllocationRecord) -> bool:
-        """Whether one of the record's devices describes what a container gets (its claim then has a CDI spec)."""
-        for device in record.devices:
-            found = self.lifecycle.table.reported(device)
-            if found is not None and found.allocation is not None and found.allocation != ContainerAllocation():
+    async def _unfinished(
+        self, ref: ClaimRef, record: AllocationRecord | None, kept: AdminClaim | None, why: str
+    ) -> None:
+        """Release what a prepare that never answered the kubelet left (its record, its kept admin-access part)."""
+        held = [*(record.devices if record is not None else ()), *(kept.devices if kept is not None else ())]
+        log.warning(
+            "[%s] %s was recorded as prepared by a run that ended before it answered (the kubelet had no answer; %s): "
+            "releasing %s and preparing it afresh",
+            self.name,
+            ref,
+            why,
+            id_list(held),
+        )
+        if record is not None:
+            await self.lifecycle.release(record.id, f"{ref}: {why}")
+        if kept is not None and self.admin_claims is not None:
+            await self.admin_claims.forget(ref.uid)
+
+    def _described(self, device_ids: Iterable[str]) -> bool:
+        """Whether one of the devices describes what a container gets (its claim then has a CDI spec)."""
+        for device in device_ids:
+            found = self._description(device)
+            if found is not None and found != ContainerAllocation():
                 return True
         return False
 
-    def _check_free(self, ref: ClaimRef, allocation: ClaimAllocation) -> None:
-        """Refuse admin access, and devices a live record of another claim holds."""
-        admin = [d.device_name for d in allocation.devices if d.admin_access]
-        if admin:
-            raise _ClaimRefused(
-                f"{ref}: admin access to {', '.join(admin)} is not supported by devplug (a device is prepared for "
-                "one claim at a time)",
-                "admin_access",
-            )
-        for dev in allocation.devices:
+    def _check_free(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> None:
+        """Refuse devices a live record of another claim holds (admin-access devices are not among ``devices``; a
+        share's replicas are chosen among the free ones)."""
+        for dev in devices:
             for holder in self.lifecycle.ledger.holders(dev.device_id):
                 if holder.claim_uid is not None and holder.claim_uid != ref.uid and not holder.releasing:
                     raise _ClaimRefused(
@@ -451,9 +590,12 @@ class ClaimPreparer:
             return message
         async with self._lock(ref.uid):
             record = self.lifecycle.for_claim(ref.uid)
+            kept = self.admin_claims.get(ref.uid) if self.admin_claims is not None else None
             # The spec goes in a worker thread while the release runs: no container uses it once the kubelet
             # unprepares the claim (its pods' containers are gone), whatever the release's outcome.
-            removal = asyncio.ensure_future(self.cdi.remove(ref.uid, recorded=record is not None, claim=str(ref)))
+            removal = asyncio.ensure_future(
+                self.cdi.remove(ref.uid, recorded=record is not None or kept is not None, claim=str(ref))
+            )
             try:
                 if record is not None:
                     await self.lifecycle.release(record.id, f"the kubelet unprepared {ref}")
@@ -468,14 +610,26 @@ class ClaimPreparer:
                 return f"{ref}: devplug failed unexpectedly: {type(exc).__name__}: {exc} (see the daemon's log)"
             finally:
                 await removal  # logs its own failure; never raises
+            if kept is not None and self.admin_claims is not None:  # no hook: its spec was all it had
+                try:
+                    await self.admin_claims.forget(ref.uid)
+                except OSError as exc:
+                    self.observer.claim_unprepare_failed("release_failed", time.monotonic() - start)
+                    log.error("[%s] unprepare of %s failed: %s", self.name, ref, exc)
+                    return f"{ref}: its admin-access part cannot be forgotten ({self.admin_claims.path}): {exc}"
+                if record is None:
+                    self.unprepared += 1
+            if self.status is not None:  # its device status goes, in the background (kept: also after a restart)
+                await self.status.unprepared(ref)
             self.observer.claim_unprepared(time.monotonic() - start)
             return ""
 
 
-def _requests(allocation: ClaimAllocation) -> dict[str, tuple[str, ...]]:
+def _requests(devices: Sequence[AllocatedDevice], ids: Sequence[tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Each request's device IDs (a share's replicas), for the driver's ``Claim.requests``."""
     requests: dict[str, list[str]] = {}
-    for dev in allocation.devices:
-        requests.setdefault(dev.request, []).append(dev.device_id)
+    for dev, group in zip(devices, ids, strict=True):
+        requests.setdefault(dev.request, []).extend(group)
     return {k: tuple(v) for k, v in requests.items()}
 
 
