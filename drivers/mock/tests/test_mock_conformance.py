@@ -48,3 +48,17 @@ class TestMockConformanceWithReplicas(TestMockConformance):
     """The same contract with every device shared by three containers (``replicas = 3``)."""
 
     replicas = 3
+
+
+class TestMockConformanceWithDraWords(TestMockConformance):
+    """The same contract with the mock's issue 41 options on: every device a part of one parent (each takes 1 of
+    its 3 slots, so the counters forbid nothing the contract asks) and a status from every allocate; through the
+    device-plugin API the kubelet sees what it saw without them."""
+
+    def options(self, folder: Path) -> Mapping[str, Any]:
+        parts = {f"mock{i}": {"slots": 1} for i in range(self.device_count)}
+        return {
+            **super().options(folder),
+            "partitions": [{"parent": "board0", "counters": {"slots": self.device_count}, "devices": parts}],
+            "device_status": "network",
+        }
