@@ -145,7 +145,22 @@ def _dra_lines(frontend: dict[str, Any] | None) -> list[str]:
                 f"      {claim.get('claim')} (uid {claim.get('uid')}): {', '.join(claim.get('devices') or [])}; "
                 f"pods {pods}"
             )
+    lines.extend(_claim_status_lines(frontend.get("claim_status")))
     return lines
+
+
+def _claim_status_lines(cs: dict[str, Any] | None) -> list[str]:
+    """The claims' device status (KEP-4817) the driver's ``allocate`` gave, once any was written or failed."""
+    if not cs or not any(cs.get(k) for k in ("written", "removed", "failures", "invalid", "pending", "unsupported")):
+        return []
+    if cs.get("unsupported"):
+        return [f"    claims' device status: NOT WRITTEN: {cs['unsupported']}"]
+    last = f"; last failure: {cs['last_error']}" if cs.get("last_error") else ""
+    return [
+        f"    claims' device status: {cs.get('written', 0)} written, {cs.get('removed', 0)} removed, "
+        f"{cs.get('pending', 0)} pending, {cs.get('failures', 0)} given up, {cs.get('invalid', 0)} refused as "
+        f"invalid{last}"
+    ]
 
 
 def format_status(data: dict[str, Any]) -> str:
