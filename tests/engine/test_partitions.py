@@ -178,13 +178,14 @@ def test_the_guard_withholds_what_cannot_fit_and_gives_it_back(tmp_path: Path) -
     record = ledger.begin(["card0-r2"], 1.0)
     guard.sync_withheld()
     assert table.withheld == {"card0"}
+    assert table.partition_blocked == {"card0"}  # withheld for the counters alone (DRA lets the scheduler count)
     assert table.advertised("card0").healthy is False  # type: ignore[union-attr]
     ledger.begin_release(record.id)  # being cleaned: still occupies the card
     guard.sync_withheld()
-    assert "card0" in table.withheld
+    assert table.withheld == {"card0", "card0-r2"} and table.partition_blocked == {"card0"}
     ledger.remove(record.id)
     guard.sync_withheld()
-    assert table.withheld == frozenset()
+    assert table.withheld == frozenset() and table.partition_blocked == frozenset()
 
 
 def test_quarantined_and_shared_parts_count_once_per_physical_device(tmp_path: Path) -> None:

@@ -126,3 +126,45 @@ def test_a_pod_asking_for_two_devices_gets_two_regions_not_the_card_and_a_region
     assert sorted(got) == ["mock1", "mock2"], got
     lab.wait(lambda: _unhealthy(lab, whole), what=f"{whole} (the whole card) advertised unhealthy")
     assert lab.count("allocate", whole) == 0
+
+
+#: A mock whose parts of ``card0`` disagree about what the card has: a driver bug the engine names and contains.
+DISAGREEING = """
+from dataclasses import replace
+
+from devplug import Partition
+from devplug_mock import MockDriver
+
+
+class Driver(MockDriver):
+    def _device(self, found):
+        dev = super()._device(found)
+        counters = {"mock0": {"regions": 4}, "mock1": {"regions": 2}}.get(dev.id)
+        if counters is None:
+            return dev
+        return replace(dev, partition=Partition("card0", counters, {"regions": 1}))
+"""
+
+
+def test_parts_that_disagree_about_their_parents_counters_are_named_and_withheld(
+    lab: Lab, fake_distribution: Any
+) -> None:
+    fake_distribution(
+        "devplug-test-disagreeing", DISAGREEING, "[devplug.drivers]\ndisagreeing = devplug_test_disagreeing:Driver\n"
+    )
+    table = {"driver": "disagreeing", "options": {"directory": str(lab.mock_dir()), "count": 3}}
+    lab.start({RESOURCE: table})
+    lab.wait(lambda: _unhealthy(lab, "mock0", "mock1"), what="both parts of the disagreeing card withheld")
+    assert _healthy(lab, "mock2"), "a device that is no part stays in service"
+    log = lab.log()
+    said = "'mock0' says {regions: 4}, 'mock1' says {regions: 2}"
+    assert f"driver error: parts of parent 'card0' declare different counters: {said}" in log, log
+    with pytest.raises(grpc.RpcError) as caught:
+        lab.allocate("mock0")
+    assert "declare different counters" in (caught.value.details() or "")
+    assert lab.calls("allocate", ok=None) == []
+    conflict = lab.wait(
+        lambda: [p for p in lab.resource_status().get("partitions", []) if p.get("conflict")],
+        what="the conflict in the status",
+    )
+    assert conflict[0]["blocked"] == ["mock0", "mock1"]

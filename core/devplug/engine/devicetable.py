@@ -104,6 +104,7 @@ class DeviceTable:
         self._unhealthy: set[str] = set()
         self._entries: dict[str, bytes] = {}
         self._withheld: frozenset[str] = frozenset()
+        self._partition_blocked: frozenset[str] = frozenset()
         self._degraded: str | None = None
         self._retired: str | None = None
         self.version = 0
@@ -309,6 +310,13 @@ class DeviceTable:
     def withheld(self) -> frozenset[str]:
         return self._withheld
 
+    @property
+    def partition_blocked(self) -> frozenset[str]:
+        """The withheld IDs withheld only because they are parts that do not fit their parent's counters now (no
+        release, busy hook or quarantine holds them): a DRA front end that publishes the counters lets the
+        scheduler count them instead of tainting them, and need not call them unhealthy."""
+        return self._partition_blocked
+
     def overrides_health(self, device_id: str) -> bool:
         """True while the kubelet is told ``device_id`` is unhealthy whatever the driver reports (it is withheld,
         or the resource is degraded)."""
@@ -451,13 +459,19 @@ class DeviceTable:
         self.update(changed)
         return [d.id for d in changed]
 
-    def set_withheld(self, device_ids: Iterable[str]) -> None:
-        """Advertise these devices unhealthy whatever the driver says (they are being released)."""
+    def set_withheld(self, device_ids: Iterable[str], partition_blocked: Iterable[str] = ()) -> None:
+        """Advertise these devices unhealthy whatever the driver says (they are being released, or busy, or parts
+        that do not fit now); ``partition_blocked``: those of them withheld only for the last reason."""
         new = frozenset(device_ids)
+        blocked = frozenset(partition_blocked)
         if new == self._withheld:
+            if blocked != self._partition_blocked:
+                self._partition_blocked = blocked
+                self._bump()
             return
         flipped = new ^ self._withheld
         self._withheld = new
+        self._partition_blocked = blocked
         self._reencode(flipped)
 
     def set_degraded(self, reason: str | None) -> None:

@@ -396,9 +396,12 @@ class DeviceGuard:
         if self.table.shrunk:  # a lowered replica count: no more tenants than replicas while the excess drains
             withheld.update(self.table.excess_replicas(self.ledger.holds))
         parts = self.table.partitions
-        if parts is not None:
-            withheld.update(self._blocked_parts(parts))
-        self.table.set_withheld(withheld)
+        if parts is None:
+            self.table.set_withheld(withheld)
+            return
+        blocked = self._blocked_parts(parts)
+        only = blocked.difference(withheld) if withheld else blocked
+        self.table.set_withheld(withheld.union(blocked), only)
 
 
 class _HeldParts(Container[str]):
