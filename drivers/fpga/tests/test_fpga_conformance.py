@@ -62,3 +62,11 @@ class TestFpgaConformance(DriverConformance):
 
     def bad_options(self, folder: Path) -> Mapping[str, Any]:
         return {**self.options(folder), "command_timeout": 0}
+
+
+class TestFpgaConformanceWithDraWords(TestFpgaConformance):
+    """The same contract with the issue 41 options on: the regions parts of their card (each takes 1 of its 2
+    regions, so the counters forbid nothing the contract asks) and each device's status from allocate."""
+
+    def options(self, folder: Path) -> Mapping[str, Any]:
+        return {**super().options(folder), "partitions": True, "device_status": True}
