@@ -62,3 +62,11 @@ class TestSriovConformance(DriverConformance):
 
     def bad_options(self, folder: Path) -> Mapping[str, Any]:
         return {**self.options(folder), "num_vfs": -1}
+
+
+class TestSriovConformanceWithDeviceStatus(TestSriovConformance):
+    """The same contract with ``device_status`` on: each VF's status from allocate (an NVMe controller's VFs:
+    data only, no interface), while the kubelet sees what it saw without it."""
+
+    def options(self, folder: Path) -> Mapping[str, Any]:
+        return {**super().options(folder), "device_status": True}
