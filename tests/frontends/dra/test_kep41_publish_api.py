@@ -6,6 +6,7 @@ the pool."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,7 @@ def _publish_until(
         task = publisher.start()
         try:
             await eventually(check, "the slices published")
+            await eventually(lambda: publisher.state.in_sync, "the publisher in sync")
             if then is not None:
                 await then(publisher)
         finally:
@@ -256,3 +258,91 @@ def _api_status(lab: Any) -> dict[str, Any] | None:
         return None
     shown = (entry or {}).get("frontend", {}).get("api") if isinstance(entry, dict) else None
     return dict(shown) if isinstance(shown, dict) else None
+
+
+# --- the choice changing under a running publisher, and the beta shapes
+
+
+def test_fields_dropped_by_an_apply_make_the_publisher_fall_back_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second line: the publisher was told the server keeps both (no dry run), the server drops them."""
+    caplog.set_level(logging.WARNING, "devplug.frontends.dra")
+    table = DeviceTable()
+    table.replace([Device("fpga0", replicas=2), *_parts()])
+    with ApiServer(release="1.35") as api:  # both gates off
+        api.create("nodes", node())
+
+        async def go() -> SlicePublisher:
+            client = make_client(write_kubeconfig(api, tmp_path / "kubeconfig"), field_manager=MANAGER)
+            told = DraApi.fixed(client, consumable_capacity=True, partitionable=True)
+            publisher = SlicePublisher(
+                driver=DRIVER, node=NODE, table=table, client=client, api=told, debounce=0, watch=False
+            )
+            task = publisher.start()
+            try:
+                replicas = {device_name(f"fpga0::{k}") for k in range(2)}
+
+                def fell_back() -> bool:
+                    names = set(_devices(api))
+                    return replicas <= names and "fpga0" not in names and len(_slices(api)) == 1
+
+                await eventually(fell_back, "the fallback")
+                await eventually(lambda: publisher.state.in_sync, "in sync")
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await client.close()
+            return publisher
+
+        publisher = run(go)
+        assert all("consumesCounters" not in d and "allowMultipleAllocations" not in d for d in _devices(api).values())
+        assert "dropped consumable capacity (allowMultipleAllocations) (feature gate DRAConsumableCapacity off)" in (
+            caplog.text
+        )
+        assert "dropped the counters (consumesCounters) (feature gate DRAPartitionableDevices off)" in caplog.text
+        assert not publisher.state.consumable_capacity and not publisher.state.partitionable
+        assert "dropped from the answer to an apply" in publisher.api.choice.consumable_capacity_reason
+
+
+def test_a_restart_without_the_gate_is_found_by_the_watch_and_the_device_is_published_as_replicas(
+    tmp_path: Path,
+) -> None:
+    table = DeviceTable()
+    table.replace([Device("fpga0", replicas=2)])
+    replicas = sorted(device_name(f"fpga0::{k}") for k in range(2))
+    with ApiServer(release="1.36") as api:
+        api.create("nodes", node())
+
+        async def go() -> None:
+            client = make_client(write_kubeconfig(api, tmp_path / "kubeconfig"), field_manager=MANAGER)
+            found = await DraApi.discover(client, node=NODE, driver=DRIVER, pool=NODE)
+            publisher = SlicePublisher(
+                driver=DRIVER, node=NODE, table=table, client=client, api=found, debounce=0, watch_silence=5
+            )
+            task = publisher.start()
+            try:
+                await eventually(lambda: sorted(_devices(api)) == ["fpga0"], "the consumable device")
+                api.restart(disabled_features=("DRAConsumableCapacity",))  # a downgrade's flags, say
+                await eventually(lambda: sorted(_devices(api)) == replicas, "the replicas after the restart")
+                assert not publisher.consumable and found.discoveries == 2
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await client.close()
+
+        run(go)
+
+
+def test_a_v1beta1_server_gets_the_counter_sets_in_a_slice_without_devices(tmp_path: Path) -> None:
+    """v1beta1 wraps a device's fields in ``basic``; a slice of counter sets gets no ``devices`` (not even [])."""
+    table = DeviceTable()
+    table.replace(_parts())
+    with ApiServer(release="1.36", resource_versions=("v1beta1",)) as api:
+        api.create("nodes", node())
+        _publish_until(api, tmp_path, table, lambda: len(_slices(api)) == 2)
+        assert _devices(api)["card0-part0"]["consumesCounters"][0]["counterSet"] == "card0"
+        assert [s["spec"]["sharedCounters"][0]["name"] for s in _slices(api) if s["spec"].get("sharedCounters")] == [
+            "card0"
+        ]
+        assert {r.path.split("/")[3] for r in api.requests if r.verb == "patch"} == {"v1beta1"}
