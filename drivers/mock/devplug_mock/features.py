@@ -182,15 +182,16 @@ def _tenant(claim: Claim | None) -> str:
 
 
 def invalid_status(device_id: str, claim: Claim | None) -> DeviceStatus:
-    """A status :mod:`devplug.types` builds but a 1.36 API server refuses (422), on two counts:
+    """A status :mod:`devplug.types` builds but a 1.36 API server refuses (422), on two counts (each from
+    ``validateDeviceStatus`` in ``pkg/apis/resource/validation/validation.go``):
 
-    * its condition's type has a name part of 64 characters: ``metav1validation.ValidateConditions`` checks a
-      condition's type with ``ValidateQualifiedName`` (``k8s.io/apimachinery/pkg/apis/meta/v1/validation``), and
-      ``IsQualifiedName`` allows at most 63 characters after the optional ``prefix/``;
-    * its address ``::ffff:a00:1/120`` is an IPv4-mapped IPv6 address: ``IsValidInterfaceAddress``
-      (``k8s.io/apimachinery/pkg/api/validation/ip.go``, called by ``validateNetworkDeviceData`` in
-      ``pkg/apis/resource/validation/validation.go``) parses it as IPv4 and wants ``10.0.0.1/24``, its
-      canonical form; Python's ``ipaddress`` keeps the IPv6 form as canonical.
+    * its condition's type has a name part of 64 characters: ``metav1validation.ValidateConditions`` checks each
+      type with ``ValidateLabelName`` (``k8s.io/apimachinery/pkg/apis/meta/v1/validation/validation.go``), that is
+      ``IsQualifiedName`` (``k8s.io/apimachinery/pkg/util/validation/validation.go``): at most 63 characters
+      after the optional ``prefix/``;
+    * its address ``::ffff:a00:1/120`` is an IPv4-mapped IPv6 address: ``validateNetworkDeviceData`` checks each
+      of ``ips`` with ``IsValidInterfaceAddress`` (``k8s.io/apimachinery/pkg/util/validation/ip.go``), which reads
+      it as IPv4 and wants its canonical form ``10.0.0.1/24``; Python's ``ipaddress`` keeps the IPv6 form.
     """
     return DeviceStatus(
         conditions=(DeviceCondition("R" * 64, "True", "Prepared", f"mock device {device_id} prepared"),),
