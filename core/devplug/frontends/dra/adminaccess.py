@@ -156,7 +156,8 @@ class AdminClaims:
                 os.replace(self.path, aside)
             log.error(
                 "the admin-access claims file %s cannot be read (%s): moved to %s; the claims it held are not "
-                "unprepared by devplug (their CDI specs stay until the reconciliation finds the claims gone)",
+                "known any more: their CDI specs are removed by the reconciliation (no record keeps them), and a "
+                "repeated prepare of one prepares it afresh",
                 self.path,
                 exc,
                 aside,
