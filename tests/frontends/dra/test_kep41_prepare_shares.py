@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -78,12 +78,13 @@ def held(lab: DraNode) -> dict[str, list[str]]:
     return {str(r["claim"]): sorted(r["devices"]) for r in lab.records()}
 
 
-async def restarted(lab: DraNode) -> str:
-    """Kill the daemon with SIGKILL and start it again; the new instance's service target."""
+async def restarted(lab: DraNode, meanwhile: Callable[[], object] = lambda: None) -> str:
+    """Kill the daemon with SIGKILL, call ``meanwhile`` and start it again; the new instance's service target."""
     assert lab.daemon is not None
     old = lab.service_target()
     os.kill(lab.daemon.pid, signal.SIGKILL)
     lab.daemon.wait(10.0)
+    meanwhile()
     lab.daemon = DaemonProcess(lab.config_path, lab.root / "daemon-2.log", env=lab.env).start()
 
     def new_endpoint() -> str | None:
@@ -172,5 +173,35 @@ def test_a_share_prepared_again_and_after_a_kill_keeps_its_replicas_and_the_devi
                 assert done.claims[_uid(b)].error == ""
             assert lab.records() == []
             assert [c["device_ids"] for c in lab.calls("deallocate")] == [["mock0"]], "cleaned after its last share"
+
+    run(scenario, 120)
+
+
+def test_shares_the_scheduler_stand_in_allocated_are_prepared_on_distinct_replicas(api: ApiServer) -> None:
+    """The allocation as the scheduler stand-in makes it from the published slices (the request's amount in
+    ``exactly.capacity.requests``), prepared as the kubelet asks for each pod's claim."""
+
+    async def scenario() -> None:
+        async with dra_node(api, SHARED) as lab:
+            await lab.published(2)
+            for name in ("a", "b"):
+                exactly = {"deviceClassName": lab.device_class, "count": 1, "capacity": {"requests": {"shares": "2"}}}
+                spec = {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}
+                body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}}
+                lab.api.create("resourceclaims", {**body, "spec": spec}, NS)
+            claims = [lab.schedule_pod(f"p-{name}", [name])[1][0] for name in ("a", "b")]
+            results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims]
+            assert [(r["device"], r["consumedCapacity"]) for r in results] == [("mock0", {"shares": "2"})] * 2
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
+                stub = v1_grpc.DRAPluginStub(channel)
+                for claim, result in zip(claims, results, strict=True):
+                    name = claim["metadata"]["name"]
+                    answer = await stub.NodePrepareResources(
+                        v1.NodePrepareResourcesRequest(claims=[_claim(name, _uid(claim))])
+                    )
+                    [dev] = answer.claims[_uid(claim)].devices
+                    assert (dev.device_name, dev.share_id) == ("mock0", result["shareID"])
+            replicas = held(lab)
+            assert sorted(replicas["default/a"] + replicas["default/b"]) == [f"mock0::{k}" for k in range(4)]
 
     run(scenario, 120)
