@@ -8,9 +8,10 @@ from fractions import Fraction
 import pytest
 
 from devplug.engine import DeviceTable
+from devplug.frontends.dra.capacity import shared_capacity
 from devplug.frontends.dra.claims import AllocatedDevice, ClaimRef
 from devplug.frontends.dra.quantity import QuantityError, ceil_div, parse_quantity
-from devplug.frontends.dra.shares import OverConsumedError, ShareError, assign, choose, share_of, shares_of
+from devplug.frontends.dra.shares import OverConsumedError, ShareError, assign, choose, shares_of
 from devplug.types import Device, ShareCapacity
 
 REF = ClaimRef("default", "c", "0e4f0d7c-0000-4000-8000-000000000001")
@@ -77,9 +78,9 @@ def _share(name: str, share: str | None, consumed: dict[str, str], request: str 
 
 def test_a_shared_device_offers_its_replicas_as_shares_and_a_whole_device_none() -> None:
     table = _table(Device("gpu0", replicas=4, share_capacity=ShareCapacity("memory", 4)), Device("nic0"))
-    of = share_of(table, "gpu0")
+    of = shared_capacity(table, "gpu0")
     assert of is not None and of.replica_ids == tuple(f"gpu0::{k}" for k in range(4)) and of.total == 16
-    assert share_of(table, "nic0") is None and share_of(table, "gpu0::1") is None
+    assert shared_capacity(table, "nic0") is None and shared_capacity(table, "gpu0::1") is None
 
 
 def test_shares_take_the_lowest_free_replicas_rounded_up_to_whole_replicas() -> None:

@@ -18,7 +18,8 @@ as published (``capacityNameForStatus`` in ``consumable_capacity.go``: the bare
 name when the device published it bare), or that name qualified with the driver's
 domain; both are read.
 
-This module maps each share to replicas:
+This module maps each share to replicas (the device's capacity as
+:func:`devplug.frontends.dra.capacity.shared_capacity` gives it):
 
 * a share of amount ``q`` holds ``ceil(q / per_replica)`` replicas (the scheduler
   rounds a request up to the policy's step, ``roundUpRange``, so ``q`` is normally
@@ -54,11 +55,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from devplug.engine import DeviceTable
+from devplug.frontends.dra.capacity import SharedCapacity, shared_capacity
 from devplug.frontends.dra.claims import AllocatedDevice, ClaimError, ClaimRef
 from devplug.frontends.dra.quantity import QuantityError, ceil_div, parse_quantity
-from devplug.types import ShareCapacity
 
-__all__ = ["OverConsumedError", "Share", "ShareError", "ShareOf", "assign", "choose", "share_of", "shares_of"]
+__all__ = ["OverConsumedError", "Share", "ShareError", "assign", "choose", "replica_order", "shares_of"]
 
 
 class ShareError(ClaimError):
@@ -70,38 +71,13 @@ class OverConsumedError(ClaimError):
 
 
 @dataclass(frozen=True)
-class ShareOf:
-    """A device published with consumable capacity: its physical ID, capacity and replica IDs (index order)."""
-
-    device_id: str
-    capacity: ShareCapacity
-    replica_ids: tuple[str, ...]
-
-    @property
-    def total(self) -> int:
-        """The capacity published: replicas times ``per_replica``."""
-        return len(self.replica_ids) * self.capacity.per_replica
-
-
-def share_of(table: DeviceTable, device_id: str) -> ShareOf | None:
-    """The shares ``device_id`` offers, or None unless it is the physical ID of a device the table advertises as
-    more than one replica (a replica ID, or a device not shared, is allocated whole)."""
-    replicas = table.replica_ids(device_id)
-    if len(replicas) < 2:
-        return None
-    device = table.physical(device_id)
-    capacity = (device.share_capacity if device is not None else None) or ShareCapacity()
-    return ShareOf(device_id, capacity, replicas)
-
-
-@dataclass(frozen=True)
 class Share:
     """One result of the claim on a device with consumable capacity, and how many replicas it holds."""
 
     #: The result's position in the claim's allocation (``ClaimAllocation.devices``).
     index: int
     device: AllocatedDevice
-    of: ShareOf
+    of: SharedCapacity
     amount: Fraction
     replicas: int
 
@@ -109,8 +85,8 @@ class Share:
         return f"share {self.device.share_id} of device {self.device.device_name} ({self.of.device_id})"
 
 
-def _amount(claim: ClaimRef, dev: AllocatedDevice, of: ShareOf, driver: str) -> Fraction:
-    name = of.capacity.name
+def _amount(claim: ClaimRef, dev: AllocatedDevice, of: SharedCapacity, driver: str) -> Fraction:
+    name = of.name
     consumed = dict(dev.consumed_capacity)
     where = f"request {dev.request!r}, share {dev.share_id} of device {dev.device_name}"
     text = consumed.get(name, consumed.get(f"{driver}/{name}"))
@@ -136,7 +112,7 @@ def shares_of(claim: ClaimRef, devices: Sequence[AllocatedDevice], table: Device
     share described wrongly. Results on devices allocated whole are not among them."""
     shares: dict[int, Share] = {}
     for index, dev in enumerate(devices):
-        of = share_of(table, dev.device_id)
+        of = shared_capacity(table, dev.device_id)
         if of is None:
             continue
         if not dev.share_id:
@@ -147,7 +123,7 @@ def shares_of(claim: ClaimRef, devices: Sequence[AllocatedDevice], table: Device
                 "device: allocator_incubating.go, allocateDevice)",
             )
         amount = _amount(claim, dev, of, driver)
-        shares[index] = Share(index, dev, of, amount, ceil_div(amount, of.capacity.per_replica))
+        shares[index] = Share(index, dev, of, amount, ceil_div(amount, of.per_replica))
     return shares
 
 
@@ -180,7 +156,7 @@ def choose(
             raise OverConsumedError(
                 claim,
                 f"{share.describe()} needs {share.replicas} replica(s) ({share.amount} "
-                f"{share.of.capacity.name}); the claim's shares of it need {wanted} and {available} of its "
+                f"{share.of.name}); the claim's shares of it need {wanted} and {available} of its "
                 f"{len(share.of.replica_ids)} are free on this node (over-consumed: the scheduler's view of the device "
                 "and this node's differ); nothing was prepared",
             )
