@@ -19,7 +19,8 @@ through a front end; its modules, by unit:
   ``supervise`` (long-running tasks restarted when they fail);
 * the devices: ``devicetable`` (what is advertised, its cached encoding,
   change notification), ``sharing`` (replicas of shared devices and their
-  tenants), ``cdi`` (CDI specs and the Allocate answers naming their devices;
+  tenants), ``partitions`` (parts of a parent and its counters: what fits
+  now, KEP-4815), ``cdi`` (CDI specs and the Allocate answers naming their devices;
   the spec file is written by what the daemon gives, ``CdiSpecFile``);
 * the lifecycle, behind ``lifecycle`` (``DeviceLifecycle``, the core's
   interface to front ends): ``admission`` (choose, allocate, record, undo),

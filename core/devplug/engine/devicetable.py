@@ -84,7 +84,9 @@ class Offer(NamedTuple):
 class DeviceTable:
     """One resource's device table. Used from the event loop thread only."""
 
-    def __init__(self, replicas: int = 1, codec: DeviceCodec | None = None) -> None:
+    def __init__(
+        self, replicas: int = 1, codec: DeviceCodec | None = None, on_partitions: Callable[[], None] | None = None
+    ) -> None:
         self._codec: DeviceCodec = codec or _NoCodec()
         #: How many replicas a device has when it does not say (the resource's ``replicas``).
         self.default_replicas = replicas
@@ -119,8 +121,9 @@ class DeviceTable:
         #: The parts and their parents' counters (:mod:`devplug.engine.partitions`), or None when no device ever
         #: declared a partition: the flag every hot path tests, so a table without partitions costs nothing more.
         self.partitions: PartitionMap | None = None
-        #: Called when :attr:`partitions` changed (the guard re-syncs what it withholds).
-        self.on_partitions: Callable[[], None] | None = None
+        #: Called when :attr:`partitions` changed, the table whole again (the resource has the lifecycle re-sync
+        #: what it withholds).
+        self._on_partitions = on_partitions
 
     # --- reading
 
@@ -380,8 +383,8 @@ class DeviceTable:
             i: (self._entries[i] if old.get(i) == d and i in self._entries else self._encode(d)) for i, d in new.items()
         }
         self._bump()
-        if parted and self.on_partitions is not None:
-            self.on_partitions()
+        if parted and self._on_partitions is not None:
+            self._on_partitions()
 
     def update(self, changed: Iterable[Device] = (), removed: Iterable[str] = ()) -> None:
         """Add or replace ``changed`` devices, drop ``removed`` IDs (physical devices: all their replicas)."""
@@ -426,12 +429,12 @@ class DeviceTable:
         parted = parts is not None and self._set_parts(parts)
         if touched:
             self._bump()
-        if parted and self.on_partitions is not None:
-            self.on_partitions()
+        if parted and self._on_partitions is not None:
+            self._on_partitions()
 
     def _set_parts(self, parts: dict[str, Partition]) -> bool:
         """The listed devices' partitions now: rebuild :attr:`partitions` when they changed. True when they did (the
-        caller tells :attr:`on_partitions` once the table is whole)."""
+        caller tells ``on_partitions`` once the table is whole)."""
         if parts == self._parts and self.partitions is not None:
             return False
         for dev_id, part in self._parts.items():

@@ -22,7 +22,9 @@ every device an allocation holds, being released included, and every busy one
 counts as held). So the kubelet never picks a part an Allocate would refuse,
 and a DRA slice taints it. The set is synced whenever what is held changes (an
 allocation, a release done, busy or quarantined devices) and when the parts do
-(:attr:`DeviceTable.on_partitions`); a table without partitions skips it.
+(the table's ``on_partitions``, through the resource); a table without
+partitions skips it. A parent whose parts disagree about its counters is logged
+as a driver error when the parts change.
 
 Busy tenancies. A tenancy the kubelet no longer attributes whose pod's
 containers still run, or may (its cgroup cannot be read), keeps its devices
@@ -95,9 +97,6 @@ class DeviceGuard:
         self._parts_seen: tuple[PartitionMap | None, frozenset[str]] = (None, frozenset())
         self._blocked_by_parent: dict[str, set[str]] = {}
         self._blocked_ids: set[str] = set()
-        table.on_partitions = self._partitions_changed
-        if table.partitions is not None:  # listed before this guard was made (the driver's first list)
-            self._log_conflicts(table.partitions)
 
     # --- locks
 
@@ -336,14 +335,6 @@ class DeviceGuard:
         second = greedy(sorted(candidates, key=consumption))
         return second if len(second) > len(first) else first
 
-    def _partitions_changed(self) -> None:
-        """The table's parts changed (:attr:`DeviceTable.on_partitions`): log a parent whose parts newly disagree
-        about its counters, and withhold what cannot be allocated now."""
-        if self.table.partitions is not None:
-            self._log_conflicts(self.table.partitions)
-        self.sync_withheld()
-        self._on_change()
-
     def _log_conflicts(self, parts: PartitionMap) -> None:
         """Log each parent whose parts newly disagree about its counters (a driver error, named once)."""
         for parent, why in parts.conflicts.items():
@@ -359,7 +350,8 @@ class DeviceGuard:
         """
         held = frozenset(self.held_parts())
         seen_map, seen_held = self._parts_seen
-        if seen_map is not parts:
+        if seen_map is not parts:  # the parts changed (or the first call): every parent again
+            self._log_conflicts(parts)
             self._blocked_by_parent = {}
             self._blocked_ids = set()
             touched = parts.parents_of(held) | set(parts.conflicts)

@@ -87,7 +87,7 @@ class Resource:
         self._release = release
         self._on_change = on_change
         self._on_allocated = on_allocated
-        self._table = DeviceTable(config.replicas, codec)
+        self._table = DeviceTable(config.replicas, codec, on_partitions=self._partitions_changed)
         self._observer = observer
         self._runner = HookRunner(self.name, config.hook_timeout, observer)
         self._ledger = Ledger(
@@ -105,6 +105,14 @@ class Resource:
         self._cdi_resync: asyncio.Future[None] | None = None  # the CDI spec rewritten after a failed handover
         #: What needs the driver, made whole once it started (:meth:`_start`).
         self._running: ResourcePhase = NOT_STARTED
+
+    def _partitions_changed(self) -> None:
+        """The driver's parts or their parents' counters changed (the table calls it): the lifecycle withholds what
+        cannot be allocated now (before the driver started, the lifecycle's first sync does)."""
+        lifecycle = self.lifecycle
+        if lifecycle is not None:
+            lifecycle.withheld_changed()
+            self._on_change()
 
     @property
     def running(self) -> RunningResource | None:
