@@ -105,10 +105,12 @@ def card_parent(address: str) -> str:
     return f"{address}-card"
 
 
-def partition(target: Target) -> Partition | None:
-    """``target`` as a part of its card: a region consumes 1 of the card's ``regions``, a whole card all of
-    them; ``None`` for a card without regions (a counter is at least 1: ``Partition``)."""
-    count = len(target.card.regions)
-    if count == 0:
+def partition(target: Target, card: Card | None = None) -> Partition | None:
+    """``target`` as a part of its card (``card``: the card as found now, when the target was found earlier): a
+    region consumes 1 of the card's ``regions``, a whole card all of them; ``None`` for a card without regions (a
+    counter is at least 1: ``Partition``). Every part of a card must give the card the same counters, so a region
+    that vanished is counted against the card as it is now."""
+    count = len((card or target.card).regions)
+    if count == 0 or len(target.regions) > count:
         return None
     return Partition(card_parent(target.card.address), {REGIONS_COUNTER: count}, {REGIONS_COUNTER: len(target.regions)})

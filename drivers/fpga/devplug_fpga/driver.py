@@ -187,6 +187,7 @@ class FpgaDriver:
 
     def _devices(self) -> list[Device]:
         quarantined = self.state.quarantined()
+        cards = {t.card.address: t.card for t in self._targets.values() if t.id in self._present}
         devices = []
         for target in self._targets.values():
             reason = self._reason(target, quarantined)
@@ -199,7 +200,7 @@ class FpgaDriver:
             node = target.card.numa_node
             topology = Topology((node,)) if node >= 0 else Topology()
             health = Health.UNHEALTHY if reason else Health.HEALTHY
-            part = partition(target) if self.options.partitions else None
+            part = partition(target, cards.get(target.card.address)) if self.options.partitions else None
             devices.append(Device(target.id, health, topology, reason, partition=part))
         return devices
 

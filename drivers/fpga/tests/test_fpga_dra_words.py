@@ -17,6 +17,7 @@ from devplug.testing.dflsysfs import DflModel, model_image
 from devplug.testing.harness import make_harness
 from devplug.types import DeviceCondition, DeviceStatus, Partition
 from devplug_fpga import FpgaDriver
+from devplug_fpga.devices import Card, Region, Target, partition
 
 CARD = "0000:3b:00.0"
 R0, R1, R2 = (f"{CARD}-region{i}" for i in range(3))
@@ -115,3 +116,12 @@ def test_the_default_image_loaded_by_allocate_is_shown(tmp_path: Path, start: An
     assert status.data["card"] == CARD
     assert [r["afuId"] for r in status.data["regions"]] == [DEFAULT_AFU] * 3
     assert [r["region"] for r in status.data["regions"]] == [port(tmp_path, i) for i in range(3)]
+
+
+def test_a_vanished_region_is_counted_against_the_card_as_found_now() -> None:
+    old = Card(CARD, (Region(CARD, 0), Region(CARD, 1), Region(CARD, 2)))
+    now = Card(CARD, (Region(CARD, 0), Region(CARD, 1)))  # port 2 went away; its device stays listed
+    gone = Target(R2, old, (old.regions[2],), False)
+    assert partition(gone, now) == Partition(f"{CARD}-card", {"regions": 2}, {"regions": 1})
+    assert partition(Target(CARD, old, old.regions, True), now) is None  # more than the card has now
+    assert partition(Target(CARD, Card(CARD, ()), (), True)) is None  # no regions: no counter
