@@ -237,6 +237,21 @@ def test_a_changed_counter_set_is_a_new_pool_and_a_retired_resource_has_no_count
     assert [spec.get("sharedCounters") for _, spec in retired.slices] == [None] and retired.device_count == 0
 
 
+def test_a_part_blocked_by_its_parent_s_counters_is_left_to_the_scheduler_where_they_are_published() -> None:
+    """table.partition_blocked: the engine withholds parts that do not fit now; with counter sets published the
+    scheduler does that sum itself (no taint), without them the part is tainted ``blocked``."""
+    table = table_of(
+        Device("card0-whole", partition=_card("card0", 4, take=4)), Device("card0-part0", partition=_card("card0", 4))
+    )
+    table.set_withheld({"card0-whole", "card0-part0"}, partition_blocked={"card0-whole"})
+    with_counters = by_name(build(table, counters=True))
+    assert "taints" not in with_counters["card0-whole"]
+    assert with_counters["card0-part0"]["taints"][0]["value"] == "releasing", "released, not blocked: still tainted"
+    without = by_name(build(table))
+    assert without["card0-whole"]["taints"][0]["value"] == "blocked"
+    assert without["card0-part0"]["taints"][0]["value"] == "releasing"
+
+
 def test_a_shared_part_is_one_consumable_device_consuming_its_parent_s_counters_once() -> None:
     table = table_of(Device("card0-part0", replicas=2, partition=_card("card0", 4)))
     [entry] = devices(build(table, consumable=True, counters=True))

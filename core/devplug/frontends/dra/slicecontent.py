@@ -56,7 +56,8 @@ prepare, parts whose counters do not fit and withholds (taints) parts that canno
 **Health.** A device the scheduler must not hand out gets a device taint,
 ``devplug.io/unavailable`` with effect ``NoSchedule`` and the value
 ``unhealthy`` (the driver says so), ``releasing`` (the core withholds it while it
-is being released) or ``degraded`` (the resource's driver is failing). Device
+is being released), ``blocked`` (a part that does not fit its parent's counters now,
+where the counters are not published) or ``degraded`` (the resource's driver is failing). Device
 taints are beta and on by default in 1.36 (``DRADeviceTaints``, ``Device.Taints``
 in ``k8s.io/api/resource/v1/types.go`` v0.36.3; the scheduler's allocator skips a
 device with a ``NoSchedule`` taint its claim does not tolerate), they keep the
@@ -299,16 +300,21 @@ def _device_entry(
     return entry
 
 
-def _unavailable(table: DeviceTable, dev: Device, shared: SharedCapacity | None = None) -> str | None:
+def _unavailable(
+    table: DeviceTable, dev: Device, shared: SharedCapacity | None = None, counters: bool = False
+) -> str | None:
     """Why the scheduler must not hand the device out (a taint value), or ``None``. A shared device published with
-    consumable capacity is withheld (``releasing``) only when every replica is."""
+    consumable capacity is withheld only when every replica is. A part withheld only because it does not fit its
+    parent's counters now (``table.partition_blocked``) is ``blocked``, and not tainted at all where the counters
+    are published (the scheduler counts them itself: every holder of a DRA resource's parts is a claim it knows)."""
     if table.degraded is not None:
         return "degraded"
-    if shared is not None:
-        if table.withheld.issuperset(shared.replica_ids):
+    ids = shared.replica_ids if shared is not None else (dev.id,)
+    if table.withheld.issuperset(ids):
+        if not table.partition_blocked.issuperset(ids):
             return "releasing"
-    elif dev.id in table.withheld:
-        return "releasing"
+        if not counters:
+            return "blocked"
     if not dev.healthy:
         return "unhealthy"
     return None
@@ -372,7 +378,7 @@ def build_pool(
     shared_published: dict[str, SharedCapacity] = {}
     tainted = omitted = 0
     for dev, shared in sorted(devices, key=lambda d: names[d[0].id]):
-        taint = _unavailable(table, dev, shared)
+        taint = _unavailable(table, dev, shared, counters)
         if taint is not None and not taints:
             omitted += 1
             continue

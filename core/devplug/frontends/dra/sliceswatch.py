@@ -6,6 +6,11 @@ event or bookmark for ``silence`` seconds: it asks for bookmarks, which the API 
 so only a dead, held or junk stream is that quiet (a connection that died without a FIN, a proxy holding it
 open). It runs until cancelled. Each start watches through the ResourceSlice class ``resource()`` gives then: the
 ``resource.k8s.io`` version in use (:mod:`~devplug.frontends.dra.apiversions`), which a restart may have changed.
+
+The watch selects the node's slices of the driver by field (``spec.nodeName``, ``spec.driver``: the selectable
+fields of ``pkg/registry/resource/resourceslice/strategy.go``, ``toSelectableFields``), so it sees every slice of the
+pool: those with devices and those holding only counter sets (issue 41: they carry the same ``nodeName`` and
+``driver``), both written by the publisher under names it knows.
 """
 
 from __future__ import annotations
