@@ -10,15 +10,23 @@ the slice publisher, its watch and the claim reader:
   prefers ``v1beta1`` (its ``install.go`` lists it first). None served: :class:`DraApiVersionError`, naming the
   versions found, the server's version and the ones devplug needs; the resource's start fails with that message
   (and is retried: an upgraded control plane is found);
-* **device taints** (the publisher marks unavailable devices with a taint): whether the server keeps them is known
-  before the first write, by a server-side dry run (``dryRun=All``) of an apply of a slice carrying one, named
-  ``devplug-probe-<hash>``, which stores nothing. Three answers: the taint comes back (used); it is gone (the
-  version has the field, the feature gate ``DRADeviceTaints`` is off: 1.33 to 1.35 by default, dropped by
-  ``dropDisabledDRADeviceTaintsFields``); the apply is refused because the version has no such field (1.32's
-  v1beta1: ``field not declared in schema``). Discovery cannot tell a gate, and OpenAPI would show the field whatever
-  the gate says; the dry run answers both. Without taints the publisher leaves unavailable devices out of the slices
-  instead, chosen up front; an apply's answer without the taints it carried stays a second line
-  (:meth:`DraApi.taints_dropped`);
+* **device taints, consumable capacity, counters** (the publisher marks unavailable devices with a taint, publishes
+  a shared device as one device with ``allowMultipleAllocations`` and a capacity's ``requestPolicy``, and parts
+  with ``consumesCounters`` and their parent's counter set): whether the server keeps each is known before the first
+  write, by a server-side dry run (``dryRun=All``) of an apply of a slice with one device carrying each, named
+  ``devplug-probe-<hash>``, which stores nothing. Three answers per feature: the fields come back (used); they are
+  gone (the version has the fields, the feature gate is off: ``dropDisabledDRADeviceTaintsFields``,
+  ``dropDisabledDRAConsumableCapacityFields``, ``dropDisabledDRAPartitionableDevicesFields`` in
+  ``pkg/registry/resource/resourceslice/strategy.go``; ``DRADeviceTaints`` off 1.33 to 1.35, ``DRAConsumableCapacity``
+  1.34 and 1.35, ``DRAPartitionableDevices`` 1.33 to 1.35 by default); the apply is refused because the version has
+  no such field (``field not declared in schema``, each field named: 1.32's v1beta1 has none of them, 1.33's no
+  consumable capacity), and then, if some feature is still unanswered, a second dry run without the refused fields
+  asks. One request on 1.32 and from 1.34, two on 1.33. ``sharedCounters`` is not sent (1.35+ refuses it beside
+  devices): the partitionable gate drops it and ``consumesCounters`` together, so the device's answer stands for
+  both. Discovery cannot tell a gate, and OpenAPI would show the fields whatever the gate says; the dry run answers
+  both. Without a feature the publisher uses the older form (unavailable devices left out, one device per replica,
+  parts without counters), chosen up front; an apply's answer without fields it carried stays a second line
+  (:meth:`DraApi.taints_dropped`, :meth:`DraApi.consumable_capacity_dropped`, :meth:`DraApi.partitionable_dropped`);
 * **found again** (:meth:`DraApi.refresh`) when the version in use is not served any more (a request of it answers
   ``404`` for the path, :func:`~devplug.kube.client.not_served`) and after the slices' watch had to be started again
   (an API server that restarted, for an upgrade among others, cut it): both discovery and the dry run, once for all
