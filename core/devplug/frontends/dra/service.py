@@ -426,8 +426,8 @@ class ClaimPreparer:
         prepare."""
         if self.status is None or not answer.device_status:
             return
-        table = self.lifecycle.table
-        found = status_entries(self.driver, self.pool, allocation.devices, answer.device_status, table.physical_of)
+        devices = [d for d in allocation.devices if not d.admin_access]  # admin access: no allocate answered them
+        found = status_entries(self.driver, self.pool, devices, answer.device_status, self.lifecycle.table.physical_of)
         await self.status.prepared(ref, found)
 
     def _description(self, device_id: str) -> ContainerAllocation | None:

@@ -219,6 +219,10 @@ class ClaimStatusWriter:
     # --- tasks, one per claim
 
     def _start(self, uid: str, work: Any) -> None:
+        """Run ``work`` for the claim ``uid``, in place of any still running for it (newer entries win)."""
+        previous = self._tasks.get(uid)
+        if previous is not None:
+            previous.cancel()
         task = asyncio.ensure_future(work)
         self._tasks[uid] = task
 
