@@ -49,7 +49,7 @@ from devplug.engine.devicelocks import DeviceLocks, HeldLocks
 from devplug.engine.devicetable import DeviceTable
 from devplug.engine.hookrunner import HookRunner
 from devplug.engine.ledger import AllocationRecord, Ledger
-from devplug.engine.partitions import PartitionMap
+from devplug.engine.partitions import ParentUsage, PartitionMap
 from devplug.engine.sharing import SharingView
 from devplug.errors import DriverError, HookTimeoutError
 from devplug.text.logsafe import id_list
@@ -334,6 +334,16 @@ class DeviceGuard:
 
         second = greedy(sorted(candidates, key=consumption))
         return second if len(second) > len(first) else first
+
+    def partition_usage(self) -> list[ParentUsage]:
+        """Every parent now (see :meth:`PartitionMap.usage`; empty without partitions), with the blocked parts the
+        last :meth:`sync_withheld` found when nothing was held or released since."""
+        parts = self.table.partitions
+        if parts is None:
+            return []
+        held = frozenset(self.held_parts())
+        seen_map, seen_held = self._parts_seen
+        return parts.usage(held, self._blocked_by_parent if seen_map is parts and seen_held == held else None)
 
     def _log_conflicts(self, parts: PartitionMap) -> None:
         """Log each parent whose parts newly disagree about its counters (a driver error, named once)."""

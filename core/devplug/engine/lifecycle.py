@@ -237,8 +237,7 @@ class DeviceLifecycle:
 
     def partition_usage(self) -> list[ParentUsage]:
         """Every parent of partitioned devices: counters, amounts in use, held and blocked parts (empty: none)."""
-        parts = self.table.partitions
-        return [] if parts is None else parts.usage(self.guard.held_parts())
+        return self.guard.partition_usage()
 
     def shared_usage(self) -> list[DeviceShare]:
         """Every shared physical device: replicas, replicas in use, tenants, pods (for status and metrics)."""
