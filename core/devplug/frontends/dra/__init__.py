@@ -1,12 +1,15 @@
 """The DRA front end: the kubelet's Dynamic Resource Allocation API (``resource.k8s.io``) over the core.
 
 ``apiversions`` (which ``resource.k8s.io`` version the API server serves, v1,
-v1beta2 or v1beta1, found by discovery, whether it keeps device taints, and each
-version's shape), ``nodeselector`` (whether a claim's allocation is for this
+v1beta2 or v1beta1, found by discovery, whether it keeps device taints,
+consumable capacity and counters, and each version's shape), ``nodeselector`` (whether a claim's allocation is for this
 node: its node selector against the node's name and labels),
 ``devicenames`` (devplug device IDs as ResourceSlice device names, both ways),
 ``slicecontent`` (the device table as a pool of ResourceSlices: attributes,
-replicas, taints for unavailable devices, the split into slices),
+replicas, taints for unavailable devices, the split into slices), ``capacity``
+(a shared device as one device with consumable capacity, KEP-5075), ``counters``
+(parts' parents as counter sets, KEP-4815), ``dropped`` (gated fields an apply's
+answer lacks: the fall back to the older forms),
 ``slices`` (publishing the pool by server-side apply, kept in step with the
 device table, retried, deleted on request), ``sliceswatch`` (the watch of
 the node's slices that tells it someone else changed them, with bookmarks, and

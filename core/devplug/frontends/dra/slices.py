@@ -52,10 +52,12 @@ how it is written:
   the watch (the API server restarted: an upgrade among others), make the next
   sync discover the version again first. A caller without discovery gives none:
   ``v1`` with taints is assumed;
-* **device taints dropped** after all (the second line: the server dropped taints
-  the dry run kept, a gate turned off since): seen in the answer to the apply,
-  logged once, and the pool is published from then on with unavailable devices
-  left out (``state.taints`` says which) until the next discovery;
+* **gated fields dropped** after all (the second line: the server dropped taints,
+  consumable capacity or counters the dry run kept, a gate turned off since): seen
+  in the answer to the apply (:mod:`~devplug.frontends.dra.dropped`), logged once,
+  and the pool is published from then on in the older form (unavailable devices
+  left out, one device per replica, parts without counters; ``state`` says which)
+  until the next discovery;
 * **shutdown**: :meth:`SlicePublisher.shutdown` stops publishing and, when the
   caller says this is the driver's last instance on the node
   (``last_instance=True``), deletes the node's slices of the driver; while another
@@ -77,6 +79,7 @@ from devplug.errors import DevplugError
 from devplug.frontends.dra.apiversions import DraApi, DraApiChoice, slice_from_wire, slice_to_wire
 from devplug.frontends.dra.capacity import SharedCapacity, shared_capacity
 from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap
+from devplug.frontends.dra.dropped import fall_back
 from devplug.frontends.dra.slicecontent import (
     DIGEST_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -482,44 +485,13 @@ class SlicePublisher:
         self._generation = generation
         self._note_taint_times(applied)
         self._note_written(applied)
-        dropped = _dropped(pool, applied)
-        if dropped:
-            for field_name in dropped:
-                what, gate, instead, drop = {
-                    "taints": (
-                        "the device taints",
-                        "DRADeviceTaints",
-                        "unavailable devices are left out of the slices",
-                        self.api.taints_dropped,
-                    ),
-                    "allowMultipleAllocations": (
-                        "consumable capacity (allowMultipleAllocations)",
-                        "DRAConsumableCapacity",
-                        "shared devices are published one device per replica",
-                        self.api.consumable_capacity_dropped,
-                    ),
-                    "consumesCounters": (
-                        "the counters (consumesCounters)",
-                        "DRAPartitionableDevices",
-                        "parts are published without counters",
-                        self.api.partitionable_dropped,
-                    ),
-                }[field_name]
-                log.warning(
-                    "ResourceSlices of %s on node %s: the API server dropped %s (feature gate %s off): %s instead",
-                    self.driver,
-                    self.node,
-                    what,
-                    gate,
-                    instead,
-                    extra={"driver": self.driver},
-                )
-                drop(f"dropped from the answer to an apply (feature gate {gate} off)")
+        if fall_back(self.api, pool, applied, driver=self.driver, node=self.node):  # a gate turned off since
+            choice = self.api.choice
             self.state = replace(
                 self.state,
-                taints=self.api.choice.taints,
-                consumable_capacity=self.api.choice.consumable_capacity,
-                partitionable=self.api.choice.partitionable,
+                taints=choice.taints,
+                consumable_capacity=choice.consumable_capacity,
+                partitionable=choice.partitionable,
             )
             return False
         self._synced(pool, version)
@@ -663,17 +635,3 @@ def _without_taint_times(spec: Mapping[str, Any]) -> dict[str, Any]:
 def _shape(choice: DraApiChoice) -> tuple[bool, bool, bool]:
     """What a discovery's choice changes in the pool's content: taints, consumable capacity, counters."""
     return choice.taints, choice.consumable_capacity, choice.partitionable
-
-
-def _dropped(pool: Pool, applied: list[dict[str, Any]]) -> list[str]:
-    """The gated device fields sent and missing from the apply's answer (``dropDisabledFields`` of the API server's
-    ResourceSlice strategy, a gate turned off since discovery): ``taints``, ``allowMultipleAllocations`` (a
-    capacity's ``requestPolicy`` goes with it) and ``consumesCounters`` (``sharedCounters`` goes with it), each
-    named once."""
-    dropped = []
-    for field_name in ("taints", "allowMultipleAllocations", "consumesCounters"):
-        sent = {d["name"] for _, spec in pool.slices for d in spec.get("devices") or () if d.get(field_name)}
-        kept = {d["name"] for s in applied for d in s["spec"].get("devices") or () if d.get(field_name)}
-        if sent - kept:
-            dropped.append(field_name)
-    return dropped
