@@ -132,7 +132,14 @@ def test_a_description_may_not_take_the_share_capacity_s_name() -> None:
     with pytest.raises(SliceContentError, match=r"device 'fpga0': capacity 'fpga\.example\.com/shares' is the shared"):
         build_pool(table, driver=DRIVER, pool="node-a", node="node-a", consumable=True, describe=lambda d: describe)
     described = build(table, consumable=True, describe=lambda d: DeviceDescription(capacity={"memory": "16Gi"}))
-    assert set(devices(described)[0]["capacity"]) == {"shares", "memory"}
+    # a share that asks for no memory takes none (without a policy the allocator would give it all 16Gi)
+    assert devices(described)[0]["capacity"]["memory"] == {
+        "value": "16Gi",
+        "requestPolicy": {"default": "0", "validRange": {"min": "0"}},
+    }
+    plain = build(table, describe=lambda d: DeviceDescription(capacity={"memory": "16Gi"}))
+    assert {d["capacity"]["memory"]["value"] for d in devices(plain)} == {"16Gi"}
+    assert all("requestPolicy" not in d["capacity"]["memory"] for d in devices(plain)), "forbidden without sharing"
 
 
 # --- counters

@@ -40,7 +40,11 @@ discovery (:class:`~devplug.frontends.dra.apiversions.DraApiChoice`, ``consumabl
   ones would count each held share twice, and a capacity lowered below what is allocated leaves the allocated
   shares in place but makes every new request fail until the sum fits again, with a new generation of the pool
   for every release. A replica still being cleaned after its claim went is the node's business: prepare refuses a
-  share for which not enough replicas are free, and the kubelet retries the claim until they are;
+  share for which not enough replicas are free, and the kubelet retries the claim until they are. A capacity the
+  driver's description gives such a device gets ``requestPolicy: {default: "0", validRange: {min: "0"}}``: the
+  allocator makes a share consume every capacity of the device, the policy's default when the claim asks for none
+  and, without a policy, the whole value (``fillEmptyRequest`` in ``structured/internal/incubating/
+  consumable_capacity.go``), which would let one share take the device;
 * else N devices, each a replica, with ``physicalDevice`` (string: the device name of the physical device's ID)
   and ``replica`` (int) attributes, so a claim can ask for replicas of distinct devices (``distinctAttribute:
   <driver>/physicalDevice``); every replica of the device table maps one to one onto a published device, the same
@@ -120,6 +124,9 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 #: A string attribute's limit (``DeviceAttributeMaxValueLength``), in bytes.
 MAX_STRING_BYTES = 64
 TAINT_KEY = "devplug.io/unavailable"
+#: The request policy of a driver's own capacity on a device published with consumable capacity: a share that asks
+#: for none of it takes none (``fillEmptyRequest`` gives the policy's default), one that asks gets what it asks.
+UNREQUESTED_NOTHING = {"default": "0", "validRange": {"min": "0"}}
 #: The attributes devplug gives (in the driver's domain); a driver's description may not give them.
 RESERVED_ATTRIBUTES = frozenset({"deviceID", "numaNode", "physicalDevice", "replica"})
 TAINT_EFFECT = "NoSchedule"
@@ -278,6 +285,8 @@ def _device_entry(
             if not isinstance(text, str) or not _QUANTITY.match(text):
                 raise SliceContentError(f"{where}: capacity {given!r}: {quantity!r} is no quantity (e.g. 16Gi, 4)")
             capacity[key] = {"value": text}
+            if shared is not None:  # else every share would take all of it (see the module's docstring)
+                capacity[key]["requestPolicy"] = UNREQUESTED_NOTHING
         if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
             raise SliceContentError(
                 f"{where}: {len(attributes)} attributes and {len(capacity)} capacities, more than the API's "
