@@ -25,6 +25,7 @@ _TYPES = {
     "too_many": ("FieldValueTooMany", "Too many"),
     "too_long": ("FieldValueTooLong", "Too long"),
     "not_supported": ("FieldValueNotSupported", "Unsupported value"),
+    "internal": ("InternalError", "Internal error"),
 }
 _OMIT = object()
 
@@ -50,7 +51,7 @@ class FieldError:
     def body(self) -> str:
         """``ErrorBody``: the text without the field path."""
         text = _TYPES[self.type][1]
-        if self.type not in ("required", "forbidden", "too_long") and self.value is not _OMIT:
+        if self.type not in ("required", "forbidden", "too_long", "internal") and self.value is not _OMIT:
             text += f": {_show(self.value)}"
         if self.detail:
             text += f": {self.detail}"

@@ -18,6 +18,12 @@
 * **DeviceClass** (cluster-scoped, ``deviceclass/strategy.go``): generation as for slices; ``metadata.name``.
 * core/v1 **Node** (cluster-scoped, ``pkg/registry/core/node/strategy.go``): updates keep the status, the
   ``status`` subresource changes only it; field selectors ``metadata.name``, ``spec.unschedulable``.
+* core/v1 **Namespace** (cluster-scoped, ``pkg/registry/core/namespace/strategy.go``): status ``phase: Active``
+  and the ``kubernetes`` finalizer on create, the label ``kubernetes.io/metadata.name: <name>`` on every write
+  (``SetDefaults_Namespace``), the name a DNS label (``ValidateNamespaceName``); field selectors
+  ``metadata.name``, ``status.phase``. Only read by the claims' admin-access check (:mod:`.admin`): objects of
+  other kinds may still name a namespace that does not exist, and a deleted namespace goes at once (no
+  ``Terminating`` phase, no deletion of its contents).
 * core/v1 **Pod** (namespaced, ``pkg/registry/core/pod/strategy.go``): status ``phase: Pending`` on create,
   graceful deletion, ``status`` and ``binding`` subresources, the field selectors ``ToSelectableFields`` lists.
 * ``coordination.k8s.io/v1`` **Lease** (namespaced, ``pkg/registry/coordination/lease/strategy.go``).
@@ -32,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devplug.testing.apiserver import gates, validation
+from devplug.testing.apiserver import admin, gates, validation
 from devplug.testing.apiserver.errors import FieldError
 from devplug.testing.apiserver.fields import Schema
 
@@ -71,6 +77,21 @@ def _slice_defaults(obj: dict[str, Any]) -> None:
         for taint in (device or {}).get("taints") or ():
             if isinstance(taint, dict) and not taint.get("timeAdded"):
                 taint["timeAdded"] = now
+
+
+def _namespace_fields(obj: Mapping[str, Any]) -> dict[str, str]:
+    return {**_meta_fields(obj, False), "status.phase": str((obj.get("status") or {}).get("phase", ""))}
+
+
+def _namespace_defaults(obj: dict[str, Any]) -> None:
+    """``namespaceStrategy.PrepareForCreate`` (the ``kubernetes`` finalizer) and ``SetDefaults_Namespace`` (the
+    ``kubernetes.io/metadata.name`` label naming it)."""
+    meta = obj.setdefault("metadata", {})
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    meta["labels"] = {**labels, "kubernetes.io/metadata.name": str(meta.get("name", ""))}
+    spec = obj.setdefault("spec", {})
+    if isinstance(spec, dict) and "kubernetes" not in (spec.get("finalizers") or []):
+        spec["finalizers"] = [*(spec.get("finalizers") or []), "kubernetes"]
 
 
 def _node_fields(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -121,6 +142,14 @@ class Resource:
     defaults: Callable[[dict[str, Any]], None] | None = None
     #: The strategy's ``dropDisabledFields``: (new object, old object or None, the disabled feature gates).
     drop_disabled: Callable[[dict[str, Any], Mapping[str, Any] | None, frozenset[str]], None] | None = None
+    #: Checks of the strategy's ``Validate`` that read other objects: (new, old or None, subresource, a namespace
+    #: lookup, the disabled gates) -> field errors (claims: :func:`.admin.authorized_for_admin`).
+    authorize: (
+        Callable[
+            [Mapping[str, Any], Mapping[str, Any] | None, str, admin.NamespaceLookup, frozenset[str]], list[FieldError]
+        ]
+        | None
+    ) = None
 
     @property
     def api_version(self) -> str:
@@ -173,6 +202,7 @@ RESOURCES: tuple[Resource, ...] = (
         status_on_create={},
         validate_status=validation.resource_claim_status,
         drop_disabled=gates.claim_drop_disabled,
+        authorize=admin.authorized_for_admin,
     ),
     Resource(
         "deviceclasses",
@@ -197,6 +227,20 @@ RESOURCES: tuple[Resource, ...] = (
         validation.node,
         _schema(),
         subresources=frozenset({"status"}),
+    ),
+    Resource(
+        "namespaces",
+        "Namespace",
+        "",
+        "v1",
+        False,
+        ("metadata.name", "status.phase"),
+        _namespace_fields,
+        validation.namespace,
+        _schema(),
+        subresources=frozenset({"status"}),
+        status_on_create={"phase": "Active"},
+        defaults=_namespace_defaults,
     ),
     Resource(
         "pods",

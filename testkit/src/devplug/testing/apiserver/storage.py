@@ -503,12 +503,19 @@ class Storage:
             return "status"
         return "-status" if "status" in resource.subresources else None
 
+    def _namespace(self, name: str) -> dict[str, Any] | None:
+        """The stored Namespace ``name`` (None when there is none), for the strategies that read one."""
+        return self._objects.get(("namespaces", "", name))
+
     def _validate(self, resource: Resource, obj: dict[str, Any], old: dict[str, Any] | None, subresource: str) -> None:
         name = (obj.get("metadata") or {}).get("name") or ""
+        errors = []
+        if resource.authorize is not None:
+            errors += resource.authorize(obj, old, subresource, self._namespace, self.disabled_features)
         if subresource == "status":
-            errors = resource.validate_status(obj, old) if resource.validate_status is not None else []
+            errors += resource.validate_status(obj, old) if resource.validate_status is not None else []
         else:
-            errors = validation.object_meta(obj) + resource.validate(obj, old)
+            errors += validation.object_meta(obj) + resource.validate(obj, old)
         if old is not None and (old.get("metadata") or {}).get("deletionTimestamp"):
             added = set((obj.get("metadata") or {}).get("finalizers") or []) - set(
                 (old.get("metadata") or {}).get("finalizers") or []

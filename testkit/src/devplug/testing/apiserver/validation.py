@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from devplug.testing.apiserver import slicerules, statusrules
 from devplug.testing.apiserver.errors import FieldError
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -265,8 +266,16 @@ def resource_slice(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> lis
         errors.append(FieldError("too_many", "spec.devices", len(devices), f"must have at most {limit} items"))
         return errors
     seen: set[Any] = set()
+    old_devices = {
+        d.get("name"): d for d in ((old or {}).get("spec") or {}).get("devices") or [] if isinstance(d, Mapping)
+    }
+    per_device = spec.get("perDeviceNodeSelection") is True
     for i, device in enumerate(devices):
         errors += _device(device, f"spec.devices[{i}]")
+        if isinstance(device, Mapping):
+            old_device = old_devices.get(device.get("name")) if old is not None else None
+            errors += slicerules.device_extras(device, old_device, f"spec.devices[{i}]", per_device)
+    errors += slicerules.counter_sets(spec.get("sharedCounters"))
     for i, device in enumerate(devices):
         name = device.get("name") if isinstance(device, Mapping) else None
         if name in seen:
@@ -380,7 +389,8 @@ def resource_claim(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> lis
 
 
 def resource_claim_status(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
-    """``ValidateResourceClaimStatusUpdate`` for what the model checks."""
+    """``ValidateResourceClaimStatusUpdate`` for what the model checks (``status.devices`` and result share IDs:
+    :mod:`.statusrules`)."""
     status, old_status = obj.get("status") or {}, (old or {}).get("status") or {}
     names = {
         r.get("name")
@@ -393,6 +403,7 @@ def resource_claim_status(obj: Mapping[str, Any], old: Mapping[str, Any] | None)
         errors.append(
             FieldError("too_many", "status.reservedFor", len(reserved), f"must have at most {MAX_RESERVED_FOR} items")
         )
+    errors += statusrules.device_statuses(status)
     uids: set[Any] = set()
     for i, ref in enumerate(reserved):
         for key in ("resource", "name", "uid"):
@@ -442,6 +453,8 @@ def resource_claim_status(obj: Mapping[str, Any], old: Mapping[str, Any] | None)
             errors += driver_name(result.get("driver"), f"{path}.driver")
             errors += pool_name(result.get("pool"), f"{path}.pool")
             errors += dns_label(result.get("device"), f"{path}.device")
+            if result.get("shareID") is not None:
+                errors += statusrules.share_id(result.get("shareID"), f"{path}.shareID")
         for i, config in enumerate(((allocation or {}).get("devices") or {}).get("config") or []):
             source = (config or {}).get("source")
             if source not in ("FromClass", "FromClaim"):
@@ -518,6 +531,12 @@ _POD_UPDATE = (
     "`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),"
     "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"
 )
+
+
+def namespace(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
+    """``ValidateNamespace``, the part modelled: the name a DNS label (``ValidateNamespaceName``)."""
+    name = (obj.get("metadata") or {}).get("name")
+    return [e for e in dns_label(name, "metadata.name") if e.type != "required"]
 
 
 def node(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
