@@ -22,7 +22,7 @@ from devplug.kube.client import make_client
 from devplug.testing.apiserver import ApiServer
 from devplug.types import Device, Partition
 
-from .conftest import DRIVER, NODE, eventually, node, run, write_kubeconfig
+from .conftest import DRIVER, NODE, NS, eventually, node, run, write_kubeconfig
 from .dranode import dra_node
 from .dranode import eventually as node_eventually
 
@@ -346,3 +346,32 @@ def test_a_v1beta1_server_gets_the_counter_sets_in_a_slice_without_devices(tmp_p
             "card0"
         ]
         assert {r.path.split("/")[3] for r in api.requests if r.verb == "patch"} == {"v1beta1"}
+
+
+def test_the_scheduler_shares_the_published_consumable_device_until_its_capacity_is_used() -> None:
+    """The published shape is what kube-scheduler's allocator (the stand-in) shares: shareIDs, consumedCapacity
+    keyed by the capacity's name as published, and no share once the replicas' capacity is taken."""
+    from devplug.testing.scheduler import SchedulingError
+
+    with ApiServer(release="1.36") as api:
+
+        async def scenario() -> list[dict[str, Any]]:
+            async with dra_node(api, {"mock0": "replicas=4\n"}) as lab:
+                await lab.published(1)
+                results = []
+                for k in range(3):
+                    exactly = {"deviceClassName": lab.device_class, "capacity": {"requests": {"shares": "2"}}}
+                    spec = {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}
+                    claim_body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "spec": spec}
+                    api.create("resourceclaims", {**claim_body, "metadata": {"name": f"c{k}"}}, NS)
+                    if k == 2:
+                        with pytest.raises(SchedulingError):
+                            lab.schedule_pod(f"p{k}", [f"c{k}"])
+                        break
+                    _, [claim] = lab.schedule_pod(f"p{k}", [f"c{k}"])
+                    results.extend(claim["status"]["allocation"]["devices"]["results"])
+                return results
+
+        results = run(scenario, timeout=120)
+        assert [(r["device"], r["consumedCapacity"]) for r in results] == [("mock0", {"shares": "2"})] * 2
+        assert len({r["shareID"] for r in results}) == 2
