@@ -203,3 +203,29 @@ def test_a_claim_with_a_normal_and_an_admin_part_survives_a_kill_and_is_forgotte
             assert not (lab.root / "cdi" / f"dra-{DRIVER}-{_uid(both)}.json").exists()
 
     run(scenario, 150)
+
+
+def test_a_daemon_not_allowed_to_read_the_namespace_says_so_and_the_kubelets_retry_prepares_the_claim(
+    api: ApiServer,
+) -> None:
+    """A ClusterRole without ``get`` on namespaces (an RBAC 403): the claim's error names the missing permission and
+    nothing is prepared; it is an API error, not a refusal, so the kubelet's next call prepares it."""
+
+    async def scenario() -> None:
+        async with dra_node(api) as lab:
+            await lab.published(3)
+            label_namespace(api, {ADMIN_NAMESPACE_LABEL: "true"})
+            watch = allocate(lab, "watch", [("monitor", "mock1", True)])
+            request = v1.NodePrepareResourcesRequest(claims=[_claim("watch", watch)])
+            api.faults.fail(403, verb="get", resource="namespaces")
+            async with grpc.aio.insecure_channel(lab.service_target()) as channel:
+                stub = v1_grpc.DRAPluginStub(channel)
+                denied = await stub.NodePrepareResources(request)
+                error = denied.claims[_uid(watch)].error
+                assert "403" in error and "get on namespaces" in error and "default/watch" in error, error
+                assert admin_file(lab) == {}
+                again = await stub.NodePrepareResources(request)
+            assert again.claims[_uid(watch)].error == ""
+            assert admin_file(lab) == {_uid(watch): {"claim": f"{NS}/watch", "devices": ["mock1"]}}
+
+    run(scenario, 120)
