@@ -122,6 +122,8 @@ def test_two_claims_of_two_shares_get_distinct_replicas_and_a_third_is_refused_a
                 assert entry.error == "", entry.error
                 [dev] = entry.devices
                 assert (dev.device_name, dev.pool_name, dev.share_id) == ("mock0", NODE, share)
+            [spec_a] = lab.spec_of(_uid(a))["devices"]
+            assert [d["path"] for d in spec_a["containerEdits"]["deviceNodes"]] == ["/dev/mock/mock0"], spec_a
             replicas = held(lab)
             assert sorted(replicas) == ["default/a", "default/b"]
             assert sorted(replicas["default/a"] + replicas["default/b"]) == [f"mock0::{k}" for k in range(4)]
