@@ -29,7 +29,8 @@ daemon needs ``get`` on ``namespaces`` for it (``deploy/components/dra/rbac.yaml
 **What is kept.** The admin-access claims prepared here are kept in one small
 file of the resource's state folder (:class:`AdminClaims`, written atomically and
 synced before the kubelet gets its answer, so a daemon killed at any point still
-knows them): a repeated prepare answers from it, an unprepare after a restart
+knows them): a repeated prepare answers from it (the namespace is not asked
+again: the containers were given the device already), an unprepare after a restart
 removes the spec, and the claim reconciliation forgets a claim that is gone
 (:mod:`devplug.frontends.dra.reconcile`).
 """
