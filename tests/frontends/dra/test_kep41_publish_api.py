@@ -375,3 +375,42 @@ def test_the_scheduler_shares_the_published_consumable_device_until_its_capacity
         results = run(scenario, timeout=120)
         assert [(r["device"], r["consumedCapacity"]) for r in results] == [("mock0", {"shares": "2"})] * 2
         assert len({r["shareID"] for r in results}) == 2
+
+
+@pytest.mark.parametrize("release", ["1.36", "1.35"])
+def test_a_daemon_publishes_the_mock_s_parts_with_their_card_s_counter_set_where_the_server_keeps_them(
+    release: str,
+) -> None:
+    from devplug.testing.dranode import dra_node as node_with_table
+    from devplug.testing.dranode import short_root
+
+    from .dranode import DRIVER as MOCK_DRIVER
+    from .dranode import RESOURCE
+
+    card = {"parent": "card0", "counters": {"regions": 4}, "whole": "card0-whole", "parts": 4}
+    with ApiServer(release=release) as api, short_root() as scratch:
+        folder = scratch / "mock"
+        folder.mkdir()
+        table = {"driver": "mock", "options": {"directory": str(folder), "count": 0, "partitions": [card]}}
+
+        async def scenario() -> list[dict[str, Any]]:
+            async with node_with_table(api, RESOURCE, table, folder, driver=MOCK_DRIVER) as lab:
+                await lab.published(5)
+                want = 2 if release == "1.36" else 1  # the counter set's slice is written after the devices'
+                await node_eventually(lambda: len(lab.slices()) == want, f"{want} slices", details=lab.log)
+                return lab.slices()
+
+        slices = run(scenario, timeout=120)
+        devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
+        assert sorted(devices) == ["card0-part0", "card0-part1", "card0-part2", "card0-part3", "card0-whole"]
+        sets = [c for s in slices for c in s["spec"].get("sharedCounters") or ()]
+        if release == "1.36":
+            assert sets == [{"name": "card0", "counters": {"regions": {"value": "4"}}}]
+            assert devices["card0-whole"]["consumesCounters"] == [
+                {"counterSet": "card0", "counters": {"regions": {"value": "4"}}}
+            ]
+            assert devices["card0-part2"]["consumesCounters"][0]["counters"] == {"regions": {"value": "1"}}
+            assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+        else:  # DRAPartitionableDevices off: plain parts, the engine keeps them apart
+            assert sets == [] and len(slices) == 1
+            assert all("consumesCounters" not in d for d in devices.values())
