@@ -43,8 +43,9 @@ discovery (:class:`~devplug.frontends.dra.apiversions.DraApiChoice`, ``consumabl
   share for which not enough replicas are free, and the kubelet retries the claim until they are. A capacity the
   driver's description gives such a device gets ``requestPolicy: {default: "0", validRange: {min: "0"}}``: the
   allocator makes a share consume every capacity of the device, the policy's default when the claim asks for none
-  and, without a policy, the whole value (``fillEmptyRequest`` in ``structured/internal/incubating/
-  consumable_capacity.go``), which would let one share take the device;
+  and, without a policy, the whole value (``DeviceCapacity.RequestPolicy`` in ``k8s.io/api/resource/v1/types.go``:
+  "If request is also unset, default is the full capacity value"; ``fillEmptyRequest`` in
+  ``structured/internal/incubating/consumable_capacity.go``), which would let one share take the device;
 * else N devices, each a replica, with ``physicalDevice`` (string: the device name of the physical device's ID)
   and ``replica`` (int) attributes, so a claim can ask for replicas of distinct devices (``distinctAttribute:
   <driver>/physicalDevice``); every replica of the device table maps one to one onto a published device, the same
