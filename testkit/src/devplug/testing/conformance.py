@@ -465,7 +465,10 @@ class DriverConformance:
             async with dra_node(
                 api, self.resource, self.resource_table(folder), self.calls_dir(folder), env=env
             ) as node:
-                await node.published(self.device_count * self.replicas)
+                # A shared device is one device with consumable capacity where the server keeps it (issue 41,
+                # KEP-5075: DRAConsumableCapacity, on by default from 1.36), else one device per replica.
+                consumable = self.replicas > 1 and "DRAConsumableCapacity" not in api.storage.disabled_features
+                await node.published(self.device_count * (1 if consumable else self.replicas))
                 node.make_claim("c1")
                 pod, [claim] = node.schedule_pod("p1", ["c1"])
                 await node.kubelet.admit_pod(pod)
