@@ -196,10 +196,10 @@ def test_quarantined_and_shared_parts_count_once_per_physical_device(tmp_path: P
     ledger.begin(["card0-r0::1"], 1.0)
     guard.sync_withheld()
     assert table.withheld == {"card0"}  # region 0 is held twice, consumes 1: the other regions' replicas are free
-    assert guard.held_parts() == {"card0-r0"}
-    guard.check_parts(["card0-r1::0", "card0-r2::1", "card0-r3::0"])
+    assert guard.parts.held() == {"card0-r0"}
+    guard.parts.check(["card0-r1::0", "card0-r2::1", "card0-r3::0"])
     with pytest.raises(PartitionBusy, match="card0-r0"):
-        guard.check_parts(["card0"])
+        guard.parts.check(["card0"])
 
 
 def test_a_table_change_resyncs_and_disagreement_is_logged_once(
@@ -239,11 +239,11 @@ def test_the_settling_check_ignores_the_records_an_admission_may_release(tmp_pat
     table.replace([*_card(), three])
     guard, ledger, _ = _guard(tmp_path, table)
     ledger.begin(["card0-r0", "card0-r1"], 1.0)  # an earlier tenancy the kubelet hands on
-    guard.check_parts(["card0-r0", "card0-3"], settling=True)  # its card0-r1 may be released first: 1 + 3
+    guard.parts.check(["card0-r0", "card0-3"], settling=True)  # its card0-r1 may be released first: 1 + 3
     with pytest.raises(PartitionBusy, match="card0-r1"):
-        guard.check_parts(["card0-r0", "card0-3"])  # exact (reused, or settled later): card0-r1 still held
+        guard.parts.check(["card0-r0", "card0-3"])  # exact (reused, or settled later): card0-r1 still held
     with pytest.raises(PartitionOverflow):
-        guard.check_parts(["card0-r0", "card0"], settling=True)  # a region and the card alone: never
+        guard.parts.check(["card0-r0", "card0"], settling=True)  # a region and the card alone: never
 
 
 def test_an_over_consumed_counter_leaves_no_part_of_its_parent_allocatable() -> None:
@@ -277,9 +277,12 @@ def test_a_preferred_allocation_keeps_parts_that_fit_together(tmp_path: Path) ->
     card = ["card0", "card0-r0", "card0-r1", "card0-r2", "card0-r3"]
     available = [*card, "plain"]
     # The driver's (or the core's) first two: the card and a region, which never fit together.
-    assert guard.fitting(["card0", "card0-r0"], card, [], 2) == ["card0-r0", "card0-r1"]
-    assert guard.fitting(["card0", "card0-r0"], available, [], 2) == ["card0", "plain"]  # the choice's first, kept
-    assert guard.fitting(["card0"], available, [], 1) == ["card0"]
+    assert guard.parts.fitting(["card0", "card0-r0"], card, [], 2) == ["card0-r0", "card0-r1"]
+    assert guard.parts.fitting(["card0", "card0-r0"], available, [], 2) == [
+        "card0",
+        "plain",
+    ]  # the choice's first, kept
+    assert guard.parts.fitting(["card0"], available, [], 1) == ["card0"]
     ledger.begin(["card0-r3"], 1.0)
-    assert guard.fitting(["card0"], ["card0", "card0-r0"], [], 1) == ["card0-r0"]
-    assert guard.fitting(["card0-r0"], available, ["card0-r1"], 2) == ["card0-r1", "card0-r0"]
+    assert guard.parts.fitting(["card0"], ["card0", "card0-r0"], [], 1) == ["card0-r0"]
+    assert guard.parts.fitting(["card0-r0"], available, ["card0-r1"], 2) == ["card0-r1", "card0-r0"]

@@ -20,7 +20,8 @@ through a front end; its modules, by unit:
 * the devices: ``devicetable`` (what is advertised, its cached encoding,
   change notification), ``sharing`` (replicas of shared devices and their
   tenants), ``partitions`` (parts of a parent and its counters: what fits
-  now, KEP-4815), ``cdi`` (CDI specs and the Allocate answers naming their devices;
+  now, KEP-4815; pure) and ``partguard`` (what is held of them, withheld,
+  checked), ``cdi`` (CDI specs and the Allocate answers naming their devices;
   the spec file is written by what the daemon gives, ``CdiSpecFile``);
 * the lifecycle, behind ``lifecycle`` (``DeviceLifecycle``, the core's
   interface to front ends): ``admission`` (choose, allocate, record, undo),

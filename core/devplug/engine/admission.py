@@ -42,8 +42,9 @@ holding another replica of the same device.
 Partitions (contract 1.1, KEP-4815): an admission whose parts, with the parts
 held now (allocated, being released, busy), would consume more than a counter
 of their parent is refused before any hook of its own runs, naming the parts,
-the parent, the counter and the amounts (:meth:`DeviceGuard.check_parts`); the
-parts that no longer fit are then withheld (:meth:`DeviceGuard.sync_withheld`).
+the parent, the counter and the amounts
+(:meth:`~devplug.engine.partguard.PartitionGuard.check`); the parts that no
+longer fit are then withheld (:meth:`DeviceGuard.sync_withheld`).
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class Admission:
                 if self.table.shrunk:
                     self.checks.within_replicas(requested)
                 if self.table.partitions is not None:  # exact, and nothing awaited before the ledger's begin
-                    self.guard.check_parts(requested)
+                    self.guard.parts.check(requested)
                 results = await self._allocate_locked(containers, requested, claim)
                 if self.table.shrunk or self.table.partitions is not None:
                     self.guard.sync_withheld()
@@ -223,7 +224,7 @@ class Admission:
     def _check_servable_and_free(self, containers: Sequence[Sequence[str]], flat: Sequence[str]) -> None:
         """The up-front check: servable (a device withheld while its release runs may wait for it), no device
         a hook may not touch now (:meth:`DeviceGuard.busy_devices`), and no parts beyond their parent's counters
-        (:meth:`DeviceGuard.check_parts`). ``flat``: every ID of ``containers``."""
+        (:meth:`~devplug.engine.partguard.PartitionGuard.check`). ``flat``: every ID of ``containers``."""
         self.checks.servable(containers, flat)
         busy = self.guard.busy_devices(flat)
         if busy:
@@ -234,7 +235,7 @@ class Admission:
                 + "; nothing was allocated"
             )
         if self.table.partitions is not None:  # parts beyond their parent's counters (the held ones settled)
-            self.guard.check_parts(flat, settling=True)
+            self.guard.parts.check(flat, settling=True)
 
     # --- earlier tenancies
 

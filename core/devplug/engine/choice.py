@@ -7,8 +7,8 @@ it.
 
 Partitions: the choice keeps only parts that fit their parents' counters together
 with the held parts, and fills up from the offered devices that fit
-(:meth:`DeviceGuard.fitting`): the kubelet would otherwise take two free parts
-an Allocate then refuses.
+(:meth:`~devplug.engine.partguard.PartitionGuard.fitting`): the kubelet would
+otherwise take two free parts an Allocate then refuses.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class DeviceChoice:
         self.sharing = sharing
         self.checks = checks
         self._running: asyncio.Future[Any] | None = None
-        #: Keeps a choice's parts within their parents' counters (:meth:`DeviceGuard.fitting`), when given.
+        #: Keeps a choice's parts within their parents' counters (``PartitionGuard.fitting``), when given.
         self._fitting = fitting
 
     async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:

@@ -87,7 +87,7 @@ class DeviceLifecycle:
         self.checks = RequestChecks(resource_name, table, ledger)
         self.releaser = Releaser(resource_name, table, ledger, driver, self.guard, observer, on_change)
         self.choice = DeviceChoice(
-            resource_name, table, driver, self.guard.sharing, self.checks, fitting=self.guard.fitting
+            resource_name, table, driver, self.guard.sharing, self.checks, fitting=self.guard.parts.fitting
         )
         self.admission = Admission(
             resource_name,
@@ -237,7 +237,7 @@ class DeviceLifecycle:
 
     def partition_usage(self) -> list[ParentUsage]:
         """Every parent of partitioned devices: counters, amounts in use, held and blocked parts (empty: none)."""
-        return self.guard.partition_usage()
+        return self.guard.parts.usage()
 
     def shared_usage(self) -> list[DeviceShare]:
         """Every shared physical device: replicas, replicas in use, tenants, pods (for status and metrics)."""

@@ -120,9 +120,6 @@ class PartitionMap:
         for dev_id, part in self._gone.items():
             self._members.setdefault(part.parent, []).append(dev_id)
 
-    def __bool__(self) -> bool:
-        return bool(self._parts) or bool(self._gone)
-
     @property
     def parents(self) -> list[str]:
         """Every parent some listed part names, in the driver's order."""
