@@ -136,8 +136,11 @@ class Partition:
     Example: a card with four partial-reconfiguration regions, offered whole or by region::
 
         card = {"regions": 4}
-        Device("card0", partition=Partition("card0", card, {"regions": 4}))
+        Device("card0-whole", partition=Partition("card0", card, {"regions": 4}))
         Device("card0-port0", partition=Partition("card0", card, {"regions": 1}))
+
+    A device is never a part of itself: the whole card, offered as a device, is a part of the card's counters
+    under an ID of its own.
     """
 
     parent: str
