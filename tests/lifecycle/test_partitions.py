@@ -168,3 +168,17 @@ def test_parts_that_disagree_about_their_parents_counters_are_named_and_withheld
         what="the conflict in the status",
     )
     assert conflict[0]["blocked"] == ["mock0", "mock1"]
+
+
+def test_after_a_crash_the_held_region_still_withholds_the_card(lab: Lab) -> None:
+    """kill -9 while a region is allocated: the restarted daemon finds it in its ledger, withholds the whole card
+    again and refuses it naming the region that holds the counter."""
+    lab.start({RESOURCE: _table(lab)}, grace_period=60.0)
+    (region,) = lab.admit("a", 1)
+    lab.wait(lambda: _unhealthy(lab, WHOLE), what=f"{WHOLE} advertised unhealthy")
+    lab.kill()
+    lab.restart_process()
+    lab.wait(lambda: _unhealthy(lab, WHOLE), what=f"{WHOLE} advertised unhealthy after the restart")
+    assert _card_status(lab, [WHOLE])["held"] == [region]
+    with pytest.raises(grpc.RpcError, match="in use by"):
+        lab.allocate(WHOLE)
