@@ -90,6 +90,20 @@ def test_a_device_s_share_capacity_names_the_capacity_and_what_a_replica_is_wort
         shared.replicas_for(3 * gib4 + 1)
 
 
+def test_quantities_are_written_in_the_canonical_form_the_server_gives_back() -> None:
+    """quantity.go's CanonicalizeBytes of a DecimalSI quantity: what is read back compares equal to what was sent."""
+    from devplug.frontends.dra.capacity import quantity_text
+
+    cases = {0: "0", 4: "4", 1500: "1500", 2000: "2k", 20000: "20k", 4 * 2**30: "4294967296", 12 * 10**9: "12G"}
+    assert {n: quantity_text(n) for n in cases} == cases
+    assert quantity_text(9 * 10**18) == "9E"
+    [entry] = devices(
+        build(table_of(Device("gpu0", replicas=2, share_capacity=ShareCapacity("mem", 1000))), consumable=True)
+    )
+    policy = {"default": "1k", "validRange": {"min": "1k", "max": "2k", "step": "1k"}}
+    assert entry["capacity"] == {"mem": {"value": "2k", "requestPolicy": policy}}
+
+
 def test_without_consumable_capacity_a_shared_device_is_one_device_per_replica_as_before() -> None:
     table = table_of(Device("fpga0", replicas=2))
     plain = build(table)
@@ -165,7 +179,7 @@ def test_parts_name_their_parent_s_counter_set_which_has_a_slice_of_its_own() ->
     pf = device_name("PF/0")
     assert sets_spec["sharedCounters"] == [
         {"name": "card0", "counters": {"regions": {"value": "4"}}},
-        {"name": pf, "counters": {"mbps": {"value": "1000"}, "vfs": {"value": "2"}}},
+        {"name": pf, "counters": {"mbps": {"value": "1k"}, "vfs": {"value": "2"}}},  # canonical, as stored
     ]
     found = by_name(pool)
     assert found["card0-whole"]["consumesCounters"] == [

@@ -35,7 +35,25 @@ from typing import Any
 from devplug.engine import DeviceTable
 from devplug.types import ShareCapacity
 
-__all__ = ["DEFAULT_SHARE_CAPACITY", "SharedCapacity", "capacity_entry", "shared_capacity"]
+__all__ = ["DEFAULT_SHARE_CAPACITY", "SharedCapacity", "capacity_entry", "quantity_text", "shared_capacity"]
+
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def quantity_text(amount: int) -> str:
+    """A whole number >= 0 as the API server writes it back: the canonical decimal form of
+    ``k8s.io/apimachinery/pkg/api/resource/quantity.go`` (``CanonicalizeBytes`` of a ``DecimalSI`` quantity: the
+    exponent a multiple of 3, as large as the number allows): ``4``, ``1500``, ``2k``, ``20k``, ``4294967296``,
+    ``12G``. So what the publisher wrote and what it reads back compare equal (a restarted daemon adopts its
+    slices without a write)."""
+    if amount == 0:
+        return "0"
+    index = 0
+    while amount % 1000 == 0 and index < len(_DECIMAL_SUFFIXES) - 1:
+        amount //= 1000
+        index += 1
+    return f"{amount}{_DECIMAL_SUFFIXES[index]}"
+
 
 #: The capacity of a shared device that names none: ``shares``, one per replica.
 DEFAULT_SHARE_CAPACITY = ShareCapacity()
@@ -78,9 +96,9 @@ class SharedCapacity:
 
 def capacity_entry(shared: SharedCapacity) -> dict[str, Any]:
     """``{name: {value, requestPolicy: {default, validRange: {min, max, step}}}}`` of ``shared``."""
-    step = str(shared.per_replica)
-    policy = {"default": step, "validRange": {"min": step, "max": str(shared.total), "step": step}}
-    return {shared.name: {"value": str(shared.total), "requestPolicy": policy}}
+    step, total = quantity_text(shared.per_replica), quantity_text(shared.total)
+    policy = {"default": step, "validRange": {"min": step, "max": total, "step": step}}
+    return {shared.name: {"value": total, "requestPolicy": policy}}
 
 
 def shared_capacity(table: DeviceTable, device_id: str) -> SharedCapacity | None:

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from devplug.frontends.dra.capacity import quantity_text
 from devplug.frontends.dra.devicenames import DeviceNameCollisionError, DeviceNameMap
 from devplug.types import Device
 
@@ -62,7 +63,10 @@ class CounterSet:
 
     def entry(self) -> dict[str, Any]:
         """The set as an entry of ``spec.sharedCounters``."""
-        return {"name": self.name, "counters": {k: {"value": str(v)} for k, v in sorted(self.counters.items())}}
+        return {
+            "name": self.name,
+            "counters": {k: {"value": quantity_text(v)} for k, v in sorted(self.counters.items())},
+        }
 
 
 def counter_sets(devices: Iterable[Device]) -> dict[str, CounterSet]:
@@ -96,5 +100,5 @@ def consumes_entry(dev: Device, sets: Mapping[str, CounterSet]) -> list[dict[str
     part = dev.partition
     if part is None or not part.consumes:
         return None
-    counters = {k: {"value": str(v)} for k, v in sorted(part.consumes.items())}
+    counters = {k: {"value": quantity_text(v)} for k, v in sorted(part.consumes.items())}
     return [{"counterSet": sets[part.parent].name, "counters": counters}]
