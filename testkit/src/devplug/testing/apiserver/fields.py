@@ -167,6 +167,26 @@ def _container(obj: dict[str, Any], path: Path, *, create: bool) -> Any:
     return current
 
 
+def _order(obj: Any, path: Path) -> tuple[int, ...]:
+    """Where ``path`` is in ``obj``: the index of each keyed item or set item on the way (0 for fields), so items
+    an apply adds go in the order the applier wrote them."""
+    out = []
+    current = obj
+    for element in path:
+        if element.startswith("f:"):
+            current = current.get(element[2:]) if isinstance(current, Mapping) else None
+            out.append(0)
+        elif isinstance(current, list):
+            index = _find_item(current, element) if element.startswith("k:") else -1
+            if element.startswith("v:") and json.loads(element[2:]) in current:
+                index = current.index(json.loads(element[2:]))
+            out.append(index)
+            current = current[index] if element.startswith("k:") and index >= 0 else None
+        else:
+            out.append(0)
+    return tuple(out)
+
+
 def _set(obj: dict[str, Any], path: Path, value: Any) -> None:
     holder = _container(obj, path, create=True)
     last = path[-1]
@@ -377,12 +397,18 @@ def apply_config(
     owned_by_others = set().union(*(e.paths for e in others)) if others else set()
     merged: dict[str, Any] = copy.deepcopy(dict(live)) if live is not None else {}
     applied = managed_part(config, section)
-    for path in sorted(new_fields, key=len):
+    for path in sorted(new_fields, key=lambda p: (len(p), _order(applied, p))):
         value = value_at(applied, path)
+        keyed = tuple(e[2:] for e in path if e.startswith("f:"))
+        if value == [] and (keyed in schema.list_maps or keyed in schema.sets) and value_at(merged, path) != _MISSING:
+            continue  # an empty keyed list or set merges: the items others own stay (the applier owns the list)
         _set(merged, path, None if value is _PRESENT else value)
     keep = new_fields | owned_by_others
-    for path in sorted(old_fields - keep, key=len, reverse=True):
-        if not any(p[: len(path)] == path for p in keep):
+    dropped = {path for path in old_fields - keep if not any(p[: len(path)] == path for p in keep)}
+    for path in sorted(dropped, key=len, reverse=True):
+        # a keyed item goes whole: its fields (its keys among them) are not taken out one by one first, which
+        # would leave the item unfindable by its key
+        if not any(path[:i] in dropped for i in range(1, len(path))):
             _remove(merged, path)
     live_part = managed_part(live, section) if live is not None else {}
     merged_part = managed_part(merged, section)
