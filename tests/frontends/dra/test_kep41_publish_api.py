@@ -20,7 +20,7 @@ from devplug.frontends.dra.devicenames import device_name
 from devplug.frontends.dra.slices import SlicePublisher
 from devplug.kube.client import make_client
 from devplug.testing.apiserver import ApiServer
-from devplug.types import Device, Partition
+from devplug.types import Device, Partition, ShareCapacity
 
 from .conftest import DRIVER, NODE, NS, eventually, node, run, write_kubeconfig
 from .dranode import dra_node
@@ -414,3 +414,16 @@ def test_a_daemon_publishes_the_mock_s_parts_with_their_card_s_counter_set_where
         else:  # DRAPartitionableDevices off: plain parts, the engine keeps them apart
             assert sets == [] and len(slices) == 1
             assert all("consumesCounters" not in d for d in devices.values())
+
+
+def test_a_restarted_publisher_adopts_its_consumable_device_and_counter_slices_without_a_write(tmp_path: Path) -> None:
+    table = DeviceTable()
+    table.replace([Device("fpga0", replicas=2, share_capacity=ShareCapacity("mem", 1000)), *_parts()])
+    with ApiServer(release="1.36") as api:
+        api.create("nodes", node())
+        first = _publish_until(api, tmp_path, table, lambda: len(_slices(api)) == 2)
+        writes = [r for r in api.requests if r.verb in ("patch", "delete") and not r.query.get("dryRun")]
+        again = _publish_until(api, tmp_path, table, lambda: True)
+        assert [r for r in api.requests if r.verb in ("patch", "delete") and not r.query.get("dryRun")] == writes
+        assert again.state.generation == first.state.generation and again.state.counter_sets == 1
+        assert _devices(api)["fpga0"]["capacity"]["mem"]["value"] == "2k"
