@@ -206,9 +206,11 @@ class Admission:
                     self.checks.within_replicas(requested)
                 if self.table.partitions is not None:  # exact, and nothing awaited before the ledger's begin
                     self.guard.parts.check(requested)
-                results = await self._allocate_locked(containers, requested, claim)
-                if self.table.shrunk or self.table.partitions is not None:
-                    self.guard.sync_withheld()
+                try:
+                    results = await self._allocate_locked(containers, requested, claim)
+                finally:  # held or rolled back: what fits now (a sync meanwhile counted the records being filled)
+                    if self.table.shrunk or self.table.partitions is not None:
+                        self.guard.sync_withheld()
         except LockTimeout as exc:
             raise DeviceBusyError(
                 f"{self.resource_name}: device(s) {exc} still busy after {self.release_wait:g} s "
