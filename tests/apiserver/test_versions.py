@@ -267,7 +267,11 @@ def test_a_server_with_the_field_and_the_gate_off_drops_taints_silently_and_one_
         )
         assert answer.json()["spec"]["devices"][0]["taints"][0]["key"] == "k"
     with ApiServer(release="1.34") as v1_gate_off:
-        assert v1_gate_off.storage.disabled_features == {"DRADeviceTaints", "DRAPartitionableDevices", "DRAConsumableCapacity"}
+        assert v1_gate_off.storage.disabled_features == {
+            "DRADeviceTaints",
+            "DRAPartitionableDevices",
+            "DRAConsumableCapacity",
+        }
 
 
 def test_a_restart_as_a_newer_release_cuts_the_watches_and_serves_other_versions(watch_thread: Any) -> None:

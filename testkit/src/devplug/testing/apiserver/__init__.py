@@ -1,9 +1,9 @@
 """A stand-in for the Kubernetes API server, for testing drivers with the real client library.
 
 What a node-local driver talks to -- ``resource.k8s.io`` ResourceSlices, ResourceClaims and DeviceClasses (v1,
-v1beta2, v1beta1, as a chosen control-plane release serves them), core/v1 Nodes and Pods, ``coordination.k8s.io/v1``
-Leases, and discovery -- served over real HTTP on ``127.0.0.1`` (a free port) with the API server's REST paths, JSON
-bodies and ``Status`` errors, so lightkube (or any client) runs unchanged against it::
+v1beta2, v1beta1, as a chosen control-plane release serves them), core/v1 Nodes, Pods and Namespaces,
+``coordination.k8s.io/v1`` Leases, and discovery -- served over real HTTP on ``127.0.0.1`` (a free port) with
+the API server's REST paths, JSON bodies and ``Status`` errors, so lightkube (or any client) runs unchanged against it::
 
     from devplug.testing.apiserver import ApiServer
 
@@ -65,8 +65,18 @@ Modelled, each behaviour citing the source it follows (the modules say where):
   attributes), 32 attributes and capacities, attribute values, the immutable driver, pool name and node name;
   ResourceClaim requests and their counts, opaque configs, the immutable spec, ``reservedFor`` only with an
   allocation, the allocation immutable once set; DeviceClass selectors, configs, ``extendedResourceName``;
-  Leases; pods' containers; node taints. Errors are 422 ``Invalid`` Statuses with a cause per field, in
-  ``field.Error``'s words.
+  Leases; pods' containers; node taints; namespace names. Errors are 422 ``Invalid`` Statuses with a cause per
+  field, in ``field.Error``'s words.
+* **issue 41's DRA features** (Kubernetes 1.36's rules; each module cites its source): the feature gates
+  DRAAdminAccess, DRAResourceClaimDeviceStatus, DRAPartitionableDevices, DRAConsumableCapacity (and
+  DRADeviceTaints) off by default per release as ``kube_features.go`` says, ``ApiServer(enabled_features=...,
+  disabled_features=...)`` to change them, the fields they cover dropped on write when off (:mod:`.gates`);
+  capacity request policies, counter sets, ``consumesCounters`` and per-device node selection
+  (:mod:`.slicerules`); ``status.devices`` (allocated devices only, conditions, data, networkData) and share IDs
+  (:mod:`.statusrules`), merged by server-side apply as a list map keyed by driver, device, pool and shareID;
+  admin access only in namespaces labelled ``resource.kubernetes.io/admin-access: "true"`` (:mod:`.admin`), with
+  core/v1 Namespaces served for it; the scheduler stand-in allocates shares, counters and admin access
+  (:mod:`devplug.testing.scheduler`).
 * **test hooks**: :attr:`ApiServer.faults` (the next requests of a verb/resource fail with 500, 429 with
   ``Retry-After``, ...), :meth:`ApiServer.close_watches` (clean or cut mid-stream), :meth:`ApiServer.compact`,
   :attr:`ApiServer.requests` and :meth:`ApiServer.count`, in-process reads and writes taking the same path as
@@ -76,13 +86,16 @@ Modelled, each behaviour citing the source it follows (the modules say where):
 
 Not modelled (the real server differs; test against a cluster before relying on these): authentication other
 than a fixed set of bearer tokens (client certificates, TokenReview, anonymous requests), authorization and
-admission (namespaces need not exist, no quotas, no ``NodeRestriction``: a driver may write any node's slices
-here); aggregated discovery and OpenAPI; protobuf and CBOR; other kinds and API versions (``resource.k8s.io/
-v1alpha3``, ResourceClaimTemplates, DeviceTaintRules); the fields of a version outside the structs :mod:`.versions`
-describes (they pass unchecked); ``managedFields`` in each entry's own version (the field sets are in the stored v1
-form whatever apiVersion an entry names); defaulting of requests; CEL evaluation and the validation not listed
-above; strategic merge patches with lists or directives (refused with 415); keyed lists other than those
-:mod:`.fields` names (others are atomic); the resourceclaim controller (see
+admission (objects may name namespaces that do not exist: only the admin-access check reads them; no quotas, no
+``NodeRestriction``: a driver may write any node's slices here; no per-driver authorization of
+``status.devices`` writes, ``AuthorizedForDeviceStatus``); aggregated discovery and OpenAPI; protobuf and CBOR;
+other kinds and API versions (``resource.k8s.io/v1alpha3``, ResourceClaimTemplates, DeviceTaintRules); the
+fields of a version outside the structs :mod:`.versions` describes (they pass unchecked); ``managedFields`` in
+each entry's own version (the field sets are in the stored v1 form whatever apiVersion an entry names);
+defaulting of requests; CEL evaluation and the validation not listed above (a claim's ``capacity.requests`` are
+not validated); strategic merge patches with lists or directives (refused with 415); keyed lists other than
+those :mod:`.fields` names (others are atomic), and the exact position structured-merge-diff gives an item an
+apply adds to a keyed list others also own (here: after the existing items); the resourceclaim controller (see
 :meth:`devplug.testing.scheduler.SchedulerStandIn.deallocate`); the watch cache's per-watcher buffers; HTTP/2 and
 watch over WebSocket.
 """
