@@ -38,8 +38,10 @@ This module maps each share to replicas (the device's capacity as
   (a claim prepared again: the kubelet repeats calls, after its restart or the
   daemon's), compared by how many replicas of each device the shares need, not
   by replica ID (share IDs are not recorded; an allocation cannot change without
-  the claim being unprepared first: ``status.allocation`` is immutable,
-  ``pkg/apis/resource/validation/validation.go``, ``validateResourceClaimStatusUpdate``).
+  the claim being unprepared first: ``status.allocation`` may be set or removed, not
+  changed: ``+k8s:update=NoModify`` on ``ResourceClaimStatus.Allocation`` in
+  ``k8s.io/api/resource/v1/types.go`` v0.36.3, and "status.Allocation is immutable"
+  in ``pkg/registry/resource/utils.go``).
 
 A result on a device published in the N-device form (a replica ID) is no share:
 it holds its one replica, as before. The device is cleaned once its last replica
