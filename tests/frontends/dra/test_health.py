@@ -44,6 +44,33 @@ def test_every_device_with_its_health_and_reason() -> None:
     }
 
 
+def test_a_shared_device_published_with_consumable_capacity_has_one_entry_under_its_own_name() -> None:
+    """Issue 41: the kubelet matches health to a claim's devices by pool and name, so the consumable form's one
+    device (named after the physical ID) gets one entry, unhealthy only when every replica is withheld."""
+    table = DeviceTable()
+    table.replace([Device("gpu0", replicas=3), Device("nic0")])
+    assert set(_by_name(health_report(table, "p", 0, consumable=True))) == {"gpu0", "nic0"}
+    assert len(_by_name(health_report(table, "p", 0))) == 4, "the replicas' form: one entry per replica"
+    table.set_withheld(["gpu0::0", "gpu0::1"])
+    assert _by_name(health_report(table, "p", 0, consumable=True))["gpu0"][0] == health_pb.HEALTHY
+    table.set_withheld(["gpu0::0", "gpu0::1", "gpu0::2"])
+    assert _by_name(health_report(table, "p", 0, consumable=True))["gpu0"][:2] == (
+        health_pb.UNHEALTHY,
+        "every share is being released (cleaned) after its previous claim",
+    )
+
+
+def test_a_part_withheld_only_for_its_parents_counters_is_healthy() -> None:
+    """Issue 41: a region the engine withholds because the whole card is in use is sound hardware in use
+    elsewhere, not an unhealthy device."""
+    table = DeviceTable()
+    table.replace([Device("card0-part0"), Device("card0-part1")])
+    table.set_withheld(["card0-part0", "card0-part1"], partition_blocked=["card0-part1"])
+    devices = _by_name(health_report(table, "p", 0))
+    assert devices["card0-part0"][0] == health_pb.UNHEALTHY
+    assert devices["card0-part1"][:2] == (health_pb.HEALTHY, "")
+
+
 def test_a_message_is_cut_to_the_kubelets_1024_bytes() -> None:
     table = DeviceTable()
     table.replace([Device("a", Health.UNHEALTHY, reason="é" * 500)])

@@ -16,7 +16,15 @@ What is sent, from the device table:
   1024 bytes;
 * a device the core withholds (being released) or a degraded resource:
   ``UNHEALTHY`` with why;
-* every other device: ``HEALTHY``.
+* every other device: ``HEALTHY``, a part withheld only because its parent's
+  counters are taken (issue 41, KEP-4815) among them: it is sound, only in use
+  elsewhere (the scheduler learns that from the counters, or from the slice's
+  ``blocked`` taint);
+* a shared device published as one device with consumable capacity (issue 41,
+  KEP-5075, ``consumable``): one entry under the physical device's name, as the
+  pool publishes it (the kubelet matches health to a claim's devices by pool and
+  name), ``UNHEALTHY`` when the device is, or when every replica is withheld,
+  as :mod:`~devplug.frontends.dra.slicecontent` taints it.
 
 A message is sent when the stream opens, at every change of the table, and at
 least every :data:`RESEND_S` seconds, with a timeout of :data:`TIMEOUT_S` (three
@@ -54,21 +62,41 @@ def _cut(message: str) -> str:
     return data[:MAX_MESSAGE_BYTES].decode(errors="ignore")
 
 
-def health_report(table: DeviceTable, pool: str, now: float, timeout: int = TIMEOUT_S) -> Any:
-    """One ``NodeWatchResourcesResponse``: every advertised device of ``table`` (see the module's docstring)."""
+def _published(table: DeviceTable, consumable: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """Each device as the pool publishes it: its ID and the advertised IDs it stands for (a shared device in the
+    consumable form: the physical ID and its replicas; else each advertised ID alone)."""
+    if not consumable or not table.shared:
+        return [(i, (i,)) for i in table.ids]
+    out = []
+    for dev in table.physical_devices():
+        replicas = table.replica_ids(dev.id)
+        if len(replicas) > 1:
+            out.append((dev.id, replicas))
+        else:
+            out.extend((i, (i,)) for i in replicas)
+    return out
+
+
+def health_report(
+    table: DeviceTable, pool: str, now: float, timeout: int = TIMEOUT_S, *, consumable: bool = False
+) -> Any:
+    """One ``NodeWatchResourcesResponse``: every published device of ``table`` (see the module's docstring);
+    ``consumable``: shared devices are published as one device with consumable capacity."""
     devices = []
     degraded = table.degraded
-    withheld = table.withheld
-    for device_id in sorted(table.ids):
-        dev = table.reported(device_id)
+    withheld = table.withheld.difference(table.partition_blocked)
+    for device_id, advertised in sorted(_published(table, consumable)):
+        dev = table.reported(advertised[0])
         if dev is None:
             continue
         if degraded is not None:
             status, message = health_pb.UNHEALTHY, f"the resource is degraded: {degraded}"
         elif not dev.healthy:
             status, message = health_pb.UNHEALTHY, dev.reason or "the driver reports it unhealthy"
-        elif device_id in withheld:
+        elif all(i in withheld for i in advertised):
             status, message = health_pb.UNHEALTHY, "being released (cleaned) after its previous claim"
+            if len(advertised) > 1:
+                message = f"every share is {message}"
         else:
             status, message = health_pb.HEALTHY, ""
         devices.append(
@@ -95,9 +123,13 @@ class HealthService(health_grpc.DRAResourceHealthServicer):  # type: ignore[misc
         timeout: int = TIMEOUT_S,
         clock: Callable[[], float] = time.time,
         on_stream: Callable[[], None] = lambda: None,
+        consumable: Callable[[], bool] = lambda: False,
     ) -> None:
         self.table = table
         self.pool = pool
+        #: Whether shared devices are published as one device with consumable capacity now (the publisher's
+        #: choice, which a rediscovery may change).
+        self._consumable = consumable
         self.resend = resend
         self.timeout = timeout
         self._clock = clock
@@ -119,7 +151,7 @@ class HealthService(health_grpc.DRAResourceHealthServicer):  # type: ignore[misc
         """The stream's messages: now, after each change of the table, and every ``resend`` seconds."""
         while True:
             version = self.table.version
-            yield health_report(self.table, self.pool, self._clock(), self.timeout)
+            yield health_report(self.table, self.pool, self._clock(), self.timeout, consumable=self._consumable())
             change = self.table.next_change(version)  # shared with other waiters: never cancelled here
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(change), self.resend)

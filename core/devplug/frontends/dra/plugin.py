@@ -238,7 +238,9 @@ class DraPlugin:
             admin_claims=(admin := AdminClaims(s.cdi.keep_dir.parent / "dra-admin-claims.json")),
             namespaces=NamespaceCheck(client),
         )
-        health = HealthService(s.table, s.pool, on_stream=rule.seen_health_stream)
+        health = HealthService(
+            s.table, s.pool, on_stream=rule.seen_health_stream, consumable=lambda: publisher.consumable
+        )
         reconciler = ClaimReconciler(
             lifecycle, s.releases, reader.presence, s.cdi, interval=s.release_interval, admin=admin
         )
