@@ -158,7 +158,12 @@ def test_a_claim_the_scheduler_allocated_from_the_published_slices_reads_as_devi
     assert allocation.reserved_for == (pod_uid,)
 
 
-def test_share_id_and_admin_access_are_kept(api: ApiServer, kubeconfig: Path) -> None:
+def test_share_id_consumed_capacity_and_admin_access_are_kept(api: ApiServer, kubeconfig: Path) -> None:
+    # the API server takes an admin-access allocation only in a namespace labelled for it (KEP-5018), and a shareID
+    # only as a UUID (validation.go); the reader's part is to keep both
+    labels = {"resource.kubernetes.io/admin-access": "true"}
+    api.create("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": labels}})
+    share = "1b4e28ba-2fa1-41d2-883f-0016d3cca427"
     stored = api.create("resourceclaims", claim_of("c", {"a": ("fpga", 2)}), NS)
     claim = api.get("resourceclaims", "c", NS)
     claim["status"] = {
@@ -166,7 +171,14 @@ def test_share_id_and_admin_access_are_kept(api: ApiServer, kubeconfig: Path) ->
             "devices": {
                 "results": [
                     {"request": "a", "driver": DRIVER, "pool": NODE, "device": "fpga0", "adminAccess": True},
-                    {"request": "a", "driver": DRIVER, "pool": NODE, "device": "fpga1", "shareID": "1b4e28ba"},
+                    {
+                        "request": "a",
+                        "driver": DRIVER,
+                        "pool": NODE,
+                        "device": "fpga1",
+                        "shareID": share,
+                        "consumedCapacity": {"shares": "2"},
+                    },
                 ]
             }
         }
@@ -175,7 +187,7 @@ def test_share_id_and_admin_access_are_kept(api: ApiServer, kubeconfig: Path) ->
     allocation = reading(api, kubeconfig, lambda reader: reader.read(ref_of(stored)))
     assert allocation.devices == (
         AllocatedDevice("a", "fpga0", "fpga0", None, True),
-        AllocatedDevice("a", "fpga1", "fpga1", "1b4e28ba", False),
+        AllocatedDevice("a", "fpga1", "fpga1", share, False, (("shares", "2"),)),
     )
     assert allocation.configs == () and allocation.reserved_for == ()
 
