@@ -332,6 +332,15 @@ def test_device_status_conditions_data_and_network_data_are_checked(api: ApiServ
     assert (f"{at}.data", "Too long: may not be more than 10240 bytes") in causes(
         status_write(api, http, written, [big])
     )
+    long_type = {**base, "conditions": [dict(condition, type="R" * 64)]}
+    assert (
+        f"{at}.conditions[0].type",
+        f'Invalid value: "{"R" * 64}": name part must be no more than 63 characters',
+    ) in causes(status_write(api, http, written, [long_type]))
+    mapped = {**base, "networkData": {"ips": ["::ffff:a00:1/120"]}}
+    assert causes(status_write(api, http, written, [mapped])) == [
+        (f"{at}.networkData.ips[0]", 'Invalid value: "::ffff:a00:1/120": must be in canonical form ("10.0.0.1/24")')
+    ]
     no_reason = {**base, "conditions": [{k: v for k, v in condition.items() if k != "reason"}]}
     assert (f"{at}.conditions[0].reason", "Required value: must be set") in causes(
         status_write(api, http, written, [no_reason])

@@ -70,8 +70,11 @@ def device_key(entry: Mapping[str, Any]) -> str:
 
 
 def _conditions(conditions: Any, path: str) -> list[FieldError]:
-    """``metav1validation.ValidateConditions``: unique types; each a type, a status True/False/Unknown, a
-    ``lastTransitionTime``, a reason (CamelCase-ish, at most 1024) and a message of at most 32768."""
+    """``metav1validation.ValidateConditions``: unique types; each a type (a qualified name), a status
+    True/False/Unknown, a ``lastTransitionTime``, a reason (CamelCase-ish, at most 1024) and a message of at most
+    32768."""
+    from devplug.testing.apiserver.validation import label_key_problems  # it imports this module
+
     items = list(conditions) if isinstance(conditions, list) else []
     errors: list[FieldError] = []
     if len(items) > MAX_CONDITIONS:
@@ -83,7 +86,9 @@ def _conditions(conditions: Any, path: str) -> list[FieldError]:
         kind = condition.get("type")
         if not kind:
             errors.append(FieldError("required", f"{at}.type", detail="must be set"))
-        elif kind in seen:
+        else:  # ValidateQualifiedName (IsQualifiedName: what label keys are)
+            errors.extend(FieldError("invalid", f"{at}.type", kind, m) for m in label_key_problems(str(kind)))
+        if kind and kind in seen:
             errors.append(FieldError("duplicate", f"{at}.type", kind))
         seen.add(kind)
         if condition.get("status") not in ("True", "False", "Unknown"):
@@ -133,7 +138,11 @@ def _interface_address(value: Any, path: str) -> list[FieldError]:
                 "invalid", path, value, "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)"
             )
         ]
-    canonical = f"{interface.ip}/{interface.network.prefixlen}"
+    ip, bits = interface.ip, interface.network.prefixlen
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:  # Go parses an IPv4-mapped address as IPv4: "::ffff:192.168.0.1/120" -> "192.168.0.1/24"
+        ip, bits = mapped, bits - 96 if bits > 32 else bits
+    canonical = f"{ip}/{bits}"
     if value != canonical:
         return [FieldError("invalid", path, value, f'must be in canonical form ("{canonical}")')]
     return []
