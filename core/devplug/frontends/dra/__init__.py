@@ -15,14 +15,21 @@ device table, retried, deleted on request), ``sliceswatch`` (the watch of
 the node's slices that tells it someone else changed them, with bookmarks, and
 started again when it fails or falls silent), ``claims`` (reading a
 ResourceClaim's allocation and configuration for this driver and pool, and
-which prepared claims still exist).
+which prepared claims still exist), ``quantity`` (Kubernetes quantities read
+exactly).
 
 The kubelet plugin: ``registration`` (the plugin-watcher registration socket,
 made again when the kubelet loses it), ``kubeletrule`` (whether the node's
 kubelet keys DRA plugins by driver name, 1.32, or by endpoint, 1.33 on),
 ``reregistration`` (registering again when a kubelet keying by name dropped
 this instance), ``service`` (NodePrepareResources and
-NodeUnprepareResources through the core's lifecycle), ``claimcdi`` (a prepared
+NodeUnprepareResources through the core's lifecycle), ``refusals`` (the kinds of
+prepare and unprepare failures the metrics count), ``shares`` (a claim's shares of
+a device with consumable capacity as its replicas, KEP-5075), ``adminaccess``
+(admin-access claims prepared without the core, only in namespaces labelled for
+it, KEP-5018), ``devicestatus`` (a claim's ``status.devices`` entries from the
+driver's ``allocate`` answer, KEP-4817), ``statuswriter`` (writing and removing
+them by server-side apply as the driver), ``claimcdi`` (a prepared
 claim's CDI spec), ``health`` (the KEP-4680 health stream, with the driver's
 reasons), ``reconcile`` (releases no unprepare asks for: claims deleted while the
 daemon was down, device-plugin leftovers, unfinished releases), ``plugin``

@@ -73,9 +73,8 @@ def parse_quantity(text: str) -> Fraction:
     sign, whole, fraction, suffix = found.groups()
     if not whole and not fraction:
         raise QuantityError(f"{text!r} is not a quantity: it has no digits (quantity.go: <number>)")
-    value = Fraction(int(whole or "0"))
-    if fraction:
-        value += Fraction(int(fraction), 10 ** len(fraction))
+    # Fraction reads decimal text exactly ("1.5" -> 3/2, "1e-3" -> 1/1000): no float anywhere
+    value = Fraction(f"{whole or '0'}.{fraction or '0'}")
     if suffix in _SUFFIXES:
         value *= _SUFFIXES[suffix]
     else:
@@ -88,7 +87,7 @@ def parse_quantity(text: str) -> Fraction:
         power = int(exponent.group(1))
         if abs(power) > _MAX_EXPONENT:
             raise QuantityError(f"{text!r}: an exponent beyond +-{_MAX_EXPONENT} is refused (no capacity is so large)")
-        value *= Fraction(10) ** power
+        value *= Fraction(f"1e{power}")
     return -value if sign == "-" else value
 
 

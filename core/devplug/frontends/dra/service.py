@@ -82,8 +82,8 @@ from the API server at once. The reads of all calls together are bounded too
 (:data:`~devplug.frontends.dra.claims.READS_AT_ONCE`).
 
 Each claim's outcome is told to the resource's observer (the metrics): its
-time, and for a failure its kind (:func:`prepare_failure_reason`, one of
-:data:`PREPARE_FAILURE_REASONS`; never the message, nor the claim).
+time, and for a failure its kind (:func:`~devplug.frontends.dra.refusals.prepare_failure_reason`,
+one of :data:`~devplug.frontends.dra.refusals.PREPARE_FAILURE_REASONS`; never the message, nor the claim).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,30 +104,30 @@ from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.gen.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.gen.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from devplug.engine import AllocationRecord, ClaimTenant, DeviceLifecycle, DraClaim, cdi_device_name
-from devplug.errors import DeviceBusyError, DevplugError, DriverError, HookTimeoutError, RequestError, StateError
+from devplug.errors import DevplugError
 from devplug.frontends.callgate import CallGate, forward_answered
 from devplug.frontends.dra.adminaccess import AdminAccessRefusedError, AdminClaim, AdminClaims, NamespaceCheck
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import (
     AllocatedDevice,
     ClaimAllocation,
-    ClaimDeviceUnknownError,
     ClaimError,
     ClaimIdentifierError,
-    ClaimNotAllocatedError,
-    ClaimNotFoundError,
-    ClaimPoolMismatchError,
     ClaimReadError,
     ClaimRef,
-    ClaimReplacedError,
-    NoDeviceOfOursError,
-    OpaqueConfig,
 )
 from devplug.frontends.dra.devicestatus import status_entries
-from devplug.frontends.dra.shares import OverConsumedError, Share, ShareError, assign, choose, shares_of
+from devplug.frontends.dra.refusals import (
+    PREPARE_FAILURE_REASONS,
+    UNPREPARE_FAILURE_REASONS,
+    claim_config,
+    prepare_failure_reason,
+)
+from devplug.frontends.dra.refusals import ClaimRefused as _ClaimRefused
+from devplug.frontends.dra.shares import ShareLocks, assign, choose, shares_of
 from devplug.frontends.dra.statuswriter import ClaimStatusWriter
 from devplug.text.logsafe import id_list
-from devplug.types import CDIDevice, Claim, ClaimConfig, ContainerAllocation, merge_allocations
+from devplug.types import CDIDevice, Claim, ContainerAllocation, merge_allocations
 
 __all__ = [
     "PREPARE_FAILURE_REASONS",
@@ -145,8 +145,6 @@ log = logging.getLogger("devplug.frontends.dra")
 #: What reads a claim (``ClaimReader.read``).
 ClaimReading = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
 
-_SOURCES = {"FromClass": "class", "FromClaim": "claim"}
-
 #: The fewest claims a call may name (see the module docstring).
 MIN_CLAIMS_BOUND = 32
 
@@ -160,75 +158,6 @@ class PreparedDevice:
     device_name: str
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
-
-
-class _ClaimRefused(DevplugError):
-    """A claim that cannot be prepared for a reason found here (held by another claim, admin access); ``reason``
-    is its kind, for the metrics."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-#: Why a claim could not be prepared, by the error's type (the first that matches; order matters: subclasses first).
-_REASONS_BY_ERROR: tuple[tuple[type[BaseException], str], ...] = (
-    (ClaimIdentifierError, "claim_identifier_invalid"),
-    (ShareError, "share_invalid"),
-    (OverConsumedError, "over_consumed"),
-    (AdminAccessRefusedError, "admin_access_not_permitted"),
-    (ClaimNotFoundError, "claim_not_found"),
-    (ClaimReplacedError, "claim_replaced"),
-    (ClaimNotAllocatedError, "claim_not_allocated"),
-    (NoDeviceOfOursError, "no_device_of_driver"),
-    (ClaimDeviceUnknownError, "device_not_published"),
-    (ClaimPoolMismatchError, "devices_of_another_pool"),
-    (ClaimError, "claim_invalid"),
-    (ClaimReadError, "api_server_unavailable"),
-    (DeviceBusyError, "device_busy"),
-    (HookTimeoutError, "driver_timeout"),
-    (DriverError, "driver_failed"),
-    (StateError, "ledger_unwritable"),
-    (RequestError, "device_not_servable"),
-)
-#: The reasons a claim is refused here (:class:`_ClaimRefused`).
-_REFUSALS = (
-    "device_held_by_other_claim",
-    "config_not_an_object",
-    "being_unprepared",
-    "allocation_changed",
-    "cdi_spec_unwritable",
-)
-#: Every kind of prepare failure, as the metrics label them: a fixed set, so their series stay few.
-PREPARE_FAILURE_REASONS = (
-    *(reason for _, reason in _REASONS_BY_ERROR),
-    *_REFUSALS,
-    "refused",
-    "internal_error",
-)
-#: Every kind of unprepare failure: the claim's UID, namespace or name is not of a form Kubernetes gives, the
-#: release (a driver hook, the ledger) failed, or devplug did (a bug).
-UNPREPARE_FAILURE_REASONS = ("claim_identifier_invalid", "release_failed", "internal_error")
-
-
-def prepare_failure_reason(exc: BaseException) -> str:
-    """The kind of a claim's prepare failure (one of :data:`PREPARE_FAILURE_REASONS`)."""
-    if isinstance(exc, _ClaimRefused):
-        return exc.reason
-    for error, reason in _REASONS_BY_ERROR:
-        if isinstance(exc, error):
-            return reason
-    return "refused" if isinstance(exc, DevplugError) else "internal_error"
-
-
-def _claim_config(config: OpaqueConfig, claim: ClaimRef) -> ClaimConfig:
-    if not isinstance(config.parameters, Mapping):
-        raise _ClaimRefused(
-            f"{claim}: an opaque configuration ({config.source or 'no source'}) holds "
-            f"{type(config.parameters).__name__} parameters; devplug drivers take a JSON object",
-            "config_not_an_object",
-        )
-    return ClaimConfig(config.parameters, config.requests, _SOURCES.get(config.source, "claim"))
 
 
 class ClaimPreparer:
@@ -259,7 +188,7 @@ class ClaimPreparer:
         self._resource_kind = resource_cdi_kind
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         #: One lock per device with consumable capacity: a share's replicas are chosen and admitted under it.
-        self._share_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._share_locks = ShareLocks()
         #: The admin-access claims prepared here (:mod:`~devplug.frontends.dra.adminaccess`), and the check of their
         #: namespace's label; without them an admin-access allocation is refused.
         self.admin_claims = admin_claims
@@ -348,15 +277,10 @@ class ClaimPreparer:
             await self._admin_allowed(ref, admin)
         shares = shares_of(ref, normal, self.lifecycle.table, self.driver)
         answer = ContainerAllocation()
-        async with self._holding_shares(shares.values()):
+        async with self._share_locks.holding(shares.values()):
             if shares:  # the replicas no record holds, under the devices' locks until admitted
-                ids = choose(
-                    ref,
-                    normal,
-                    shares,
-                    held=self.lifecycle.ledger.holds,
-                    withheld=self.lifecycle.table.withheld,
-                )
+                held, withheld = self.lifecycle.ledger.holds, self.lifecycle.table.withheld
+                ids = choose(ref, normal, shares, held=held, withheld=withheld)
             else:
                 ids = [(d.device_id,) for d in normal]
             if normal:
@@ -365,7 +289,7 @@ class ClaimPreparer:
                     ref.name,
                     ref.uid,
                     requests=_requests(normal, ids),
-                    config=tuple(_claim_config(c, ref) for c in allocation.configs),
+                    config=tuple(claim_config(c, ref) for c in allocation.configs),
                 )
                 tenant = ClaimTenant(ref.uid, f"{ref.namespace}/{ref.name}", allocation.reserved_for)
                 flat = [i for group in ids for i in group]
@@ -398,18 +322,6 @@ class ClaimPreparer:
             extra={"device": id_list(allocation.device_ids)},
         )
         return self._devices(allocation, answer, cdi_ids)
-
-    @contextlib.asynccontextmanager
-    async def _holding_shares(self, shares: Iterable[Share]) -> AsyncIterator[None]:
-        """The locks of the devices ``shares`` are of (in a fixed order): two claims choose replicas of one device
-        one after the other, each admitted before the next looks at what is free."""
-        async with contextlib.AsyncExitStack() as stack:
-            for device_id in sorted({s.of.device_id for s in shares}):
-                lock = self._share_locks.get(device_id)
-                if lock is None:
-                    lock = self._share_locks[device_id] = asyncio.Lock()
-                await stack.enter_async_context(lock)
-            yield
 
     async def _admin_allowed(self, ref: ClaimRef, admin: Sequence[AllocatedDevice]) -> None:
         """Refuse admin access unless the claim's namespace allows it (:class:`NamespaceCheck`)."""

@@ -52,7 +52,10 @@ a replica of the device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -61,7 +64,7 @@ from devplug.frontends.dra.capacity import SharedCapacity, shared_capacity
 from devplug.frontends.dra.claims import AllocatedDevice, ClaimError, ClaimRef
 from devplug.frontends.dra.quantity import QuantityError, ceil_div, parse_quantity
 
-__all__ = ["OverConsumedError", "Share", "ShareError", "assign", "choose", "replica_order", "shares_of"]
+__all__ = ["OverConsumedError", "Share", "ShareError", "ShareLocks", "assign", "choose", "replica_order", "shares_of"]
 
 
 class ShareError(ClaimError):
@@ -200,3 +203,23 @@ def replica_order(replica_id: str) -> tuple[int, str]:
     """A replica ID's place among its device's (``<id>::<k>``: by ``k``; anything else after, by text)."""
     _, sep, index = replica_id.rpartition("::")
     return (int(index), "") if sep and index.isascii() and index.isdigit() else (2**63, replica_id)
+
+
+class ShareLocks:
+    """One lock per device with consumable capacity, for as long as someone holds or waits for it: two claims'
+    shares of one device are chosen (:func:`choose`) and admitted one after the other, each admitted before the
+    next looks at what is free."""
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    @contextlib.asynccontextmanager
+    async def holding(self, shares: Iterable[Share]) -> AsyncIterator[None]:
+        """Hold the locks of the devices ``shares`` are of, taken in a fixed order (no two callers deadlock)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for device_id in sorted({s.of.device_id for s in shares}):
+                lock = self._locks.get(device_id)
+                if lock is None:
+                    lock = self._locks[device_id] = asyncio.Lock()
+                await stack.enter_async_context(lock)
+            yield
