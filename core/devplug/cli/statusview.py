@@ -145,6 +145,9 @@ def _dra_lines(frontend: dict[str, Any] | None) -> list[str]:
                 f"      {claim.get('claim')} (uid {claim.get('uid')}): {', '.join(claim.get('devices') or [])}; "
                 f"pods {pods}"
             )
+        for claim in claims.get("admin_access") or []:  # KEP-5018: prepared without a record or a hook
+            devices = ", ".join(claim.get("devices") or [])
+            lines.append(f"      {claim.get('claim')} (uid {claim.get('uid')}): admin access to {devices}")
     lines.extend(_claim_status_lines(frontend.get("claim_status")))
     return lines
 

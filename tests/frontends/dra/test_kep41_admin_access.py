@@ -20,6 +20,8 @@ import grpc.aio
 
 from devplug.api.gen.dra.v1 import api_pb2 as v1
 from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
+from devplug.cli.statusview import format_status
+from devplug.daemon.status import read_status
 from devplug.frontends.dra.adminaccess import ADMIN_NAMESPACE_LABEL
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
@@ -130,6 +132,15 @@ def test_a_monitoring_claim_over_a_held_device_is_prepared_with_no_hook_and_the_
                 assert hooks(lab) == before, "no driver hook ran for the admin-access claim"
                 assert lab.records() == records, "no ledger record: the work claim holds mock0 as before"
                 assert admin_file(lab) == {_uid(watch): {"claim": f"{NS}/watch", "devices": ["mock0"]}}
+
+                def shown() -> Any:
+                    [entry] = read_status(lab.root / "state")["resources"]
+                    return entry.get("frontend", {}).get("claims", {}).get("admin_access") or None
+
+                listed = await eventually(shown, "the admin-access claim in devplug status", details=lab.log)
+                assert listed == [{"claim": f"{NS}/watch", "uid": _uid(watch), "devices": ["mock0"]}]
+                shown_text = format_status(read_status(lab.root / "state"))
+                assert f"{NS}/watch (uid {_uid(watch)}): admin access to mock0" in shown_text, shown_text
                 again = await stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[_claim("watch", watch)]))
                 assert again == answer, "a repeated prepare answers the same"
 

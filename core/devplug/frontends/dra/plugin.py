@@ -426,6 +426,14 @@ class DraPlugin:
                     }
                     for r in sorted(held, key=lambda r: r.claim or "")[:MAX_CLAIMS_LISTED]
                 ],
+                # the admin-access claims prepared here (KEP-5018: no record, no hook), likewise
+                "admin_access": [
+                    {"claim": kept.claim, "uid": uid, "devices": list(kept.devices)}
+                    for uid in list(admin)[:MAX_CLAIMS_LISTED]
+                    if (kept := admin.get(uid)) is not None
+                ]
+                if (admin := self.preparer.admin_claims) is not None
+                else [],
             },
         }
 
