@@ -214,3 +214,15 @@ def test_a_shared_device_consumes_its_counters_once(cluster: ApiServer) -> None:
     cluster.create("resourceslices", slice_with("b-parts", [device], count=2))
     assert schedule(cluster, "a", request())[0]["device"] == "fpga-0"
     assert schedule(cluster, "b", request())[0]["device"] == "fpga-0", "a second share: no second slot"
+
+
+def test_a_request_for_more_devices_than_there_are_fails_at_once_naming_how_many_are_free(cluster: ApiServer) -> None:
+    """The search does not try every combination of 30 devices before saying 31 do not fit; a claim may not have
+    more than 32 results (``AllocationResultsMaxSize``)."""
+    cluster.create("resourceslices", slice_with("s", [{"name": f"fpga-{i}"} for i in range(40)]))
+    schedule(cluster, "first", request(count=10))
+    with pytest.raises(SchedulingError, match=r"wants 31 device\(s\) .* has 30 free"):
+        schedule(cluster, "a", request(count=31))
+    with pytest.raises(SchedulingError, match="number of requested devices 33 exceeds the claim limit of 32"):
+        schedule(cluster, "b", request(count=33))
+    assert len(schedule(cluster, "c", request(count=30))) == 30

@@ -47,18 +47,22 @@ DRAPartitionableDevices are beta; the feature gates are the API server's, ``Stor
   later shares skip the check). A pool with two counter sets of one name, or a device naming a counter set or
   counter the pool has not, is invalid: none of its devices is allocated. With DRAPartitionableDevices off,
   devices consuming counters are not allocated;
-* all of a pod's claims are allocated in memory first (a run: what one claim takes counts for the next), then
-  written: a pod that cannot get every claim changes nothing.
+* all of a pod's claims are allocated in memory first (a run: what one claim takes counts for the next), by the
+  allocator's search (``allocateOne``: each device of each request in turn, the first usable candidate, going
+  back to try the previous device's next candidate when a later one finds none), then written: a pod that cannot
+  get every claim changes nothing. A claim needing more than 32 devices is refused (``AllocationResultsMaxSize``);
+  the search skips positions that leave a request too few candidates and gives up after
+  :data:`SEARCH_BUDGET` candidates tried (where the real scheduler's Filter times out).
 
 Simplified against the real allocator: one node is given, not chosen; devices come from that node's slices
 (``spec.nodeName``), ``allNodes`` slices and, with ``perDeviceNodeSelection``, the devices naming the node or all
-nodes; pools with fewer slices than ``resourceSliceCount`` are skipped; the first usable devices in pool, slice
-name and device order are taken, without backtracking over requests or claims; ``allocationMode: All`` takes the
-matching devices no other claim has; constraints, ``firstAvailable``, tolerations and binding conditions are not
-modelled (a device with a ``NoSchedule``/``NoExecute`` taint is never used); class configs are listed once per
-request. CEL selectors (the class's and the request's) are understood only as ``&&``-joined comparisons
-``device.driver == "<name>"`` and ``device.attributes["<domain>"].<name> == <string|int|bool>``; anything else is
-refused naming the expression, rather than matched wrongly.
+nodes; pools with fewer slices than ``resourceSliceCount`` are skipped; devices are tried in pool, slice name and
+device order (no scoring); ``allocationMode: All`` takes the matching devices no other claim has; constraints,
+``firstAvailable``, tolerations and binding conditions are not modelled (a device with a ``NoSchedule``/
+``NoExecute`` taint is never used); class configs are listed once per request. CEL selectors (the class's and the
+request's) are understood only as ``&&``-joined comparisons ``device.driver == "<name>"`` and
+``device.attributes["<domain>"].<name> == <string|int|bool>``; anything else is refused naming the expression,
+rather than matched wrongly.
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ FINALIZER = "resource.kubernetes.io/delete-protection"
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 _WRITER = Writer("kube-scheduler")
+#: ``resourceapi.AllocationResultsMaxSize``: the allocator refuses a claim needing more devices.
+MAX_RESULTS = 32
+#: Candidate devices one scheduling attempt may try before giving up (see ``SchedulerStandIn._search``).
+SEARCH_BUDGET = 100_000
 _TERM = re.compile(
     r'^\s*device\.(?:driver|attributes\["(?P<domain>[^"]+)"\]\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*))\s*==\s*(?P<value>"[^"]*"|-?\d+|true|false)\s*$'
 )
@@ -166,6 +174,8 @@ class _Slot:
     previous: _Slot | None
     #: ``allocationMode: All``: the one candidate this slot must take.
     only: int | None = None
+    #: How many more devices the same request needs after this one (each after this one's position).
+    after: int = 0
     position: int = -1
     entry: dict[str, Any] | None = None
 
@@ -422,6 +432,13 @@ class SchedulerStandIn:
             requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
             for request in requests:
                 self._check_request(claim_name, request)
+            wanted = sum(
+                int(r["exactly"].get("count", 1)) for r in requests if r["exactly"].get("allocationMode") != "All"
+            )
+            if wanted > MAX_RESULTS:
+                raise SchedulingError(
+                    f"claim {claim_name}: number of requested devices {wanted} exceeds the claim limit of {MAX_RESULTS}"
+                )
             for request in requests:
                 exactly = request["exactly"]
                 device_class = self._class(exactly["deviceClassName"])
@@ -449,30 +466,40 @@ class SchedulerStandIn:
                         previous = _Slot(claim_index, request, matching, previous, only=i)
                         slots.append(previous)
                     continue
-                for _ in range(int(exactly.get("count", 1))):
-                    previous = _Slot(claim_index, request, matching, previous)
+                count = int(exactly.get("count", 1))
+                for k in range(count):
+                    previous = _Slot(claim_index, request, matching, previous, after=count - 1 - k)
                     slots.append(previous)
         return slots, pools
 
-    def _search(self, slots: list[_Slot], at: int, allocated: _Allocated, run: _Run, deepest: list[int]) -> bool:
+    def _search(self, slots: list[_Slot], at: int, allocated: _Allocated, run: _Run, progress: list[int]) -> bool:
         """``allocateOne``: the first full solution, trying each slot's candidates in order and going back to the
-        previous slot's next candidate when a later slot finds none."""
-        deepest[0] = max(deepest[0], at)
+        previous slot's next candidate when a later slot finds none. ``progress``: [the deepest slot reached,
+        candidates tried]; past :data:`SEARCH_BUDGET` tries the search gives up (SchedulingError), where the real
+        scheduler's Filter would time out (DRASchedulerFilterTimeout, 10 s)."""
+        progress[0] = max(progress[0], at)
         if at == len(slots):
             return True
         slot = slots[at]
         exactly = slot.request["exactly"]
         if slot.only is not None:
             positions: range = range(slot.only, slot.only + 1)
-        else:
-            positions = range(slot.previous.position + 1 if slot.previous is not None else 0, len(slot.candidates))
+        else:  # positions leaving too few candidates for the request's later devices cannot lead anywhere
+            start = slot.previous.position + 1 if slot.previous is not None else 0
+            positions = range(start, len(slot.candidates) - slot.after)
         for position in positions:
+            progress[1] += 1
+            if progress[1] > SEARCH_BUDGET:
+                raise SchedulingError(
+                    f"the scheduler stand-in gave up after trying {SEARCH_BUDGET} candidate devices (the real "
+                    "scheduler's Filter times out after 10 s: DRASchedulerFilterTimeout)"
+                )
             saved = run.copy()
             entry = self._take(*slot.candidates[position], exactly, slot.claim_index, allocated, run)
             if entry is None:
                 continue
             slot.position, slot.entry = position, {"request": slot.request["name"], **entry}
-            if self._search(slots, at + 1, allocated, run, deepest):
+            if self._search(slots, at + 1, allocated, run, progress):
                 return True
             run.restore(saved)
             slot.position, slot.entry = -1, None
@@ -482,9 +509,15 @@ class SchedulerStandIn:
         """The allocation of each of ``claims`` (all or none: SchedulingError naming the request that could not be
         satisfied)."""
         slots, pools = self._slots(claims, node)
-        deepest = [0]
-        if not self._search(slots, 0, self._allocated(), _Run(), deepest):
-            stuck = slots[deepest[0]]
+        progress = [0, 0]
+        if not self._search(slots, 0, self._allocated(), _Run(), progress):
+            stuck = slots[min(progress[0], len(slots) - 1)]
+            allocated = self._allocated()
+            free = sum(
+                1
+                for pool, device in stuck.candidates
+                if self._take(pool, device, stuck.request["exactly"], stuck.claim_index, allocated, _Run()) is not None
+            )
             exactly = stuck.request["exactly"]
             same = [s for s in slots if s.request is stuck.request]
             meta = claims[stuck.claim_index].get("metadata") or {}
@@ -492,7 +525,7 @@ class SchedulerStandIn:
             raise SchedulingError(
                 f"claim {meta.get('name') or meta.get('generateName', '')}: request {stuck.request['name']!r} wants "
                 f"{'all' if stuck.only is not None else len(same)} device(s) of class "
-                f"{exactly['deviceClassName']!r}; node {node} has {same.index(stuck)} free"
+                f"{exactly['deviceClassName']!r}; node {node} has {free} free"
                 + (f" (invalid pools: {'; '.join(invalid)})" if invalid else "")
             )
         return [
