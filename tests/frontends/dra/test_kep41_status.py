@@ -174,7 +174,7 @@ def test_status_is_written_as_the_driver_and_removed_at_unprepare_leaving_anothe
             assert _entries(lab, "c", OTHER) == [
                 {"driver": OTHER, "pool": OTHER_POOL, "device": "gpu0", "data": {"gpu": "ready"}}
             ]
-            assert "removed the device status" in lab.log()
+            await eventually(lambda: "removed the device status" in lab.log(), "the removal logged", details=lab.log)
             shown = await eventually(lambda: _claim_status(lab).get("removed") == 1 and _claim_status(lab), "status")
             assert (shown["written"], shown["failures"], shown["invalid"], shown["unsupported"]) == (1, 0, 0, None)
             text = format_status(read_status(lab.root / "state"))
