@@ -605,6 +605,46 @@ class DeviceStatus:
         data = None if self.data is None else json.dumps(dict(self.data), sort_keys=True)
         return hash((self.conditions, data, self.network_data))
 
+    def to_json(self) -> dict[str, Any]:
+        """This status as JSON, in the API's field names (``conditions``, ``data``, ``networkData``), for a record
+        kept on disk; :meth:`from_json` reads it back."""
+        out: dict[str, Any] = {}
+        if self.conditions:
+            out["conditions"] = [
+                {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message} for c in self.conditions
+            ]
+        if self.data is not None:
+            out["data"] = dict(self.data)
+        network = self.network_data
+        if network is not None:
+            out["networkData"] = {
+                "interfaceName": network.interface_name,
+                "ips": list(network.ips),
+                "hardwareAddress": network.hardware_address,
+            }
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any) -> DeviceStatus:
+        """The status :meth:`to_json` wrote; ``ValueError`` naming what is wrong for anything else."""
+        if not isinstance(value, Mapping):
+            raise ValueError(f"a device status must be a JSON object, got {value!r}")
+        try:
+            conditions = tuple(
+                DeviceCondition(c["type"], c["status"], c["reason"], c.get("message", ""))
+                for c in value.get("conditions") or ()
+            )
+            network = value.get("networkData")
+            return cls(
+                conditions,
+                value.get("data"),
+                None
+                if network is None
+                else NetworkData(network["interfaceName"], tuple(network["ips"]), network["hardwareAddress"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a device status lacks or misspells {exc}: {value!r}") from None
+
 
 @dataclass(frozen=True)
 class ContainerAllocation:

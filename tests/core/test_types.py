@@ -107,3 +107,26 @@ def test_merge_rejects_conflicts_naming_them() -> None:
                 ContainerAllocation(devices=(DeviceSpec("/data", "/dev/b"),)),
             ]
         )
+
+
+def test_a_device_status_reads_back_what_it_wrote_and_refuses_anything_else() -> None:
+    """Contract 1.1's DeviceStatus as the ledger keeps it (issue 41): the API's field names, read back equal."""
+    from devplug.types import DeviceCondition, DeviceStatus, NetworkData
+
+    status = DeviceStatus(
+        (DeviceCondition("Ready", "True", "Prepared", "ok"),),
+        {"image": "abc", "n": [1, 2]},
+        NetworkData("net1", ("10.0.0.2/24",), "aa:bb:cc:dd:ee:ff"),
+    )
+    written = status.to_json()
+    assert written["networkData"] == {
+        "interfaceName": "net1",
+        "ips": ["10.0.0.2/24"],
+        "hardwareAddress": "aa:bb:cc:dd:ee:ff",
+    }
+    assert DeviceStatus.from_json(written) == status
+    assert DeviceStatus.from_json({}) == DeviceStatus()
+    with pytest.raises(ValueError, match="lacks or misspells 'reason'"):
+        DeviceStatus.from_json({"conditions": [{"type": "Ready", "status": "True"}]})
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        DeviceStatus.from_json(["Ready"])

@@ -16,6 +16,7 @@ A :class:`QuarantinedRecord` is an entry that failed its checks on load.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from devplug.text.compactjson import compact_json
-from devplug.types import ContainerAllocation
+from devplug.types import ContainerAllocation, DeviceStatus
 
 __all__ = [
     "QUARANTINE_PREFIX",
@@ -91,6 +92,18 @@ class AllocationRecord:
         if not self.pending:
             return list(self.devices)
         return [*self.devices, *[d for d in self.pending if d not in self.devices]]
+
+    def device_status(self) -> dict[str, DeviceStatus]:
+        """The device status the driver's ``allocate`` answered, kept by the confirmation (:func:`prepared_summary`),
+        by device ID; an entry that does not read back is left out (a record written by hand, or by a newer
+        devplug)."""
+        found: dict[str, DeviceStatus] = {}
+        kept = self.prepared.get("device_status")
+        if isinstance(kept, Mapping):
+            for device_id, value in kept.items():
+                with contextlib.suppress(ValueError):
+                    found[str(device_id)] = DeviceStatus.from_json(value)
+        return found
 
     def to_json(self) -> dict[str, Any]:
         """Every field, as the file holds it (lists and objects)."""
@@ -304,13 +317,16 @@ def new_record_id() -> str:
 
 
 def prepared_summary(allocation: ContainerAllocation) -> Mapping[str, Any]:
-    """What the driver prepared for a container, as kept in the ledger (for status and post-mortems)."""
-    return MappingProxyType(
-        {
-            "envs": MappingProxyType(dict(allocation.envs)),
-            "mounts": tuple(m.container_path for m in allocation.mounts),
-            "devices": tuple(d.container_path for d in allocation.devices),
-            "annotations": MappingProxyType(dict(allocation.annotations)),
-            "cdi_devices": tuple(c.name for c in allocation.cdi_devices),
-        }
-    )
+    """What the driver prepared for a container, as kept in the ledger (for status and post-mortems), and the
+    device status its ``allocate`` answered, when it gave one (contract 1.1: journalled with the confirmation, so
+    a DRA claim whose prepare a kill cut after it gets its status from here when the kubelet asks again)."""
+    summary: dict[str, Any] = {
+        "envs": MappingProxyType(dict(allocation.envs)),
+        "mounts": tuple(m.container_path for m in allocation.mounts),
+        "devices": tuple(d.container_path for d in allocation.devices),
+        "annotations": MappingProxyType(dict(allocation.annotations)),
+        "cdi_devices": tuple(c.name for c in allocation.cdi_devices),
+    }
+    if allocation.device_status:
+        summary["device_status"] = {i: s.to_json() for i, s in allocation.device_status.items()}
+    return MappingProxyType(summary)

@@ -209,6 +209,50 @@ def test_status_is_written_again_after_kill_9_and_a_repeated_prepare_and_removed
     run(scenario, 150)
 
 
+def test_a_prepare_killed_before_its_status_was_kept_gets_it_from_the_ledger_when_the_kubelet_asks_again(
+    api: ApiServer,
+) -> None:
+    """A run killed after the ledger's confirmation of a claim and before it kept the claim's status never answered
+    the kubelet, which asks again: the confirmation journalled what ``allocate`` said of the devices, so the
+    repeated prepare writes it (found by the issue 41 churn test: the status was lost)."""
+
+    def as_if_never_kept(entry: Mapping[str, Any]) -> dict[str, Any]:
+        return {**entry, "conditions": [{**c, "lastTransitionTime": None} for c in entry.get("conditions") or ()]}
+
+    async def scenario() -> None:
+        async with _node(api, "network") as lab:
+            uid = _allocate(lab, "c", ["mock1"])
+            await _prepare(lab, "c", uid)
+            [first] = await eventually(lambda: _entries(lab, "c"), "the entry written")
+            assert lab.daemon is not None
+            os.kill(lab.daemon.pid, signal.SIGKILL)
+            lab.daemon.wait(10.0)
+            [kept] = list(lab.root.rglob(f"dra-claim-status/{uid}.json"))
+            kept.unlink()  # as if the run had ended before keeping it (and so before writing it)
+            _remove_ours_by_hand(lab, "c")
+            await _restart_after_kill_9_of_a_dead_daemon(lab, 2)
+            await _prepare(lab, "c", uid)  # the kubelet had no answer: it asks again
+            [again] = await eventually(lambda: _entries(lab, "c"), "the entry written from the ledger", details=lab.log)
+            assert as_if_never_kept(again) == as_if_never_kept(first)
+            assert len(lab.calls("allocate")) == 1, "answered from the ledger's record, not prepared again"
+            await _unprepare(lab, "c", uid)
+            await eventually(lambda: not _entries(lab, "c"), "the entry removed", details=lab.log)
+
+    run(scenario, 120)
+
+
+async def _restart_after_kill_9_of_a_dead_daemon(lab: DraNode, run_number: int) -> None:
+    """Start the daemon again after a kill the test made itself; returns once the kubelet has it connected."""
+    old = lab.service_target()
+    lab.daemon = DaemonProcess(lab.config_path, lab.root / f"daemon-{run_number}.log", env=lab.env).start()
+
+    def connected() -> bool:
+        return any(v.connected and f"unix:{v.endpoint}" != old for v in lab.kubelet.dra_plugins(DRIVER))
+
+    await eventually(connected, "the restarted daemon connected", details=lab.log)
+    await eventually(lambda: lab.service_target() != old, "the old socket gone", details=lab.log)
+
+
 def test_a_status_the_server_refuses_does_not_fail_the_prepare(api: ApiServer) -> None:
     async def scenario() -> None:
         async with _node(api, "invalid") as lab:

@@ -312,7 +312,7 @@ class ClaimPreparer:
                 "cdi_spec_unwritable",
             ) from exc
         self.prepared += 1
-        await self._write_status(ref, allocation, answer)
+        await self._write_status(ref, allocation, answer.device_status)
         log.info(
             "[%s] prepared %s: %s%s",
             self.name,
@@ -332,14 +332,14 @@ class ClaimPreparer:
             )
         await self._namespaces.check(ref, names)
 
-    async def _write_status(self, ref: ClaimRef, allocation: ClaimAllocation, answer: ContainerAllocation) -> None:
+    async def _write_status(self, ref: ClaimRef, allocation: ClaimAllocation, statuses: Mapping[str, Any]) -> None:
         """Once a claim is prepared: the device status the driver's ``allocate`` answered, into the claim's
         ``status.devices`` (:mod:`~devplug.frontends.dra.devicestatus`), written in the background: never fails the
         prepare."""
-        if self.status is None or not answer.device_status:
+        if self.status is None or not statuses:
             return
         devices = [d for d in allocation.devices if not d.admin_access]  # admin access: no allocate answered them
-        found = status_entries(self.driver, self.pool, devices, answer.device_status, self.lifecycle.table.physical_of)
+        found = status_entries(self.driver, self.pool, devices, statuses, self.lifecycle.table.physical_of)
         await self.status.prepared(ref, found)
 
     def _description(self, device_id: str) -> ContainerAllocation | None:
@@ -420,8 +420,9 @@ class ClaimPreparer:
             await self._unfinished(ref, record, kept, "its prepare ended before its CDI spec was written")
             return None
         cdi_devices = tuple(CDIDevice(n) for n in (record.prepared.get("cdi_devices", ()) if record else ()))
-        if self.status is not None:  # its device status again, in case it is missing (a restart, a removal)
-            await self.status.again(ref)
+        if self.status is not None and not await self.status.again(ref) and record is not None:
+            # None kept: killed after the ledger's confirmation (which journalled it) and before keeping it.
+            await self._write_status(ref, allocation, record.device_status())
         return self._devices(allocation, ContainerAllocation(cdi_devices=cdi_devices), cdi_ids)
 
     async def _unfinished(

@@ -159,14 +159,16 @@ class ClaimStatusWriter:
             log.error("[%s] cannot keep the device status of %s in %s: %s", self.name, claim, self.state_dir, exc)
         self._start(claim.uid, self._write(kept))
 
-    async def again(self, claim: ClaimRef) -> None:
+    async def again(self, claim: ClaimRef) -> bool:
         """The kubelet prepared ``claim`` again: write its kept entries again (in the background), in case they are
-        missing (a daemon killed before its write, someone removed them). Nothing kept: nothing to do."""
+        missing (a daemon killed before its write, someone removed them). Whether entries were kept for it (none:
+        the caller may have them from elsewhere, :meth:`prepared`)."""
         if self.unsupported is not None:
-            return
+            return True
         kept = await asyncio.to_thread(self._load, claim.uid)
         if kept is not None and kept.state == _WRITTEN and claim.uid not in self._tasks:
             self._start(claim.uid, self._write(kept))
+        return kept is not None
 
     async def unprepared(self, claim: ClaimRef) -> None:
         """``claim`` was unprepared: remove its entries in the background (a write still trying is stopped first).
