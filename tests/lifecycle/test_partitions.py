@@ -69,6 +69,8 @@ def test_a_region_in_use_withholds_the_whole_card_until_it_is_released(lab: Lab)
     status = _card_status(lab, [WHOLE])
     assert status["counters"] == {"regions": 4} and status["in_use"] == {"regions": 1}
     assert status["held"] == [region]
+    shown = lab.status_command()
+    assert f"parent {CARD}: regions 1/4 in use; held {region}; withheld {WHOLE}" in shown.stdout, shown.stdout
 
     # The kubelet cannot give the card to the next pod: it gets the regions left, and no fifth device.
     more = lab.admit("b", 3)

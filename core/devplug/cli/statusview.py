@@ -125,6 +125,10 @@ def _dra_lines(frontend: dict[str, Any] | None) -> list[str]:
         lines.append(
             f"    API {api.get('version')} (served {', '.join(api.get('served') or []) or '-'}), device taints {taints}"
         )
+        for key, what in (("consumable_capacity", "consumable capacity"), ("partitionable", "counter sets")):
+            if key in api:  # issue 41's forms, as discovery found the server
+                used = "used" if api.get(key) else "not used"
+                lines.append(f"    {what} {used}: {api.get(f'{key}_reason') or '-'}")
     sl = frontend.get("slices")
     if sl:
         state = "in sync" if sl.get("in_sync") else f"NOT IN SYNC ({sl.get('failures', 0)} failures in a row)"
@@ -268,6 +272,16 @@ def format_status(data: dict[str, Any]) -> str:
                     f"    {share['device']:<24} {share['in_use']}/{share['replicas']} replicas in use, "
                     f"{share['tenants']} tenants{releasing}, pods {pods}"
                 )
+        for parent in res.get("partitions") or []:  # contract 1.1: parts sharing a parent's counters
+            counters = ", ".join(
+                f"{name} {parent.get('in_use', {}).get(name, 0)}/{total}"
+                for name, total in sorted((parent.get("counters") or {}).items())
+            )
+            held = ", ".join(parent.get("held") or []) or "-"
+            blocked = ", ".join(parent.get("blocked") or []) or "-"
+            lines.append(f"  parent {parent.get('parent')}: {counters} in use; held {held}; withheld {blocked}")
+            if parent.get("conflict"):
+                lines.append(f"    CONFLICT: {parent['conflict']}")
         if res.get("state_error"):
             lines.append(f"  STATE WRITE FAILED: {res['state_error']} (Allocate is refused until it can write)")
         for devices, failure in (res.get("release_failures") or {}).items():

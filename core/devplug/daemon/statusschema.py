@@ -66,6 +66,14 @@ _SHARING = {
     "fail_requests_greater_than_one?": bool,
     "devices?": [_SHARE],
 }
+_PARENT = {
+    "parent": str,
+    "counters": _Map(int),
+    "in_use": _Map(int),
+    "held": [str],
+    "blocked": [str],
+    "conflict?": str,
+}
 _COUNTS = {"devices?": int, "healthy?": int, "unhealthy?": int, "allocated?": int, "releasing?": int}
 _RESOURCE = {
     "name": str,
@@ -88,6 +96,7 @@ _RESOURCE = {
     "driver_status?": _Optional({}),
     "driver_problem?": _Optional(str),
     "sharing?": _SHARING,
+    "partitions?": [_PARENT],
     "frontend?": _Optional({}),
 }
 _STATUS = {

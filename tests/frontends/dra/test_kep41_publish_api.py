@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from devplug.cli.statusview import format_status
 from devplug.daemon.status import read_status
 from devplug.engine.devicetable import DeviceTable
 from devplug.errors import StateError
@@ -236,6 +237,9 @@ def test_a_daemon_publishes_the_mock_s_shared_device_in_the_form_the_server_keep
                     lambda: _api_status(lab), "the DRA section of the status", details=lab.log
                 )
                 assert shown["consumable_capacity"] is gate_on, shown
+                text = format_status(read_status(lab.root / "state"))
+                used = "used: kept by the API server" if gate_on else "not used: dropped by the API server"
+                assert f"consumable capacity {used}" in text, text
                 return {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
 
         stored = run(scenario, timeout=120)
