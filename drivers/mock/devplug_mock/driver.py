@@ -46,7 +46,6 @@ from devplug_mock.features import (
     parse_partitions,
     parse_share_capacity,
     status_for,
-    status_record,
 )
 
 __all__ = ["NODE_FOLDER", "MockDriver", "MockOptions"]
@@ -340,7 +339,7 @@ class MockDriver:
         statuses = {} if mode is None else {i: status_for(i, claim, mode) for i in dict.fromkeys(device_ids)}
         extra: dict[str, Any] = {**_shared(replicas), **_claimed(claim)}
         if statuses:
-            extra["device_status"] = {i: status_record(s) for i, s in statuses.items()}
+            extra["device_status"] = {i: s.to_json() for i, s in statuses.items()}
 
         def allocation() -> ContainerAllocation:
             return ContainerAllocation(envs={"MOCK_DEVICES": ",".join(device_ids)}, device_status=statuses)

@@ -48,7 +48,6 @@ __all__ = [
     "parse_partitions",
     "parse_share_capacity",
     "status_for",
-    "status_record",
 ]
 
 StatusMode = Literal["ready", "network", "invalid"]
@@ -209,22 +208,3 @@ def status_for(device_id: str, claim: Claim | None, mode: StatusMode) -> DeviceS
         data={"mockDevice": device_id, "tenant": _tenant(claim)},
         network_data=mock_network_data(device_id) if mode == "network" else None,
     )
-
-
-def status_record(status: DeviceStatus) -> dict[str, Any]:
-    """A status as the call log records it, in the API's field names (``AllocatedDeviceStatus``)."""
-    out: dict[str, Any] = {
-        "conditions": [
-            {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message} for c in status.conditions
-        ]
-    }
-    if status.data is not None:
-        out["data"] = dict(status.data)
-    net = status.network_data
-    if net is not None:
-        out["networkData"] = {
-            "interfaceName": net.interface_name,
-            "ips": list(net.ips),
-            "hardwareAddress": net.hardware_address,
-        }
-    return out

@@ -15,7 +15,7 @@ from devplug.testing.dranode import NODE, NS, TEST_DRA, DraNode, WaitTimeout, sh
 from devplug.testing.dranode import dra_node as node_with
 from devplug.testing.dranode import eventually as _eventually
 
-__all__ = ["DRIVER", "NODE", "NS", "RESOURCE", "DraNode", "dra_node", "eventually", "short_root"]
+__all__ = ["DRIVER", "NODE", "NS", "RESOURCE", "DraNode", "allocated_by_hand", "dra_node", "eventually", "short_root"]
 
 RESOURCE = "example.com/mock"
 DRIVER = "mock.example.com"
@@ -60,3 +60,15 @@ async def dra_node(
             handover=handover,
         ) as node:
             yield node
+
+
+def allocated_by_hand(lab: DraNode, claim: Mapping[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """``claim`` given ``results`` on this node, written through the status subresource as kube-scheduler writes an
+    allocation (for what a test wants exactly: a share, admin access, more than the node has); the claim as
+    stored."""
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+    status = {"allocation": {"devices": {"results": results}, "nodeSelector": selector}}
+    stored: dict[str, Any] = lab.api.update(
+        "resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status"
+    )
+    return stored

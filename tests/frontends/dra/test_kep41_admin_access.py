@@ -25,7 +25,7 @@ from devplug.daemon.status import read_status
 from devplug.frontends.dra.adminaccess import ADMIN_NAMESPACE_LABEL
 from devplug.testing.apiserver import ApiServer
 from tests.frontends.dra.conftest import NODE, run
-from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
+from tests.frontends.dra.dranode import DRIVER, NS, DraNode, allocated_by_hand, dra_node, eventually
 from tests.frontends.dra.test_kep41_prepare_shares import restarted
 
 ADMIN_HOOKS = ("allocate", "pre_start", "post_stop", "deallocate")
@@ -74,15 +74,7 @@ def allocate(lab: DraNode, name: str, devices: list[tuple[str, str, bool]]) -> d
         if admin:
             result["adminAccess"] = True
         results.append(result)
-    status = {
-        "allocation": {
-            "devices": {"results": results},
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
-            },
-        }
-    }
-    stored = lab.api.update("resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status")
+    stored = allocated_by_hand(lab, claim, results)
     assert [bool(r.get("adminAccess")) for r in stored["status"]["allocation"]["devices"]["results"]] == [
         admin for _, _, admin in devices
     ], "the stand-in kept adminAccess (DRAAdminAccess on)"

@@ -23,7 +23,7 @@ from devplug.api.gen.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.process import DaemonProcess
 from tests.frontends.dra.conftest import NODE, run
-from tests.frontends.dra.dranode import DRIVER, NS, DraNode, dra_node, eventually
+from tests.frontends.dra.dranode import DRIVER, NS, DraNode, allocated_by_hand, dra_node, eventually
 
 SHARED = {"mock0": "replicas=4\n", "mock1": ""}
 
@@ -58,15 +58,7 @@ def allocate_shares(
         }
         for share, amount in zip(ids, shares, strict=True)
     ]
-    status = {
-        "allocation": {
-            "devices": {"results": results},
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
-            },
-        }
-    }
-    stored = lab.api.update("resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status")
+    stored = allocated_by_hand(lab, claim, results)
     assert [r.get("shareID") for r in stored["status"]["allocation"]["devices"]["results"]] == ids, (
         "the stand-in kept the shares (DRAConsumableCapacity on)"
     )

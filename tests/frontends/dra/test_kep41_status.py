@@ -24,7 +24,7 @@ from devplug.testing.dranode import dra_node as node_with
 from devplug.testing.process import DaemonProcess
 from devplug_mock.features import mock_network_data
 from tests.frontends.dra.conftest import NODE, run
-from tests.frontends.dra.dranode import DRIVER, NS, RESOURCE, DraNode, eventually, short_root
+from tests.frontends.dra.dranode import DRIVER, NS, RESOURCE, DraNode, allocated_by_hand, eventually, short_root
 
 #: Another DRA driver of the same claims, writing its own entry of ``status.devices``.
 OTHER = "gpu.other.example.com"
@@ -59,15 +59,7 @@ def _allocate(
         results[int(index)].update(shareID=share, consumedCapacity={"shares": "1"})
     if other:
         results.append({"request": "dev", "driver": OTHER, "pool": OTHER_POOL, "device": "gpu0"})
-    status = {
-        "allocation": {
-            "devices": {"results": results},
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
-            },
-        }
-    }
-    stored = lab.api.update("resourceclaims", {**claim, "status": status}, NS, "kube-scheduler", "status")
+    stored = allocated_by_hand(lab, claim, results)
     return str(stored["metadata"]["uid"])
 
 
@@ -107,11 +99,13 @@ def _remove_ours_by_hand(lab: DraNode, name: str) -> None:
     lab.api.update("resourceclaims", {**claim, "status": status}, NS, "an-admin", "status")
 
 
-async def _restart_after_kill_9(lab: DraNode, run_number: int) -> None:
-    """``kill -9`` the daemon and start it again; returns once the kubelet has the new instance connected."""
+async def _restart_after_kill_9(lab: DraNode, run_number: int, *, killed: bool = False) -> None:
+    """``kill -9`` the daemon (unless the test ``killed`` it already) and start it again; returns once the kubelet
+    has the new instance connected."""
     assert lab.daemon is not None
-    os.kill(lab.daemon.pid, signal.SIGKILL)
-    lab.daemon.wait(10.0)
+    if not killed:
+        os.kill(lab.daemon.pid, signal.SIGKILL)
+        lab.daemon.wait(10.0)
     old = lab.service_target()
     lab.daemon = DaemonProcess(lab.config_path, lab.root / f"daemon-{run_number}.log", env=lab.env).start()
 
@@ -230,7 +224,7 @@ def test_a_prepare_killed_before_its_status_was_kept_gets_it_from_the_ledger_whe
             [kept] = list(lab.root.rglob(f"dra-claim-status/{uid}.json"))
             kept.unlink()  # as if the run had ended before keeping it (and so before writing it)
             _remove_ours_by_hand(lab, "c")
-            await _restart_after_kill_9_of_a_dead_daemon(lab, 2)
+            await _restart_after_kill_9(lab, 2, killed=True)
             await _prepare(lab, "c", uid)  # the kubelet had no answer: it asks again
             [again] = await eventually(lambda: _entries(lab, "c"), "the entry written from the ledger", details=lab.log)
             assert as_if_never_kept(again) == as_if_never_kept(first)
@@ -239,18 +233,6 @@ def test_a_prepare_killed_before_its_status_was_kept_gets_it_from_the_ledger_whe
             await eventually(lambda: not _entries(lab, "c"), "the entry removed", details=lab.log)
 
     run(scenario, 120)
-
-
-async def _restart_after_kill_9_of_a_dead_daemon(lab: DraNode, run_number: int) -> None:
-    """Start the daemon again after a kill the test made itself; returns once the kubelet has it connected."""
-    old = lab.service_target()
-    lab.daemon = DaemonProcess(lab.config_path, lab.root / f"daemon-{run_number}.log", env=lab.env).start()
-
-    def connected() -> bool:
-        return any(v.connected and f"unix:{v.endpoint}" != old for v in lab.kubelet.dra_plugins(DRIVER))
-
-    await eventually(connected, "the restarted daemon connected", details=lab.log)
-    await eventually(lambda: lab.service_target() != old, "the old socket gone", details=lab.log)
 
 
 def test_a_status_the_server_refuses_does_not_fail_the_prepare(api: ApiServer) -> None:
