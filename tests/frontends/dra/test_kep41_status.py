@@ -235,6 +235,27 @@ def test_a_prepare_killed_before_its_status_was_kept_gets_it_from_the_ledger_whe
     run(scenario, 120)
 
 
+def test_the_status_of_a_claim_deleted_without_an_unprepare_goes_with_it(api: ApiServer) -> None:
+    """A claim deleted while the daemon was down is found gone by the reconciliation, which releases its devices
+    once its pods are gone: its kept status goes at once (the deleted claim took its entries with it)."""
+
+    async def scenario() -> None:
+        async with _node(api, "ready") as lab:
+            uid = _allocate(lab, "c", ["mock1"])
+            await _prepare(lab, "c", uid)
+            await eventually(lambda: _entries(lab, "c"), "the entry written")
+            [kept] = list(lab.root.rglob(f"dra-claim-status/{uid}.json"))
+            assert lab.daemon is not None
+            os.kill(lab.daemon.pid, signal.SIGKILL)
+            lab.daemon.wait(10.0)
+            lab.api.delete("resourceclaims", "c", NS)
+            await _restart_after_kill_9(lab, 2, killed=True)
+            await eventually(lambda: not kept.exists(), "the kept status dropped", details=lab.log)
+            await eventually(lambda: not lab.records(), "the claim's devices released", details=lab.log)
+
+    run(scenario, 120)
+
+
 def test_a_status_the_server_refuses_does_not_fail_the_prepare(api: ApiServer) -> None:
     async def scenario() -> None:
         async with _node(api, "invalid") as lab:

@@ -242,7 +242,7 @@ class DraPlugin:
             s.table, s.pool, on_stream=rule.seen_health_stream, consumable=lambda: publisher.consumable
         )
         reconciler = ClaimReconciler(
-            lifecycle, s.releases, reader.presence, s.cdi, interval=s.release_interval, admin=admin
+            lifecycle, s.releases, reader.presence, s.cdi, interval=s.release_interval, admin=admin, status=status
         )
         registration = RegistrationServer(
             driver=s.driver,

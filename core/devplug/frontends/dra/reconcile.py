@@ -14,6 +14,8 @@ restarts (``dra_manager_state``). What it does not owe, and what this loop finds
 * **releases left unfinished** (a failure, a kill -9): releasing records, retried
   with the release queue's backoff;
 * **CDI specs of claims released** here (not through an unprepare): deleted;
+* **the device status of claims found gone** (:mod:`~devplug.frontends.dra.statuswriter`): removed, and its kept
+  copy dropped, at once (a deleted claim took its status with it; the API server drops a deallocated device's);
 * **admin-access claims gone** (:mod:`~devplug.frontends.dra.adminaccess`: no
   ledger record, no hook; asked about with the prepared claims): their CDI spec is
   deleted and they are forgotten, at once (nothing is cleaned, so nothing waits
@@ -39,6 +41,7 @@ from devplug.engine import AllocationRecord, DeviceLifecycle, ReleaseQueue
 from devplug.frontends.dra.adminaccess import AdminClaims
 from devplug.frontends.dra.claimcdi import ClaimCdiSpecs
 from devplug.frontends.dra.claims import ClaimPresence, ClaimReadError, ClaimRef
+from devplug.frontends.dra.statuswriter import ClaimStatusWriter
 
 __all__ = ["ClaimReconciler", "claim_ref"]
 
@@ -72,8 +75,11 @@ class ClaimReconciler:
         interval: float = 1.0,
         presence_interval: float = 30.0,
         admin: AdminClaims | None = None,
+        status: ClaimStatusWriter | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        #: Writes and removes the prepared claims' device status (None: the front end writes none).
+        self._status = status
         #: The admin-access claims prepared here (no record of theirs is in the ledger).
         self._admin = admin
         self.name = lifecycle.resource_name
@@ -222,6 +228,8 @@ class ClaimReconciler:
             if record is None or record.releasing or queue.running(record.id):
                 continue
             if ref.uid not in self.gone:
+                if self._status is not None:  # the status goes now; the devices once the pods' containers are gone
+                    await self._status.unprepared(ref)
                 self.lifecycle.observer.claim_gone(answer.value)
                 log.warning(
                     "[%s] %s was prepared here but is %s in the API server: its devices are released once its "
