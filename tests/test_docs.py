@@ -65,9 +65,9 @@ def test_every_metric_is_in_the_metrics_table() -> None:
     process = [f for f in families if f.name.startswith("process_")]  # prometheus-client's, documented as a group
     assert process and "| `process_*` |" in METRICS
     families = [f for f in families if f not in process]
-    # 27, the two handover metrics, the DRA front end's 15 (devplug.daemon.drametrics), and issue 35's two (the
-    # kubelet's call holds, the devices withheld while busy)
-    assert len(families) == 46
+    # 27, the two handover metrics, the DRA front end's 15 (devplug.daemon.drametrics), issue 35's two (the
+    # kubelet's call holds, the devices withheld while busy), and issue 41's claim device status writes
+    assert len(families) == 47
     rows = {line.split("|")[1].strip(): line for line in METRICS.splitlines() if line.startswith("| `devplug_")}
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name

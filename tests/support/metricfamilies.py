@@ -44,6 +44,7 @@ def every_family() -> list[Any]:
                 "registration": {"registered": True, "socket_recreated": 0},
                 "slices": {"generation": 1, "slices": 1, "in_sync": True, "synced_at": 1.0, "failures": 0},
                 "claims": {"held": 0},
+                "claim_status": {"written": 1, "removed": 0, "failures": 0, "invalid": 0},
             },
         ),
     ]

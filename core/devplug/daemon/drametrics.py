@@ -24,13 +24,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from devplug.engine import ResourceFigures
 
-__all__ = ["CLAIM_CALL_BUCKETS", "REGISTRATION_STATES", "DraCounters", "DraResourceCounters", "dra_families"]
+__all__ = [
+    "CLAIM_CALL_BUCKETS",
+    "REGISTRATION_STATES",
+    "STATUS_WRITE_OUTCOMES",
+    "DraCounters",
+    "DraResourceCounters",
+    "dra_families",
+]
 
 #: Prepare and unprepare latency buckets, seconds: a mock claim takes a millisecond or two, an FPGA's allocate
 #: (programming a bitstream) may take a minute.
 CLAIM_CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: What the kubelet's plugin watcher last said: nothing yet, registered, or refused (its error is in status).
 REGISTRATION_STATES = ("unknown", "registered", "refused")
+#: The outcomes of the claims' device status writes, and the counts of the status writer's description they are.
+STATUS_WRITE_OUTCOMES = {"written": "written", "removed": "removed", "failed": "failures", "invalid": "invalid"}
 
 
 class DraCounters:
@@ -163,6 +172,12 @@ def dra_families(figures: Sequence[ResourceFigures]) -> list[Metric]:
         "devplug_dra_pool_generation", "The pool generation last published or adopted.", labels=["resource"]
     )
     slices = GaugeMetricFamily("devplug_dra_slices", "ResourceSlices published for the pool.", labels=["resource"])
+    status_writes = CounterMetricFamily(
+        "devplug_dra_claim_status_writes",
+        "Writes of the claims' device status (KEP-4817) by outcome: written, removed, failed (a try that failed and "
+        "is retried or given up), invalid (refused by the API server: the driver's data, logged once).",
+        labels=["resource", "outcome"],
+    )
     for f in figures:
         dra = _dra(f.frontend)
         if dra is None:
@@ -181,5 +196,20 @@ def dra_families(figures: Sequence[ResourceFigures]) -> list[Metric]:
         failures.add_metric([f.resource], sl.get("failures", 0))
         generation.add_metric([f.resource], sl.get("generation", 0))
         slices.add_metric([f.resource], sl.get("slices", 0))
-    found: Iterable[Metric] = (info, held, registration, recreated, in_sync, synced_at, failures, generation, slices)
+        cs = dra.get("claim_status") or {}
+        if any(cs.get(key) for key in STATUS_WRITE_OUTCOMES.values()):  # no series until a status was written
+            for outcome, key in STATUS_WRITE_OUTCOMES.items():
+                status_writes.add_metric([f.resource, outcome], cs.get(key, 0))
+    found: Iterable[Metric] = (
+        info,
+        held,
+        registration,
+        recreated,
+        in_sync,
+        synced_at,
+        failures,
+        generation,
+        slices,
+        status_writes,
+    )
     return list(found)

@@ -187,3 +187,38 @@ def test_a_claim_deleted_while_the_daemon_was_down_is_counted_gone_by_its_cause(
             assert _v(s, "devplug_releases_total") == 1
 
     run(scenario, 120)
+
+
+def test_the_claims_device_status_writes_are_counted_by_outcome(api: ApiServer) -> None:
+    """Issue 41 (KEP-4817): the status the mock's allocate gives is written at prepare and removed at unprepare,
+    each counted; no series before the first."""
+    from devplug.testing.dranode import dra_node as node_with
+    from tests.frontends.dra.dranode import short_root
+
+    port = _free_port()
+
+    async def scenario() -> None:
+        with short_root() as scratch:
+            folder = scratch / "mock"
+            folder.mkdir()
+            (folder / "mock0").write_text("")
+            table = {"driver": "mock", "options": {"directory": str(folder), "device_status": "ready"}}
+            async with node_with(api, RESOURCE, table, folder, driver=DRIVER, metrics_port=port) as lab:
+                await lab.published(1)
+                s = await _until(port, lab, "the slices in sync", lambda s: _v(s, "devplug_dra_slices_in_sync") == 1)
+                assert _series(s, "devplug_dra_claim_status_writes") == {}
+                lab.make_claim("c1")
+                pod, _ = lab.schedule_pod("p1", ["c1"])
+                await lab.kubelet.admit_pod(pod)
+                written = "devplug_dra_claim_status_writes_total"
+
+                def count(s: Samples, outcome: str) -> float:  # no series until the first write
+                    return s.get((written, (("outcome", outcome), ("resource", RESOURCE))), 0.0)
+
+                s = await _until(port, lab, "the status written", lambda s: count(s, "written") == 1)
+                assert (_v(s, written, outcome="failed"), _v(s, written, outcome="invalid")) == (0, 0)
+                await lab.kubelet.finish_pod("p1")
+                s = await _until(port, lab, "the status removed", lambda s: count(s, "removed") == 1)
+                assert _v(s, written, outcome="written") == 1
+
+    run(scenario, 90)
