@@ -187,10 +187,18 @@ class DraNode:
         return [s for s in self.api.objects("resourceslices") if s["spec"]["driver"] == self.driver]
 
     async def published(self, devices: int) -> list[dict[str, Any]]:
-        """Wait until the node's slices hold ``devices`` devices; the slices."""
+        """Wait until the node's slices hold ``devices`` devices and the pool is whole (every slice of its newest
+        generation there, as many as its ``resourceSliceCount``: a pool with counter sets has slices of its own for
+        them, written one after the other, and the scheduler skips a pool with slices missing); the slices."""
 
         def count() -> bool:
-            return sum(len(s["spec"].get("devices") or ()) for s in self.slices()) == devices
+            slices = self.slices()
+            if sum(len(s["spec"].get("devices") or ()) for s in slices) != devices:
+                return False
+            pools = [s["spec"]["pool"] for s in slices]
+            newest = max((int(p.get("generation", 0)) for p in pools), default=0)
+            current = [p for p in pools if int(p.get("generation", 0)) == newest]
+            return all(len(current) == int(p.get("resourceSliceCount", 1)) for p in current)
 
         await eventually(count, f"{devices} devices published", details=self.log)
         return self.slices()
