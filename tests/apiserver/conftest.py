@@ -81,6 +81,16 @@ def node(name: str = NODE, labels: dict[str, str] | None = None) -> dict[str, An
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
 
 
+def driver_class(name: str = "fpga", driver: str = DRIVER) -> dict[str, Any]:
+    """A DeviceClass selecting every device of ``driver``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+    }
+
+
 def slice_of(
     name: str, node_obj: dict[str, Any] | None, devices: list[str], *, generation: int = 1, driver: str = DRIVER
 ) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.scheduler import SchedulerStandIn, SchedulingError
 
-from .conftest import DRIVER, NODE, node
+from .conftest import DRIVER, NODE, driver_class, node
 
 NS = "default"
 
@@ -70,15 +70,7 @@ def pod(name: str, claims: list[str], namespace: str = NS) -> dict[str, Any]:
 @pytest.fixture
 def cluster(api: ApiServer) -> ApiServer:
     api.create("nodes", node())
-    api.create(
-        "deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "fpga"},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        },
-    )
+    api.create("deviceclasses", driver_class())
     return api
 
 

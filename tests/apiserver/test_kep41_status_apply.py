@@ -15,7 +15,7 @@ from devplug.testing.apiserver import ApiServer
 from devplug.testing.apiserver.admin import LABEL
 from devplug.testing.scheduler import SchedulerStandIn, SchedulingError
 
-from .conftest import DRIVER, NODE, node
+from .conftest import DRIVER, NODE, driver_class, node
 
 NS = "default"
 OTHER = "nic.example.com"
@@ -121,15 +121,7 @@ def test_admin_access_gets_a_taken_device_and_does_not_take_it(api: ApiServer) -
     """``foreachAllocatedDevice`` skips admin results; ``allocateDevice`` lets an admin request use a taken
     device. Without the label the admin claim is not even created."""
     api.create("nodes", node())
-    api.create(
-        "deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "fpga"},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        },
-    )
+    api.create("deviceclasses", driver_class())
     one = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

@@ -16,7 +16,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from devplug.testing.apiserver import ApiServer
 from devplug.testing.scheduler import SchedulerStandIn
 
-from .conftest import DRIVER, NODE, make_client, node
+from .conftest import DRIVER, NODE, driver_class, make_client, node
 
 APPLY = "application/apply-patch+yaml"
 
@@ -127,15 +127,7 @@ def test_a_v1beta1_slice_is_stored_in_the_v1_form_and_read_in_every_served_versi
 def test_claims_keep_their_requests_exact_fields_in_v1beta1_and_under_exactly_in_v1() -> None:
     with ApiServer(release="1.33") as api:
         api.create("nodes", node())
-        api.create(
-            "deviceclasses",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": "fpga"},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
+        api.create("deviceclasses", driver_class())
         with raw(api) as http:
             applied = http.patch(
                 f"/apis/resource.k8s.io/v1beta1/resourceslices/{NODE}-fpga",
