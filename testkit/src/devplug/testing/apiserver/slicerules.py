@@ -52,48 +52,37 @@ def _counter_map(counters: Any, field: str, limit: int) -> list[FieldError]:
     return errors
 
 
+def _validate_set(value: Any, path: str, limit: int, key: str, counters_limit: int) -> list[FieldError]:
+    """``validateSet`` of ``validation.go`` for a list of counter entries: at most ``limit`` items (short-circuits),
+    each's ``key`` a DNS label and its ``counters`` 1 to ``counters_limit`` of them, keys unique."""
+    items = list(value) if isinstance(value, list) else []
+    if len(items) > limit:
+        return [FieldError("too_many", path, len(items), f"must have at most {limit} items")]
+    errors: list[FieldError] = []
+    for i, item in enumerate(items):
+        entry = item if isinstance(item, Mapping) else {}
+        errors += _dns_label(entry.get(key), f"{path}[{i}].{key}")
+        errors += _counter_map(entry.get("counters"), f"{path}[{i}].counters", counters_limit)
+    seen: set[Any] = set()
+    for i, item in enumerate(items):
+        name = item.get(key) if isinstance(item, Mapping) else None
+        if name in seen:
+            errors.append(FieldError("duplicate", f"{path}[{i}]", name))
+        seen.add(name)
+    return errors
+
+
 def counter_sets(sets: Any) -> list[FieldError]:
     """``validateSet(spec.SharedCounters, ResourceSliceMaxCounterSets, validateCounterSet, ...)``: at most 8 sets
     (short-circuits), each named by a DNS label with 1 to 32 counters, names unique in the slice."""
     if sets is None:
         return []
-    items = list(sets) if isinstance(sets, list) else []
-    if len(items) > MAX_COUNTER_SETS:
-        return [
-            FieldError("too_many", "spec.sharedCounters", len(items), f"must have at most {MAX_COUNTER_SETS} items")
-        ]
-    errors: list[FieldError] = []
-    seen: set[Any] = set()
-    for i, item in enumerate(items):
-        path = f"spec.sharedCounters[{i}]"
-        counter_set = item if isinstance(item, Mapping) else {}
-        errors += _dns_label(counter_set.get("name"), f"{path}.name")
-        errors += _counter_map(counter_set.get("counters"), f"{path}.counters", MAX_COUNTERS_PER_SET)
-    for i, item in enumerate(items):
-        name = item.get("name") if isinstance(item, Mapping) else None
-        if name in seen:
-            errors.append(FieldError("duplicate", f"spec.sharedCounters[{i}]", name))
-        seen.add(name)
-    return errors
+    return _validate_set(sets, "spec.sharedCounters", MAX_COUNTER_SETS, "name", MAX_COUNTERS_PER_SET)
 
 
 def _consumes(consumptions: Any, path: str) -> list[FieldError]:
     """``validateSet(device.ConsumesCounters, 2, validateDeviceCounterConsumption, ...)``."""
-    items = list(consumptions) if isinstance(consumptions, list) else []
-    if len(items) > MAX_CONSUMPTIONS_PER_DEVICE:
-        return [FieldError("too_many", path, len(items), f"must have at most {MAX_CONSUMPTIONS_PER_DEVICE} items")]
-    errors: list[FieldError] = []
-    seen: set[Any] = set()
-    for i, item in enumerate(items):
-        entry = item if isinstance(item, Mapping) else {}
-        errors += _dns_label(entry.get("counterSet"), f"{path}[{i}].counterSet")
-        errors += _counter_map(entry.get("counters"), f"{path}[{i}].counters", MAX_COUNTERS_PER_CONSUMPTION)
-    for i, item in enumerate(items):
-        name = item.get("counterSet") if isinstance(item, Mapping) else None
-        if name in seen:
-            errors.append(FieldError("duplicate", f"{path}[{i}]", name))
-        seen.add(name)
-    return errors
+    return _validate_set(consumptions, path, MAX_CONSUMPTIONS_PER_DEVICE, "counterSet", MAX_COUNTERS_PER_CONSUMPTION)
 
 
 _PER_DEVICE = (
