@@ -19,9 +19,10 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from devplug.testing.loudlines import LoudLine, loud_source
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,10 +47,10 @@ def _skip_or_fail(what: str, reason: str, required: bool, switch: str) -> None:
     pytest.skip(f"{what}: {reason}")
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly which deployment checks did not run."""
-    for what, reason in _skipped.items():
-        terminalreporter.write_line(f"WARNING: {what} not run: {reason}", red=True, bold=True)
+@loud_source
+def _skipped_said() -> list[LoudLine]:
+    """Say loudly at the run's end which deployment checks did not run."""
+    return [(f"WARNING: {what} not run: {reason}", "red") for what, reason in _skipped.items()]
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from devplug.errors import KubeletError
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.daemon import DaemonProcess
 from devplug.testing.leaseapi import LeaseApiServer
+from devplug.testing.loudlines import LoudLine, loud_source
 from devplug.testing.nodelease import NodeLeaseHeartbeat
 from devplug.testing.waiting import poll_until
 from devplug_shared.backends import Backend, build_backend, parse_coordination
@@ -148,10 +149,10 @@ def etcd_server() -> Iterator[EtcdServer]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly when the etcd cases did not run."""
-    if "skipped" in _etcd_status:
-        terminalreporter.write_line(f"WARNING: {_etcd_status['skipped']}", red=True, bold=True)
+@loud_source
+def _etcd_said() -> list[LoudLine]:
+    """Say loudly at the run's end when the etcd cases did not run."""
+    return [(f"WARNING: {_etcd_status['skipped']}", "red")] if "skipped" in _etcd_status else []
 
 
 # --- partitions ----------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from devplug.testing import loudlines
 from devplug.testing.configs import dev_config, write_toml
 from devplug.testing.declared import UndeclaredTestKitWarning, undeclared_test_kit, undeclared_test_kit_message
 from devplug.testing.entrypoints import entry_point_env, installed_driver_names, missing_driver_message
@@ -128,10 +129,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say loudly whether each :class:`devplug.testing.vm.VmSuite`'s guest run happened."""
-    vm = sys.modules.get("devplug.testing.vm")
-    for suite in vm.SUITES if vm is not None else ():
-        suite.summary(terminalreporter)
+    """Say loudly what the run's :func:`devplug.testing.loudlines.loud_source` sources say (whether each
+    :class:`devplug.testing.vm.VmSuite`'s guest run happened, ...), this process's and pytest-xdist workers'."""
+    loudlines.write(terminalreporter)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker sends its loud lines to the controller."""
+    loudlines.send_from_worker(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's controller, as a worker goes down: keep the loud lines it sent."""
+    loudlines.receive_from_worker(node)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -46,6 +46,8 @@ from typing import Any
 
 import pytest
 
+from devplug.testing.loudlines import LoudLine, loud_source
+
 __all__ = [
     "IN_GUEST",
     "REQUIRE_VM",
@@ -164,6 +166,11 @@ def load_runner(path: Path) -> ModuleType:
 SUITES: list[VmSuite] = []
 
 
+@loud_source
+def _suites_said() -> list[LoudLine]:
+    return [line for suite in SUITES for line in suite.lines()]
+
+
 class VmSuite:
     """The ``kernel`` half of one test folder's scenarios: one guest boot for all of them (see the module docstring).
 
@@ -252,16 +259,19 @@ class VmSuite:
         finally:
             real.reset()
 
-    def summary(self, terminalreporter: Any) -> None:
-        """Say loudly whether the real-kernel suite ran (for ``pytest_terminal_summary``)."""
+    def lines(self) -> list[LoudLine]:
+        """What the run says loudly of this suite at its end: whether its guest run happened, and its warnings."""
+        said: list[LoudLine] = []
         if self.skipped is not None:
-            terminalreporter.write_line(f"WARNING ({self.name}): {self.skipped}", red=True, bold=True)
+            said.append((f"WARNING ({self.name}): {self.skipped}", "red"))
         elif self.ran is not None:
             run = self.ran
-            terminalreporter.write_line(
-                f"{self.name} real-kernel suite: {len(run.verdicts)} cases ran in one VM boot, {run.seconds:.1f} s",
-                green=not self.warnings,
-                red=bool(self.warnings),
-            )
-        for warning in self.warnings:
-            terminalreporter.write_line(f"WARNING ({self.name}): {warning}", red=True, bold=True)
+            text = f"{self.name} real-kernel suite: {len(run.verdicts)} cases ran in one VM boot, {run.seconds:.1f} s"
+            said.append((text, "red" if self.warnings else "green"))
+        said.extend((f"WARNING ({self.name}): {warning}", "red") for warning in self.warnings)
+        return said
+
+    def summary(self, terminalreporter: Any) -> None:
+        """Write :meth:`lines` (devplug's plugin says them itself, also from pytest-xdist's workers)."""
+        for text, colour in self.lines():
+            terminalreporter.write_line(text, green=colour == "green", red=colour == "red", bold=colour == "red")
