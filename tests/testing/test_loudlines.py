@@ -1,5 +1,6 @@
 """What a run says loudly at its end (``devplug.testing.loudlines``) reaches the terminal also when the tests ran in
-pytest-xdist's worker processes, as ``make test`` runs them: a suite that did not run must not go unsaid there."""
+pytest-xdist's worker processes, as ``make test`` runs them: a suite that did not run must not go unsaid there; a
+line several workers say alike is said once."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _count():
 @loud_source
 def said():
     where = os.environ.get("PYTEST_XDIST_WORKER", "the only process")
-    return [(f"LOUD from {where}: {len(ran)} ran", "red")] if ran else []
+    return [(f"LOUD from {where}: {len(ran)} ran", "red"), ("LOUD alike", "red")] if ran else []
 """
 
 
@@ -61,3 +62,4 @@ def test_the_lines_of_every_worker_are_said_by_the_controller(tmp_path: Path) ->
     assert all(re.fullmatch(r"gw[01]", where) for where, _ in said), said
     assert len({where for where, _ in said}) == len(said), f"a worker's line said twice: {said}"
     assert sum(int(count) for _, count in said) == 3, said
+    assert spread.count("LOUD alike") == 1, f"a line several workers say alike is said once:\n{spread[-3000:]}"

@@ -53,6 +53,7 @@ def receive_from_worker(node: Any) -> None:
 
 
 def write(terminalreporter: Any) -> None:
-    """Print this process's lines and the workers' (for ``pytest_terminal_summary``)."""
-    for text, colour in [*_own_lines(), *_FROM_WORKERS]:
+    """Print this process's lines and the workers', each line once (several workers may warn alike), for
+    ``pytest_terminal_summary``."""
+    for text, colour in dict.fromkeys([*_own_lines(), *_FROM_WORKERS]):
         terminalreporter.write_line(text, green=colour == "green", red=colour == "red", bold=colour == "red")

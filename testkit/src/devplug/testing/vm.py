@@ -7,8 +7,9 @@ the host, the first ``kernel`` case boots the VM (a session fixture), which
 runs pytest over ``-m vm`` on the same folder inside the guest (where
 :data:`IN_GUEST` is true and the ``kernel`` backend is the real ``/sys`` and
 ``/dev``), and each host-side ``[kernel]`` case reports its guest twin's
-verdict. When QEMU or the kernel is missing the ``kernel`` cases are skipped,
-loudly; with ``DEVPLUG_REQUIRE_VM=1`` (CI) they fail instead.
+verdict; under pytest-xdist the workers of a run share that one boot. When
+QEMU or the kernel is missing the ``kernel`` cases are skipped, loudly; with
+``DEVPLUG_REQUIRE_VM=1`` (CI) they fail instead.
 
 The VM itself is a *runner* module: a Python file with ``missing_assets() ->
 list[str]`` (what is missing to boot, empty when nothing) and ``run(results:
@@ -34,7 +35,10 @@ the terminal summary says whether each suite's guest run happened.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.util
+import json
 import os
 import time
 import xml.etree.ElementTree as ET
@@ -189,6 +193,8 @@ class VmSuite:
         self.ran: VmRun | None = None
         #: Warnings the summary repeats (what a run could not cover).
         self.warnings: list[str] = []
+        #: Whether :attr:`ran` is another pytest-xdist worker's boot, read from its results.
+        self.shared = False
         self._runner: ModuleType | None = None
         SUITES.append(self)
 
@@ -212,14 +218,37 @@ class VmSuite:
 
     def run(self, tmp_path_factory: pytest.TempPathFactory, **options: Any) -> VmRun:
         """Boot the guest once and run every ``vm`` test of :attr:`tests` there (``options`` go to the runner);
-        skips (or fails) when the runner says assets are missing, fails when the guest reports nothing."""
+        skips (or fails) when the runner says assets are missing, fails when the guest reports nothing.
+
+        Under pytest-xdist the workers of one run share the boot: the first to ask boots the guest while holding a
+        lock in the run's common temporary folder (the parent of each worker's own, as pytest-xdist lays them out),
+        the others wait for it and read the same verdicts (a boot under TCG costs a core for minutes)."""
         if self.ran is not None:
             return self.ran
         missing = self.runner().missing_assets()
         if missing:
             self.skipped = "real-kernel (VM) suite not run: missing " + "; ".join(missing)
             self.fail_or_skip(self.skipped)
-        results = tmp_path_factory.mktemp(f"vm-results-{self.name}")
+        if not os.environ.get("PYTEST_XDIST_TESTRUNUID"):
+            self.ran = self._boot(tmp_path_factory.mktemp(f"vm-results-{self.name}"), options)
+            return self.ran
+        options_key = hashlib.sha256(repr(sorted(options.items())).encode()).hexdigest()[:12]
+        results = tmp_path_factory.getbasetemp().parent / f"vm-results-{self.name}-{options_key}"
+        results.mkdir(exist_ok=True)
+        # fcntl.flock, not a lock library: one exclusive lock on Linux, released by the kernel if the worker dies.
+        with open(results / "boot.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            booted = results / "booted.json"
+            if booted.is_file():
+                seconds = float(json.loads(booted.read_text())["seconds"])
+                self.ran = VmRun(parse_junit(results / "junit.xml"), results, seconds, dict(options))
+                self.shared = True
+            else:
+                self.ran = self._boot(results, options)
+                booted.write_text(json.dumps({"seconds": self.ran.seconds}))
+        return self.ran
+
+    def _boot(self, results: Path, options: dict[str, Any]) -> VmRun:
         started = time.monotonic()
         args = ["-m", "vm", "-p", "no:cacheprovider", str(self.tests)]
         code = self.runner().run(results, args, timeout=self.timeout, **options)
@@ -228,8 +257,7 @@ class VmSuite:
         if not junit.is_file():
             console = (results / "console.log").read_text(errors="replace")[-4000:]
             pytest.fail(f"the VM run reported nothing (exit {code}); console tail:\n{console}", pytrace=False)
-        self.ran = VmRun(parse_junit(junit), results, seconds, dict(options))
-        return self.ran
+        return VmRun(parse_junit(junit), results, seconds, dict(options))
 
     def placeholder(self, request: pytest.FixtureRequest) -> HostPlaceholder | None:
         """On the host, the placeholder of a ``kernel`` case (booting the guest first, through the ``vm_run``
@@ -264,7 +292,7 @@ class VmSuite:
         said: list[LoudLine] = []
         if self.skipped is not None:
             said.append((f"WARNING ({self.name}): {self.skipped}", "red"))
-        elif self.ran is not None:
+        elif self.ran is not None and not self.shared:  # a shared boot is said by the worker that booted it
             run = self.ran
             text = f"{self.name} real-kernel suite: {len(run.verdicts)} cases ran in one VM boot, {run.seconds:.1f} s"
             said.append((text, "red" if self.warnings else "green"))
