@@ -1,6 +1,6 @@
 """What a run says loudly at its end (``devplug.testing.loudlines``) reaches the terminal also when the tests ran in
-pytest-xdist's worker processes, as ``make test`` runs them: a suite that did not run must not go unsaid there; a
-line several workers say alike is said once."""
+pytest-xdist's worker processes, as ``make test TEST_WORKERS=3`` runs them: a suite that did not run must not go
+unsaid there; a line several workers say alike is said once."""
 
 from __future__ import annotations
 

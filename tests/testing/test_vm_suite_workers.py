@@ -1,10 +1,10 @@
 """A :class:`devplug.testing.vm.VmSuite` boots its guest once per run also when its test files are spread over
-pytest-xdist's workers, as ``make test`` runs them: a boot under TCG costs a core for minutes, so the workers share
-one boot's verdicts instead of each booting its own.
+pytest-xdist's workers, as ``make test TEST_WORKERS=3`` runs them: a boot under TCG costs a core for minutes, so the
+workers share one boot's verdicts instead of each booting its own.
 
 The runner here keeps the runner contract (``missing_assets()``, ``run(results, pytest_args, timeout)`` writing
-``<results>/junit.xml`` from a pytest run with ``DEVPLUG_VM_GUEST=1``) but runs that pytest on the host instead of in
-QEMU, and counts its boots: what is checked is the suite's side, not a kernel."""
+``<results>/junit.xml`` from a pytest run with ``DEVPLUG_VM_GUEST=1``) but runs that pytest on the host instead of
+in QEMU, and counts its boots: what is checked is the suite's side, not a kernel."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ A test module or conftest registers a *source* with :func:`loud_source`: a funct
 session that returns the lines to say, each a :data:`LoudLine` (text and colour). devplug's pytest plugin prints
 them after the run's summary.
 
-Under pytest-xdist (``make test`` runs the tests in several worker processes) a worker has no terminal of its own:
-at the end of its session its sources' lines go to the controller in ``config.workeroutput`` (the channel
-pytest-xdist gives a worker's results, sent by its ``pytest_sessionfinish`` wrapper after the plain hooks ran), the
-controller gathers them as each worker goes down (``pytest_testnodedown``) and prints them with its own.
+Under pytest-xdist (``make test TEST_WORKERS=3`` runs the tests in three worker processes) a worker has no terminal
+of its own: at the end of its session its sources' lines go to the controller in ``config.workeroutput`` (the
+channel pytest-xdist gives a worker's results, sent by its ``pytest_sessionfinish`` wrapper after the plain hooks
+ran), the controller gathers them as each worker goes down (``pytest_testnodedown``) and prints them with its own.
 """
 
 from __future__ import annotations
