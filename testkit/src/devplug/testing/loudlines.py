@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["Colour", "LoudLine", "loud_source"]
+__all__ = ["Colour", "LoudLine", "loud_source", "write_lines"]
 
 Colour = Literal["green", "red"]
 #: One line to say: its text and its colour (red lines are bold: something did not run or went wrong).
@@ -55,5 +55,10 @@ def receive_from_worker(node: Any) -> None:
 def write(terminalreporter: Any) -> None:
     """Print this process's lines and the workers', each line once (several workers may warn alike), for
     ``pytest_terminal_summary``."""
-    for text, colour in dict.fromkeys([*_own_lines(), *_FROM_WORKERS]):
+    write_lines(terminalreporter, list(dict.fromkeys([*_own_lines(), *_FROM_WORKERS])))
+
+
+def write_lines(terminalreporter: Any, lines: list[LoudLine]) -> None:
+    """Print ``lines`` in their colours, the red ones bold."""
+    for text, colour in lines:
         terminalreporter.write_line(text, green=colour == "green", red=colour == "red", bold=colour == "red")

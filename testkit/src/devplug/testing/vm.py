@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from devplug.testing.loudlines import LoudLine, loud_source
+from devplug.testing.loudlines import LoudLine, loud_source, write_lines
 
 __all__ = [
     "IN_GUEST",
@@ -301,5 +301,4 @@ class VmSuite:
 
     def summary(self, terminalreporter: Any) -> None:
         """Write :meth:`lines` (devplug's plugin says them itself, also from pytest-xdist's workers)."""
-        for text, colour in self.lines():
-            terminalreporter.write_line(text, green=colour == "green", red=colour == "red", bold=colour == "red")
+        write_lines(terminalreporter, self.lines())
